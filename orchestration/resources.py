@@ -33,7 +33,7 @@ class RefineryResource(dg.ConfigurableResource):
 
     @cached_property
     def root(self) -> DataRoot:
-        return open_data_root(self.config.data_root)
+        return open_data_root(self.config.resolve(self.config.data_root))
 
 
 def build_resources(config_path: str) -> dict[str, object]:
