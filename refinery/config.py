@@ -352,6 +352,8 @@ class RefineryConfig(Section):
                 )
         q = self.stages.quality
         for field, buckets in (("positive_buckets", q.positive_buckets), ("negative_buckets", q.negative_buckets)):
+            if field not in q.model_fields_set:
+                continue  # the defaults name the usual buckets; a config without them need not train a classifier
             for b in buckets:
                 if b not in known:
                     raise ValueError(

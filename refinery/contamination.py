@@ -1,0 +1,285 @@
+"""Eval-set contamination: word n-gram overlap between a phase's corpus and the eval sets.
+
+The common standard is 13-gram overlap on normalized words (GPT-3, Llama). Each eval item's
+n-grams are hashed to 64 bits and kept in one sorted numpy array with the item each came from, so a
+document is checked with one vectorised `searchsorted` over its own n-gram hashes. A hit records
+the document, the eval item and the matched n-gram as text, so a person can verify it.
+
+Anneal replays its corpus 2-4 times when the model is most receptive (seed 000), so this scan is
+re-run right before anneal starts; `ScanReport.fingerprint` pins what it scanned (the manifest and
+eval-set hashes) so a stale scan can be recognised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+import numpy as np
+
+from refinery.config import ContaminationConfig, RefineryConfig
+
+if TYPE_CHECKING:
+    from refinery.manifest import PhaseManifest
+    from refinery.storage import DataRoot
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# An odd 64-bit multiplier for the polynomial n-gram hash; arithmetic wraps mod 2**64 on purpose.
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+
+
+class ContaminationError(ValueError):
+    """An eval set that cannot be read, or a scan that cannot run. The message says which and why."""
+
+
+def normalized_words(text: str) -> list[str]:
+    """Lower-cased word characters only: punctuation, case and whitespace do not hide a leak."""
+    return _WORD.findall(text.lower())
+
+
+class _WordHasher:
+    """Stable 64-bit word hashes (Python's hash() is salted per process), memoised per vocabulary."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, int] = {}
+
+    def __call__(self, words: list[str]) -> np.ndarray:
+        cache = self._cache
+        out = np.empty(len(words), dtype=np.uint64)
+        for i, w in enumerate(words):
+            h = cache.get(w)
+            if h is None:
+                h = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
+                cache[w] = h
+            out[i] = h
+        return out
+
+
+def ngram_hashes(word_hashes: np.ndarray, n: int) -> np.ndarray:
+    """Hash of every window of `n` consecutive words: sum_k h[i+k] * BASE^(n-1-k) mod 2**64."""
+    m = len(word_hashes) - n + 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    out = np.zeros(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            out *= _BASE
+            out += word_hashes[k : k + m]
+    return out
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    eval_set: str
+    item_id: str
+
+
+class EvalIndex:
+    """Every n-gram of every eval item, as a sorted hash array plus the item each came from."""
+
+    def __init__(self, n: int, hashes: np.ndarray, items: np.ndarray, catalogue: list[EvalItem], texts: list[list[str]], sha256: dict[str, str]):
+        self.n = n
+        self.hashes = hashes
+        self.items = items
+        self.catalogue = catalogue
+        self._words = texts  # normalized words of each item, to show the matched n-gram
+        self.sha256 = sha256  # eval-set name -> file hash: a scan is stale when these change
+
+    @classmethod
+    def build(cls, cfg: RefineryConfig) -> "EvalIndex":
+        ccfg = cfg.contamination
+        hasher = _WordHasher()
+        all_hashes: list[np.ndarray] = []
+        all_items: list[np.ndarray] = []
+        catalogue: list[EvalItem] = []
+        words_by_item: list[list[str]] = []
+        digests: dict[str, str] = {}
+        for es in ccfg.eval_sets:
+            path = Path(cfg.resolve(es.path))
+            if not path.is_file():
+                raise ContaminationError(
+                    f"contamination.eval_sets[{es.name}].path: {path} not found; list JSONL files of {{id, text}}"
+                )
+            raw = path.read_bytes()
+            digests[es.name] = hashlib.sha256(raw).hexdigest()
+            for lineno, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    item_id, text = str(rec["id"]), rec["text"]
+                except (json.JSONDecodeError, KeyError, TypeError) as err:
+                    raise ContaminationError(
+                        f"{path}:{lineno}: each line must be a JSON object with `id` and `text` ({err})"
+                    ) from None
+                if not isinstance(text, str):
+                    raise ContaminationError(f"{path}:{lineno}: `text` must be a string")
+                words = normalized_words(text)
+                grams = ngram_hashes(hasher(words), ccfg.ngram)
+                if len(grams) == 0:
+                    continue  # shorter than one n-gram: it cannot leak by this measure
+                all_hashes.append(grams)
+                all_items.append(np.full(len(grams), len(catalogue), dtype=np.int32))
+                catalogue.append(EvalItem(es.name, item_id))
+                words_by_item.append(words)
+        hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, dtype=np.uint64)
+        items = np.concatenate(all_items) if all_items else np.zeros(0, dtype=np.int32)
+        order = np.argsort(hashes, kind="stable")
+        return cls(ccfg.ngram, hashes[order], items[order], catalogue, words_by_item, digests)
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def matched_ngram(self, item: int, gram_hash: int) -> str:
+        words = self._words[item]
+        grams = ngram_hashes(_WordHasher()(words), self.n)
+        pos = int(np.flatnonzero(grams == np.uint64(gram_hash))[0])
+        return " ".join(words[pos : pos + self.n])
+
+
+@dataclass
+class Hit:
+    doc_id: str
+    url: str | None
+    bucket: str
+    eval_set: str
+    eval_id: str
+    ngram: str
+    matched_ngrams: int  # how many distinct n-grams of this document are in the eval sets
+
+
+@dataclass
+class ScanReport:
+    phase: str
+    ngram: int
+    docs_scanned: int
+    contaminated_docs: int
+    max_contaminated_docs: int
+    hits: list[Hit] = field(default_factory=list)
+    wall_s: float = 0.0
+    fingerprint: dict[str, str] = field(default_factory=dict)  # manifest + eval-set hashes scanned
+
+    @property
+    def passed(self) -> bool:
+        return self.contaminated_docs <= self.max_contaminated_docs
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.docs_scanned / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["passed"] = self.passed
+        d["docs_per_s"] = round(self.docs_per_s, 1)
+        return d
+
+
+def scan_documents(
+    index: EvalIndex, docs: Iterable[tuple[str, str | None, str, str]]
+) -> Iterator[Hit]:
+    """Yield one Hit per contaminated document of (doc_id, url, bucket, text)."""
+    if len(index) == 0:
+        return
+    hasher = _WordHasher()
+    for doc_id, url, bucket, text in docs:
+        grams = np.unique(ngram_hashes(hasher(normalized_words(text or "")), index.n))
+        if len(grams) == 0:
+            continue
+        pos = np.searchsorted(index.hashes, grams)
+        pos[pos == len(index.hashes)] = 0
+        found = index.hashes[pos] == grams
+        if not found.any():
+            continue
+        first = int(np.flatnonzero(found)[0])
+        item = int(index.items[pos[first]])
+        ev = index.catalogue[item]
+        yield Hit(
+            doc_id=doc_id,
+            url=url,
+            bucket=bucket,
+            eval_set=ev.eval_set,
+            eval_id=ev.item_id,
+            ngram=index.matched_ngram(item, int(grams[first])),
+            matched_ngrams=int(found.sum()),
+        )
+
+
+def scan(
+    phase: str,
+    ccfg: ContaminationConfig,
+    index: EvalIndex,
+    docs: Iterable[tuple[str, str | None, str, str]],
+    fingerprint: dict[str, str],
+) -> ScanReport:
+    start = time.perf_counter()
+    counted = _Counted(docs)
+    hits = sorted(scan_documents(index, counted), key=lambda h: h.doc_id)
+    return ScanReport(
+        phase=phase,
+        ngram=index.n,
+        docs_scanned=counted.n,
+        contaminated_docs=len(hits),
+        max_contaminated_docs=ccfg.max_contaminated_docs,
+        hits=hits,
+        wall_s=time.perf_counter() - start,
+        fingerprint=fingerprint,
+    )
+
+
+class _Counted:
+    def __init__(self, it: Iterable):
+        self._it, self.n = it, 0
+
+    def __iter__(self):
+        for x in self._it:
+            self.n += 1
+            yield x
+
+
+def phase_doc_ids(root: "DataRoot", manifest: "PhaseManifest") -> dict[str, set[str]]:
+    """The documents a phase may draw, per bucket: entries of its shards, after its selection."""
+    from refinery.manifest import read_selection
+
+    out: dict[str, set[str]] = {}
+    for bucket, sl in manifest.buckets.items():
+        ids: list[str] = []
+        for ref in sl.shards:
+            ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
+        selection = read_selection(root, sl)
+        if selection is not None:
+            ids = [ids[i] for i in selection]
+        out[bucket] = set(ids)
+    return out
+
+
+def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str) -> Iterator[tuple[str, str | None, str, str]]:
+    """(doc_id, url, bucket, text) of every document a phase may draw, read from `stage`'s tables.
+
+    Doc ids start with their input shard (`<partition>/<index>`), so only the tables of shards that
+    hold phase documents are opened, and only their rows are read."""
+    import polars as pl
+
+    from refinery.documents import documents_key
+
+    wanted = phase_doc_ids(root, manifest)
+    for bucket in sorted(wanted):
+        by_partition: dict[str, list[str]] = {}
+        for doc_id in wanted[bucket]:
+            by_partition.setdefault(doc_id.rsplit("/", 1)[0], []).append(doc_id)
+        for partition in sorted(by_partition):
+            ids = by_partition[partition]
+            table = root.read_parquet(documents_key(stage, partition), columns=["doc_id", "url", "text"])
+            rows = table.filter(pl.col("doc_id").is_in(ids)).sort("doc_id")
+            if rows.height != len(ids):
+                missing = sorted(set(ids) - set(rows["doc_id"].to_list()))[:3]
+                raise ContaminationError(
+                    f"{documents_key(stage, partition)}: documents {missing} named by the {manifest.phase!r} manifest "
+                    f"are missing; the clean tables changed after the manifest was built, rebuild phase_manifests"
+                )
+            for doc_id, url, text in rows.iter_rows():
+                yield doc_id, url, bucket, text
