@@ -14,7 +14,9 @@ import sys
 from refinery.config import ConfigError
 
 # Modules that each define `register(subparsers)`; a registered parser sets `func(args) -> int`.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = [
+    "orchestration.demo",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
