@@ -14,7 +14,9 @@ from orchestration.resources import build_resources, config_path_from_env
 from refinery.config import load_config
 
 # Modules under assets/ that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
-ASSET_MODULES: list[str] = []
+ASSET_MODULES: list[str] = [
+    "assets.contamination",
+]
 
 
 def build_definitions(config_path: str) -> dg.Definitions:

@@ -16,6 +16,7 @@ from refinery.config import ConfigError
 # Modules that each define `register(subparsers)`; a registered parser sets `func(args) -> int`.
 COMMAND_MODULES: list[str] = [
     "orchestration.demo",
+    "refinery.scan",
 ]
 
 

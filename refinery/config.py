@@ -305,7 +305,8 @@ class ContaminationConfig(Section):
     eval_sets: list[EvalSetConfig] = Field(default_factory=list)
     ngram: int = Field(default=13, ge=3)
     max_contaminated_docs: int = Field(default=0, ge=0)
-    policy: Literal["none", "drop"] = "drop"
+    # "none": report and block; "drop": remove contaminated documents and rebuild the phase's manifest.
+    policy: Literal["none", "drop"] = "none"
     rescan_cron: str = "0 */6 * * *"
     sensor_steps_before_anneal: int = Field(default=20, ge=0)
     anneal_phase: str | None = None  # default: the curriculum's last phase

@@ -283,3 +283,84 @@ def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str) -> 
                 )
             for doc_id, url, text in rows.iter_rows():
                 yield doc_id, url, bucket, text
+
+
+def exclusions_key(phase: str) -> str:
+    """Doc ids the drop policy removed from a phase; phase_manifests honours it on every rebuild."""
+    return f"contamination/{phase}/excluded_doc_ids.json"
+
+
+def scan_report_key(phase: str) -> str:
+    return f"contamination/{phase}/scan.json"
+
+
+def apply_exclusions(root: "DataRoot", manifest: "PhaseManifest", excluded: set[str]) -> "PhaseManifest":
+    """The manifest with every entry of an excluded document removed from its bucket's selection.
+
+    Entry ids are global within the bucket (refinery/manifest.py), so the new selection is the old
+    one (or every entry) minus the excluded documents' entries; token counts are recomputed from the
+    shard offsets so the manifest stays truthful."""
+    import dataclasses
+    import io
+
+    from refinery.manifest import read_selection
+    from refinery.shard_format import read_index
+
+    buckets = {}
+    for name, sl in manifest.buckets.items():
+        doc_ids: list[str] = []
+        lengths: list[np.ndarray] = []
+        for ref in sl.shards:
+            doc_ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
+            lengths.append(np.diff(read_index(root.local_path(ref.prefix + ".idx")).offsets))
+        entry_tokens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        selection = read_selection(root, sl)
+        current = selection if selection is not None else np.arange(len(doc_ids), dtype=np.int64)
+        keep = np.array([doc_ids[i] not in excluded for i in current], dtype=bool)
+        if keep.all():
+            buckets[name] = sl
+            continue
+        kept = current[keep].astype(np.int64)
+        key = f"manifests/{manifest.phase}/{name}-selection.npy"
+        buf = io.BytesIO()
+        np.save(buf, kept)
+        digest = root.write_bytes(key, buf.getvalue())
+        buckets[name] = dataclasses.replace(
+            sl, entries=len(kept), tokens=int(entry_tokens[kept].sum()), selection=key, selection_sha256=digest
+        )
+    return dataclasses.replace(manifest, buckets=buckets)
+
+
+def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[str, str]:
+    """What a scan of `phase` depends on: the manifest's bytes and each eval set's bytes."""
+    from refinery.manifest import manifest_key
+
+    return {"manifest": root.sha256(manifest_key(phase)), **{f"eval_set/{k}": v for k, v in sorted(index.sha256.items())}}
+
+
+def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalIndex | None = None) -> ScanReport:
+    """Scan the documents of `phase`'s manifest against the configured eval sets (read-only)."""
+    from refinery.documents import CLEAN_STAGE
+    from refinery.manifest import read_manifest
+
+    index = index or EvalIndex.build(cfg)
+    manifest = read_manifest(root, phase)
+    return scan(phase, cfg.contamination, index, phase_documents(root, manifest, CLEAN_STAGE), current_fingerprint(root, phase, index))
+
+
+def scan_is_current(cfg: RefineryConfig, root: "DataRoot", phase: str) -> tuple[bool, str]:
+    """Whether the latest stored scan of `phase` covers today's manifest and eval sets, and why not."""
+    key = scan_report_key(phase)
+    if not root.exists(key):
+        return False, f"phase {phase!r} was never scanned; materialize contamination_scan[{phase}]"
+    stored = root.read_json(key)
+    now = current_fingerprint(root, phase, EvalIndex.build(cfg))
+    changed = sorted(k for k in set(now) | set(stored.get("fingerprint", {})) if now.get(k) != stored["fingerprint"].get(k))
+    if changed:
+        return False, (
+            f"the latest scan of phase {phase!r} is older than a change to {', '.join(changed)}; "
+            f"re-materialize contamination_scan[{phase}]"
+        )
+    if not stored.get("passed", False):
+        return False, f"the latest scan of phase {phase!r} found {stored['contaminated_docs']} contaminated documents over the limit"
+    return True, "current"

@@ -41,6 +41,8 @@ REJECTS_SCHEMA: dict[str, pl.DataType] = {
     "excerpt": pl.String(),
 }
 EXCERPT_CHARS = 500
+# The last document stage of the funnel: what gets tokenized, and what lineage and scans read.
+CLEAN_STAGE = "pii_redacted"
 
 
 def documents_key(stage: str, partition: str) -> str:
