@@ -3,9 +3,10 @@
 An asset body reads its partition's input table, runs a pure stage from `assets.stages`, writes the
 kept documents, the rejects and the stats to the data root (each atomically), and returns a
 `MaterializeResult` whose metadata has the same keys for every stage.
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: Dagster inspects the `context` annotation of the
+asset functions defined below and rejects it as a string.
+"""
 
 import hashlib
 import inspect
