@@ -159,7 +159,9 @@ class NearDedupConfig(Section):
 
 
 class QualityConfig(Section):
-    """A classifier trained in the pipeline: curated buckets positive, raw web negative."""
+    """A classifier trained in the pipeline: curated buckets positive, raw web negative, on hashed
+    word unigrams+bigrams (fastText / DCLM). threshold 0 scores without dropping, so the score
+    column is there for a phase's stricter cutoff (Dolma's tag-now, threshold-later)."""
 
     positive_buckets: list[str] = Field(default_factory=lambda: ["books", "wiki"])
     negative_buckets: list[str] = Field(default_factory=lambda: ["web"])
@@ -169,6 +171,13 @@ class QualityConfig(Section):
     epochs: int = Field(default=5, ge=1)
     learning_rate: float = Field(default=0.5, gt=0.0)
     holdout_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    # Only a document's first `max_chars` characters are featurized, which bounds memory on a
+    # 50 MB single-line record; 100k characters (about 17k words) is far more text than a linear
+    # n-gram model needs to place a document.
+    max_chars: int = Field(default=100_000, ge=1)
+    # Training reads at most this many documents per class, picked by doc_id hash (DCLM trained
+    # its fastText filter on ~400k examples; more adds little to a linear model).
+    max_train_docs_per_class: int = Field(default=200_000, ge=1)
 
 
 class PiiConfig(Section):

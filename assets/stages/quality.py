@@ -1,0 +1,457 @@
+"""The quality classifier: hashed word n-grams into a logistic regression, trained in the pipeline.
+
+The fastText / DCLM idea with the smallest model that carries it: lower-cased `\\w+` words, their
+unigrams and bigrams (up to `ngram`), each hashed into one of `num_features` buckets; a document
+is the mean of its buckets' weights plus a bias, squashed by a sigmoid. Curated buckets (books,
+wiki) are the positive class, raw web the negative one, so the score reads "how much does this look
+like curated text".
+
+Hashing is our own (blake2b of each distinct word, then a fixed 64-bit mix for n-grams), never
+Python's salted `hash()` or a library hash that may change between versions, so a saved model
+scores the same features in any process.
+
+Training is torch (an `EmbeddingBag` of width 1 and `torch.optim.Adagrad`, which suits sparse
+features), seeded and run with `torch.use_deterministic_algorithms`: the same documents, config and
+seed give the same weights and therefore the same model file bytes. The held-out set is chosen by a
+hash of each doc_id, so it does not depend on the order documents arrive in.
+
+`QualityScorer` scores a table in batches (one featurization and one `EmbeddingBag` call per
+batch, not one per document), adds `quality_score`, and drops documents below the threshold with
+reason `quality/below_threshold` (value: the score). Documents without text are dropped as
+`quality/empty_text`. Sources that skip the quality stage are scored but never dropped on score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import polars as pl
+
+from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
+from refinery.storage import DataRoot
+
+MODEL_FORMAT = 1
+MODEL_DIR = "models/quality"
+LATEST_KEY = f"{MODEL_DIR}/latest.json"
+WORD_PATTERN = r"\w+"
+SCORE_BATCH_DOCS = 2048
+TRAIN_BATCH_DOCS = 32
+
+_MIX_MUL = np.uint64(0x9E3779B97F4A7C15)
+_FINAL_MUL_1 = np.uint64(0xBF58476D1CE4E5B9)
+_FINAL_MUL_2 = np.uint64(0x94D049BB133111EB)
+
+
+class NoTrainingData(ValueError):
+    """One class has no documents to learn from."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Features
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Features:
+    """Hashed n-gram buckets of a batch of documents in CSR form: document i owns
+    `indices[indptr[i]:indptr[i+1]]`."""
+
+    indices: np.ndarray  # int64 bucket ids
+    indptr: np.ndarray  # int64, len = documents + 1
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.indptr) - 1
+
+    def rows(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The `(indices, offsets)` an EmbeddingBag takes, for the documents `docs` in that order."""
+        starts, ends = self.indptr[docs], self.indptr[docs + 1]
+        offsets = np.concatenate([[0], np.cumsum(ends - starts)[:-1]]).astype(np.int64)
+        parts = [self.indices[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+        indices = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return indices.astype(np.int64, copy=False), offsets
+
+
+def _word_hashes(words: pl.Series) -> np.ndarray:
+    """A stable 64-bit hash per word; each distinct word is hashed once."""
+    frame = words.to_frame("w")
+    distinct = frame.unique(maintain_order=True).with_row_index("wid")
+    ids = frame.join(distinct, on="w", how="left", maintain_order="left")["wid"].to_numpy()
+    table = np.fromiter(
+        (int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little") for w in distinct["w"]),
+        dtype=np.uint64,
+        count=distinct.height,
+    )
+    return table[ids]
+
+
+def _finalize(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: spreads the combined hash over all 64 bits before the modulo."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * _FINAL_MUL_1
+    h = h ^ (h >> np.uint64(27))
+    h = h * _FINAL_MUL_2
+    return h ^ (h >> np.uint64(31))
+
+
+def hash_features(texts: pl.Series, num_features: int, ngram: int, max_chars: int) -> Features:
+    """Word 1..ngram-grams of every text (null counts as empty, only the first `max_chars`
+    characters are read), hashed into `num_features` buckets."""
+    words_per_doc = (
+        texts.cast(pl.String).fill_null("").str.slice(0, max_chars).str.to_lowercase().str.extract_all(WORD_PATTERN)
+    )
+    lengths = words_per_doc.list.len().fill_null(0).to_numpy().astype(np.int64)
+    words = words_per_doc.explode().drop_nulls()
+    hashes = _word_hashes(words) if len(words) else np.zeros(0, dtype=np.uint64)
+    doc_of_word = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+
+    docs_parts, bucket_parts = [], []
+    with np.errstate(over="ignore"):
+        for n in range(1, ngram + 1):
+            count = len(hashes) - n + 1
+            if count <= 0:
+                break
+            same_doc = doc_of_word[: count] == doc_of_word[n - 1 :]
+            gram = hashes[:count].copy()
+            for k in range(1, n):
+                gram = gram * _MIX_MUL + hashes[k : k + count]
+            gram = _finalize(gram ^ np.uint64(n))
+            docs_parts.append(doc_of_word[:count][same_doc])
+            bucket_parts.append((gram[same_doc] % np.uint64(num_features)).astype(np.int64))
+    if docs_parts:
+        doc_ids, buckets = np.concatenate(docs_parts), np.concatenate(bucket_parts)
+    else:
+        doc_ids, buckets = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.argsort(doc_ids, kind="stable")
+    counts = np.bincount(doc_ids, minlength=len(lengths))
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Features(indices=buckets[order], indptr=indptr)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def deterministic_torch() -> Iterator[None]:
+    import torch
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+@dataclass
+class QualityModel:
+    """Hashed-n-gram logistic regression. `weight` has one value per feature bucket."""
+
+    weight: Any  # torch.Tensor [num_features]
+    bias: Any  # torch.Tensor [] (a scalar)
+    num_features: int
+    ngram: int
+    max_chars: int
+
+    def _bag(self):
+        import torch
+
+        bag = torch.nn.EmbeddingBag(self.num_features, 1, mode="mean")
+        with torch.no_grad():
+            bag.weight.copy_(self.weight.view(-1, 1))
+        return bag
+
+    def score(self, texts: pl.Series, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
+        """Probability of the positive (curated) class for every text, as float64."""
+        import torch
+
+        bag = self._bag()
+        out = np.empty(len(texts), dtype=np.float64)
+        with torch.no_grad():
+            for start in range(0, len(texts), batch_docs):
+                feats = hash_features(texts.slice(start, batch_docs), self.num_features, self.ngram, self.max_chars)
+                indices, offsets = feats.rows(np.arange(feats.num_docs))
+                logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
+                out[start : start + feats.num_docs] = torch.sigmoid(logits).double().numpy()
+        return out
+
+    # ---- file format --------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(
+            {
+                "format": MODEL_FORMAT,
+                "weight": self.weight.detach().contiguous(),
+                "bias": self.bias.detach().reshape(()),
+                "num_features": self.num_features,
+                "ngram": self.ngram,
+                "max_chars": self.max_chars,
+                "word_pattern": WORD_PATTERN,
+            },
+            buf,
+        )
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "QualityModel":
+        import torch
+
+        state = torch.load(io.BytesIO(data), weights_only=True)
+        if state.get("format") != MODEL_FORMAT or state.get("word_pattern") != WORD_PATTERN:
+            raise ValueError(
+                f"quality model format {state.get('format')!r} is not {MODEL_FORMAT}; "
+                "re-materialize quality_model to retrain it with this code"
+            )
+        return cls(state["weight"], state["bias"], state["num_features"], state["ngram"], state["max_chars"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def doc_hash_fraction(doc_ids: pl.Series, seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per doc_id, fixed by the id and the seed alone."""
+    salt = str(seed).encode()
+    return np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8, salt=salt[:16]).digest(), "little") / 2**64
+            for d in doc_ids
+        ),
+        dtype=np.float64,
+        count=len(doc_ids),
+    )
+
+
+def split_holdout(labels: np.ndarray, keys: np.ndarray, fraction: float) -> np.ndarray:
+    """True for held-out rows: in each class, the round(fraction * n) rows with the smallest keys
+    (at least one when the class has two or more documents, so accuracy covers both classes)."""
+    holdout = np.zeros(len(labels), dtype=bool)
+    for cls in (0, 1):
+        rows = np.flatnonzero(labels == cls)
+        n = len(rows)
+        take = max(1, round(fraction * n)) if n >= 2 else 0
+        take = min(take, n - 1) if n >= 2 else 0
+        holdout[rows[np.argsort(keys[rows], kind="stable")[:take]]] = True
+    return holdout
+
+
+@dataclass
+class TrainingReport:
+    accuracy: float | None
+    precision: float | None
+    recall: float | None
+    train_by_bucket: dict[str, int]
+    holdout_by_bucket: dict[str, int]
+    train_positive: int
+    train_negative: int
+    holdout_size: int
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+def _binary_metrics(scores: np.ndarray, labels: np.ndarray) -> tuple[float | None, float | None, float | None]:
+    if len(labels) == 0:
+        return None, None, None
+    pred = scores >= 0.5
+    truth = labels == 1
+    tp = int(np.sum(pred & truth))
+    accuracy = float(np.mean(pred == truth))
+    precision = tp / int(pred.sum()) if pred.any() else None
+    recall = tp / int(truth.sum()) if truth.any() else None
+    return accuracy, precision, recall
+
+
+def training_set(docs: pl.DataFrame, positive: list[str], negative: list[str]) -> pl.DataFrame:
+    """The labelled documents (label 1 for positive buckets, 0 for negative ones), with text.
+    Raises NoTrainingData naming the config field when a class is empty."""
+    labelled = docs.filter(pl.col("bucket").is_in(positive + negative) & (pl.col("text").str.len_chars() > 0))
+    labelled = labelled.with_columns(label=pl.col("bucket").is_in(positive).cast(pl.Int8))
+    for label, field, buckets in ((1, "positive_buckets", positive), (0, "negative_buckets", negative)):
+        if labelled.filter(pl.col("label") == label).height == 0:
+            raise NoTrainingData(
+                f"quality classifier: no documents with text in stages.quality.{field} {buckets}; "
+                f"add a source in one of those buckets, or point stages.quality.{field} at buckets that have "
+                "documents (or set stages.quality.threshold to 0 and list quality in the sources' skip)"
+            )
+    return labelled
+
+
+def train_quality_model(
+    docs: pl.DataFrame,
+    positive: list[str],
+    negative: list[str],
+    *,
+    num_features: int,
+    ngram: int,
+    epochs: int,
+    learning_rate: float,
+    holdout_fraction: float,
+    max_chars: int,
+    max_docs_per_class: int,
+    seed: int,
+) -> tuple[QualityModel, TrainingReport]:
+    """Fit the classifier on `docs` (columns doc_id, bucket, text) and measure it on a held-out
+    slice chosen by doc_id hash. Each class keeps at most `max_docs_per_class` documents, the
+    ones with the smallest doc_id hashes."""
+    import torch
+
+    start = time.perf_counter()
+    labelled = training_set(docs, positive, negative).sort("doc_id")
+    labelled = (
+        labelled.with_columns(_key=pl.Series(doc_hash_fraction(labelled["doc_id"], seed)))
+        .filter(pl.col("_key").rank("ordinal").over("label") <= max_docs_per_class)
+    )
+    labels = labelled["label"].to_numpy().astype(np.int64)
+    holdout = split_holdout(labels, labelled["_key"].to_numpy(), holdout_fraction)
+    feats = hash_features(labelled["text"], num_features, ngram, max_chars)
+    train_rows = np.flatnonzero(~holdout)
+    n_pos = int(labels[train_rows].sum())
+    n_neg = len(train_rows) - n_pos
+
+    # The sparse gradients come from EmbeddingBag itself, so torch's invariant checks are skipped
+    # explicitly (they only warn that they are off).
+    with deterministic_torch(), torch.sparse.check_sparse_tensor_invariants(enable=False):
+        generator = torch.Generator().manual_seed(seed)
+        # Sparse gradients: each step touches only the buckets of its batch's documents.
+        bag = torch.nn.EmbeddingBag(num_features, 1, mode="mean", sparse=True)
+        bias = torch.nn.Parameter(torch.zeros(()))
+        with torch.no_grad():
+            bag.weight.zero_()
+        optimizer = torch.optim.Adagrad([bag.weight, bias], lr=learning_rate)
+        # Weight the positives so each class carries the same total loss: curated buckets are
+        # usually much smaller than web.
+        loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(n_neg / max(n_pos, 1)))
+        targets = torch.from_numpy(labels.astype(np.float32))
+        for _ in range(epochs):
+            order = train_rows[torch.randperm(len(train_rows), generator=generator).numpy()]
+            for b in range(0, len(order), TRAIN_BATCH_DOCS):
+                batch = order[b : b + TRAIN_BATCH_DOCS]
+                indices, offsets = feats.rows(batch)
+                logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + bias
+                loss = loss_fn(logits, targets[torch.from_numpy(batch)])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+    model = QualityModel(bag.weight.detach().view(-1).clone(), bias.detach().clone(), num_features, ngram, max_chars)
+    held = labelled.filter(pl.Series(holdout))
+    accuracy, precision, recall = _binary_metrics(model.score(held["text"]), labels[holdout])
+
+    def by_bucket(mask: np.ndarray) -> dict[str, int]:
+        rows = labelled.filter(pl.Series(mask)).group_by("bucket").len().sort("bucket")
+        return dict(rows.iter_rows())
+
+    report = TrainingReport(
+        accuracy=accuracy,
+        precision=precision,
+        recall=recall,
+        train_by_bucket=by_bucket(~holdout),
+        holdout_by_bucket=by_bucket(holdout),
+        train_positive=n_pos,
+        train_negative=n_neg,
+        holdout_size=int(holdout.sum()),
+        wall_s=time.perf_counter() - start,
+    )
+    return model, report
+
+
+def publish_model(root: DataRoot, model: QualityModel, report: TrainingReport, settings: dict[str, Any]) -> dict[str, Any]:
+    """Write `models/quality/quality-<hash>.pt` (hash: the first 16 hex digits of the file's
+    sha256), then point `models/quality/latest.json` at it. Both writes are atomic, and the
+    pointer moves only after the model file is complete. Returns the pointer."""
+    data = model.to_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    key = f"{MODEL_DIR}/quality-{sha[:16]}.pt"
+    root.write_bytes(key, data)
+    pointer = {
+        "model_key": key,
+        "model_hash": sha[:16],
+        "sha256": sha,
+        "format": MODEL_FORMAT,
+        "features": {"num_features": model.num_features, "ngram": model.ngram, "max_chars": model.max_chars,
+                     "word_pattern": WORD_PATTERN},
+        "settings": settings,
+        **{k: v for k, v in report.to_dict().items() if k != "wall_s"},
+    }
+    root.write_json(LATEST_KEY, pointer)
+    return pointer
+
+
+def load_published_model(root: DataRoot) -> tuple[QualityModel, dict[str, Any]]:
+    """The model `latest.json` points at, checked against the sha256 recorded there."""
+    if not root.exists(LATEST_KEY):
+        raise FileNotFoundError(f"{root.display(LATEST_KEY)}: no quality model yet; materialize quality_model first")
+    pointer = root.read_json(LATEST_KEY)
+    data = root.read_bytes(pointer["model_key"])
+    if hashlib.sha256(data).hexdigest() != pointer["sha256"]:
+        raise ValueError(
+            f"{root.display(pointer['model_key'])}: content does not match the sha256 in {LATEST_KEY}; "
+            "re-materialize quality_model"
+        )
+    return QualityModel.from_bytes(data), pointer
+
+
+# --------------------------------------------------------------------------------------------------
+# Scoring stage
+# --------------------------------------------------------------------------------------------------
+
+
+class QualityScorer(Stage):
+    """Adds `quality_score` to every document and drops those below `threshold`, unless
+    `enforce_threshold` is off (a source that skips the quality stage)."""
+
+    name = "quality_scored"
+
+    def __init__(self, model: QualityModel, threshold: float, enforce_threshold: bool = True, model_id: str = ""):
+        self.model = model
+        self.threshold = threshold
+        self.enforce_threshold = enforce_threshold
+        self.model_id = model_id
+
+    def config_summary(self) -> dict[str, Any]:
+        return {
+            "threshold": self.threshold,
+            "threshold_enforced": self.enforce_threshold,
+            "model": self.model_id,
+            "num_features": self.model.num_features,
+            "ngram": self.model.ngram,
+        }
+
+    def run(self, docs: pl.DataFrame) -> StageOutput:
+        start = time.perf_counter()
+        stats = StageStats(stage=self.name)
+        texts = docs["text"] if "text" in docs.columns else pl.Series("text", [None] * docs.height, dtype=pl.String)
+        empty = (texts.str.len_chars().fill_null(0) == 0).to_numpy()
+        scores = self.model.score(texts)
+        scored = docs.with_columns(
+            quality_score=pl.Series(np.where(empty, np.nan, scores), dtype=pl.Float64).fill_nan(None)
+        )
+        drops: dict[int, Drop] = {int(i): Drop("quality/empty_text", None, "no text to score") for i in np.flatnonzero(empty)}
+        if self.enforce_threshold:
+            for i in np.flatnonzero(~empty & (scores < self.threshold)):
+                drops[int(i)] = Drop("quality/below_threshold", float(scores[i]), f"threshold {self.threshold}")
+        else:
+            stats.counters["quality/below_threshold_kept_by_skip"] = int(np.sum(~empty & (scores < self.threshold)))
+        for d in drops.values():
+            stats.dropped[d.rule] += 1
+        keep = np.ones(docs.height, dtype=bool)
+        keep[list(drops)] = False
+        kept = scored.filter(pl.Series(keep))
+        count_in_out(stats, docs, kept)
+        stats.counters["quality/scored"] = int(np.sum(~empty))
+        stats.wall_s = time.perf_counter() - start
+        return StageOutput(kept, rejects_frame(scored, self.name, drops), stats)
