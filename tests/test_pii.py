@@ -1,0 +1,134 @@
+"""PII redaction: each kind and its placeholder, the false positives it must leave alone, counts,
+and the pii_redacted stage (safety first, then redaction)."""
+
+import polars as pl
+import pytest
+
+from assets.stages.pii import KINDS, PiiRedactor, SafetyThenRedact, iban_valid, luhn_valid, redact
+from assets.stages.safety import SafetyFilter
+
+ALL = frozenset(KINDS)
+
+
+@pytest.mark.parametrize(
+    "text,expected,kind,n",
+    [
+        ("Mail john.doe@example.com or JANE_x+tag@mail.co.uk.", "Mail <EMAIL> or <EMAIL>.", "email", 2),
+        ("Hosts 10.0.0.1, 192.168.1.254 and 8.8.8.8.", "Hosts <IP_ADDRESS>, <IP_ADDRESS> and <IP_ADDRESS>.", "ip", 3),
+        ("Docs use 192.0.2.17 and 127.0.0.1", "Docs use <IP_ADDRESS> and <IP_ADDRESS>", "ip", 2),
+        ("v6 2001:db8::1, fe80::1 and ::1", "v6 <IP_ADDRESS>, <IP_ADDRESS> and <IP_ADDRESS>", "ip", 3),
+        ("full 2001:0db8:85a3:0000:0000:8a2e:0370:7334 end", "full <IP_ADDRESS> end", "ip", 1),
+        ("mapped ::ffff:192.0.2.128 here", "mapped <IP_ADDRESS> here", "ip", 1),
+        ("Card 4111 1111 1111 1111 and 5500-0000-0000-0004", "Card <CREDIT_CARD> and <CREDIT_CARD>", "credit_card", 2),
+        ("Amex 378282246310005.", "Amex <CREDIT_CARD>.", "credit_card", 1),
+        ("IBAN DE89 3704 0044 0532 0130 00 and GB82WEST12345698765432", "IBAN <IBAN> and <IBAN>", "iban", 2),
+        ("SSN 123-45-6789.", "SSN <SSN>.", "us_ssn", 1),
+        ("Call (555) 123-4567 or 555.123.4567", "Call <PHONE> or <PHONE>", "phone", 2),
+        ("Dial +1 555 123 4567, +44 20 7946 0958 or +33 1 23 45 67 89.",
+         "Dial <PHONE>, <PHONE> or <PHONE>.", "phone", 3),
+        ("US 1-800-555-0199 toll free", "US <PHONE> toll free", "phone", 1),
+    ],
+)
+def test_each_kind_is_replaced_by_its_placeholder(text, expected, kind, n):
+    out, counts = redact(text, ALL)
+    assert out == expected
+    assert counts == {k: (n if k == kind else 0) for k in KINDS}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Python 3.11.4 was released; see version 1.2.3.4, release 2.0.0.1 and v10.0.0.1",
+        "a five-part number 1.2.3.4.5 and 999.1.1.1 are not addresses",
+        "Years 2019-2020, dates 2023-10-05 and 05/10/2023, at 12:30:45, in 1999",
+        "Order id 5551234567, ISBN 978-3-16-148410-0, page 12-34",
+        "std::vector<int> and dead::beef and a::b are code, not IPv6",
+        "card-like 4111-1111-1111-1112 fails Luhn; 1234567890123 has no card prefix",
+        "SSN-shaped 000-12-3456, 666-12-3456 and 123-00-4567 are invalid",
+        "DE00 1234 5678 9012 3456 78 fails the IBAN checksum",
+        "no at sign here, just user at example dot com",
+        "ratio 3:2:1 and score 10:4",
+    ],
+)
+def test_false_positives_are_left_alone(text):
+    out, counts = redact(text, ALL)
+    assert out == text
+    assert sum(counts.values()) == 0
+
+
+def test_email_wins_over_the_address_inside_it_and_placeholders_are_not_rematched():
+    out, counts = redact("write to ops@mail.example.org from 10.1.2.3", ALL)
+    assert out == "write to <EMAIL> from <IP_ADDRESS>"
+    assert counts["email"] == 1 and counts["ip"] == 1
+
+
+def test_disabled_kinds_are_kept():
+    out, counts = redact("a@b.com 10.0.0.1", frozenset({"ip"}))
+    assert out == "a@b.com <IP_ADDRESS>"
+    assert counts["email"] == 0
+
+
+def test_checksums():
+    assert luhn_valid("4111111111111111") and not luhn_valid("4111111111111112")
+    assert iban_valid("GB82 WEST 1234 5698 7654 32") and not iban_valid("GB82 WEST 1234 5698 7654 33")
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown PII kinds"):
+        PiiRedactor(frozenset({"email", "passport"}))
+
+
+def docs(texts, urls=None) -> pl.DataFrame:
+    n = len(texts)
+    return pl.DataFrame({
+        "doc_id": [f"web-0/{i:07d}" for i in range(n)],
+        "url": urls or [f"https://site{i}.example/page" for i in range(n)],
+        "source": ["web"] * n,
+        "bucket": ["web"] * n,
+        "text": pl.Series(texts, dtype=pl.String),
+    })
+
+
+def test_stage_counts_replacements_per_document_and_in_stats():
+    out = PiiRedactor().run(docs(["a@b.com and c@d.org", "no pii at all", None, "ip 10.0.0.1, call +1 202 555 0143"]))
+    assert out.documents["text"].to_list() == ["<EMAIL> and <EMAIL>", "no pii at all", None,
+                                               "ip <IP_ADDRESS>, call <PHONE>"]
+    counts = out.documents["pii_counts"].to_list()
+    assert counts[0]["email"] == 2 and counts[3] == {**dict.fromkeys(KINDS, 0), "ip": 1, "phone": 1}
+    assert counts[1] == counts[2] == dict.fromkeys(KINDS, 0)
+    assert out.stats.counters == {"pii/email": 2, "pii/ip": 1, "pii/phone": 1,
+                                  "pii_docs/email": 1, "pii_docs/ip": 1, "pii_docs/phone": 1}
+    assert out.stats.docs_out == 4 and out.rejects.height == 0
+    assert out.stats.bytes_out < out.stats.bytes_in
+
+
+def test_huge_single_line_document_is_redacted():
+    filler = "lorem ipsum dolor sit amet " * 200_000  # 2 x 5.4 MB on one line
+    out = PiiRedactor().run(docs([f"{filler} reach me at x@y.com {filler} or 172.16.0.5"]))
+    text = out.documents["text"][0]
+    assert text.endswith("or <IP_ADDRESS>") and "x@y.com" not in text
+    assert out.stats.counters["pii/email"] == 1 and out.stats.counters["pii/ip"] == 1
+
+
+def test_pii_redacted_runs_safety_first_and_labels_its_rejects():
+    stage = SafetyThenRedact(SafetyFilter(["badword"], ["blocked.example"]), PiiRedactor())
+    frame = docs(
+        ["contact a@b.com", "badword here, mail c@d.com", "fine text 10.0.0.9"],
+        urls=["https://ok.example/1", "https://ok.example/2", "http://www.blocked.example/x"],
+    )
+    out = stage.run(frame)
+    assert out.documents["text"].to_list() == ["contact <EMAIL>"]
+    assert sorted(out.rejects["rule"].to_list()) == ["safety/blocked_domain", "safety/blocked_words"]
+    assert set(out.rejects["stage"]) == {"pii_redacted"}
+    # A rejected document's excerpt is the text as it arrived: redaction never ran on it.
+    assert "c@d.com" in out.rejects.filter(pl.col("rule") == "safety/blocked_words")["excerpt"][0]
+    assert out.stats.stage == "pii_redacted"
+    assert (out.stats.docs_in, out.stats.docs_out) == (3, 1)
+    assert out.stats.dropped == {"safety/blocked_domain": 1, "safety/blocked_words": 1}
+    assert out.stats.counters == {"pii/email": 1, "pii_docs/email": 1}
+
+
+def test_stage_output_is_identical_on_rerun():
+    frame = docs(["a@b.com 10.0.0.1 +44 20 7946 0958", "plain"])
+    a, b = PiiRedactor().run(frame), PiiRedactor().run(frame)
+    assert a.documents.equals(b.documents)
