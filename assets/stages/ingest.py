@@ -1,0 +1,406 @@
+"""Reading one input shard (a WARC or JSONL file, gzip or not) into the `raw_documents` table.
+
+One row per response/resource WARC record or per JSONL line, with the provenance columns of
+`refinery.documents` and `raw`, the decoded payload (HTML for WARC responses, the text field for
+JSONL). Hostile input never stops the file: a bad record becomes one reject row `ingest/<reason>`
+and reading goes on; a truncated or corrupt file keeps every record read before the damage and adds
+one `ingest/truncated_file` row naming the byte offset. Only a missing file raises.
+
+Offsets: WARC `record_offset` is the record's byte offset in the file as stored (for a per-record
+gzip WARC, the offset of its gzip member, so a reader can seek straight to it); JSONL
+`record_offset` is the line's byte offset in the decompressed stream.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import os
+import re
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import IO, Iterator
+
+import polars as pl
+
+from assets.stages.base import Drop, StageOutput, StageStats, count_in_out, rejects_frame
+from refinery.config import ExtractConfig, SourceConfig
+from refinery.documents import EXCERPT_CHARS, PROVENANCE_SCHEMA, InputShard, make_doc_id
+
+STAGE = "raw_documents"
+RAW_SCHEMA: dict[str, pl.DataType] = {**PROVENANCE_SCHEMA, "raw": pl.String()}
+
+# Above this fraction of invalid bytes a payload is not text in a mislabelled encoding but garbage;
+# below it, replacement characters cost a few words and keep a real document (FineWeb's
+# extraction decodes with replacement too).
+MAX_INVALID_UTF8_FRACTION = 0.01
+# Content types that are text even though they are not text/*.
+_TEXTUAL_APPLICATION = re.compile(r"^application/([a-z0-9.+-]*\+)?(xml|json|javascript|ecmascript|x-javascript|xhtml\+xml)$")
+_META_CHARSET = re.compile(rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]{1,40})""", re.IGNORECASE)
+_CHARSET_SNIFF_BYTES = 4096
+_JSONL_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------------
+
+_invalid_bytes = threading.local()
+
+
+def _count_and_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+    _invalid_bytes.n += err.end - err.start
+    return "\ufffd", err.end
+
+
+codecs.register_error("refinery_count_replace", _count_and_replace)
+
+
+def decode_utf8(data: bytes) -> tuple[str, int]:
+    """UTF-8 with each invalid sequence replaced by U+FFFD; also the number of invalid bytes."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        _invalid_bytes.n = 0
+        text = data.decode("utf-8", errors="refinery_count_replace")
+        return text, _invalid_bytes.n
+
+
+def sniff_charset(payload: bytes, header_charset: str | None) -> str:
+    """The payload's codec: the HTTP header's charset, else an HTML meta charset, else UTF-8.
+    Unknown names fall back to UTF-8."""
+    name = header_charset
+    if not name:
+        m = _META_CHARSET.search(payload, 0, _CHARSET_SNIFF_BYTES)
+        name = m.group(1).decode("ascii") if m else None
+    if not name:
+        return "utf-8"
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return "utf-8"
+
+
+def is_textual(content_type: str, extract: ExtractConfig) -> bool:
+    ct = content_type.lower()
+    if ct.startswith("text/") or ct in extract.html_content_types:
+        return True
+    if any(ct.startswith(prefix) for prefix in extract.text_content_types):
+        return True
+    return bool(_TEXTUAL_APPLICATION.match(ct))
+
+
+def _excerpt(payload: bytes) -> str:
+    return payload[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace")[:EXCERPT_CHARS]
+
+
+# --------------------------------------------------------------------------------------------------
+# Records as read, before they become rows
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Record:
+    index: int
+    offset: int
+    url: str | None
+    fetch_time: str | None
+    content_type: str | None
+    raw: str | None = None
+    drop: Drop | None = None
+    excerpt: str | None = None
+    payload_bytes: int = 0
+
+
+@dataclass
+class _ReadResult:
+    records: list[_Record] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+
+def _text_or_drop(
+    rec: _Record, payload: bytes, codec: str, result: _ReadResult, binary_reason: str | None
+) -> _Record:
+    """Decode `payload` into `rec.raw`, or set the drop that rejects it."""
+    rec.payload_bytes = len(payload)
+    if binary_reason is None and b"\x00" in payload:
+        binary_reason = "NUL bytes in the payload"
+    if binary_reason is not None:
+        rec.drop = Drop("ingest/binary_payload", None, binary_reason)
+        return rec
+    if codec != "utf-8":
+        rec.raw = payload.decode(codec, errors="replace")
+        return rec
+    text, invalid = decode_utf8(payload)
+    if invalid:
+        fraction = invalid / max(1, len(payload))
+        if fraction > MAX_INVALID_UTF8_FRACTION:
+            rec.drop = Drop("ingest/bad_utf8", fraction, f"{invalid} of {len(payload)} bytes are not valid UTF-8")
+            rec.excerpt = text[:EXCERPT_CHARS]
+            return rec
+        result.count("utf8_replaced")
+    rec.raw = text
+    return rec
+
+
+# --------------------------------------------------------------------------------------------------
+# WARC
+# --------------------------------------------------------------------------------------------------
+
+
+def gzip_damage_offset(path: str, chunk: int = _JSONL_CHUNK) -> int | None:
+    """The byte offset of the first gzip member that is cut short or corrupt, or None if every
+    member is whole. FastWARC stops silently at a truncated member, so this is how we notice."""
+    with open(path, "rb") as f:
+        member_start = 0
+        consumed = 0  # compressed bytes fed to finished members and the current one
+        d = zlib.decompressobj(wbits=31)
+        pending = b""
+        while True:
+            data = pending or f.read(chunk)
+            pending = b""
+            if not data:
+                break
+            try:
+                d.decompress(data)
+            except zlib.error:
+                return member_start
+            if d.eof:
+                used = len(data) - len(d.unused_data)
+                consumed += used
+                member_start = consumed
+                pending = d.unused_data
+                d = zlib.decompressobj(wbits=31)
+            else:
+                consumed += len(data)
+        if consumed > member_start:
+            return member_start  # a member started but never reached its end
+    return None
+
+
+def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
+    from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+    limit = extract.max_record_bytes
+    wanted = WarcRecordType.response | WarcRecordType.resource
+    index = -1
+    damage: tuple[int, int, str] | None = None  # (record index, byte offset, what happened)
+    try:
+        for record in ArchiveIterator(path, parse_http=True, fsspec_args=False):
+            index += 1
+            if not record.record_type & wanted:
+                result.count(f"skipped_{record.record_type.name}")
+                continue
+            headers = record.headers
+            content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
+            content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
+            rec = _Record(
+                index=index,
+                offset=record.stream_pos,
+                url=headers.get("WARC-Target-URI"),
+                fetch_time=headers.get("WARC-Date"),
+                content_type=content_type,
+            )
+            declared = record.content_length
+            if declared > limit:
+                rec.payload_bytes = declared
+                rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
+                rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
+                result.records.append(rec)
+                continue
+            payload = record.reader.read(declared + 1)
+            if len(payload) < declared:
+                damage = (index, record.stream_pos, f"record ends after {len(payload)} of {declared} payload bytes")
+                break
+            binary = None if is_textual(content_type, extract) else f"content type {content_type}"
+            codec = sniff_charset(payload, record.http_charset if record.is_http else None)
+            result.records.append(_text_or_drop(rec, payload, codec, result, binary))
+    except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
+        last = result.records[-1].offset if result.records else 0
+        damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
+    if path.endswith(".gz"):
+        # FastWARC ends quietly at a cut-short gzip member; the member's offset is the exact place
+        offset = gzip_damage_offset(path)
+        if offset is not None:
+            at = damage[0] if damage is not None else index + 1
+            damage = (at, offset, "gzip member cut short or corrupt")
+    if damage is not None:
+        _add_truncation(result, *damage)
+    elif index < 0:
+        result.count("empty_file")
+
+
+def _add_truncation(result: _ReadResult, index: int, offset: int, detail: str) -> None:
+    result.records.append(
+        _Record(
+            index=index,
+            offset=offset,
+            url=None,
+            fetch_time=None,
+            content_type=None,
+            drop=Drop("ingest/truncated_file", float(offset), f"damaged at byte offset {offset}: {detail}"),
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# JSONL
+# --------------------------------------------------------------------------------------------------
+
+
+def _open_jsonl(path: str) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, int]]:
+    """(offset, line, length) per line; a line longer than `limit` comes back as its first
+    `limit + 1` bytes with its full length, and the rest is skipped without being kept."""
+    offset = 0
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        length = len(line)
+        if len(line) > limit and not line.endswith(b"\n"):
+            while True:
+                rest = f.readline(_JSONL_CHUNK)
+                length += len(rest)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        yield offset, line, length
+        offset += length
+
+
+def _read_jsonl(path: str, source: SourceConfig, extract: ExtractConfig, result: _ReadResult) -> None:
+    limit = extract.max_record_bytes
+    index = -1
+    reached = 0  # decompressed bytes read through the last whole line
+    with _open_jsonl(path) as f:
+        try:
+            for offset, line, length in _lines(f, limit):
+                reached = offset + length
+                if not line.strip():
+                    result.count("blank_lines")
+                    continue
+                index += 1
+                rec = _Record(index=index, offset=offset, url=None, fetch_time=None, content_type="text/plain")
+                rec.payload_bytes = length
+                result.records.append(rec)
+                if length > limit:
+                    rec.excerpt = _excerpt(line)
+                    rec.drop = Drop("ingest/too_large", float(length), f"{length} bytes > max_record_bytes {limit}")
+                else:
+                    _parse_json_line(rec, line, source, result)
+        except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip
+            _add_truncation(result, index + 1, reached, f"decompressed stream: {err}")
+            return
+    if index < 0:
+        result.count("empty_file")
+
+
+def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _ReadResult) -> None:
+    text, invalid = decode_utf8(line)
+    fraction = invalid / len(line)
+    if fraction > MAX_INVALID_UTF8_FRACTION:
+        rec.drop = Drop("ingest/bad_utf8", fraction, f"{invalid} of {len(line)} bytes are not valid UTF-8")
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        rec.drop = Drop("ingest/bad_json", None, str(err)[:200])
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return
+    if not isinstance(obj, dict):
+        rec.drop = Drop("ingest/bad_json", None, f"a JSON {type(obj).__name__}, not an object")
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return
+    url = obj.get(source.url_field)
+    rec.url = url if isinstance(url, str) and url else None
+    body = obj.get(source.text_field)
+    if not isinstance(body, str):
+        kind = "missing" if body is None else f"a {type(body).__name__}"
+        rec.drop = Drop("ingest/missing_text", None, f"field {source.text_field!r} is {kind}")
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return
+    if "\x00" in body:
+        rec.drop = Drop("ingest/binary_payload", None, "NUL characters in the text field")
+        return
+    if invalid:
+        result.count("utf8_replaced")
+    rec.raw = body
+
+
+# --------------------------------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------------------------------
+
+
+def config_relative_file(path: str, pattern: str) -> str:
+    """The file named as the config names it (e.g. `../data/sample/web/web-00.warc.gz`), so the
+    `file` column does not depend on where the checkout lives."""
+    if os.path.isabs(pattern) or "://" in pattern:
+        return path
+    parts = pattern.split("/")
+    fixed = 0
+    while fixed < len(parts) - 1 and not any(c in parts[fixed] for c in "*?["):
+        fixed += 1
+    tail = len(parts) - fixed
+    if "**" in parts[fixed:]:
+        return path
+    return "/".join(parts[:fixed] + path.split(os.sep)[-tail:])
+
+
+def read_input_shard(shard: InputShard, source: SourceConfig, extract: ExtractConfig) -> StageOutput:
+    """The `raw_documents` table for one input file, with its rejects and stats."""
+    start = time.perf_counter()
+    if not os.path.isfile(shard.path):
+        raise FileNotFoundError(
+            f"input file {shard.path} of source {source.name!r} (path {source.path!r}) does not exist; "
+            f"fix the source's path or restore the file"
+        )
+    result = _ReadResult()
+    if source.format == "warc":
+        _read_warc(shard.path, extract, result)
+    else:
+        _read_jsonl(shard.path, source, extract, result)
+
+    records = result.records
+    file_label = config_relative_file(shard.path, source.path)
+    table = pl.DataFrame(
+        {
+            "doc_id": [make_doc_id(shard.key, r.index) for r in records],
+            "url": [r.url for r in records],
+            "source": [shard.source] * len(records),
+            "bucket": [shard.bucket] * len(records),
+            "file": [file_label] * len(records),
+            "record_index": [r.index for r in records],
+            "record_offset": [r.offset for r in records],
+            "fetch_time": [r.fetch_time for r in records],
+            "content_type": [r.content_type for r in records],
+            "raw": [r.raw for r in records],
+            "_excerpt": [r.excerpt for r in records],
+        },
+        schema={**RAW_SCHEMA, "_excerpt": pl.String()},
+    )
+    drops = {i: r.drop for i, r in enumerate(records) if r.drop is not None}
+    rejects = rejects_frame(table, STAGE, drops, text_column="_excerpt")
+    documents = table.filter(pl.Series([r.drop is None for r in records], dtype=pl.Boolean)).drop("_excerpt")
+
+    stats = StageStats(stage=STAGE)
+    count_in_out(stats, table, documents, column="raw")
+    for i in drops:
+        # rejected records have no `raw`; count the bytes they occupied in the input
+        stats.bytes_in += records[i].payload_bytes
+        stats.by_bucket[shard.bucket].bytes_in += records[i].payload_bytes
+    for rule in (d.rule for d in drops.values()):
+        stats.dropped[rule] += 1
+    stats.counters.update(result.counters)
+    stats.wall_s = time.perf_counter() - start
+    return StageOutput(documents, rejects, stats)
