@@ -132,3 +132,9 @@ def test_stage_output_is_identical_on_rerun():
     frame = docs(["a@b.com 10.0.0.1 +44 20 7946 0958", "plain"])
     a, b = PiiRedactor().run(frame), PiiRedactor().run(frame)
     assert a.documents.equals(b.documents)
+
+
+def test_empty_table_passes_through_with_the_pii_counts_column():
+    out = SafetyThenRedact(SafetyFilter(["x"], ["y.example"]), PiiRedactor()).run(docs([]))
+    assert out.documents.height == 0 and out.documents.schema["pii_counts"] == pl.Struct({k: pl.Int32 for k in KINDS})
+    assert (out.stats.docs_in, out.stats.docs_out, out.rejects.height) == (0, 0, 0)

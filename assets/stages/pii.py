@@ -238,7 +238,7 @@ class PiiRedactor(Stage):
     def _candidates(self, texts: pl.Series) -> list[int]:
         """Rows where at least one pattern could match (most documents have no '@' or ':'),
         found with one vectorised pass per distinct trigger."""
-        mask = pl.Series([False] * len(texts))
+        mask = pl.Series([False] * len(texts), dtype=pl.Boolean)
         for needs in sorted({p.needs for p in self.patterns}):
             mask = mask | texts.str.contains(needs).fill_null(False)
         return mask.arg_true().to_list()

@@ -1,0 +1,136 @@
+"""`quality_model` (global), `quality_scored` and `pii_redacted` (per input shard).
+
+quality_model reads every `deduped` partition of the positive and negative buckets, trains the
+classifier of `assets.stages.quality`, and publishes `models/quality/quality-<hash>.pt` plus the
+`models/quality/latest.json` pointer. quality_scored scores each shard with the model the pointer
+names; pii_redacted runs the safety filter and then PII redaction (`assets.stages.pii`).
+"""
+
+
+import dagster as dg
+import polars as pl
+
+from assets.factory import code_version, provenance_metadata, publish_stage_output, shard_stage_asset
+from assets.stages import pii as pii_stage
+from assets.stages import quality as q
+from orchestration.resources import RefineryResource
+from refinery.config import RefineryConfig
+from refinery.documents import documents_key, input_shard, input_shards
+from refinery.storage import DataRoot
+
+UPSTREAM = "deduped"
+
+
+def training_documents(cfg: RefineryConfig, root: DataRoot) -> pl.DataFrame:
+    """doc_id, bucket and text of every upstream document in a positive or negative bucket."""
+    qc = cfg.stages.quality
+    wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
+    frames = [
+        root.read_parquet(documents_key(UPSTREAM, s.key), columns=["doc_id", "bucket", "text"])
+        for s in input_shards(cfg)
+        if s.bucket in wanted
+    ]
+    if not frames:
+        return pl.DataFrame(schema={"doc_id": pl.String, "bucket": pl.String, "text": pl.String})
+    return pl.concat(frames)
+
+
+def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.TrainingReport]:
+    qc = cfg.stages.quality
+    model, report = q.train_quality_model(
+        training_documents(cfg, root),
+        list(qc.positive_buckets),
+        list(qc.negative_buckets),
+        num_features=qc.num_features,
+        ngram=qc.ngram,
+        epochs=qc.epochs,
+        learning_rate=qc.learning_rate,
+        holdout_fraction=qc.holdout_fraction,
+        max_chars=qc.max_chars,
+        max_docs_per_class=qc.max_train_docs_per_class,
+        seed=cfg.seed,
+    )
+    settings = {**qc.model_dump(mode="json"), "seed": cfg.seed}
+    return q.publish_model(root, model, report, settings), report
+
+
+def _metric(value: float | None) -> dg.MetadataValue:
+    return dg.MetadataValue.float(round(value, 6)) if value is not None else dg.MetadataValue.text("n/a")
+
+
+def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
+    model_version = code_version(q)
+
+    @dg.asset(
+        name="quality_model",
+        deps=[dg.AssetDep(UPSTREAM, partition_mapping=dg.AllPartitionMapping())],
+        group_name="funnel",
+        code_version=model_version,
+        kinds={"torch"},
+        description="Hashed word n-gram logistic regression: curated buckets positive, raw web negative.",
+    )
+    def quality_model(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+        pointer, report = train_and_publish(refinery.config, refinery.root)
+        context.log.info(
+            f"quality_model {pointer['model_hash']}: accuracy {report.accuracy} on {report.holdout_size} held out"
+        )
+        return dg.MaterializeResult(
+            metadata={
+                "model_key": dg.MetadataValue.path(refinery.root.display(pointer["model_key"])),
+                "model_hash": dg.MetadataValue.text(pointer["model_hash"]),
+                "holdout_accuracy": _metric(report.accuracy),
+                "holdout_precision": _metric(report.precision),
+                "holdout_recall": _metric(report.recall),
+                "train_by_bucket": dg.MetadataValue.json(report.train_by_bucket),
+                "holdout_by_bucket": dg.MetadataValue.json(report.holdout_by_bucket),
+                "train_positive": dg.MetadataValue.int(report.train_positive),
+                "train_negative": dg.MetadataValue.int(report.train_negative),
+                "wall_s": dg.MetadataValue.float(round(report.wall_s, 3)),
+                "config": dg.MetadataValue.json(pointer["settings"]),
+                "code_version": dg.MetadataValue.text(model_version),
+                "content_hashes": dg.MetadataValue.json({pointer["model_key"]: pointer["sha256"]}),
+            }
+        )
+
+    @dg.asset(
+        name="quality_scored",
+        deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")],
+        partitions_def=parts.input_shards,
+        group_name="funnel",
+        code_version=model_version,
+        kinds={"torch", "polars", "parquet"},
+        description="quality_score on every document; drops those below stages.quality.threshold.",
+    )
+    def quality_scored(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+        cfg, root = refinery.config, refinery.root
+        shard = input_shard(cfg, context.partition_key)
+        model, pointer = q.load_published_model(root)
+        enforce = "quality" not in cfg.source(shard.source).skip
+        stage = q.QualityScorer(model, cfg.stages.quality.threshold, enforce, pointer["model_hash"])
+        out = stage.run(root.read_parquet(documents_key(UPSTREAM, shard.key)))
+        outputs = publish_stage_output(root, stage.name, shard.key, out)
+        context.log.info(f"quality_scored[{shard.key}]: {out.stats.docs_in} -> {out.stats.docs_out} docs")
+        md = provenance_metadata(out.stats, stage.config_summary(), model_version, outputs, out.documents)
+        md["quality_model"] = dg.MetadataValue.text(pointer["model_hash"])
+        md["threshold_enforced"] = dg.MetadataValue.bool(enforce)
+        if not enforce:
+            md["note"] = dg.MetadataValue.text(
+                f"source {shard.source!r} skips quality: documents are scored but never dropped on score"
+            )
+        scores = out.documents["quality_score"].drop_nulls()
+        if len(scores):
+            md["score_quantiles"] = dg.MetadataValue.json(
+                {f"p{p}": round(float(scores.quantile(p / 100, "nearest")), 6) for p in (10, 50, 90)}
+            )
+        return dg.MaterializeResult(metadata=md)
+
+    pii_redacted = shard_stage_asset(
+        name="pii_redacted",
+        upstream="quality_scored",
+        build=lambda cfg, shard: pii_stage.SafetyThenRedact.from_config(cfg.stages),
+        partitions_def=parts.input_shards,
+        description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
+        version_of=pii_stage,
+    )
+
+    return dg.Definitions(assets=[quality_model, quality_scored, pii_redacted])

@@ -1,0 +1,207 @@
+"""quality_model, quality_scored and pii_redacted materialized with Dagster on hand-made `deduped`
+tables: files, metadata, planted PII, source skips, byte-identical reruns and a failing input."""
+
+import random
+
+import dagster as dg
+import polars as pl
+import pytest
+import yaml
+
+from assets.partitions import Partitions
+from assets.quality import build_definitions
+from assets.stages.pii import PLACEHOLDERS
+from orchestration.resources import RefineryResource
+from refinery.config import load_config
+from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id, rejects_key, stats_key
+from refinery.storage import LocalDataRoot
+
+CURATED = ("the council approved a history of the valley written from parish records and letters kept by "
+           "families who farmed the river plain for generations").split()
+SPAM = "click buy cheap deals free casino bonus win money online offer sale discount now".split()
+PLANTED_EMAILS = ["alice.smith@example.org", "bob+news@mail.example.co.uk", "carol_99@uni.example.edu"]
+PLANTED_IPS = ["10.0.0.1", "192.168.1.254", "203.0.113.77", "2001:db8::7"]
+SOURCES = {"web": ["a", "b"], "wiki": ["a"], "books": ["a"], "code": ["a"]}
+
+
+def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=None):
+    for source, stems in SOURCES.items():
+        (tmp_path / "in" / source).mkdir(parents=True, exist_ok=True)
+        for stem in stems:
+            (tmp_path / "in" / source / f"{stem}.jsonl").write_text("")
+    cfg = {
+        "seed": 5,
+        "data_root": "out",
+        "buckets": ["web", "wiki", "books", "code"],
+        "sources": [
+            {"name": s, "path": f"in/{s}/*.jsonl", "format": "jsonl", "bucket": s,
+             **({"skip": ["quality"]} if s == "code" else {})}
+            for s in SOURCES
+        ],
+        "stages": {
+            "quality": {"positive_buckets": list(positive), "negative_buckets": ["web"], "threshold": threshold,
+                        "num_features": 4096},
+            "safety": safety or {"blocked_words": ["forbiddenword"], "blocked_domains": ["blocked.example"]},
+        },
+    }
+    path = tmp_path / "refinery.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def deduped_table(shard_key: str, bucket: str, n: int, rng: random.Random) -> pl.DataFrame:
+    vocab = SPAM if bucket in ("web", "code") else CURATED
+    texts = []
+    for i in range(n):
+        words = [rng.choice(vocab) for _ in range(50)]
+        if bucket in ("wiki", "code") and i % 3 == 0:
+            words.insert(10, f"mail {PLANTED_EMAILS[i % len(PLANTED_EMAILS)]} or host {PLANTED_IPS[i % len(PLANTED_IPS)]}")
+        texts.append(" ".join(words))
+    urls = [f"https://{'blocked.example' if bucket == 'web' and i == 1 else 'site.example'}/{shard_key}/{i}"
+            for i in range(n)]
+    if bucket == "web":
+        texts[2] = "forbiddenword " + " ".join(CURATED)  # curated-looking, so it survives quality, then safety drops it
+    cols = {
+        "doc_id": [make_doc_id(shard_key, i) for i in range(n)],
+        "url": urls,
+        "source": [bucket] * n,
+        "bucket": [bucket] * n,
+        "file": [f"in/{shard_key}.jsonl"] * n,
+        "record_index": list(range(n)),
+        "record_offset": [i * 100 for i in range(n)],
+        "fetch_time": [None] * n,
+        "content_type": ["text/plain"] * n,
+    }
+    df = pl.DataFrame(cols, schema=PROVENANCE_SCHEMA)
+    return df.with_columns(
+        text=pl.Series(texts), language=pl.lit("en"), language_score=pl.lit(0.99),
+        dup_cluster=pl.lit(None, pl.String), dup_cluster_size=pl.lit(1, pl.Int64),
+    )
+
+
+def seed_deduped(config_path: str) -> tuple:
+    cfg = load_config(config_path)
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    rng = random.Random(0)
+    for shard in input_shards(cfg):
+        root.write_parquet(documents_key("deduped", shard.key), deduped_table(shard.key, shard.bucket, 40, rng))
+    return cfg, root
+
+
+def materialize_all(config_path: str):
+    cfg = load_config(config_path)
+    defs = build_definitions(cfg, Partitions.from_config(cfg))
+    assets = {a.key.to_user_string(): a for a in defs.assets}
+    resources = {"refinery": RefineryResource(config_path=config_path)}
+    results = {"quality_model": dg.materialize([assets["quality_model"]], resources=resources)}
+    for name in ("quality_scored", "pii_redacted"):
+        for shard in input_shards(cfg):
+            results[f"{name}[{shard.key}]"] = dg.materialize([assets[name]], resources=resources,
+                                                             partition_key=shard.key)
+    return results
+
+
+def metadata(result, name):
+    mats = result.asset_materializations_for_node(name)
+    return {k: v.value for k, v in mats[0].metadata.items()}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("quality_assets")
+    config_path = write_config(tmp)
+    cfg, root = seed_deduped(config_path)
+    return cfg, root, materialize_all(config_path)
+
+
+def test_quality_model_publishes_a_versioned_model_with_its_accuracy(run):
+    cfg, root, results = run
+    md = metadata(results["quality_model"], "quality_model")
+    assert md["holdout_accuracy"] >= 0.9
+    trained, held = md["train_by_bucket"], md["holdout_by_bucket"]
+    assert (trained["books"] + trained["wiki"], trained["web"]) == (64, 64)
+    assert (held["books"] + held["wiki"], held["web"]) == (16, 16)  # 20% of each class
+    pointer = root.read_json("models/quality/latest.json")
+    assert pointer["model_key"] == f"models/quality/quality-{md['model_hash']}.pt"
+    assert root.sha256(pointer["model_key"]) == pointer["sha256"] == md["content_hashes"][pointer["model_key"]]
+    assert pointer["features"]["num_features"] == 4096 and pointer["settings"]["seed"] == 5
+
+
+def test_quality_scored_keeps_the_score_and_drops_web_below_threshold(run):
+    cfg, root, results = run
+    for shard in input_shards(cfg):
+        docs = root.read_parquet(documents_key("quality_scored", shard.key))
+        assert docs["quality_score"].is_between(0.0, 1.0).all()
+        stats = root.read_json(stats_key("quality_scored", shard.key))
+        md = metadata(results[f"quality_scored[{shard.key}]"], "quality_scored")
+        assert md["docs_in"] == 40 and md["docs_out"] == docs.height == stats["docs_out"]
+        if shard.bucket == "web":
+            assert docs["doc_id"].to_list() == [make_doc_id(shard.key, 2)]  # only the curated-looking one
+            rejects = root.read_parquet(rejects_key("quality_scored", shard.key))
+            assert set(rejects["rule"]) == {"quality/below_threshold"} and rejects["value"].max() < 0.5
+        elif shard.bucket == "code":  # spam-like, but its source skips quality
+            assert docs.height == 40 and md["threshold_enforced"] is False and "never dropped" in md["note"]
+            assert stats["counters"]["quality/below_threshold_kept_by_skip"] == 40
+        else:
+            assert docs.height == 40 and md["threshold_enforced"] is True
+
+
+def test_pii_redacted_removes_every_planted_email_and_ip_and_counts_them(run):
+    cfg, root, results = run
+    planted = {"email": 0, "ip": 0}
+    for shard in input_shards(cfg):
+        scored = root.read_parquet(documents_key("quality_scored", shard.key))
+        planted["email"] += sum(scored["text"].str.count_matches(e, literal=True).sum() for e in PLANTED_EMAILS)
+        planted["ip"] += sum(scored["text"].str.count_matches(ip, literal=True).sum() for ip in PLANTED_IPS)
+        docs = root.read_parquet(documents_key("pii_redacted", shard.key))
+        for value in PLANTED_EMAILS + PLANTED_IPS:
+            assert not docs["text"].str.contains(value, literal=True).any(), value
+        counts = docs["pii_counts"].struct.unnest()
+        stats = root.read_json(stats_key("pii_redacted", shard.key))
+        for kind in ("email", "ip"):
+            assert counts[kind].sum() == stats["counters"].get(f"pii/{kind}", 0)
+            assert docs["text"].str.count_matches(PLACEHOLDERS[kind], literal=True).sum() == counts[kind].sum()
+        md = metadata(results[f"pii_redacted[{shard.key}]"], "pii_redacted")
+        assert md["docs_out"] == docs.height
+    assert planted == {"email": 28, "ip": 28}
+    totals = [root.read_json(stats_key("pii_redacted", s.key))["counters"] for s in input_shards(cfg)]
+    assert sum(c.get("pii/email", 0) for c in totals) == 28 and sum(c.get("pii/ip", 0) for c in totals) == 28
+
+
+def test_pii_redacted_safety_drops_land_in_rejects(run):
+    cfg, root, _ = run
+    for key in ("web-a", "web-b"):
+        rejects = root.read_parquet(rejects_key("pii_redacted", key))
+        assert rejects["rule"].to_list() == ["safety/blocked_words"]
+        assert rejects["doc_id"].to_list() == [make_doc_id(key, 2)]
+        assert set(rejects["stage"]) == {"pii_redacted"}
+        assert root.read_json(stats_key("pii_redacted", key))["dropped"] == {"safety/blocked_words": 1}
+
+
+def test_rerun_gives_identical_bytes(run, tmp_path):
+    cfg, root, _ = run
+    config_path = write_config(tmp_path)
+    _, again = seed_deduped(config_path)
+    materialize_all(config_path)
+    assert again.read_json("models/quality/latest.json")["sha256"] == root.read_json("models/quality/latest.json")["sha256"]
+    for shard in input_shards(cfg):
+        for stage in ("quality_scored", "pii_redacted"):
+            for key in (documents_key(stage, shard.key), rejects_key(stage, shard.key)):
+                assert again.sha256(key) == root.sha256(key), key
+
+
+def test_quality_model_without_positive_documents_fails_naming_the_field(tmp_path):
+    config_path = write_config(tmp_path, positive=("code",))
+    cfg, root = seed_deduped(config_path)
+    for shard in input_shards(cfg):
+        if shard.bucket == "code":
+            root.write_parquet(documents_key("deduped", shard.key),
+                               deduped_table(shard.key, "code", 3, random.Random(1)).with_columns(text=pl.lit("")))
+    defs = build_definitions(cfg, Partitions.from_config(cfg))
+    model_asset = next(a for a in defs.assets if a.key.to_user_string() == "quality_model")
+    result = dg.materialize([model_asset], resources={"refinery": RefineryResource(config_path=config_path)},
+                            raise_on_error=False)
+    assert not result.success
+    failure = result.get_step_failure_events()[0].event_specific_data.error
+    assert "stages.quality.positive_buckets" in failure.to_string()
+    assert not root.exists("models/quality/latest.json")
