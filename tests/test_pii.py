@@ -10,6 +10,17 @@ from assets.stages.safety import SafetyFilter
 ALL = frozenset(KINDS)
 
 
+def docs(texts, urls=None) -> pl.DataFrame:
+    n = len(texts)
+    return pl.DataFrame({
+        "doc_id": [f"web-0/{i:07d}" for i in range(n)],
+        "url": urls or [f"https://site{i}.example/page" for i in range(n)],
+        "source": ["web"] * n,
+        "bucket": ["web"] * n,
+        "text": pl.Series(texts, dtype=pl.String),
+    })
+
+
 @pytest.mark.parametrize(
     "text,expected,kind,n",
     [
@@ -33,6 +44,9 @@ def test_each_kind_is_replaced_by_its_placeholder(text, expected, kind, n):
     out, counts = redact(text, ALL)
     assert out == expected
     assert counts == {k: (n if k == kind else 0) for k in KINDS}
+    staged = PiiRedactor().run(docs([text]))  # the column path, with its prefilters
+    assert staged.documents["text"][0] == expected
+    assert staged.documents["pii_counts"][0] == counts
 
 
 @pytest.mark.parametrize(
@@ -54,6 +68,7 @@ def test_false_positives_are_left_alone(text):
     out, counts = redact(text, ALL)
     assert out == text
     assert sum(counts.values()) == 0
+    assert PiiRedactor().run(docs([text])).documents["text"][0] == text
 
 
 def test_email_wins_over_the_address_inside_it_and_placeholders_are_not_rematched():
@@ -76,17 +91,6 @@ def test_checksums():
 def test_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="unknown PII kinds"):
         PiiRedactor(frozenset({"email", "passport"}))
-
-
-def docs(texts, urls=None) -> pl.DataFrame:
-    n = len(texts)
-    return pl.DataFrame({
-        "doc_id": [f"web-0/{i:07d}" for i in range(n)],
-        "url": urls or [f"https://site{i}.example/page" for i in range(n)],
-        "source": ["web"] * n,
-        "bucket": ["web"] * n,
-        "text": pl.Series(texts, dtype=pl.String),
-    })
 
 
 def test_stage_counts_replacements_per_document_and_in_stats():
