@@ -1,0 +1,185 @@
+"""`refinery validate --config CONFIG [--json] [--plot PATH] [--inventory JSON]`: the curriculum's
+contract, printed before any compute is spent (seed 000), and a picture of the schedule.
+
+Inventory comes from the final shuffled shards when the data root has them; `--inventory` takes
+tokens per bucket from a JSON file instead (`{"web": 12000000000000, ...}`), to check a plan
+before the corpus exists; with neither, the inventory is unknown and only the schedule is checked.
+Exits 1 on a blocking error, 2 when the config or the data cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from refinery.config import RefineryConfig, load_config
+from refinery.curriculum import CurriculumError, Schedule, ValidationReport, build_schedule, validate, validate_data_root, warmup_tokens
+from refinery.shard_format import ShardFormatError
+from refinery.storage import DataRoot, atomic_path, open_data_root
+
+SCHEDULE_PLOT_KEY = "curriculum/schedule.png"
+PLOT_POINTS = 800
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "unknown"
+    return f"{x:,.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)]
+
+
+def phase_table(contract: dict[str, Any]) -> list[str]:
+    """Tokens per bucket per phase, and in total."""
+    buckets = list(contract["buckets"])
+    rows = []
+    for p in contract["phases"]:
+        rows.append(
+            [p["name"], _num(p["tokens"]), f"{p['share']:.1%}", str(p["seq_len"]), f"{p['lr_scale']:g}", _num(p["blend_tokens"]),
+             "-" if p["quality_top_fraction"] is None else f"top {p['quality_top_fraction']:.0%}"]
+            + [_num(p["bucket_tokens"][b]) for b in buckets]
+        )
+    rows.append(["total", _num(contract["schedule_tokens"]), "", "", "", "", ""] + [_num(contract["buckets"][b]["tokens"]) for b in buckets])
+    return _table(["phase", "tokens", "share", "seq_len", "lr_scale", "blend", "quality"] + buckets, rows)
+
+
+def bucket_table(contract: dict[str, Any]) -> list[str]:
+    """Inventory, effective epochs and predicted shortfall per bucket."""
+    rows = [
+        [b, _num(v["tokens"]), _num(v["inventory_tokens"]), f"{v['max_epochs']:g}", _num(v["effective_epochs"], 2), _num(v["shortfall"])]
+        for b, v in contract["buckets"].items()
+    ]
+    return _table(["bucket", "demand", "inventory", "max_epochs", "epochs", "shortfall"], rows)
+
+
+def render_text(report: ValidationReport) -> str:
+    lines: list[str] = []
+    c = report.contract
+    if c is not None:
+        lines.append(
+            f"curriculum: {len(c['phases'])} phases, {c['schedule_tokens']:,} tokens "
+            f"(total_tokens {c['total_tokens']:,}, temperature {c['temperature']:g})"
+        )
+        lines += ["", *phase_table(c), "", *bucket_table(c), ""]
+        a = c["attention"]
+        longest = max(p["seq_len"] for p in c["phases"])
+        lines.append(f"mean seq_len (share-weighted): {c['mean_seq_len']:,.1f}")
+        lines.append(
+            f"attention compute saved by length warmup vs all at {longest}: {a['saved_fraction']:.1%} "
+            f"({a['ratio']:.2f}x less; per token {a['per_token_ratio']:.2f}x)"
+        )
+    for w in report.warnings:
+        lines.append(f"warning: {w}")
+    for e in report.errors:
+        lines.append(f"error: {e}")
+    lines.append("OK: the curriculum is valid" if report.ok else f"FAILED: {len(report.errors)} blocking error(s)")
+    return "\n".join(lines)
+
+
+def plot_schedule(cfg: RefineryConfig, schedule: Schedule, path: str | Path) -> None:
+    """Mixture over progress (stacked area), seq_len and LR, one panel each, phase edges marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.linspace(0, schedule.total_tokens, PLOT_POINTS, endpoint=False).astype(np.int64)
+    mixture = np.stack([schedule.weights_at(int(x)) for x in t], axis=1)
+    seq = [schedule.seq_len_at(int(x)) for x in t]
+    tr = cfg.training
+    wt = warmup_tokens(cfg, schedule)
+    lr = [tr.lr * schedule.lr_multiplier(int(x), wt, tr.stable_schedule, tr.min_lr_ratio) for x in t]
+
+    fig, (ax_mix, ax_seq, ax_lr) = plt.subplots(3, 1, figsize=(9, 7), sharex=True, height_ratios=[3, 1, 1])
+    ax_mix.stackplot(t, mixture, labels=list(schedule.buckets))
+    ax_mix.set_ylim(0, 1)
+    ax_mix.set_ylabel("mixture")
+    ax_mix.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax_seq.step(t, seq, where="post")
+    ax_seq.set_ylabel("seq_len")
+    ax_lr.plot(t, lr)
+    ax_lr.set_ylabel("LR")
+    ax_lr.set_xlabel("tokens consumed")
+    for p in schedule.phases:
+        for ax in (ax_mix, ax_seq, ax_lr):
+            ax.axvline(p.start, color="black", linewidth=0.6, alpha=0.5)
+        ax_mix.text(p.start + p.tokens / 2, 1.02, p.name, ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        # No "Software" tag: the same schedule gives the same PNG bytes across matplotlib builds.
+        fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_schedule_plot(cfg: RefineryConfig, root: DataRoot, schedule: Schedule) -> str:
+    """Draw the schedule into the data root at SCHEDULE_PLOT_KEY; returns the PNG's sha256."""
+    with root.writer(SCHEDULE_PLOT_KEY) as tmp:
+        plot_schedule(cfg, schedule, tmp)
+    return root.sha256(SCHEDULE_PLOT_KEY)
+
+
+def load_inventory_file(path: str, buckets: list[str]) -> dict[str, int]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: inventory file not found") from None
+    except json.JSONDecodeError as err:
+        raise CurriculumError(f"{path}: not valid JSON ({err}); give an object of bucket -> tokens") from None
+    if not isinstance(data, dict) or not all(isinstance(v, int) and v >= 0 for v in data.values()):
+        raise CurriculumError(f"{path}: give an object of bucket -> token count (a non-negative integer)")
+    unknown = sorted(set(data) - set(buckets))
+    if unknown:
+        raise CurriculumError(f"{path}: unknown buckets {unknown}; the config declares {buckets}")
+    return {b: int(data.get(b, 0)) for b in buckets}
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    config = args.config_opt or args.config
+    if config is None:
+        print("refinery validate: give the config, e.g. `refinery validate --config configs/demo.yaml`", file=sys.stderr)
+        return 2
+    cfg = load_config(config)
+    root = open_data_root(cfg.resolve(cfg.data_root))
+    try:
+        if args.inventory:
+            report = validate(cfg, load_inventory_file(args.inventory, list(cfg.buckets)))
+        else:
+            report, _, _ = validate_data_root(cfg, root)
+        plot = None
+        if report.contract is not None:
+            schedule = build_schedule(cfg)
+            if args.plot:
+                plot_schedule(cfg, schedule, args.plot)
+                plot = str(Path(args.plot).resolve())
+            else:
+                write_schedule_plot(cfg, root, schedule)
+                plot = root.display(SCHEDULE_PLOT_KEY)
+    except (CurriculumError, ShardFormatError) as err:
+        print(f"refinery validate: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**report.to_json(), "plot": plot}, indent=1, sort_keys=True))
+    else:
+        print(render_text(report))
+        if plot:
+            print(f"schedule plot: {plot}")
+    return 0 if report.ok else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("validate", help="check the curriculum against the corpus and print its contract")
+    p.add_argument("config", nargs="?", help="the config file (or --config)")
+    p.add_argument("--config", dest="config_opt", help="the config file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", help="write the schedule PNG here instead of <data_root>/" + SCHEDULE_PLOT_KEY)
+    p.add_argument("--inventory", help="JSON of bucket -> tokens to validate against instead of the final shards")
+    p.set_defaults(func=run_validate)
