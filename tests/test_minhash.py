@@ -1,0 +1,117 @@
+"""MinHash signatures: bit-for-bit datasketch 2.x compatibility, shingling decisions, LSH banding."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from datasketch import MinHash, MinHashLSH
+
+from assets.stages import minhash as mh
+from assets.stages.text import split_words
+
+
+def datasketch_signature(text: str, num_perm: int, seed: int, size: int) -> np.ndarray:
+    m = MinHash(num_perm=num_perm, seed=seed, hashfunc=mh.shingle_hash32)
+    m.update_batch(mh.shingles(mh.shingle_words(text), size))
+    return m.hashvalues
+
+
+ALPHABET = [chr(i) for i in range(128)] + ["é", "ß", "İ", "✓", "中", "\u00a0", "\u2028"]
+EDGE_TEXTS = [
+    "The quick brown fox, jumps over... the lazy_dog 42 times!!",
+    "a b c",  # fewer words than the shingle size: one shingle of all of them
+    "",
+    " \t\n ",
+    "Ünïcode wörds ✓ here, and here are some MORE words.",
+    "nul\x00inside a word\x00 and\x00\x00 more words here",
+    "tabs\tand\x1cfile\x1fseparators\x0bvertical tab words",
+]
+
+
+@pytest.mark.parametrize(("num_perm", "seed"), [(128, 1), (64, 7), (256, 42)])
+def test_permutations_are_datasketch_affine32(num_perm, seed):
+    ours = mh.MinHasher(num_perm, seed)
+    theirs = MinHash(num_perm=num_perm, seed=seed)
+    assert theirs.scheme == ours.scheme == "affine32"
+    assert np.array_equal(theirs.permutations[0], ours.a)
+    assert np.array_equal(theirs.permutations[1], ours.b)
+
+
+def test_signatures_equal_datasketch_update_on_edge_cases_and_random_text():
+    rng = random.Random(3)
+    texts = EDGE_TEXTS + ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 300))) for _ in range(150)]
+    texts += ["".join(rng.choice(ALPHABET[:128]) for _ in range(rng.randint(0, 300))) for _ in range(150)]
+    hasher = mh.MinHasher(128, 1, 5)
+    sigs = hasher.signatures(texts)
+    assert sigs.dtype == np.uint32 and sigs.shape == (len(texts), 128)
+    for text, sig in zip(texts, sigs):
+        assert np.array_equal(sig, datasketch_signature(text, 128, 1, 5)), repr(text[:60])
+
+
+@pytest.mark.parametrize("size", [1, 3, 5, 9])
+def test_shingle_size_is_honoured(size):
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    assert np.array_equal(mh.MinHasher(64, 5, size).signatures([text])[0], datasketch_signature(text, 64, 5, size))
+
+
+def test_long_document_folds_in_chunks_and_equals_datasketch():
+    words = [f"w{i % 9973}" for i in range(mh.CHUNK_SHINGLES * 2 + 17)]
+    text = " ".join(words)
+    hasher = mh.MinHasher(128, 1, 5)
+    assert np.array_equal(hasher.signatures([text])[0], datasketch_signature(text, 128, 1, 5))
+
+
+def test_a_signature_does_not_depend_on_its_batch():
+    rng = random.Random(0)
+    texts = [" ".join(f"t{rng.randrange(500)}" for _ in range(rng.randrange(0, 3000))) for _ in range(200)]
+    hasher = mh.MinHasher(128, 1, 5)
+    together = hasher.signatures(texts)
+    alone = np.stack([hasher.signatures([t])[0] for t in texts[:20]])
+    assert np.array_equal(together[:20], alone)
+
+
+def test_empty_and_short_documents():
+    hasher = mh.MinHasher(32, 1, 5)
+    empty, short, short_again, other = hasher.signatures(["", "Two words", "two   WORDS", "three words here"])
+    assert (empty == mh.EMPTY_HASH).all()  # no shingles: datasketch's empty MinHash
+    assert np.array_equal(short, short_again)  # one shingle of every word, lowercased
+    assert not np.array_equal(short, other)
+    assert mh.shingles(["a", "b"], 5) == [("a", "b")]
+    assert mh.shingles([], 5) == []
+
+
+def test_words_are_the_heuristics_words_lowercased():
+    text = "Hello, World... it's DONE_now"
+    assert mh.shingle_words(text) == [w.lower() for w in split_words(text)]
+    words = mh.shingle_words(text)
+    assert np.array_equal(mh.word_hashes(words), np.array([mh.word_hash64(w) for w in words], dtype=np.uint64))
+    fw, counts = mh.document_word_hashes([text, "Ünï ✓", ""])
+    assert counts.tolist() == [len(words), 2, 0]
+    assert np.array_equal(fw[: len(words)], mh.word_hashes(words))
+
+
+def test_to_datasketch_round_trip_and_datasketch_lsh_finds_the_pair():
+    base = " ".join(f"word{i}" for i in range(300))
+    near = base.replace("word150 ", "changed ")
+    far = " ".join(f"other{i}" for i in range(300))
+    hasher = mh.MinHasher(128, 1, 5)
+    sigs = hasher.signatures([base, near, far])
+    sketches = [hasher.to_datasketch(s) for s in sigs]
+    assert sketches[0].jaccard(sketches[1]) == pytest.approx(float(mh.estimated_jaccard(sigs[0], sigs[1])))
+    lsh = MinHashLSH(threshold=0.8, num_perm=128)
+    lsh.insert("base", sketches[0])
+    lsh.insert("far", sketches[2])
+    assert lsh.query(sketches[1]) == ["base"]
+
+
+def test_lsh_params_for_the_default_threshold():
+    lsh = MinHashLSH(threshold=0.8, num_perm=128)
+    assert mh.lsh_params(0.8, 128, 0.5, 0.5) == (lsh.b, lsh.r) == (9, 13)
+    assert mh.lsh_params(0.8, 128, 0.05, 0.95) == (16, 8)
+
+
+def test_constructor_rejects_nonsense():
+    with pytest.raises(ValueError, match="must be positive"):
+        mh.MinHasher(0, 1, 5)
