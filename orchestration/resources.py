@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
+from typing import Optional
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 
 from refinery.config import RefineryConfig, load_config
 from refinery.storage import DataRoot, open_data_root
@@ -26,6 +28,8 @@ class RefineryResource(dg.ConfigurableResource):
     """The run's config file and, through it, the data root every asset reads and writes."""
 
     config_path: str
+    # Only an s3:// data root uses it; a local root leaves it unset.
+    s3: Optional[S3Resource] = None
 
     @cached_property
     def config(self) -> RefineryConfig:
@@ -33,8 +37,34 @@ class RefineryResource(dg.ConfigurableResource):
 
     @cached_property
     def root(self) -> DataRoot:
-        return open_data_root(self.config.resolve(self.config.data_root))
+        url = self.config.resolve(self.config.data_root)
+        if url.startswith("s3://") and self.s3 is not None:
+            return open_data_root(url, client=self.s3.get_client())
+        return open_data_root(url)
+
+
+def s3_resource_from_env() -> S3Resource:
+    """dagster-aws's S3Resource with every setting taken from the environment.
+
+    Credentials are passed as `EnvVar`s, so Dagster shows the variable's name, never its value; when
+    they are unset boto3's own chain (profile, instance role, IRSA on Kubernetes) supplies them.
+    """
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    settings: dict[str, object] = {"region_name": region}
+    from_env = (
+        ("REFINERY_S3_ENDPOINT", "endpoint_url"),
+        ("AWS_ENDPOINT_URL", "endpoint_url"),
+        ("AWS_ACCESS_KEY_ID", "aws_access_key_id"),
+        ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+        ("AWS_SESSION_TOKEN", "aws_session_token"),
+    )
+    for name, field in from_env:
+        if os.environ.get(name) and field not in settings:
+            settings[field] = dg.EnvVar(name)
+    return S3Resource(**settings)
 
 
 def build_resources(config_path: str) -> dict[str, object]:
-    return {"refinery": RefineryResource(config_path=config_path)}
+    cfg = load_config(config_path)
+    s3 = s3_resource_from_env() if cfg.resolve(cfg.data_root).startswith("s3://") else None
+    return {"refinery": RefineryResource(config_path=config_path, s3=s3)}

@@ -1,0 +1,190 @@
+"""The data root on a real S3 server (SeaweedFS `weed mini` on 127.0.0.1, see conftest.py).
+
+Round trips and atomicity run fast; the whole graph on S3 and the outage test are slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+
+from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter
+from refinery.storage_s3 import S3DataRoot, S3StorageError, ShardCache
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_round_trips_and_atomicity(s3_env, tmp_path):
+    root = S3DataRoot("s3://refinery/unit", cache_dir=tmp_path / "writer")
+    frame = pl.DataFrame({"doc_id": ["x", "y"], "text": ["hello", "world"]})
+    digest = root.write_parquet("documents/s/p0.parquet", frame)
+    root.write_json("manifests/main.json", {"phase": "main"})
+
+    shard = tmp_path / "build" / "s0"
+    shard.parent.mkdir()
+    w = ShardWriter(shard, np.uint16)
+    w.add(np.arange(10, dtype=np.uint16), "x")
+    w.add(np.arange(5, dtype=np.uint16), "y")
+    w.close()
+    for suffix in SHARD_SUFFIXES:
+        with root.writer("shards/final/web/s0" + suffix) as tmp:
+            shutil.copyfile(str(shard) + suffix, tmp)
+
+    with pytest.raises(RuntimeError, match="crashed"):
+        with root.writer("documents/s/p1.parquet") as tmp:
+            tmp.write_bytes(b"PAR1 half a file")
+            raise RuntimeError("crashed mid-write")
+
+    reader = S3DataRoot("s3://refinery/unit", cache_dir=tmp_path / "reader")
+    assert reader.list("documents") == ["documents/s/p0.parquet"]
+    assert reader.read_parquet("documents/s/p0.parquet").equals(frame)
+    assert reader.sha256("documents/s/p0.parquet") == digest
+    assert reader.read_json("manifests/main.json") == {"phase": "main"}
+    with ShardCache(reader, max_bytes=1 << 20) as cache:
+        r = ShardReader(cache.local_prefix("shards/final/web/s0"))
+        assert len(r) == 2 and r.entry(1).tolist() == list(range(5))
+    reader.delete("shards")
+    assert reader.list("shards") == [] and reader.exists("documents/s/p0.parquet")
+
+
+def test_bad_credentials_fail_clearly_without_the_secret(s3_env, monkeypatch, tmp_path):
+    wrong = "not-the-secret-" + s3_env.secret_key[::-1]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    root = S3DataRoot("s3://refinery/unit", cache_dir=tmp_path / "c")
+    with pytest.raises(S3StorageError) as info:
+        root.write_json("a.json", {})
+    text = str(info.value)
+    assert "SignatureDoesNotMatch" in text and "s3://refinery/unit/a.json" in text
+    assert wrong not in text and s3_env.secret_key not in text and wrong not in repr(root)
+
+
+# ---- the graph on S3 -------------------------------------------------------------------------------
+
+
+def s3_config(tmp_path: Path, prefix: str) -> str:
+    """configs/demo.yaml with the data root moved to `s3://refinery/<prefix>` (sample paths still resolve)."""
+    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    data["data_root"] = f"s3://refinery/{prefix}"
+    configs = tmp_path / "configs"
+    configs.mkdir(exist_ok=True)
+    if not (tmp_path / "data").exists():
+        (tmp_path / "data").symlink_to(REPO / "data")
+    path = configs / f"{prefix}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+# Timing fields are the only thing allowed to differ between two runs of the same config.
+TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
+
+
+def _strip_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
+    if isinstance(obj, list):
+        return [_strip_timing(v) for v in obj]
+    return obj
+
+
+def content_digests(root: S3DataRoot) -> dict[str, str]:
+    """key -> sha256 of every object, JSON compared with its timing fields removed."""
+    out = {}
+    for key in root.list(""):
+        data = root.read_bytes(key)
+        if key.endswith(".json"):
+            data = json.dumps(_strip_timing(json.loads(data)), sort_keys=True).encode()
+        out[key] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def run_graph(config_path: str, instance, log=lambda line: None) -> None:
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import materialize_graph
+
+    materialize_graph(build_definitions(config_path), instance, log=log)
+
+
+def all_event_text(instance) -> str:
+    """Every event of every run (logs, materialization metadata, failures) as text."""
+    return "\n".join(repr(entry) for run in instance.get_runs() for entry in instance.all_logs(run.run_id))
+
+
+@pytest.mark.slow
+def test_graph_runs_on_s3_through_manifests_and_training(s3_env, tmp_path, caplog, capfd):
+    import dagster as dg
+
+    from refinery.manifest import read_manifest
+    from refinery.config import load_config
+
+    config_path = s3_config(tmp_path, "e2e")
+    cfg = load_config(config_path)
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster_home")) as instance:
+        with caplog.at_level(logging.DEBUG):
+            run_graph(config_path, instance)
+        events = all_event_text(instance)
+
+    root = S3DataRoot("s3://refinery/e2e", cache_dir=tmp_path / "check")
+    keys = root.list("")
+    assert any(k.startswith("documents/") for k in keys)
+    assert any(k.endswith(".idx") for k in keys)
+    for phase in cfg.curriculum.phases:
+        manifest = read_manifest(root, phase.name)
+        assert manifest.phase == phase.name
+    assert any(k.startswith(cfg.training.run_dir.strip("/") + "/") for k in keys), "no training output on S3"
+
+    captured = capfd.readouterr()
+    for text in (events, caplog.text, captured.out, captured.err):
+        assert s3_env.secret_key not in text
+    assert "s3://refinery/e2e" in events
+
+
+@pytest.mark.slow
+def test_outage_mid_materialization_fails_cleanly_and_retry_matches_a_clean_run(s3_env, tmp_path):
+    import dagster as dg
+
+    clean_cfg = s3_config(tmp_path, "clean")
+    fault_cfg = s3_config(tmp_path, "fault")
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home_clean")) as instance:
+        run_graph(clean_cfg, instance)
+    clean = content_digests(S3DataRoot("s3://refinery/clean", cache_dir=tmp_path / "c1"))
+
+    groups_done = []
+
+    def stop_after_first_group(line: str) -> None:
+        groups_done.append(line)
+        if len(groups_done) == 1:
+            s3_env.stop()
+
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home_fault")) as instance:
+        with pytest.raises(Exception) as info:
+            run_graph(fault_cfg, instance, log=stop_after_first_group)
+        message = "".join(str(e) for e in _exception_chain(info.value))
+        assert "S3" in message and s3_env.endpoint in message
+        assert s3_env.secret_key not in message + all_event_text(instance)
+
+        s3_env.start()
+        fault_root = S3DataRoot("s3://refinery/fault", cache_dir=tmp_path / "c2")
+        after_outage = content_digests(fault_root)
+        # Everything on S3 after the outage is a complete object that a clean run also wrote.
+        assert after_outage and all(clean.get(k) == v for k, v in after_outage.items())
+
+        run_graph(fault_cfg, instance)
+    assert content_digests(S3DataRoot("s3://refinery/fault", cache_dir=tmp_path / "c3")) == clean
+
+
+def _exception_chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        if hasattr(error, "user_exception") and error.user_exception is not None:
+            yield error.user_exception
+        error = error.__cause__ or error.__context__
