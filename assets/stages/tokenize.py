@@ -1,0 +1,439 @@
+"""Tokenizer training/loading, batch encoding, and windowing + packing documents into token shards.
+
+No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokenized_shards` assets.
+
+- The tokenizer is a byte-level BPE trained with HF `tokenizers` on a seeded sample of the clean
+  corpus (the `cfg.tokenizer.train_docs` documents whose seeded hash of doc_id is smallest), or the
+  `tokenizer.json` named by `cfg.tokenizer.path`. Nothing is ever downloaded.
+- Encoding runs `encode_batch_fast` on lists of documents, so the Rust side spreads a batch over
+  every core and skips the offsets nobody reads.
+- Each document gets an EOD token and is cut into windows of at most `packing_window(cfg)` tokens
+  (`refinery.shard_format.split_windows`); entries are appended to shards of about
+  `cfg.shards.shard_tokens` tokens by a `ShardSeries`, which also writes the bucket's entry table
+  and `index.json` (see docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import polars as pl
+
+from assets.stages.base import Drop, StageStats, rejects_frame
+from refinery.config import RefineryConfig
+from refinery.documents import CLEAN_STAGE, InputShard, documents_key, empty_rejects, input_shards
+from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
+from refinery.storage import DataRoot, LocalDataRoot, dumps_json
+
+TOKENIZER_KEY = "tokenizer/tokenizer.json"
+TOKENIZER_INFO_KEY = "tokenizer/info.json"
+TOKENIZED = "tokenized"
+FINAL = "final"
+INDEX_VERSION = 1
+# A 50 MB single-line record would dominate BPE training; the first 100k characters of a document
+# already show its byte-pair statistics.
+TRAIN_MAX_CHARS = 100_000
+# Row groups of the bucket entry table: small enough that a reader can stream it in bounded memory.
+ENTRY_ROW_GROUP = 65_536
+
+ENTRY_TABLE_SCHEMA: dict[str, pl.DataType] = {
+    "entry": pl.Int64(),  # position in the bucket, counting across its shards in order
+    "shard": pl.Int32(),
+    "index": pl.Int32(),  # position inside the shard
+    "start": pl.Int64(),  # first token's offset inside the shard
+    "tokens": pl.Int32(),
+    "overlap": pl.Int32(),
+    "doc_id": pl.String(),
+    "window": pl.Int32(),
+    "n_windows": pl.Int32(),
+    "quality_score": pl.Float64(),
+}
+
+
+class TokenizeError(ValueError):
+    """A tokenizer or token shard that cannot be built or read as configured."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------------------------------
+
+
+def bucket_prefix(stage: str, bucket: str) -> str:
+    return f"shards/{stage}/{bucket}"
+
+
+def shard_key(stage: str, bucket: str, number: int) -> str:
+    return f"{bucket_prefix(stage, bucket)}/shard-{number:05d}"
+
+
+def index_key(stage: str, bucket: str) -> str:
+    return f"{bucket_prefix(stage, bucket)}/index.json"
+
+
+def entries_key(stage: str, bucket: str) -> str:
+    return f"{bucket_prefix(stage, bucket)}/entries.parquet"
+
+
+def packing_window(cfg: RefineryConfig) -> int:
+    """The longest entry a shard holds: the curriculum's longest seq_len, else shards.max_seq_len."""
+    if cfg.curriculum is not None:
+        return max(p.seq_len for p in cfg.curriculum.phases)
+    return cfg.shards.max_seq_len
+
+
+def windowing_overlap(cfg: RefineryConfig) -> int:
+    window = packing_window(cfg)
+    if 2 * cfg.shards.overlap > window:
+        raise TokenizeError(
+            f"shards.overlap {cfg.shards.overlap} is more than half the packing window {window} "
+            f"(the longest curriculum seq_len); lower shards.overlap to at most {window // 2}"
+        )
+    return cfg.shards.overlap
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------------
+
+
+def _sample_key(seed: int, doc_id: str) -> bytes:
+    return hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest()
+
+
+def bucket_shards(cfg: RefineryConfig, bucket: str) -> list[InputShard]:
+    return [s for s in input_shards(cfg) if s.bucket == bucket]
+
+
+def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> tuple[list[str], dict[str, Any]]:
+    """The `train_docs` clean documents with the smallest seeded hash of doc_id, in that hash order.
+
+    Only doc ids are held for the whole corpus; texts are read for the chosen documents only.
+    """
+    keyed: list[tuple[bytes, str, str]] = []
+    for shard in input_shards(cfg):
+        ids = root.read_parquet(documents_key(stage, shard.key), columns=["doc_id"])["doc_id"]
+        keyed.extend((_sample_key(cfg.seed, d), shard.key, d) for d in ids)
+    keyed.sort()
+    chosen = keyed[: cfg.tokenizer.train_docs]
+    by_shard: dict[str, set[str]] = {}
+    for _, shard_name, doc_id in chosen:
+        by_shard.setdefault(shard_name, set()).add(doc_id)
+    texts: dict[str, str] = {}
+    for shard_name, ids in sorted(by_shard.items()):
+        df = root.read_parquet(documents_key(stage, shard_name), columns=["doc_id", "text"])
+        df = df.filter(pl.col("doc_id").is_in(list(ids)) & pl.col("text").is_not_null())
+        texts.update(zip(df["doc_id"].to_list(), df["text"].str.slice(0, TRAIN_MAX_CHARS).to_list()))
+    sample = [texts[d] for _, _, d in chosen if d in texts]
+    info = {
+        "docs": len(sample),
+        "bytes": sum(len(t.encode()) for t in sample),
+        "shards": {k: len(v) for k, v in sorted(by_shard.items())},
+        "corpus_docs": len(keyed),
+        "seed": cfg.seed,
+    }
+    return sample, info
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, eod_token: str):
+    """A byte-level BPE over `texts`, with `eod_token` as special token 0.
+
+    Deterministic: the same texts in the same order give the same tokenizer.json bytes (the
+    trainer's pair counts are merged in a fixed order; tests/test_tokenize.py checks it).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[eod_token],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tok
+
+
+def parse_tokenizer(data: str, eod_token: str, origin: str):
+    """A tokenizer from tokenizer.json text; it must know `eod_token`."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_str(data)
+    except Exception as err:  # the Rust side raises a bare Exception on malformed JSON
+        raise TokenizeError(f"{origin}: not a valid tokenizer.json: {err}") from None
+    if tok.token_to_id(eod_token) is None:
+        raise TokenizeError(
+            f"{origin}: the tokenizer has no {eod_token!r} token; set tokenizer.eod_token to its "
+            f"end-of-document token, or add that special token to the tokenizer"
+        )
+    return tok
+
+
+def load_tokenizer_file(path: str, eod_token: str):
+    p = Path(path)
+    if not p.is_file():
+        raise TokenizeError(f"{p}: tokenizer.path names no file; give a local tokenizer.json (nothing is downloaded)")
+    return parse_tokenizer(p.read_text(), eod_token, str(p))
+
+
+@dataclass
+class TokenizerBuild:
+    tokenizer: Any
+    info: dict[str, Any]
+
+
+def build_tokenizer(root: DataRoot, cfg: RefineryConfig) -> TokenizerBuild:
+    """Load `tokenizer.path`, or train on the seeded sample; write tokenizer.json and its info."""
+    t0 = time.perf_counter()
+    if cfg.tokenizer.path is not None:
+        path = cfg.resolve(cfg.tokenizer.path)
+        tok = load_tokenizer_file(path, cfg.tokenizer.eod_token)
+        info: dict[str, Any] = {"source": "file", "path": path}
+    else:
+        texts, sample = training_sample(root, cfg)
+        if not texts:
+            raise TokenizeError(
+                f"no clean documents to train the tokenizer on (documents/{CLEAN_STAGE}/ is empty); "
+                f"materialize {CLEAN_STAGE} first, or set tokenizer.path to a tokenizer.json"
+            )
+        tok = train_tokenizer(texts, cfg.tokenizer.vocab_size, cfg.tokenizer.eod_token)
+        info = {"source": "trained", "sample": sample, "requested_vocab_size": cfg.tokenizer.vocab_size}
+    data = tok.to_str()
+    sha = root.write_bytes(TOKENIZER_KEY, data.encode())
+    info.update(
+        vocab_size=tok.get_vocab_size(),
+        eod_token=cfg.tokenizer.eod_token,
+        eod_id=tok.token_to_id(cfg.tokenizer.eod_token),
+        dtype=str(token_dtype(tok.get_vocab_size())),
+        sha256=sha,
+    )
+    root.write_json(TOKENIZER_INFO_KEY, info)
+    info["wall_s"] = time.perf_counter() - t0
+    return TokenizerBuild(tok, info)
+
+
+def read_tokenizer(root: DataRoot, eod_token: str):
+    if not root.exists(TOKENIZER_KEY):
+        raise TokenizeError(f"{root.display(TOKENIZER_KEY)}: no tokenizer; materialize the `tokenizer` asset first")
+    return parse_tokenizer(root.read_bytes(TOKENIZER_KEY).decode(), eod_token, root.display(TOKENIZER_KEY))
+
+
+def encode_texts(tokenizer, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:
+    """Token ids of each text, encoded as one parallel batch (no special tokens added)."""
+    return [np.asarray(e.ids, dtype=dtype) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Shard series: entries in, rolled shards + entry table + index.json out
+# --------------------------------------------------------------------------------------------------
+
+
+def staging_dir(root: DataRoot) -> Path:
+    """Where shards are assembled before publishing: inside a local root (same filesystem, so
+    publishing is a rename), else the system temp folder."""
+    if isinstance(root, LocalDataRoot):
+        base = root.root / ".staging"
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=base))
+    return Path(tempfile.mkdtemp(prefix="refinery-shards-"))
+
+
+def publish_file(root: DataRoot, local: Path, key: str) -> None:
+    with root.writer(key) as tmp:
+        shutil.move(local, tmp)
+
+
+@dataclass
+class ShardSeries:
+    """Shards `shard-00000`, `shard-00001`, ... under `shards/<stage>/<bucket>/`, each closed once
+    it would pass `shard_tokens`; then the entry table and index.json.
+
+    Use as a context manager: the staging folder is removed whatever happens, and files already
+    published under their final names are complete (each is renamed into place).
+    """
+
+    root: DataRoot
+    stage: str
+    bucket: str
+    dtype: np.dtype
+    shard_tokens: int
+    extra_index: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        import pyarrow as pa
+
+        self._stage_dir = staging_dir(self.root)
+        self._writer: ShardWriter | None = None
+        self._shards: list[dict[str, Any]] = []
+        self._rows: dict[str, list] = {k: [] for k in ENTRY_TABLE_SCHEMA}
+        self._arrow_schema = pl.DataFrame(schema=ENTRY_TABLE_SCHEMA).to_arrow().schema
+        self._table_path = self._stage_dir / "entries.parquet"
+        self._table_writer = None
+        self._pa = pa
+        self.entries = 0
+        self.tokens = 0
+        self.documents = 0
+
+    def __enter__(self) -> "ShardSeries":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._table_writer is not None:
+            self._table_writer.close()
+        shutil.rmtree(self._stage_dir, ignore_errors=True)
+
+    def add(
+        self, tokens: np.ndarray, doc_id: str, overlap: int, window: int, n_windows: int, quality: float | None
+    ) -> None:
+        n = len(tokens)
+        if self._writer is not None and self._writer.num_entries and self._writer.num_tokens + n > self.shard_tokens:
+            self._close_shard()
+        if self._writer is None:
+            self._writer = ShardWriter(self._stage_dir / f"shard-{len(self._shards):05d}", self.dtype)
+        rows = self._rows
+        rows["entry"].append(self.entries)
+        rows["shard"].append(len(self._shards))
+        rows["index"].append(self._writer.num_entries)
+        rows["start"].append(self._writer.num_tokens)
+        rows["tokens"].append(n)
+        rows["overlap"].append(overlap)
+        rows["doc_id"].append(doc_id)
+        rows["window"].append(window)
+        rows["n_windows"].append(n_windows)
+        rows["quality_score"].append(quality)
+        self._writer.add(tokens, doc_id, overlap=overlap, window=window, n_windows=n_windows)
+        self.entries += 1
+        self.tokens += n
+        if window == n_windows - 1:
+            self.documents += 1
+
+    def _close_shard(self) -> None:
+        import pyarrow.parquet as pq
+
+        assert self._writer is not None
+        writer, number = self._writer, len(self._shards)
+        hashes = writer.close()
+        key = shard_key(self.stage, self.bucket, number)
+        for suffix, path in shard_files(writer.prefix).items():
+            if suffix != ".idx":
+                publish_file(self.root, path, key + suffix)
+        publish_file(self.root, shard_files(writer.prefix)[".idx"], key + ".idx")  # last: marks the shard complete
+        self._shards.append({"prefix": key, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": hashes})
+        table = pl.DataFrame(self._rows, schema=ENTRY_TABLE_SCHEMA).to_arrow()
+        if self._table_writer is None:
+            self._table_writer = pq.ParquetWriter(self._table_path, self._arrow_schema, compression="zstd")
+        self._table_writer.write_table(table, row_group_size=ENTRY_ROW_GROUP)
+        self._rows = {k: [] for k in ENTRY_TABLE_SCHEMA}
+        self._writer = None
+
+    def finish(self) -> dict[str, Any]:
+        """Publish the last shard, the entry table and index.json; delete shards of an earlier,
+        larger run. Returns the index."""
+        import pyarrow.parquet as pq
+
+        if self._writer is not None:
+            self._close_shard()
+        if self._table_writer is None:
+            pq.write_table(self._arrow_schema.empty_table(), self._table_path, compression="zstd")
+        else:
+            self._table_writer.close()
+            self._table_writer = None
+        table_key = entries_key(self.stage, self.bucket)
+        table_sha = hashlib.sha256(self._table_path.read_bytes()).hexdigest()
+        publish_file(self.root, self._table_path, table_key)
+        index = {
+            "version": INDEX_VERSION,
+            "stage": self.stage,
+            "bucket": self.bucket,
+            "dtype": str(self.dtype),
+            "tokens": self.tokens,
+            "entries": self.entries,
+            "documents": self.documents,
+            "shards": self._shards,
+            "entries_table": {"key": table_key, "sha256": table_sha},
+            **self.extra_index,
+        }
+        key = index_key(self.stage, self.bucket)
+        self.root.write_json(key, index)
+        keep = {key, table_key} | {s["prefix"] + suffix for s in self._shards for suffix in SHARD_SUFFIXES}
+        for stale in self.root.list(bucket_prefix(self.stage, self.bucket)):
+            if stale not in keep:
+                self.root.delete(stale)
+        return index
+
+
+# --------------------------------------------------------------------------------------------------
+# tokenized_shards
+# --------------------------------------------------------------------------------------------------
+
+
+def iter_document_batches(
+    root: DataRoot, shards: list[InputShard], batch_docs: int, stage: str = CLEAN_STAGE
+) -> Iterator[tuple[InputShard, pl.DataFrame]]:
+    for shard in shards:
+        df = root.read_parquet(documents_key(stage, shard.key))
+        if "quality_score" not in df.columns:
+            df = df.with_columns(quality_score=pl.lit(None, dtype=pl.Float64))
+        for start in range(0, df.height, batch_docs):
+            yield shard, df.slice(start, batch_docs)
+
+
+@dataclass
+class TokenizeResult:
+    index: dict[str, Any]
+    stats: StageStats
+    rejects: pl.DataFrame
+
+
+def tokenize_bucket(root: DataRoot, cfg: RefineryConfig, bucket: str, tokenizer, stage: str = CLEAN_STAGE) -> TokenizeResult:
+    """Encode every clean document of `bucket` (input shards in key order, rows in table order),
+    append EOD, window, and pack into `shards/tokenized/<bucket>/`."""
+    t0 = time.perf_counter()
+    window = packing_window(cfg)
+    overlap = windowing_overlap(cfg)
+    vocab = tokenizer.get_vocab_size()
+    dtype = token_dtype(vocab)
+    eod = np.asarray([tokenizer.token_to_id(cfg.tokenizer.eod_token)], dtype=dtype)
+    stats = StageStats(stage="tokenized_shards")
+    reject_parts: list[pl.DataFrame] = []
+    windowed = 0
+    extra = {"vocab_size": vocab, "eod_id": int(eod[0]), "window": window, "overlap": overlap}
+    with ShardSeries(root, TOKENIZED, bucket, dtype, cfg.shards.shard_tokens, extra) as series:
+        for _, batch in iter_document_batches(root, bucket_shards(cfg, bucket), cfg.shards.encode_batch_docs, stage):
+            texts = batch["text"]
+            empty = (texts.is_null() | (texts.str.len_bytes() == 0)).to_list()
+            drops = {i: Drop("tokenize/empty_text", 0.0, "no text to tokenize") for i, e in enumerate(empty) if e}
+            keep = [i for i, e in enumerate(empty) if not e]
+            encoded = encode_texts(tokenizer, [texts[i] for i in keep], dtype)
+            ids, qualities = batch["doc_id"], batch["quality_score"]
+            for i, doc_tokens in zip(keep, encoded):
+                doc_tokens = np.concatenate([doc_tokens, eod])
+                cuts = split_windows(len(doc_tokens), window, overlap)
+                windowed += len(cuts) > 1
+                for w, (a, b, ov) in enumerate(cuts):
+                    series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i])
+            stats.docs_in += batch.height
+            stats.docs_out += len(keep)
+            batch_bytes = texts.str.len_bytes().fill_null(0)
+            stats.bytes_in += int(batch_bytes.sum())
+            stats.bytes_out += int(batch_bytes.sum())  # empty texts have no bytes
+            stats.dropped.update(d.rule for d in drops.values())
+            if drops:
+                reject_parts.append(rejects_frame(batch, "tokenized_shards", drops))
+        index = series.finish()
+    stats.counters.update(
+        tokens=index["tokens"], entries=index["entries"], shards=len(index["shards"]), windowed_docs=windowed
+    )
+    stats.wall_s = time.perf_counter() - t0
+    rejects = pl.concat(reject_parts) if reject_parts else empty_rejects()
+    return TokenizeResult(index, stats, rejects)
