@@ -195,7 +195,7 @@ def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
         for record in ArchiveIterator(path, parse_http=True, fsspec_args=False):
             index += 1
             if not record.record_type & wanted:
-                result.count(f"skipped_{record.record_type.name}")
+                result.count(f"skipped_{record.record_type}")
                 continue
             headers = record.headers
             content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
