@@ -258,8 +258,9 @@ class ShardSeries:
     """Shards `shard-00000`, `shard-00001`, ... under `shards/<stage>/<bucket>/`, each closed once
     it would pass `shard_tokens`; then the entry table and index.json.
 
-    Use as a context manager: the staging folder is removed whatever happens, and files already
-    published under their final names are complete (each is renamed into place).
+    Shards are assembled in a staging folder and published by `finish()`, so a failure leaves the
+    bucket's previous shards as they were. Use as a context manager: the staging folder is removed
+    whatever happens.
     """
 
     root: DataRoot
@@ -275,6 +276,7 @@ class ShardSeries:
         self._stage_dir = staging_dir(self.root)
         self._writer: ShardWriter | None = None
         self._shards: list[dict[str, Any]] = []
+        self._staged: list[tuple[Path, str]] = []
         self._rows: dict[str, list] = {k: [] for k in ENTRY_TABLE_SCHEMA}
         self._arrow_schema = pl.DataFrame(schema=ENTRY_TABLE_SCHEMA).to_arrow().schema
         self._table_path = self._stage_dir / "entries.parquet"
@@ -324,10 +326,7 @@ class ShardSeries:
         writer, number = self._writer, len(self._shards)
         hashes = writer.close()
         key = shard_key(self.stage, self.bucket, number)
-        for suffix, path in shard_files(writer.prefix).items():
-            if suffix != ".idx":
-                publish_file(self.root, path, key + suffix)
-        publish_file(self.root, shard_files(writer.prefix)[".idx"], key + ".idx")  # last: marks the shard complete
+        self._staged.append((writer.prefix, key))
         self._shards.append({"prefix": key, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": hashes})
         table = pl.DataFrame(self._rows, schema=ENTRY_TABLE_SCHEMA).to_arrow()
         if self._table_writer is None:
@@ -348,6 +347,11 @@ class ShardSeries:
         else:
             self._table_writer.close()
             self._table_writer = None
+        # Published only now, so a run that fails part-way leaves the previous shards untouched.
+        for staged, key in self._staged:
+            files = shard_files(staged)
+            for suffix in (".bin", ".entries.parquet", ".idx"):  # .idx last: it marks the shard complete
+                publish_file(self.root, files[suffix], key + suffix)
         table_key = entries_key(self.stage, self.bucket)
         table_sha = hashlib.sha256(self._table_path.read_bytes()).hexdigest()
         publish_file(self.root, self._table_path, table_key)

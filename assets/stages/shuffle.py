@@ -1,0 +1,243 @@
+"""The seeded, bucket-wide shuffle of entries (never tokens), in bounded memory.
+
+Every entry of the bucket gets a 64-bit key from a counter-based hash of (seed, bucket, entry
+number), so the permutation needs no state and does not depend on how the work is split. The
+final order is the entries sorted by key, built in two passes:
+
+1. Scatter: read the tokenized shards one at a time and append each entry's tokens and a fixed-width
+   record (key, length, overlap, window, n_windows, quality) to the run that owns its key range
+   (`runs` equal ranges of the key space). Runs are buffered in memory up to a quarter of
+   `shards.shuffle_buffer_mb` and appended to temp files when the buffer fills.
+2. Gather: load one run at a time (runs are sized to hold about a quarter of the buffer each),
+   sort it by key, and append its entries to the final shards.
+
+Peak memory is one input shard, the scatter buffer, one run and one output shard, whatever the
+bucket's size; bench/shuffle.py measures it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from assets.stages.tokenize import (
+    FINAL,
+    TOKENIZED,
+    ShardSeries,
+    entries_key,
+    index_key,
+    staging_dir,
+)
+from refinery.shard_format import ShardFormatError, ShardReader
+from refinery.storage import DataRoot
+
+RECORD = np.dtype(
+    [
+        ("key", "<u8"),
+        ("length", "<u4"),
+        ("overlap", "<u4"),
+        ("window", "<i4"),
+        ("n_windows", "<i4"),
+        ("quality", "<f8"),
+    ]
+)
+# A run's expected size is this fraction of the buffer; the scatter buffer takes the same share, so
+# random variation in run sizes still leaves room for one input and one output shard.
+RUN_FRACTION = 0.25
+
+
+class ShuffleError(ValueError):
+    """Tokenized shards that cannot be shuffled as they are (missing, corrupt, or changed)."""
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A bijective 64-bit mixer (Steele et al., SplitMix64's finalizer); wraps modulo 2**64."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def shuffle_keys(seed: int, bucket: str, first: int, count: int) -> np.ndarray:
+    """Sort keys of entries first..first+count-1 of `bucket`: a seeded random permutation."""
+    salt = int.from_bytes(hashlib.sha256(f"shuffle/{seed}/{bucket}".encode()).digest()[:8], "little")
+    return _splitmix64(np.arange(first, first + count, dtype=np.uint64) ^ np.uint64(salt))
+
+
+def run_of(keys: np.ndarray, runs: int) -> np.ndarray:
+    """The run owning each key: runs split the key space into equal, ordered ranges."""
+    return ((keys >> np.uint64(32)) * np.uint64(runs)) >> np.uint64(32)
+
+
+def load_index(root: DataRoot, stage: str, bucket: str) -> dict[str, Any]:
+    key = index_key(stage, bucket)
+    if not root.exists(key):
+        asset = "tokenized_shards" if stage == TOKENIZED else "shuffled_shards"
+        raise ShuffleError(f"{root.display(key)}: no shard index for bucket {bucket!r}; materialize {asset}[{bucket}] first")
+    return root.read_json(key)
+
+
+def open_verified(root: DataRoot, ref: dict[str, Any]) -> ShardReader:
+    """A reader over a shard named in an index, after checking each file's sha256 against it."""
+    prefix = ref["prefix"]
+    try:
+        local = str(root.local_path(prefix + ".idx"))[: -len(".idx")]
+        reader = ShardReader(local)
+        reader.verify(ref["sha256"])
+    except FileNotFoundError as err:
+        raise ShardFormatError(f"{root.display(prefix)}: shard file missing ({err}); rebuild the bucket's shards") from None
+    return reader
+
+
+@dataclass
+class _RunFiles:
+    tokens: Path
+    records: Path
+    ids: Path
+
+
+class _Scatter:
+    """Per-run buffers that spill to append-only files when their total passes `limit` bytes."""
+
+    def __init__(self, folder: Path, runs: int, limit: int, dtype: np.dtype):
+        self.files = [_RunFiles(folder / f"run-{r:05d}.bin", folder / f"run-{r:05d}.rec", folder / f"run-{r:05d}.ids")
+                      for r in range(runs)]
+        self.limit = limit
+        self.dtype = dtype
+        self._tokens: list[list[np.ndarray]] = [[] for _ in range(runs)]
+        self._records: list[list[np.ndarray]] = [[] for _ in range(runs)]
+        self._ids: list[list[str]] = [[] for _ in range(runs)]
+        self._buffered = 0
+
+    def add(self, run: int, tokens: np.ndarray, records: np.ndarray, ids: list[str]) -> None:
+        self._tokens[run].append(tokens)
+        self._records[run].append(records)
+        self._ids[run].extend(ids)
+        self._buffered += tokens.nbytes + records.nbytes + sum(len(i) for i in ids)
+        if self._buffered >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        for run, files in enumerate(self.files):
+            if not self._records[run]:
+                continue
+            with open(files.tokens, "ab") as f:
+                for chunk in self._tokens[run]:
+                    chunk.tofile(f)
+            with open(files.records, "ab") as f:
+                np.concatenate(self._records[run]).tofile(f)
+            with open(files.ids, "ab") as f:
+                f.write(("\n".join(self._ids[run]) + "\n").encode())
+            self._tokens[run], self._records[run], self._ids[run] = [], [], []
+        self._buffered = 0
+
+
+def plan_runs(total_tokens: int, itemsize: int, buffer_bytes: int) -> int:
+    return max(1, math.ceil(total_tokens * itemsize / (buffer_bytes * RUN_FRACTION)))
+
+
+def shard_entries(root: DataRoot, stage: str, bucket: str, shard: int) -> pl.DataFrame:
+    """One shard's rows of the bucket entry table (row groups of other shards are skipped)."""
+    path = root.local_path(entries_key(stage, bucket))
+    return pl.scan_parquet(path).filter(pl.col("shard") == shard).collect()
+
+
+def _scatter(root: DataRoot, source: dict[str, Any], seed: int, bucket: str, scatter: _Scatter, runs: int) -> None:
+    first = 0
+    for number, ref in enumerate(source["shards"]):
+        reader = open_verified(root, ref)
+        n = len(reader)
+        entries = shard_entries(root, TOKENIZED, bucket, number)
+        if entries.height != n or not np.array_equal(entries["tokens"].to_numpy(), np.diff(reader.offsets)):
+            raise ShuffleError(
+                f"{root.display(entries_key(TOKENIZED, bucket))}: rows of shard {number} do not match "
+                f"{ref['prefix']}.idx; rebuild tokenized_shards[{bucket}]"
+            )
+        keys = shuffle_keys(seed, bucket, first, n)
+        owner = run_of(keys, runs)
+        offsets = reader.offsets
+        records = np.empty(n, dtype=RECORD)
+        records["key"] = keys
+        records["length"] = entries["tokens"].to_numpy()
+        records["overlap"] = reader.overlaps
+        records["window"] = entries["window"].to_numpy()
+        records["n_windows"] = entries["n_windows"].to_numpy()
+        records["quality"] = entries["quality_score"].fill_null(np.nan).to_numpy()
+        doc_ids = entries["doc_id"].to_list()
+        if any("\n" in d for d in doc_ids):
+            raise ShuffleError(f"{ref['prefix']}: a doc_id contains a newline; doc ids must be single-line")
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(runs + 1))
+        for r in range(runs):
+            picked = order[bounds[r] : bounds[r + 1]]
+            if len(picked):
+                tokens = np.concatenate([reader.tokens[offsets[i] : offsets[i + 1]] for i in picked])
+                scatter.add(r, tokens, records[picked], [doc_ids[i] for i in picked])
+        first += n
+        del reader
+    scatter.flush()
+
+
+def _gather(files: _RunFiles, dtype: np.dtype, series: ShardSeries) -> None:
+    if not files.records.exists():
+        return
+    records = np.fromfile(files.records, dtype=RECORD)
+    tokens = np.fromfile(files.tokens, dtype=dtype)
+    ids = files.ids.read_bytes().decode().split("\n")[:-1]
+    starts = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum(records["length"], out=starts[1:])
+    for i in np.argsort(records["key"], kind="stable"):
+        rec = records[i]
+        quality = None if np.isnan(rec["quality"]) else float(rec["quality"])
+        series.add(tokens[starts[i] : starts[i + 1]], ids[i], int(rec["overlap"]), int(rec["window"]),
+                   int(rec["n_windows"]), quality)
+
+
+@dataclass
+class ShuffleResult:
+    index: dict[str, Any]
+    runs: int
+    wall_s: float
+
+
+def shuffle_bucket(root: DataRoot, seed: int, bucket: str, shard_tokens: int, buffer_mb: int) -> ShuffleResult:
+    """Shuffle `shards/tokenized/<bucket>/` into `shards/final/<bucket>/` (see the module doc)."""
+    t0 = time.perf_counter()
+    source = load_index(root, TOKENIZED, bucket)
+    dtype = np.dtype(source["dtype"])
+    buffer_bytes = buffer_mb * 1024 * 1024
+    runs = plan_runs(source["tokens"], dtype.itemsize, buffer_bytes)
+    extra = {
+        "seed": seed,
+        "runs": runs,
+        "shuffle_buffer_mb": buffer_mb,
+        "source_index_sha256": root.sha256(index_key(TOKENIZED, bucket)),
+        **{k: source[k] for k in ("vocab_size", "eod_id", "window", "overlap") if k in source},
+    }
+    work = staging_dir(root)
+    try:
+        scatter = _Scatter(work, runs, int(buffer_bytes * RUN_FRACTION), dtype)
+        _scatter(root, source, seed, bucket, scatter, runs)
+        with ShardSeries(root, FINAL, bucket, dtype, shard_tokens, extra) as series:
+            for files in scatter.files:
+                _gather(files, dtype, series)
+                for path in (files.tokens, files.records, files.ids):
+                    path.unlink(missing_ok=True)
+            index = series.finish()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if (index["entries"], index["tokens"]) != (source["entries"], source["tokens"]):
+        raise ShuffleError(
+            f"shuffle of {bucket!r} wrote {index['entries']} entries / {index['tokens']} tokens, "
+            f"but the input has {source['entries']} / {source['tokens']}"
+        )
+    return ShuffleResult(index, runs, time.perf_counter() - t0)
