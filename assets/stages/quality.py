@@ -111,27 +111,38 @@ def hash_features(texts: pl.Series, num_features: int, ngram: int, max_chars: in
     hashes = _word_hashes(words) if len(words) else np.zeros(0, dtype=np.uint64)
     doc_of_word = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
 
+    num_docs = len(lengths)
     docs_parts, bucket_parts = [], []
     with np.errstate(over="ignore"):
         for n in range(1, ngram + 1):
             count = len(hashes) - n + 1
             if count <= 0:
                 break
-            same_doc = doc_of_word[: count] == doc_of_word[n - 1 :]
+            same_doc = doc_of_word[:count] == doc_of_word[n - 1 :]
             gram = hashes[:count].copy()
             for k in range(1, n):
                 gram = gram * _MIX_MUL + hashes[k : k + count]
-            gram = _finalize(gram ^ np.uint64(n))
+            gram = _finalize(gram ^ np.uint64(n))[same_doc]
             docs_parts.append(doc_of_word[:count][same_doc])
-            bucket_parts.append((gram[same_doc] % np.uint64(num_features)).astype(np.int64))
-    if docs_parts:
-        doc_ids, buckets = np.concatenate(docs_parts), np.concatenate(bucket_parts)
-    else:
-        doc_ids, buckets = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    order = np.argsort(doc_ids, kind="stable")
-    counts = np.bincount(doc_ids, minlength=len(lengths))
+            bucket_parts.append(_bucket(gram, num_features))
+    # Each part is already in document order; place it after the earlier parts' n-grams of the
+    # same document (unigrams, then bigrams, ...) instead of sorting the concatenation.
+    part_counts = [np.bincount(d, minlength=num_docs) for d in docs_parts]
+    counts = np.sum(part_counts, axis=0) if part_counts else np.zeros(num_docs, dtype=np.int64)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return Features(indices=buckets[order], indptr=indptr)
+    indices = np.empty(int(indptr[-1]), dtype=np.int64)
+    filled = indptr[:-1].copy()
+    for doc_ids, buckets, part in zip(docs_parts, bucket_parts, part_counts):
+        first_in_part = np.cumsum(part) - part
+        indices[filled[doc_ids] + np.arange(len(doc_ids)) - first_in_part[doc_ids]] = buckets
+        filled += part
+    return Features(indices=indices, indptr=indptr)
+
+
+def _bucket(h: np.ndarray, num_features: int) -> np.ndarray:
+    if num_features & (num_features - 1) == 0:
+        return (h & np.uint64(num_features - 1)).astype(np.int64)
+    return (h % np.uint64(num_features)).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------------
