@@ -17,6 +17,7 @@ from refinery.config import ConfigError
 COMMAND_MODULES: list[str] = [
     "orchestration.demo",
     "refinery.scan",
+    "refinery.lineage",
     "refinery.validate",
 ]
 

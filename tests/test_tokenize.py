@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 
 from assets.stages import tokenize as tk
-from refinery.config import RefineryConfig, parse_config
+from refinery.config import RefineryConfig, load_config, parse_config
 from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
 from refinery.shard_format import ShardReader, split_windows
 from refinery.storage import LocalDataRoot
@@ -27,6 +28,7 @@ WORDS = (
 @dataclass
 class Corpus:
     cfg: RefineryConfig
+    config_path: Path
     root: LocalDataRoot
     texts: dict[str, str]  # doc_id -> clean text (None/empty ones included)
     buckets: dict[str, str]  # doc_id -> bucket
@@ -67,7 +69,9 @@ def make_corpus(
     }
     for section, values in overrides.items():
         data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-    cfg = parse_config(data, base_dir=str(tmp_path))
+    config_path = tmp_path / "refinery.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    cfg = load_config(config_path)
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     rng = random.Random(seed)
     texts, buckets = {}, {}
@@ -93,7 +97,7 @@ def make_corpus(
                   "dup_cluster": pl.String, "dup_cluster_size": pl.Int64, "quality_score": pl.Float64,
                   "pii_counts": pl.Struct({"email": pl.Int32, "phone": pl.Int32})}
         root.write_parquet(documents_key(CLEAN_STAGE, shard.key), pl.DataFrame(rows, schema=schema))
-    return Corpus(cfg, root, texts, buckets)
+    return Corpus(cfg, config_path, root, texts, buckets)
 
 
 def token_bytes(tokenizer) -> list[bytes]:

@@ -1,0 +1,183 @@
+"""Lineage from a token in a final (or tokenized) shard back to its document: round trips on 200
+random positions, exactly-once at rest, and clear errors for bad queries and changed shards."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from assets.stages import shuffle as sh
+from assets.stages import tokenize as tk
+from refinery import lineage as lin
+from refinery.cli import main
+from refinery.shard_format import ShardFormatError, ShardReader
+from test_tokenize import make_corpus, token_bytes, tokenize_all
+
+CONTEXT_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    c = make_corpus(tmp_path_factory.mktemp("lineage"), docs_per_shard={"web/a": 120, "web/b": 80, "math/m": 50},
+                    empty_docs=2)
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, c.cfg.shards.shard_tokens, c.cfg.shards.shuffle_buffer_mb)
+    lin.build_lineage_index(c.root, c.cfg)
+    return c
+
+
+def shard_refs(c, stage: str) -> list[dict]:
+    return [ref for b in c.cfg.buckets for ref in c.root.read_json(tk.index_key(stage, b))["shards"]]
+
+
+def reader_of(c, prefix: str) -> ShardReader:
+    return ShardReader(c.root.local_path(prefix + ".idx").with_suffix(""))
+
+
+@pytest.mark.parametrize("stage", [tk.FINAL, tk.TOKENIZED])
+def test_200_random_tokens_trace_back_to_text_of_their_document(built, stage):
+    c = built
+    table = token_bytes(tk.read_tokenizer(c.root, c.cfg.tokenizer.eod_token))
+    refs = shard_refs(c, stage)
+    total = sum(r["tokens"] for r in refs)
+    starts = np.cumsum([0] + [r["tokens"] for r in refs])
+    rng = random.Random(11)
+    checked_bytes = 0
+    for _ in range(200):
+        g = rng.randrange(total)
+        s = int(np.searchsorted(starts, g, side="right") - 1)
+        ref, offset = refs[s], g - int(starts[s])
+        name = ref["prefix"].removeprefix("shards/final/") if stage == tk.FINAL else ref["prefix"]
+        r = lin.resolve_token(c.root, c.cfg, name, offset)
+        assert r["shard"] == ref["prefix"] and r["entry_start"] <= offset < r["entry_end"]
+        tokens = reader_of(c, ref["prefix"]).tokens
+        lo = max(r["entry_start"], offset - CONTEXT_TOKENS)  # never across the entry's edges
+        hi = min(r["entry_end"], offset + CONTEXT_TOKENS + 1)
+        window_bytes = b"".join(table[t] for t in tokens[lo:hi])
+        text = c.texts[r["doc_id"]]
+        assert window_bytes in text.encode(), (r["doc_id"], window_bytes)
+        if window_bytes.decode("utf-8", errors="ignore").strip():
+            checked_bytes += len(window_bytes)
+        assert r["bucket"] == c.buckets[r["doc_id"]]
+        assert r["url"] == f"https://{r['source']}.example/{int(r['doc_id'].rsplit('/', 1)[1]) // 3}"
+        assert r["record_offset"] == int(r["doc_id"].rsplit("/", 1)[1]) // 3 * 1000
+        assert r["token_id"] == int(tokens[offset])
+    assert checked_bytes > 200 * 10
+
+
+def test_every_surviving_document_is_at_rest_exactly_once(built):
+    c = built
+    seen: dict[str, list[int]] = {}
+    n_windows: dict[str, int] = {}
+    entries = 0
+    for ref in shard_refs(c, tk.FINAL):
+        for row in reader_of(c, ref["prefix"]).entries.iter_rows(named=True):
+            seen.setdefault(row["doc_id"], []).append(row["window"])
+            n_windows[row["doc_id"]] = row["n_windows"]
+            entries += 1
+    surviving = {d for d, t in c.texts.items() if t}
+    assert set(seen) == surviving
+    assert len(seen) == 250 - 3 * 2  # two empty texts per input shard are rejected
+    for doc, windows in seen.items():
+        assert sorted(windows) == list(range(n_windows[doc])), doc
+    assert entries == sum(n_windows.values()) > len(seen)
+    assert entries == sum(c.root.read_json(tk.index_key(tk.FINAL, b))["entries"] for b in c.cfg.buckets)
+
+
+def test_lineage_reports_each_funnel_stage(built):
+    c = built
+    ref = c.root.read_json(tk.index_key(tk.FINAL, "math"))["shards"][0]
+    r = lin.resolve_token(c.root, c.cfg, "math/shard-00000", 0)
+    doc_index = int(r["doc_id"].rsplit("/", 1)[1]) // 3
+    funnel = r["funnel"]
+    assert list(funnel)[:3] == ["raw_documents", "extracted_text", "language_filtered"]
+    assert funnel["heuristic_filtered"]["outcome"] == "skipped by source"  # math skips heuristics
+    assert funnel["language_filtered"] == {"outcome": "kept", "language": "en",
+                                           "language_score": pytest.approx(0.9 + (doc_index % 10) / 100)}
+    assert funnel["near_deduped"] == {"outcome": "kept", "dup_cluster": None, "dup_cluster_size": 1}
+    assert 0.0 <= funnel["quality_scored"]["quality_score"] <= 1.0
+    assert funnel["pii_redacted"]["pii_counts"] == {"email": doc_index % 3, "phone": 0}
+    assert r["position_in_entry"] == 0 and r["entry"] == 0 and ref["prefix"] == r["shard"]
+
+
+def test_overlap_prefix_is_flagged(built):
+    c = built
+    for ref in shard_refs(c, tk.FINAL):
+        reader = reader_of(c, ref["prefix"])
+        hits = np.flatnonzero(reader.overlaps > 0)
+        if len(hits):
+            i = int(hits[0])
+            first = lin.resolve_token(c.root, c.cfg, ref["prefix"], int(reader.offsets[i]))
+            after = lin.resolve_token(c.root, c.cfg, ref["prefix"], int(reader.offsets[i]) + int(reader.overlaps[i]))
+            assert first["in_overlap_prefix"] and not after["in_overlap_prefix"] and first["window"] > 0
+            return
+    pytest.fail("no windowed entry in the corpus")
+
+
+@pytest.mark.parametrize(
+    "shard, offset, message",
+    [
+        ("web/shard-00000", 10**9, "outside shard shards/final/web/shard-00000"),
+        ("web/shard-00000", -1, "outside shard"),
+        ("web/shard-00999", 0, "unknown shard; bucket 'web' has"),
+        ("books/shard-00000", 0, "unknown bucket 'books'"),
+        ("web/shard-0", 0, "not a shard name"),
+        ("shards/raw/web/shard-00000", 0, "unknown shard stage 'raw'"),
+    ],
+)
+def test_queries_outside_the_shards_are_clear_errors(built, shard, offset, message):
+    with pytest.raises(lin.LineageError, match=message):
+        lin.resolve_token(built.root, built.cfg, shard, offset)
+
+
+def test_changed_shard_index_is_detected(tmp_path):
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 30, "web/b": 10, "math/m": 5})
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+    lin.build_lineage_index(c.root, c.cfg)
+    idx = c.root.local_path("shards/final/web/shard-00000.idx")
+    raw = bytearray(idx.read_bytes())
+    raw[-4] ^= 1  # the low byte of the last overlap length: still a well-formed index
+    idx.write_bytes(bytes(raw))
+    with pytest.raises(ShardFormatError, match="content hash does not match"):
+        lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
+    with pytest.raises(ShardFormatError, match="does not match the manifest"):
+        lin.build_lineage_index(c.root, c.cfg)
+
+
+def test_missing_lineage_index_says_what_to_materialize(tmp_path):
+    c = make_corpus(tmp_path)
+    with pytest.raises(lin.LineageError, match="materialize the `lineage_index` asset"):
+        lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
+
+
+def test_documents_table_is_sorted_and_text_free(built):
+    docs = built.root.read_parquet(lin.DOCUMENTS_KEY)
+    index = built.root.read_json(lin.INDEX_KEY)
+    assert docs["doc_id"].to_list() == sorted(built.texts)  # every clean document, rejected-at-tokenize included
+    assert "text" not in docs.columns and "text_bytes" in docs.columns
+    assert index["documents"] == docs.height == 250
+    assert index["row_group_first_doc_ids"] == docs["doc_id"].to_list()[:: lin.ROW_GROUP_ROWS]
+
+
+def test_cli_prints_json_and_a_table(built, capsys):
+    args = ["lineage", "--config", str(built.config_path), "--shard", "web/shard-00001", "--offset", "5"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shard"] == "shards/final/web/shard-00001" and out["offset"] == 5 and out["url"].startswith("https://")
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"document  {out['doc_id']}" in text and f"url       {out['url']}" in text
+
+
+def test_cli_errors_exit_nonzero_with_the_reason(built, capsys):
+    base = ["lineage", "--config", str(built.config_path), "--shard", "web/shard-00000"]
+    assert main(base + ["--offset", "99999999"]) == 2
+    assert "outside shard" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "needs --offset" in capsys.readouterr().err
