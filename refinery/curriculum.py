@@ -28,7 +28,7 @@ import numpy as np
 from refinery.config import CurriculumConfig, RefineryConfig
 
 if TYPE_CHECKING:
-    from refinery.manifest import ShardRef
+    from refinery.manifest import PhaseManifest, ShardRef
     from refinery.storage import DataRoot
 
 # Weights and shares are typed by people; a sum within this of 1 is 1.
@@ -277,13 +277,22 @@ def warmup_tokens(cfg: RefineryConfig, schedule: Schedule) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+def final_index_key(bucket: str) -> str:
+    """shuffled_shards' listing of a bucket's final shards: each shard's prefix, tokens, entries and
+    sha256 by suffix, in order, plus `entries_table` (key, sha256) of the per-entry table."""
+    return f"{FINAL_SHARDS_PREFIX}/{bucket}/index.json"
+
+
 @dataclass(frozen=True)
 class BucketInventory:
-    """A bucket's final shards in order, with per-entry token counts (global entry ids index them)."""
+    """A bucket's final shards in order, and per entry (in global entry order, shard 0 first) its
+    tokens, doc_id and quality_score (NaN where the document has none)."""
 
     bucket: str
     shards: list["ShardRef"]
-    entry_tokens: np.ndarray  # int64, one per entry, in global entry order
+    entry_tokens: np.ndarray  # int64
+    doc_ids: list[str]
+    quality: np.ndarray  # float64
 
     @property
     def tokens(self) -> int:
@@ -294,50 +303,41 @@ class BucketInventory:
         return len(self.entry_tokens)
 
 
-def final_shard_prefixes(root: "DataRoot", bucket: str) -> list[str]:
-    """The bucket's final shard prefixes in shard order (names are zero-padded, so sorted = order)."""
-    return [k[: -len(".idx")] for k in root.list(f"{FINAL_SHARDS_PREFIX}/{bucket}") if k.endswith(".idx")]
+def has_final_shards(root: "DataRoot", buckets: list[str] | tuple[str, ...]) -> bool:
+    return any(root.exists(final_index_key(b)) for b in buckets)
+
+
+def read_bucket_inventory(root: "DataRoot", bucket: str) -> BucketInventory:
+    """The bucket's final shards from shuffled_shards' index.json and per-entry table. A bucket
+    without an index has an empty inventory (0 tokens), which validation reports if it is weighted."""
+    from refinery.manifest import ShardRef
+
+    key = final_index_key(bucket)
+    if not root.exists(key):
+        return BucketInventory(bucket, [], np.zeros(0, dtype=np.int64), [], np.zeros(0))
+    index = root.read_json(key)
+    try:
+        refs = [ShardRef(prefix=s["prefix"], tokens=int(s["tokens"]), entries=int(s["entries"]), sha256=dict(s["sha256"])) for s in index["shards"]]
+        table_key = index["entries_table"]["key"]
+    except (KeyError, TypeError) as err:
+        raise CurriculumError(f"{root.display(key)}: malformed shard index ({err}); re-materialize shuffled_shards[{bucket}]") from None
+    table = root.read_parquet(table_key, columns=["tokens", "doc_id", "quality_score"])
+    if table.height != sum(r.entries for r in refs) or int(table["tokens"].sum() or 0) != sum(r.tokens for r in refs):
+        raise CurriculumError(
+            f"{root.display(table_key)}: {table.height} entries / {table['tokens'].sum()} tokens, but {root.display(key)} "
+            f"lists {sum(r.entries for r in refs)} / {sum(r.tokens for r in refs)}; re-materialize shuffled_shards[{bucket}]"
+        )
+    return BucketInventory(
+        bucket=bucket,
+        shards=refs,
+        entry_tokens=table["tokens"].cast(int).to_numpy().astype(np.int64),
+        doc_ids=table["doc_id"].to_list(),
+        quality=table["quality_score"].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64),
+    )
 
 
 def read_inventory(root: "DataRoot", buckets: list[str] | tuple[str, ...]) -> dict[str, BucketInventory]:
-    """Each bucket's final shards with token counts and content hashes. A bucket without final
-    shards has an empty inventory (0 tokens), which validation reports for any bucket it weights."""
-    from refinery.manifest import ShardRef
-    from refinery.shard_format import SHARD_SUFFIXES, read_index
-
-    out = {}
-    for bucket in buckets:
-        refs, lengths = [], []
-        for prefix in final_shard_prefixes(root, bucket):
-            index = read_index(root.local_path(prefix + ".idx"))
-            lengths.append(np.diff(index.offsets))
-            refs.append(
-                ShardRef(
-                    prefix=prefix,
-                    tokens=index.num_tokens,
-                    entries=index.num_entries,
-                    sha256={s: root.sha256(prefix + s) for s in SHARD_SUFFIXES},
-                )
-            )
-        tokens = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, dtype=np.int64)
-        out[bucket] = BucketInventory(bucket=bucket, shards=refs, entry_tokens=tokens)
-    return out
-
-
-def has_final_shards(root: "DataRoot", buckets: list[str] | tuple[str, ...]) -> bool:
-    return any(final_shard_prefixes(root, b) for b in buckets)
-
-
-def entry_doc_ids(root: "DataRoot", inventory: BucketInventory) -> list[str]:
-    ids: list[str] = []
-    for ref in inventory.shards:
-        ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
-    if len(ids) != inventory.entries:
-        raise CurriculumError(
-            f"{FINAL_SHARDS_PREFIX}/{inventory.bucket}: the entry sidecars list {len(ids)} entries but the indexes "
-            f"{inventory.entries}; re-materialize shuffled_shards[{inventory.bucket}]"
-        )
-    return ids
+    return {b: read_bucket_inventory(root, b) for b in buckets}
 
 
 @dataclass(frozen=True)
@@ -346,74 +346,37 @@ class QualitySelection:
 
     entry_ids: np.ndarray  # sorted int64 global entry ids
     cutoff: float  # the lowest kept document score
+    documents: int
     tokens: int
 
 
-def select_top_quality(
-    doc_ids: list[str], entry_tokens: np.ndarray, scores: dict[str, float | None], top_fraction: float
-) -> QualitySelection:
-    """Keep the documents whose quality_score is at or above the score of the document ranked at
-    ceil(top_fraction x documents), best first; every window of a kept document is kept. Ties at
-    the cutoff are all kept. A document without a score (empty text) is never kept."""
-    unique = sorted(set(doc_ids))
-    missing = [d for d in unique if d not in scores]
-    if missing:
-        raise CurriculumError(
-            f"quality cutoff: {len(missing)} documents in the final shards have no quality_score row "
-            f"(first: {missing[0]}); re-materialize quality_scored and pii_redacted for their shards"
-        )
-    scored = np.array([s for d in unique if (s := scores[d]) is not None], dtype=np.float64)
+def select_top_quality(inv: BucketInventory, top_fraction: float) -> QualitySelection:
+    """Keep the documents whose quality_score is at or above the score of the document ranked
+    ceil(top_fraction x documents), best first, with every window of a kept document. Ties at
+    the cutoff are all kept; a document without a score (empty text) is never kept."""
+    doc_score = dict(zip(inv.doc_ids, inv.quality.tolist()))
+    scored = np.array([s for s in doc_score.values() if not math.isnan(s)], dtype=np.float64)
     if scored.size == 0:
-        return QualitySelection(entry_ids=np.zeros(0, dtype=np.int64), cutoff=math.inf, tokens=0)
-    keep_docs = max(1, math.ceil(top_fraction * len(unique)))
-    ranked = np.sort(scored)[::-1]
-    cutoff = float(ranked[min(keep_docs, ranked.size) - 1])
-    doc_scores = np.array([np.nan if scores[d] is None else scores[d] for d in doc_ids], dtype=np.float64)
-    kept = np.flatnonzero(doc_scores >= cutoff).astype(np.int64)
-    return QualitySelection(entry_ids=kept, cutoff=cutoff, tokens=int(entry_tokens[kept].sum()))
+        return QualitySelection(entry_ids=np.zeros(0, dtype=np.int64), cutoff=math.inf, documents=0, tokens=0)
+    keep_docs = max(1, math.ceil(top_fraction * len(doc_score)))
+    cutoff = float(np.sort(scored)[::-1][min(keep_docs, scored.size) - 1])
+    kept = np.flatnonzero(inv.quality >= cutoff).astype(np.int64)
+    return QualitySelection(
+        entry_ids=kept,
+        cutoff=cutoff,
+        documents=sum(1 for s in doc_score.values() if s >= cutoff),
+        tokens=int(inv.entry_tokens[kept].sum()),
+    )
 
 
-def quality_scores(cfg: RefineryConfig, root: "DataRoot", bucket: str) -> dict[str, float | None]:
-    """doc_id -> quality_score of the bucket's clean documents (documents/pii_redacted)."""
-    from refinery.documents import CLEAN_STAGE, documents_key, input_shards
-
-    scores: dict[str, float | None] = {}
-    for shard in input_shards(cfg):
-        if shard.bucket != bucket:
-            continue
-        key = documents_key(CLEAN_STAGE, shard.key)
-        if not root.exists(key):
-            raise CurriculumError(
-                f"{root.display(key)}: missing; a phase's quality cutoff needs every clean table, "
-                f"materialize {CLEAN_STAGE}[{shard.key}] first"
-            )
-        df = root.read_parquet(key)
-        if "quality_score" not in df.columns:
-            raise CurriculumError(
-                f"{root.display(key)}: no quality_score column; the quality cutoff needs quality_scored upstream"
-            )
-        scores.update(zip(df["doc_id"].to_list(), df["quality_score"].to_list()))
-    return scores
-
-
-def phase_selections(
-    cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory]
-) -> dict[str, dict[str, QualitySelection]]:
-    """For each phase with a quality cutoff: each bucket's kept entries."""
-    out: dict[str, dict[str, QualitySelection]] = {}
-    cut_phases = [p for p in cfg.curriculum.phases if p.quality_top_fraction is not None]  # type: ignore[union-attr]
-    if not cut_phases:
-        return out
-    per_bucket = {}
-    for bucket, inv in inventory.items():
-        if inv.entries:
-            per_bucket[bucket] = (entry_doc_ids(root, inv), quality_scores(cfg, root, bucket))
-    for p in cut_phases:
-        out[p.name] = {
-            b: select_top_quality(ids, inventory[b].entry_tokens, scores, p.quality_top_fraction)  # type: ignore[arg-type]
-            for b, (ids, scores) in per_bucket.items()
-        }
-    return out
+def phase_selections(cfg: RefineryConfig, inventory: dict[str, BucketInventory]) -> dict[str, dict[str, QualitySelection]]:
+    """For each phase with a quality cutoff: each non-empty bucket's kept entries."""
+    assert cfg.curriculum is not None
+    return {
+        p.name: {b: select_top_quality(inv, p.quality_top_fraction) for b, inv in inventory.items() if inv.entries}
+        for p in cfg.curriculum.phases
+        if p.quality_top_fraction is not None
+    }
 
 
 def selection_npy(entry_ids: np.ndarray) -> bytes:
@@ -675,10 +638,89 @@ def validate_data_root(cfg: RefineryConfig, root: "DataRoot") -> tuple[Validatio
     if not has_final_shards(root, cfg.buckets):
         return validate(cfg), None, {}
     inventory = read_inventory(root, cfg.buckets)
-    selections = phase_selections(cfg, root, inventory)
+    selections = phase_selections(cfg, inventory)
     report = validate(
         cfg,
         {b: inv.tokens for b, inv in inventory.items()},
         {ph: {b: s.tokens for b, s in sel.items()} for ph, sel in selections.items()},
     )
     return report, inventory, selections
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-phase manifests
+# --------------------------------------------------------------------------------------------------
+
+
+def selection_key(phase: str, bucket: str) -> str:
+    """Where a phase's kept entry ids of a bucket live (the contamination drop policy rewrites it)."""
+    return f"manifests/{phase}/{bucket}-selection.npy"
+
+
+def drawn_buckets(schedule: Schedule, span: PhaseSpan) -> list[str]:
+    """Buckets the phase may draw from: its own positive weights, and during its blend window the
+    previous phase's."""
+    drawn = span.weights > 0
+    if span.index > 0 and span.blend_tokens:
+        drawn |= schedule.phases[span.index - 1].weights > 0
+    return [b for b, d in zip(schedule.buckets, drawn) if d]
+
+
+def build_phase_manifest(
+    cfg: RefineryConfig,
+    root: "DataRoot",
+    phase: str,
+    report: ValidationReport,
+    inventory: dict[str, BucketInventory],
+    selections: dict[str, dict[str, QualitySelection]],
+) -> "PhaseManifest":
+    """The manifest of `phase`: per drawn bucket its final shards (pinned by sha256) and, under a
+    quality cutoff, the kept entries written as a sorted int64 .npy; plus the phase's budget,
+    weights after temperature, seq_len, lr_scale, blend width and the validation result. Documents
+    the contamination drop policy excluded from this phase stay excluded."""
+    from refinery.contamination import apply_exclusions, exclusions_key
+    from refinery.manifest import BucketSlice, PhaseManifest
+
+    assert cfg.curriculum is not None
+    schedule = build_schedule(cfg)
+    names = [p.name for p in schedule.phases]
+    if phase not in names:
+        raise CurriculumError(f"unknown phase {phase!r}; the curriculum has {names}")
+    span = schedule.phases[names.index(phase)]
+    policy = cfg.curriculum.buckets
+    buckets = {}
+    for b in drawn_buckets(schedule, span):
+        inv = inventory[b]
+        max_epochs = policy[b].max_epochs if b in policy else 1.0
+        sel = selections.get(phase, {}).get(b)
+        if sel is None:
+            buckets[b] = BucketSlice(bucket=b, shards=inv.shards, tokens=inv.tokens, entries=inv.entries, max_epochs=max_epochs)
+            continue
+        key = selection_key(phase, b)
+        digest = root.write_bytes(key, selection_npy(sel.entry_ids))
+        buckets[b] = BucketSlice(
+            bucket=b,
+            shards=inv.shards,
+            tokens=sel.tokens,
+            entries=len(sel.entry_ids),
+            max_epochs=max_epochs,
+            selection=key,
+            selection_sha256=digest,
+            quality_cutoff=sel.cutoff,
+        )
+    manifest = PhaseManifest(
+        phase=phase,
+        index=span.index,
+        token_budget=span.tokens,
+        seq_len=span.seq_len,
+        lr_scale=span.lr_scale,
+        weights={b: float(w) for b, w in zip(schedule.buckets, span.weights)},
+        interpolation=cfg.curriculum.phases[span.index].interpolation,
+        buckets=buckets,
+        validation=report.to_json(),
+        config_fingerprint=cfg.fingerprint(),
+    )
+    excluded_key = exclusions_key(phase)
+    if root.exists(excluded_key):
+        manifest = apply_exclusions(root, manifest, set(root.read_json(excluded_key)))
+    return manifest

@@ -45,6 +45,7 @@ class BucketSlice:
     max_epochs: float = 1.0
     selection: str | None = None  # key of the .npy of kept global entry ids; None = every entry
     selection_sha256: str | None = None
+    quality_cutoff: float | None = None  # the phase's quality cutoff kept documents scoring at least this
 
     @property
     def total_entries(self) -> int:

@@ -32,13 +32,22 @@ def _num(x: float | None, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     return [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)]
 
 
-def phase_table(contract: dict[str, Any]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[str]], bold_first: str | None = None) -> list[str]:
+    """A markdown table; the row whose first cell is `bold_first` is set in bold."""
+    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for r in rows:
+        cells = [f"**{c}**" if r[0] == bold_first and c else c for c in r]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def phase_rows(contract: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Tokens per bucket per phase, and in total."""
     buckets = list(contract["buckets"])
     rows = []
@@ -49,16 +58,26 @@ def phase_table(contract: dict[str, Any]) -> list[str]:
             + [_num(p["bucket_tokens"][b]) for b in buckets]
         )
     rows.append(["total", _num(contract["schedule_tokens"]), "", "", "", "", ""] + [_num(contract["buckets"][b]["tokens"]) for b in buckets])
-    return _table(["phase", "tokens", "share", "seq_len", "lr_scale", "blend", "quality"] + buckets, rows)
+    return ["phase", "tokens", "share", "seq_len", "lr_scale", "blend", "quality"] + buckets, rows
 
 
-def bucket_table(contract: dict[str, Any]) -> list[str]:
+def bucket_rows(contract: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Inventory, effective epochs and predicted shortfall per bucket."""
     rows = [
         [b, _num(v["tokens"]), _num(v["inventory_tokens"]), f"{v['max_epochs']:g}", _num(v["effective_epochs"], 2), _num(v["shortfall"])]
         for b, v in contract["buckets"].items()
     ]
-    return _table(["bucket", "demand", "inventory", "max_epochs", "epochs", "shortfall"], rows)
+    return ["bucket", "demand", "inventory", "max_epochs", "epochs", "shortfall"], rows
+
+
+def summary_lines(contract: dict[str, Any]) -> list[str]:
+    a = contract["attention"]
+    longest = max(p["seq_len"] for p in contract["phases"])
+    return [
+        f"mean seq_len (share-weighted): {contract['mean_seq_len']:,.1f}",
+        f"attention compute saved by length warmup vs all at {longest}: {a['saved_fraction']:.1%} "
+        f"({a['ratio']:.2f}x less; per token {a['per_token_ratio']:.2f}x)",
+    ]
 
 
 def render_text(report: ValidationReport) -> str:
@@ -69,14 +88,7 @@ def render_text(report: ValidationReport) -> str:
             f"curriculum: {len(c['phases'])} phases, {c['schedule_tokens']:,} tokens "
             f"(total_tokens {c['total_tokens']:,}, temperature {c['temperature']:g})"
         )
-        lines += ["", *phase_table(c), "", *bucket_table(c), ""]
-        a = c["attention"]
-        longest = max(p["seq_len"] for p in c["phases"])
-        lines.append(f"mean seq_len (share-weighted): {c['mean_seq_len']:,.1f}")
-        lines.append(
-            f"attention compute saved by length warmup vs all at {longest}: {a['saved_fraction']:.1%} "
-            f"({a['ratio']:.2f}x less; per token {a['per_token_ratio']:.2f}x)"
-        )
+        lines += ["", *text_table(*phase_rows(c)), "", *text_table(*bucket_rows(c)), "", *summary_lines(c)]
     for w in report.warnings:
         lines.append(f"warning: {w}")
     for e in report.errors:

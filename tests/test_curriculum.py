@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from refinery.config import parse_config
-from refinery.curriculum import CurriculumError, apply_temperature, build_schedule, select_top_quality, validate
+from refinery.curriculum import BucketInventory, CurriculumError, apply_temperature, build_schedule, select_top_quality, validate
 
 SEED_BUCKETS = ["web", "code", "math", "books", "wiki"]
 B = 1_000_000_000
@@ -301,12 +301,15 @@ def test_unknown_inventory_checks_only_the_schedule():
 
 
 def test_select_top_quality_keeps_documents_at_or_above_cutoff():
-    doc_ids = ["a", "b", "b", "c", "d", "e"]  # b has two windows
-    tokens = np.array([10, 20, 5, 30, 40, 50])
-    scores = {"a": 0.9, "b": 0.7, "c": 0.7, "d": 0.1, "e": None}
-    sel = select_top_quality(doc_ids, tokens, scores, 0.4)  # ceil(0.4 * 5) = 2 documents; c ties with b
+    inv = BucketInventory(
+        bucket="web",
+        shards=[],
+        entry_tokens=np.array([10, 20, 5, 30, 40, 50]),
+        doc_ids=["a", "b", "b", "c", "d", "e"],  # b has two windows
+        quality=np.array([0.9, 0.7, 0.7, 0.7, 0.1, np.nan]),  # e has no score
+    )
+    sel = select_top_quality(inv, 0.4)  # ceil(0.4 * 5 documents) = 2; c ties with b at 0.7 and stays
     assert sel.cutoff == 0.7
     assert sel.entry_ids.tolist() == [0, 1, 2, 3]
-    assert sel.tokens == 65
-    with pytest.raises(CurriculumError, match="1 documents in the final shards have no quality_score row"):
-        select_top_quality(["a", "z"], np.array([1, 1]), {"a": 0.5}, 0.5)
+    assert (sel.documents, sel.tokens) == (3, 65)
+    assert select_top_quality(inv, 1.0).entry_ids.tolist() == [0, 1, 2, 3, 4]  # never the unscored document

@@ -1,0 +1,115 @@
+"""`phase_manifests`, one partition per curriculum phase, and the blocking check that stops a phase
+whose curriculum fails validation from reaching the contamination scan and the trainer.
+
+The manifest is written even when validation fails, so the reason can be read from the file as
+well as from the check; the check then blocks everything downstream.
+"""
+
+import base64
+
+import dagster as dg
+
+from assets.factory import code_version
+from orchestration.resources import RefineryResource
+from refinery import curriculum as cur
+from refinery.config import RefineryConfig
+from refinery.manifest import manifest_key, write_manifest
+from refinery.validate import SCHEDULE_PLOT_KEY, bucket_rows, markdown_table, phase_rows, summary_lines, write_schedule_plot
+
+CHECK_NAME = "curriculum_valid"
+
+
+def contract_markdown(report: cur.ValidationReport, phase: str) -> str:
+    """The contract tables as markdown, the phase's row in bold, then the findings."""
+    if report.contract is None:
+        return "\n".join(["_the schedule could not be computed_", *(f"- error: {e}" for e in report.errors)])
+    lines = [
+        *markdown_table(*phase_rows(report.contract), bold_first=phase),
+        "",
+        *markdown_table(*bucket_rows(report.contract)),
+        "",
+        *(f"- {line}" for line in summary_lines(report.contract)),
+        *(f"- error: {e}" for e in report.errors),
+        *(f"- warning: {w}" for w in report.warnings),
+    ]
+    return "\n".join(lines)
+
+
+def image_markdown(png: bytes, path: str) -> str:
+    data = base64.b64encode(png).decode()
+    return f"![curriculum schedule](data:image/png;base64,{data})\n\n`{path}`"
+
+
+def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
+    if parts.phases is None:
+        return dg.Definitions()
+
+    @dg.asset(
+        name="phase_manifests",
+        partitions_def=parts.phases,
+        deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping())],
+        group_name="curriculum",
+        code_version=code_version(cur),
+        kinds={"json"},
+        check_specs=[
+            dg.AssetCheckSpec(
+                CHECK_NAME,
+                asset="phase_manifests",
+                blocking=True,
+                description="Fails when the curriculum has a blocking validation error (refinery validate)",
+            )
+        ],
+        description="Per phase: the final shards and entries it may draw, its token budget, mixture, seq_len, "
+        "lr_scale and the curriculum's validation result.",
+    )
+    def phase_manifests(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+        cfg, root = refinery.config, refinery.root
+        phase = context.partition_key
+        report, inventory, selections = cur.validate_data_root(cfg, root)
+        if inventory is None:
+            raise cur.CurriculumError(
+                f"{root.display(cur.FINAL_SHARDS_PREFIX)}: no final shards in any bucket; materialize shuffled_shards first"
+            )
+        manifest = cur.build_phase_manifest(cfg, root, phase, report, inventory, selections)
+        digest = write_manifest(root, manifest)
+        plot_sha = write_schedule_plot(cfg, root, cur.build_schedule(cfg))
+        for finding in report.errors:
+            context.log.error(f"phase_manifests[{phase}]: {finding}")
+        hashes = {manifest_key(phase): digest, SCHEDULE_PLOT_KEY: plot_sha}
+        hashes.update({b.selection: b.selection_sha256 for b in manifest.buckets.values() if b.selection})
+        summary = {
+            "valid": dg.MetadataValue.bool(report.ok),
+            "errors": dg.MetadataValue.int(len(report.errors)),
+            "warnings": dg.MetadataValue.int(len(report.warnings)),
+        }
+        return dg.MaterializeResult(
+            metadata={
+                **summary,
+                "token_budget": dg.MetadataValue.int(manifest.token_budget),
+                "seq_len": dg.MetadataValue.int(manifest.seq_len),
+                "lr_scale": dg.MetadataValue.float(manifest.lr_scale),
+                "weights": dg.MetadataValue.json(manifest.weights),
+                "bucket_tokens": dg.MetadataValue.json({b: s.tokens for b, s in manifest.buckets.items()}),
+                "bucket_entries": dg.MetadataValue.json({b: s.entries for b, s in manifest.buckets.items()}),
+                "quality_cutoffs": dg.MetadataValue.json(
+                    {b: s.quality_cutoff for b, s in manifest.buckets.items() if s.quality_cutoff is not None}
+                ),
+                "contract": dg.MetadataValue.md(contract_markdown(report, phase)),
+                "schedule_plot": dg.MetadataValue.md(
+                    image_markdown(root.read_bytes(SCHEDULE_PLOT_KEY), root.display(SCHEDULE_PLOT_KEY))
+                ),
+                "manifest_path": dg.MetadataValue.path(root.display(manifest_key(phase))),
+                "config": dg.MetadataValue.json(cfg.curriculum.model_dump(mode="json")),
+                "code_version": dg.MetadataValue.text(code_version(cur)),
+                "content_hashes": dg.MetadataValue.json(hashes),
+            },
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name=CHECK_NAME,
+                    passed=report.ok,
+                    metadata={**summary, "findings": dg.MetadataValue.json(report.to_json()["errors"] + report.to_json()["warnings"])},
+                )
+            ],
+        )
+
+    return dg.Definitions(assets=[phase_manifests])

@@ -1,0 +1,266 @@
+"""phase_manifests: per-phase shard lists pinned by hash, quality-cutoff selections, the blocking
+validation check, and bad input. Final shards are written here in shuffled_shards' layout
+(shards/final/<bucket>/shard-NNNNN.* + entries.parquet + index.json) with ShardWriter."""
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from refinery.config import parse_config
+from refinery.curriculum import CurriculumError, build_phase_manifest, final_index_key, validate_data_root
+from refinery.manifest import ManifestError, read_manifest, read_selection, write_manifest
+from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter, shard_hashes
+from refinery.storage import LocalDataRoot
+
+DOCS_PER_BUCKET = {"web": 40, "math": 20}
+
+
+def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 16) -> None:
+    """Documents (doc_id, tokens, quality_score) in order; every fifth is cut into two windows."""
+    rng = np.random.default_rng(len(docs))
+    entries = []
+    for doc_id, n, score in docs:
+        if docs.index((doc_id, n, score)) % 5 == 4:
+            entries += [(doc_id, n // 2, 0, 2, score), (doc_id, n - n // 2, 1, 2, score)]
+        else:
+            entries.append((doc_id, n, 0, 1, score))
+    shards, rows = [], []
+    for number, start in enumerate(range(0, len(entries), per_shard)):
+        prefix = f"shards/final/{bucket}/shard-{number:05d}"
+        writer = ShardWriter(root.root / prefix, np.uint16)
+        for doc_id, n, window, n_windows, score in entries[start : start + per_shard]:
+            rows.append({"entry": len(rows), "doc_id": doc_id, "tokens": n, "quality_score": score})
+            writer.add(rng.integers(0, 1000, n), doc_id, window=window, n_windows=n_windows)
+        shards.append({"prefix": prefix, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": writer.close()})
+    table_key = f"shards/final/{bucket}/entries.parquet"
+    table = pl.DataFrame(rows, schema={"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "quality_score": pl.Float64})
+    digest = root.write_parquet(table_key, table)
+    root.write_json(final_index_key(bucket), {"bucket": bucket, "shards": shards, "entries_table": {"key": table_key, "sha256": digest}})
+
+
+def sample_docs(bucket: str, n: int) -> list[tuple[str, int, float | None]]:
+    rng = np.random.default_rng(7 if bucket == "web" else 8)
+    scores = rng.permutation(n) / n  # distinct, so the top fraction is exact
+    docs = [(f"{bucket}-0/{i:07d}", int(rng.integers(40, 200)), float(scores[i])) for i in range(n)]
+    docs[3] = (docs[3][0], docs[3][1], None)  # empty text: no score
+    return docs
+
+
+def config_dict(tmp_path, **curriculum):
+    cur = {
+        "total_tokens": 4096,
+        "buckets": {"math": {"max_epochs": 3}},
+        "phases": [
+            {"name": "main", "share": 0.75, "weights": {"web": 0.75, "math": 0.25}, "seq_len": 128},
+            {"name": "anneal", "share": 0.25, "weights": {"web": 0.5, "math": 0.5}, "seq_len": 256,
+             "interpolation": 0.05, "quality_top_fraction": 0.25},
+        ],
+    }
+    cur.update(curriculum)
+    return {
+        "data_root": str(tmp_path / "root"),
+        "buckets": ["web", "math"],
+        "sources": [{"name": b, "path": f"{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in ("web", "math")],
+        "shards": {"max_seq_len": 256, "overlap": 0},
+        "training": {"micro_batch_size": 1},
+        "curriculum": cur,
+    }
+
+
+def make_cfg(tmp_path, **curriculum):
+    return parse_config(config_dict(tmp_path, **curriculum))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = LocalDataRoot(tmp_path / "root")
+    docs = {b: sample_docs(b, n) for b, n in DOCS_PER_BUCKET.items()}
+    for b, d in docs.items():
+        write_final_shards(root, b, d)
+    return root, docs
+
+
+def build(cfg, root, phase):
+    report, inventory, selections = validate_data_root(cfg, root)
+    return report, build_phase_manifest(cfg, root, phase, report, inventory, selections)
+
+
+def test_main_manifest_lists_every_shard_with_hashes(tmp_path, corpus):
+    root, docs = corpus
+    cfg = make_cfg(tmp_path)
+    report, m = build(cfg, root, "main")
+    assert report.ok, report.errors
+    assert (m.phase, m.index, m.token_budget, m.seq_len) == ("main", 0, 3072, 128)
+    assert m.weights == {"web": 0.75, "math": 0.25}
+    web = m.buckets["web"]
+    assert web.selection is None and web.entries == 40 + 8 and web.tokens == sum(n for _, n, _ in docs["web"])
+    assert [s.prefix for s in web.shards] == [f"shards/final/web/shard-{i:05d}" for i in range(3)]
+    for ref in web.shards:
+        assert ref.sha256 == shard_hashes(root.root / ref.prefix)
+        ShardReader(root.root / ref.prefix).verify(ref.sha256)
+    assert m.buckets["math"].max_epochs == 3.0
+    assert m.validation["ok"] and m.validation["contract"]["phases"][0]["tokens"] == 3072
+
+
+def test_anneal_manifest_keeps_only_documents_at_or_above_cutoff(tmp_path, corpus):
+    root, docs = corpus
+    cfg = make_cfg(tmp_path)
+    _, m = build(cfg, root, "anneal")
+    write_manifest(root, m)
+    m = read_manifest(root, "anneal")
+    for bucket, bucket_docs in docs.items():
+        sl = m.buckets[bucket]
+        selection = read_selection(root, sl)
+        doc_ids = [d for ref in sl.shards for d in pl.read_parquet(root.root / (ref.prefix + ".entries.parquet"))["doc_id"]]
+        lengths = np.concatenate([np.diff(ShardReader(root.root / ref.prefix).offsets) for ref in sl.shards])
+        score = {d: s for d, _, s in bucket_docs}
+        kept = {doc_ids[i] for i in selection}
+        expected_docs = math.ceil(0.25 * len(bucket_docs))
+        ranked = sorted((s for s in score.values() if s is not None), reverse=True)
+        assert sl.quality_cutoff == ranked[expected_docs - 1]
+        assert len(kept) == expected_docs
+        assert all(score[d] is not None and score[d] >= sl.quality_cutoff for d in kept)
+        assert {d for d, s in score.items() if s is not None and s >= sl.quality_cutoff} == kept
+        # every window of a kept document is in, and counts match the manifest
+        assert sorted(selection.tolist()) == [i for i, d in enumerate(doc_ids) if d in kept]
+        assert sl.entries == len(selection) and sl.tokens == int(lengths[selection].sum())
+
+
+def test_manifests_are_byte_identical_on_rebuild(tmp_path, corpus):
+    root, _ = corpus
+    cfg = make_cfg(tmp_path)
+    digests = []
+    for _ in range(2):
+        _, m = build(cfg, root, "anneal")
+        digests.append((write_manifest(root, m), root.sha256(m.buckets["web"].selection)))
+    assert digests[0] == digests[1]
+
+
+def test_blend_window_keeps_previous_phase_buckets(tmp_path, corpus):
+    root, _ = corpus
+    cur_phases = make_cfg(tmp_path).curriculum.model_dump()["phases"]
+    cur_phases[1]["weights"] = {"web": 1.0}
+    _, m = build(make_cfg(tmp_path, phases=cur_phases), root, "anneal")
+    assert set(m.buckets) == {"web", "math"}  # math is still drawn while the mixture blends
+    cur_phases[1]["interpolation"] = 0.0
+    _, m = build(make_cfg(tmp_path, phases=cur_phases), root, "anneal")
+    assert set(m.buckets) == {"web"}
+
+
+def test_contamination_exclusions_survive_a_rebuild(tmp_path, corpus):
+    root, docs = corpus
+    cfg = make_cfg(tmp_path)
+    victim = docs["web"][0][0]
+    root.write_json("contamination/main/excluded_doc_ids.json", [victim])
+    _, m = build(cfg, root, "main")
+    sl = m.buckets["web"]
+    assert sl.entries == 40 + 8 - 1
+    assert sl.tokens == sum(n for _, n, _ in docs["web"]) - docs["web"][0][1]
+
+
+def test_failed_validation_is_recorded_in_the_manifest(tmp_path, corpus):
+    root, _ = corpus
+    cfg = make_cfg(tmp_path, buckets={"math": {"max_epochs": 0.1}})  # a tenth of math is less than it needs
+    report, m = build(cfg, root, "main")
+    assert not report.ok
+    assert not m.validation["ok"]
+    assert any(e.startswith("curriculum.buckets.math.max_epochs: bucket 'math' needs") for e in m.validation["errors"])
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def test_no_final_shards_means_unknown_inventory(tmp_path):
+    report, inventory, _ = validate_data_root(make_cfg(tmp_path), LocalDataRoot(tmp_path / "root"))
+    assert inventory is None and report.ok and [w.field for w in report.warnings] == ["inventory"]
+
+
+def test_malformed_shard_index_is_a_clear_error(tmp_path, corpus):
+    root, _ = corpus
+    root.write_json(final_index_key("math"), {"shards": [{"prefix": "x"}]})
+    with pytest.raises(CurriculumError, match=r"index.json: malformed shard index \('tokens'\); re-materialize shuffled_shards\[math\]"):
+        validate_data_root(make_cfg(tmp_path), root)
+
+
+def test_entry_table_disagreeing_with_index_is_a_clear_error(tmp_path, corpus):
+    root, _ = corpus
+    table = root.read_parquet("shards/final/web/entries.parquet")
+    root.write_parquet("shards/final/web/entries.parquet", table.head(10))
+    with pytest.raises(CurriculumError, match=r"entries.parquet: 10 entries / \d+ tokens, but .* lists 48 / \d+; re-materialize shuffled_shards\[web\]"):
+        validate_data_root(make_cfg(tmp_path), root)
+
+
+def test_tampered_selection_is_rejected_by_the_reader(tmp_path, corpus):
+    root, _ = corpus
+    _, m = build(make_cfg(tmp_path), root, "anneal")
+    sl = m.buckets["web"]
+    root.write_bytes(sl.selection, b"not the selection")
+    with pytest.raises(ManifestError, match="content hash does not match the manifest"):
+        read_selection(root, sl)
+
+
+def test_unknown_phase(tmp_path, corpus):
+    root, _ = corpus
+    cfg = make_cfg(tmp_path)
+    report, inventory, selections = validate_data_root(cfg, root)
+    with pytest.raises(CurriculumError, match=r"unknown phase 'cooldown'; the curriculum has \['main', 'anneal'\]"):
+        build_phase_manifest(cfg, root, "cooldown", report, inventory, selections)
+
+
+# ---- the Dagster asset ----------------------------------------------------------------------------
+
+
+def materialize(tmp_path, curriculum, phase):
+    import dagster as dg
+    import yaml
+
+    from assets.curriculum import build_definitions
+    from assets.partitions import Partitions
+    from orchestration.resources import build_resources
+
+    data = config_dict(tmp_path, **curriculum)
+    cfg = parse_config(data)
+    path = tmp_path / "refinery.yaml"
+    path.write_text(yaml.safe_dump(data))
+    defs = build_definitions(cfg, Partitions.from_config(cfg))
+    asset = next(iter(defs.assets))
+    return dg.materialize([asset], resources=build_resources(str(path)), partition_key=phase, raise_on_error=False)
+
+
+def test_asset_writes_manifest_with_contract_and_plot(tmp_path, corpus):
+    root, _ = corpus
+    result = materialize(tmp_path, {}, "anneal")
+    assert result.success
+    (check,) = result.get_asset_check_evaluations()
+    assert check.check_name == "curriculum_valid" and check.passed
+    md = result.get_asset_materialization_events()[0].materialization.metadata
+    for key in ("valid", "token_budget", "seq_len", "lr_scale", "weights", "bucket_tokens", "quality_cutoffs",
+                "contract", "schedule_plot", "manifest_path", "config", "code_version", "content_hashes"):
+        assert key in md, key
+    assert md["token_budget"].value == 1024 and md["seq_len"].value == 256
+    assert "| **anneal** | **1,024** |" in md["contract"].value
+    assert md["schedule_plot"].value.startswith("![curriculum schedule](data:image/png;base64,iVBOR")
+    assert root.read_bytes("curriculum/schedule.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(md["content_hashes"].value) == {"manifests/anneal.json", "curriculum/schedule.png",
+                                               "manifests/anneal/web-selection.npy", "manifests/anneal/math-selection.npy"}
+    assert read_manifest(root, "anneal").validation["ok"]
+
+
+def test_asset_check_blocks_an_invalid_curriculum(tmp_path, corpus):
+    root, _ = corpus
+    result = materialize(tmp_path, {"buckets": {"math": {"max_epochs": 0.1}}}, "main")
+    (check,) = result.get_asset_check_evaluations()
+    assert not check.passed
+    assert any("curriculum.buckets.math.max_epochs" in f for f in check.metadata["findings"].value)
+    assert not read_manifest(root, "main").validation["ok"]
+
+
+def test_asset_without_final_shards_fails_clearly_and_writes_nothing(tmp_path):
+    result = materialize(tmp_path, {}, "main")
+    assert not result.success
+    failure = result.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert "no final shards in any bucket; materialize shuffled_shards first" in failure
+    assert not (tmp_path / "root" / "manifests").exists()
