@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import html
 import json
 import random
@@ -234,8 +235,14 @@ _SITES = ("sysadmin-notes.example", "debian-tips.example", "linux-handbook.examp
 _NAV = ("Home", "Documentation", "Download", "Community", "About")
 
 
-def render_page(doc: Doc, rng: random.Random, links: list[str] = (), charset_in_meta: bool = True, lang: str = "en") -> str:
+def text_rng(doc: Doc) -> random.Random:
+    """Choices that depend only on a page's text, so pages with the same text get the same HTML."""
+    return random.Random(hashlib.sha256(doc.text.encode()).hexdigest())
+
+
+def render_page(doc: Doc, links: list[str] = (), charset_in_meta: bool = True, lang: str = "en") -> str:
     """A plausible HTML page: head, navigation, the article, related links and a footer."""
+    rng = text_rng(doc)
     site = doc.url.split("/")[2] if doc.url else "localhost"
     esc = html.escape
     head_meta = '<meta charset="utf-8">' if charset_in_meta else ""
@@ -476,8 +483,8 @@ class SampleBuilder:
         for i, file_docs in enumerate(files):
             entries = []
             for d in file_docs:
-                meta = rng.random() < 0.5
-                body = render_page(d, rng, links=links.get(d.url, []), charset_in_meta=meta, lang=d.lang or "en").encode()
+                meta = text_rng(d).random() < 0.5
+                body = render_page(d, links=links.get(d.url, []), charset_in_meta=meta, lang=d.lang or "en").encode()
                 charset = rng.choice(["", "; charset=UTF-8"]) if meta else "; charset=utf-8"
                 entries.append(WarcEntry(d.url, body, f"text/html{charset}", with_request=rng.random() < 0.3))
             odd = self.web_odd_entries(i, reserved, rng)
@@ -510,26 +517,26 @@ class SampleBuilder:
             blob = bytes(rng.getrandbits(8) for _ in range(4096))
             out.append((WarcEntry(f"{host}/files/blob.bin", blob, "application/octet-stream"), "ingest/binary_payload", None))
         elif file_index == 1:
-            nul_page = render_page(filler, rng).encode().replace(b"<p>", b"<p>\x00\x00", 3)
+            nul_page = render_page(filler).encode().replace(b"<p>", b"<p>\x00\x00", 3)
             out.append((WarcEntry(f"{host}/broken/nul-page.html", nul_page, "text/html; charset=utf-8"), "ingest/binary_payload", None))
-            garbage = bytearray(render_page(filler, rng).encode())
+            garbage = bytearray(render_page(filler).encode())
             for k in range(0, len(garbage), 7):
                 garbage[k] = 0xFF
             out.append((WarcEntry(f"{host}/broken/garbled.html", bytes(garbage), "text/html; charset=utf-8"), "ingest/bad_utf8", None))
         else:
             german = reserved["latin1"]
             latin = Doc(german.url.replace(".html", "-latin1.html"), german.title, german.paragraphs, "web", "de", "latin1")
-            body = render_page(latin, rng, charset_in_meta=False, lang="de").encode("iso-8859-1", errors="xmlcharrefreplace")
+            body = render_page(latin, charset_in_meta=False, lang="de").encode("iso-8859-1", errors="xmlcharrefreplace")
             out.append((WarcEntry(latin.url, body, "text/html; charset=iso-8859-1"), None, latin))
             light = Doc(filler.url, filler.title, filler.paragraphs, "web", "en", "utf8_replaced")
-            body = render_page(light, rng).encode().replace(b"</h1>", b"\xff\xfe</h1>", 1)
+            body = render_page(light).encode().replace(b"</h1>", b"\xff\xfe</h1>", 1)
             out.append((WarcEntry(light.url, body, "text/html; charset=utf-8"), None, light))
         return out
 
     def build_truncated_web(self, docs: list[Doc], rng: random.Random) -> None:
         """A gzip WARC cut inside its last member, and a plain WARC cut inside its last payload."""
         for name, part, compressed in (("web/web-90-truncated.warc.gz", docs[:4], True), ("web/web-91-truncated.warc", docs[4:], False)):
-            entries = [WarcEntry(d.url, render_page(d, rng).encode(), "text/html; charset=utf-8") for d in part]
+            entries = [WarcEntry(d.url, render_page(d).encode(), "text/html; charset=utf-8") for d in part]
             records, index = warc_bytes(entries, rng, name)
             blobs = [gzip_member(r) for r in records] if compressed else records
             cut = len(blobs[-1]) // 2
@@ -742,7 +749,7 @@ def write_corpus(path: Path, n_docs: int, seed: int, fmt: str = "jsonl", **kwarg
         for url, text in generate_corpus(n_docs, seed, **kwargs):
             if fmt == "warc":
                 title, *paragraphs = text.split("\n\n")
-                body = render_page(Doc(url, title[:80], paragraphs, "web"), rng).encode()
+                body = render_page(Doc(url, title[:80], paragraphs, "web")).encode()
                 f.write(gzip_member(warc_record("response", url, http_response(body, "text/html; charset=utf-8", rng), rng, "application/http; msgtype=response")))
             else:
                 sink.write(json.dumps({"url": url, "text": text}, ensure_ascii=False).encode() + b"\n")
