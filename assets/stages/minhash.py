@@ -248,11 +248,19 @@ class MinHasher:
 
     def signatures(self, texts: Sequence[str]) -> np.ndarray:
         """One signature row per text. Texts must be strings; callers decide what a null means."""
+        return self.sketch(texts, 0)[0]
+
+    def sketch(self, texts: Sequence[str], bottom_k: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Signatures, and each text's bottom-k sketch: its `bottom_k` smallest distinct shingle
+        hashes, sorted (the whole shingle-hash set when it has at most `bottom_k` members)."""
         sigs = np.full((len(texts), self.num_perm), EMPTY_HASH, dtype=np.uint32)
+        bottoms: list[np.ndarray] = []
         for lo, hi in _batches(texts, 4 * CHUNK_SHINGLES):
             hashes, per_doc = self._batch_shingle_hashes(texts[lo:hi])
             self._reduce_into(sigs[lo:hi], hashes, per_doc)
-        return sigs
+            if bottom_k:
+                bottoms.extend(_bottom_k(hashes, per_doc, bottom_k))
+        return sigs, bottoms
 
     def _reduce_into(self, out: np.ndarray, hashes: np.ndarray, per_doc: np.ndarray) -> None:
         """Row-wise minimum of each document's permuted shingle hashes, at most CHUNK_SHINGLES
@@ -305,6 +313,29 @@ def _batches(texts: Sequence[str], max_words: int) -> Iterator[tuple[int, int]]:
         budget += est
     if lo < len(texts):
         yield lo, len(texts)
+
+
+def _bottom_k(hashes: np.ndarray, per_doc: np.ndarray, k: int) -> list[np.ndarray]:
+    """Per document, its k smallest distinct hashes, sorted; one sort for the whole batch."""
+    doc = np.repeat(np.arange(per_doc.size, dtype=np.uint64), per_doc)
+    combined = np.unique((doc << np.uint64(32)) | hashes.astype(np.uint64))
+    owner = (combined >> np.uint64(32)).astype(np.int64)
+    distinct = np.bincount(owner, minlength=per_doc.size)
+    first = np.cumsum(distinct) - distinct
+    rank = np.arange(combined.size) - first[owner]
+    kept = rank < k
+    values = (combined[kept] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return np.split(values, np.cumsum(np.minimum(distinct, k))[:-1])
+
+
+def bottom_k_jaccard(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    """Jaccard of two sets from their bottom-k sketches (sorted, distinct): exact when both sets
+    have at most k members, otherwise the bottom-k estimate (standard error sqrt(J(1-J)/k))."""
+    union = np.union1d(a, b)[:k]
+    if union.size == 0:
+        return 1.0
+    both = np.intersect1d(a, b, assume_unique=True)
+    return float(np.isin(union, both, assume_unique=True).sum() / union.size)
 
 
 def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> np.ndarray:
