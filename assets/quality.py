@@ -70,6 +70,9 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         description="Hashed word n-gram logistic regression: curated buckets positive, raw web negative.",
     )
     def quality_model(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+        if not refinery.config.stages.quality.enabled:
+            context.log.info("stages.quality.enabled is false: no classifier trained")
+            return dg.MaterializeResult(metadata={"enabled": dg.MetadataValue.bool(False)})
         pointer, report = train_and_publish(refinery.config, refinery.root)
         context.log.info(
             f"quality_model {pointer['model_hash']}: accuracy {report.accuracy} on {report.holdout_size} held out"
@@ -104,10 +107,17 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     def quality_scored(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
         cfg, root = refinery.config, refinery.root
         shard = input_shard(cfg, context.partition_key)
+        docs = root.read_parquet(documents_key(UPSTREAM, shard.key))
+        if not cfg.stages.quality.enabled:
+            out = q.unscored(docs)
+            outputs = publish_stage_output(root, q.QualityScorer.name, shard.key, out)
+            return dg.MaterializeResult(
+                metadata=provenance_metadata(out.stats, {"enabled": False}, model_version, outputs, out.documents)
+            )
         model, pointer = q.load_published_model(root)
         enforce = "quality" not in cfg.source(shard.source).skip
         stage = q.QualityScorer(model, cfg.stages.quality.threshold, enforce, pointer["model_hash"])
-        out = stage.run(root.read_parquet(documents_key(UPSTREAM, shard.key)))
+        out = stage.run(docs)
         outputs = publish_stage_output(root, stage.name, shard.key, out)
         context.log.info(f"quality_scored[{shard.key}]: {out.stats.docs_in} -> {out.stats.docs_out} docs")
         md = provenance_metadata(out.stats, stage.config_summary(), model_version, outputs, out.documents)

@@ -18,6 +18,7 @@ ASSET_MODULES: list[str] = [
     "assets.contamination",
     "assets.curriculum",
     "assets.quality",
+    "assets.tokens",
 ]
 
 

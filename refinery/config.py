@@ -161,8 +161,10 @@ class NearDedupConfig(Section):
 class QualityConfig(Section):
     """A classifier trained in the pipeline: curated buckets positive, raw web negative, on hashed
     word unigrams+bigrams (fastText / DCLM). threshold 0 scores without dropping, so the score
-    column is there for a phase's stricter cutoff (Dolma's tag-now, threshold-later)."""
+    column is there for a phase's stricter cutoff (Dolma's tag-now, threshold-later). A corpus
+    without curated buckets sets enabled: false: no model is trained and quality_score stays null."""
 
+    enabled: bool = True
     positive_buckets: list[str] = Field(default_factory=lambda: ["books", "wiki"])
     negative_buckets: list[str] = Field(default_factory=lambda: ["web"])
     threshold: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -181,6 +183,9 @@ class QualityConfig(Section):
 
 
 class PiiConfig(Section):
+    """Which kinds of PII pii_redacted replaces (placeholders in assets/stages/pii.py). Emails and
+    IPs are what datatrove's PIIFormatter redacts; the rest are what Dolma and Presidio add."""
+
     email: bool = True
     phone: bool = True
     ip: bool = True
@@ -190,6 +195,10 @@ class PiiConfig(Section):
 
 
 class SafetyConfig(Section):
+    """Blocked words (whole word, any case; dropped when hits exceed max_blocked_word_hits) and
+    blocked domains (the host or any subdomain). Empty lists, as in C4's and datatrove's defaults
+    which ship no list of their own, keep everything."""
+
     blocked_words: list[str] = Field(default_factory=list)
     blocked_domains: list[str] = Field(default_factory=list)
     max_blocked_word_hits: int = Field(default=0, ge=0)

@@ -1,7 +1,9 @@
 """quality_model, quality_scored and pii_redacted materialized with Dagster on hand-made `deduped`
 tables: files, metadata, planted PII, source skips, byte-identical reruns and a failing input."""
 
+import json
 import random
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -24,7 +26,7 @@ PLANTED_IPS = ["10.0.0.1", "192.168.1.254", "203.0.113.77", "2001:db8::7"]
 SOURCES = {"web": ["a", "b"], "wiki": ["a"], "books": ["a"], "code": ["a"]}
 
 
-def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=None):
+def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=None, enabled=True):
     for source, stems in SOURCES.items():
         (tmp_path / "in" / source).mkdir(parents=True, exist_ok=True)
         for stem in stems:
@@ -40,7 +42,7 @@ def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=Non
         ],
         "stages": {
             "quality": {"positive_buckets": list(positive), "negative_buckets": ["web"], "threshold": threshold,
-                        "num_features": 4096},
+                        "num_features": 4096, "enabled": enabled},
             "safety": safety or {"blocked_words": ["forbiddenword"], "blocked_domains": ["blocked.example"]},
         },
     }
@@ -205,3 +207,66 @@ def test_quality_model_without_positive_documents_fails_naming_the_field(tmp_pat
     failure = result.get_step_failure_events()[0].event_specific_data.error
     assert "stages.quality.positive_buckets" in failure.to_string()
     assert not root.exists("models/quality/latest.json")
+
+
+def test_disabled_classifier_trains_nothing_and_keeps_every_document(tmp_path):
+    config_path = write_config(tmp_path, enabled=False)
+    cfg, root = seed_deduped(config_path)
+    results = materialize_all(config_path)
+    assert metadata(results["quality_model"], "quality_model") == {"enabled": False}
+    assert not root.exists("models/quality/latest.json")
+    for shard in input_shards(cfg):
+        docs = root.read_parquet(documents_key("quality_scored", shard.key))
+        assert docs.height == 40 and docs["quality_score"].null_count() == 40
+        assert root.read_json(stats_key("quality_scored", shard.key))["counters"] == {"quality/disabled": 40}
+        # Safety still runs: web loses its blocked-domain and its blocked-word document.
+        assert root.read_parquet(documents_key("pii_redacted", shard.key)).height == (38 if shard.bucket == "web" else 40)
+
+
+@pytest.mark.slow
+def test_sample_planted_pii_is_all_redacted_through_the_graph(tmp_path):
+    """The bundled sample through every asset up to pii_redacted: each planted email, IP, phone
+    number and card number that reaches pii_redacted is gone from its text and counted."""
+    from orchestration.definitions import build_definitions as build_workspace
+    from orchestration.demo import materialize_graph
+
+    repo = Path(__file__).resolve().parents[1]
+    demo = yaml.safe_load((repo / "configs" / "demo.yaml").read_text())
+    demo["data_root"] = str(tmp_path / "out")
+    for source in demo["sources"]:
+        source["path"] = str((repo / "configs" / source["path"]).resolve())
+    config_path = tmp_path / "demo.yaml"
+    config_path.write_text(yaml.safe_dump(demo))
+    defs = build_workspace(str(config_path))
+    selection = list(dg.AssetSelection.assets("pii_redacted").upstream().resolve(defs.resolve_asset_graph()))
+    materialize_graph(defs, dg.DagsterInstance.ephemeral(), selection, log=lambda _: None)
+
+    root = LocalDataRoot(tmp_path / "out")
+    cfg = load_config(config_path)
+    before = pl.concat([root.read_parquet(documents_key("quality_scored", s.key)) for s in input_shards(cfg)])
+    after = pl.concat([root.read_parquet(documents_key("pii_redacted", s.key)) for s in input_shards(cfg)])
+    planted = json.loads((repo / "data" / "sample" / "ground_truth.json").read_text())["pii"]
+    kind_of = {"email": "email", "ipv4": "ip", "ipv6": "ip", "phone": "phone", "credit_card": "credit_card"}
+    reached = [p for p in planted if p["url"] in set(after["url"])]
+    assert len({p["url"] for p in reached}) >= 5, "too few planted documents reach pii_redacted to test anything"
+    texts_before = dict(zip(before["url"], before["text"]))
+    for p in reached:
+        assert p["value"] in texts_before[p["url"]], p  # planted text arrives intact ...
+    for text in after["text"].drop_nulls():
+        for p in planted:
+            assert p["value"] not in text, p  # ... and leaves nowhere
+    counts = dict(zip(after["url"], after["pii_counts"]))
+    for url in {p["url"] for p in reached}:
+        want = {}
+        for p in reached:
+            if p["url"] == url:
+                want[kind_of[p["type"]]] = want.get(kind_of[p["type"]], 0) + 1
+        for kind, n in want.items():
+            assert counts[url][kind] >= n, (url, kind)
+    totals = {}
+    for s in input_shards(cfg):
+        for name, n in root.read_json(stats_key("pii_redacted", s.key))["counters"].items():
+            totals[name] = totals.get(name, 0) + n
+    summed = after["pii_counts"].struct.unnest().sum()
+    for kind in ("email", "ip", "phone", "credit_card"):
+        assert totals.get(f"pii/{kind}", 0) == summed[kind][0]

@@ -296,7 +296,7 @@ def training_set(docs: pl.DataFrame, positive: list[str], negative: list[str]) -
             raise NoTrainingData(
                 f"quality classifier: no documents with text in stages.quality.{field} {buckets}; "
                 f"add a source in one of those buckets, or point stages.quality.{field} at buckets that have "
-                "documents (or set stages.quality.threshold to 0 and list quality in the sources' skip)"
+                "documents, or set stages.quality.enabled: false to run without a classifier"
             )
     return labelled
 
@@ -419,6 +419,15 @@ def load_published_model(root: DataRoot) -> tuple[QualityModel, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 # Scoring stage
 # --------------------------------------------------------------------------------------------------
+
+
+def unscored(docs: pl.DataFrame) -> StageOutput:
+    """quality_scored with the classifier disabled: every document kept, `quality_score` null."""
+    stats = StageStats(stage=QualityScorer.name)
+    out = docs.with_columns(quality_score=pl.lit(None, dtype=pl.Float64))
+    count_in_out(stats, docs, out)
+    stats.counters["quality/disabled"] = docs.height
+    return StageOutput(out, rejects_frame(docs, QualityScorer.name, {}), stats)
 
 
 class QualityScorer(Stage):
