@@ -196,8 +196,9 @@ class PiiConfig(Section):
 
 class SafetyConfig(Section):
     """Blocked words (whole word, any case; dropped when hits exceed max_blocked_word_hits) and
-    blocked domains (the host or any subdomain). Empty lists, as in C4's and datatrove's defaults
-    which ship no list of their own, keep everything."""
+    blocked domains (the host or any subdomain). Empty by default: C4 dropped pages with any word
+    of the LDNOOBW list, which is not bundled here and is never downloaded at run time, so a run
+    names its own list (max_blocked_word_hits 0 is C4's any-hit rule)."""
 
     blocked_words: list[str] = Field(default_factory=list)
     blocked_domains: list[str] = Field(default_factory=list)
