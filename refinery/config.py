@@ -114,12 +114,16 @@ class C4Config(Section):
 
 
 class FineWebQualityConfig(Section):
-    """FineWeb quality rules (Penedo et al. 2024)."""
+    """FineWeb quality rules (Penedo et al. 2024, "FineWeb: decanting the web", custom filters):
+    lines ending in punctuation >= 0.12, lines of <= 30 characters <= 0.67, characters in
+    duplicated lines < 0.1. datatrove's FineWebQualityFilter code defaults the duplicated-line
+    ratio to 0.01, which drops clean documentation pages that repeat one code line; we keep the
+    published 0.1. `new_line_ratio` (newlines per word) is datatrove's list-page rule."""
 
     line_punct_thr: float = 0.12
     short_line_thr: float = 0.67
     short_line_length: int = 30
-    char_duplicates_ratio: float = 0.01
+    char_duplicates_ratio: float = 0.1
     new_line_ratio: float = 0.3
 
 
@@ -284,6 +288,9 @@ class CurriculumConfig(Section):
 
 
 class ModelConfig(Section):
+    """The GPT in training/model.py. vocab_size None takes tokenizer.vocab_size."""
+
+    vocab_size: int | None = Field(default=None, ge=2)
     n_layer: int = Field(default=2, ge=1)
     n_head: int = Field(default=4, ge=1)
     n_embd: int = Field(default=128, ge=8)
@@ -291,6 +298,11 @@ class ModelConfig(Section):
 
 
 class TrainingConfig(Section):
+    """The curriculum trainer. One optimizer step trains on micro_batch_size * grad_accum_steps rows
+    (the global batch, fixed whatever the world size, so the data order does not depend on it); each of
+    W ranks takes 1/W of those rows in micro-batches of at most micro_batch_size. Defaults fit the
+    tiny CPU demo; nanoGPT's small-model settings (grad_clip 1.0, weight_decay 0.1)."""
+
     run_dir: str = "runs/demo"  # relative to data_root
     model: ModelConfig = ModelConfig()
     micro_batch_size: int = Field(default=4, ge=1)
@@ -308,6 +320,7 @@ class TrainingConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_resume_attempts: int = Field(default=3, ge=0)
     resume_backoff_s: float = Field(default=1.0, ge=0.0)
+    record_consumption: bool = False  # write <run_dir>/consumption.jsonl: every entry piece each step read
 
 
 # --------------------------------------------------------------------------------------------------

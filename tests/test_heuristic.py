@@ -84,6 +84,8 @@ NO_STOP_WORDS = " ".join(
         ("\n".join("- " + line for line in CLEAN_LINES), GopherQualityConfig(), "gopher_quality/bullet_lines_ratio"),
         ("\n".join(line[:-1] + "..." for line in CLEAN_LINES), GopherQualityConfig(), "gopher_quality/ellipsis_lines_ratio"),
         (NUMBERS, GopherQualityConfig(), "gopher_quality/alpha_words_ratio"),
+        # punctuation attached to words does not make them non-alphabetic (whitespace words, as in Gopher)
+        (CLEAN.replace(" ", ", "), GopherQualityConfig(), None),
         (NO_STOP_WORDS, GopherQualityConfig(), "gopher_quality/stop_words"),
         (CLEAN, GopherQualityConfig(), None),
     ],

@@ -39,6 +39,11 @@ class DocumentText:
         return [w for w in self.words if w[0].isalnum() or w[0] == "_"]
 
     @cached_property
+    def whitespace_words(self) -> list[str]:
+        """`str.split()`: words as the Gopher paper counts them, punctuation attached."""
+        return self.text.split()
+
+    @cached_property
     def lines(self) -> list[str]:
         """`str.splitlines()`: every line, empty ones included."""
         return self.text.splitlines()
