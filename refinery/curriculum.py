@@ -262,6 +262,33 @@ def build_schedule(cfg: RefineryConfig) -> Schedule:
     return Schedule(buckets=buckets, phases=tuple(phases))
 
 
+def schedule_from_manifests(manifests: list["PhaseManifest"], buckets: list[str] | None = None) -> Schedule:
+    """The same schedule rebuilt from the phase manifests alone (what the trainer holds): their
+    budgets, seq_lens, lr_scales, weights (already after temperature) and blend widths."""
+    if not manifests:
+        raise CurriculumError("no phase manifests; materialize phase_manifests first")
+    ordered = sorted(manifests, key=lambda m: m.index)
+    names = tuple(buckets) if buckets is not None else tuple(ordered[0].weights)
+    total = sum(m.token_budget for m in ordered)
+    phases, start = [], 0
+    for i, m in enumerate(ordered):
+        phases.append(
+            PhaseSpan(
+                index=i,
+                name=m.phase,
+                start=start,
+                end=start + m.token_budget,
+                seq_len=m.seq_len,
+                lr_scale=m.lr_scale,
+                weights=np.array([m.weights.get(b, 0.0) for b in names]),
+                blend_tokens=round(m.interpolation * total) if i > 0 else 0,
+                quality_top_fraction=None,
+            )
+        )
+        start += m.token_budget
+    return Schedule(buckets=names, phases=tuple(phases))
+
+
 def batch_tokens(cfg: RefineryConfig, seq_len: int) -> int:
     """Tokens one optimizer step consumes on one rank at `seq_len`."""
     return cfg.training.micro_batch_size * cfg.training.grad_accum_steps * seq_len

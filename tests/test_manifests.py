@@ -10,7 +10,14 @@ import polars as pl
 import pytest
 
 from refinery.config import parse_config
-from refinery.curriculum import CurriculumError, build_phase_manifest, final_index_key, validate_data_root
+from refinery.curriculum import (
+    CurriculumError,
+    build_phase_manifest,
+    build_schedule,
+    final_index_key,
+    schedule_from_manifests,
+    validate_data_root,
+)
 from refinery.manifest import ManifestError, read_manifest, read_selection, write_manifest
 from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter, shard_hashes
 from refinery.storage import LocalDataRoot
@@ -127,6 +134,18 @@ def test_anneal_manifest_keeps_only_documents_at_or_above_cutoff(tmp_path, corpu
         # every window of a kept document is in, and counts match the manifest
         assert sorted(selection.tolist()) == [i for i, d in enumerate(doc_ids) if d in kept]
         assert sl.entries == len(selection) and sl.tokens == int(lengths[selection].sum())
+
+
+def test_trainer_schedule_from_manifests_matches_the_config(tmp_path, corpus):
+    root, _ = corpus
+    cfg = make_cfg(tmp_path, temperature=2.0)
+    manifests = [build(cfg, root, p)[1] for p in ("anneal", "main")]
+    from_cfg, from_manifests = build_schedule(cfg), schedule_from_manifests(manifests, ["web", "math"])
+    assert from_manifests.boundaries == from_cfg.boundaries == [3072, 4096]
+    for t in (0, 100, 3071, 3072, 3100, 3276, 3277, 4095):
+        assert from_manifests.weights_at(t) == pytest.approx(from_cfg.weights_at(t))
+        assert from_manifests.seq_len_at(t) == from_cfg.seq_len_at(t)
+        assert from_manifests.lr_multiplier(t, 256) == from_cfg.lr_multiplier(t, 256)
 
 
 def test_manifests_are_byte_identical_on_rebuild(tmp_path, corpus):
