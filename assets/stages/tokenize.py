@@ -129,7 +129,7 @@ def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAG
     texts: dict[str, str] = {}
     for shard_name, ids in sorted(by_shard.items()):
         df = root.read_parquet(documents_key(stage, shard_name), columns=["doc_id", "text"])
-        df = df.filter(pl.col("doc_id").is_in(list(ids)) & pl.col("text").is_not_null())
+        df = df.filter(pl.col("doc_id").is_in(list(ids)) & (pl.col("text").str.len_bytes() > 0))
         texts.update(zip(df["doc_id"].to_list(), df["text"].str.slice(0, TRAIN_MAX_CHARS).to_list()))
     sample = [texts[d] for _, _, d in chosen if d in texts]
     info = {
