@@ -5,7 +5,6 @@ the same materialization and the rebuilt manifest is scanned again, so the remed
 materialization away; with `none` the scan only reports, and the check blocks training.
 """
 
-
 import dagster as dg
 import polars as pl
 
