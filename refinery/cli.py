@@ -19,6 +19,7 @@ COMMAND_MODULES: list[str] = [
     "refinery.scan",
     "refinery.lineage",
     "refinery.validate",
+    "training.cli",
 ]
 
 

@@ -1,0 +1,70 @@
+"""`refinery train`: run (or resume) the curriculum trainer and print per-phase, per-bucket loss and
+tokens. Exit status: 0 completed, 3 halted or refused (status.json says why), 1 failed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_HALTED = 3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train the GPT through the curriculum's phases (resumable)")
+    p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
+    p.add_argument("--resume", default="auto",
+                   help="auto (latest good checkpoint of the run; default), never, or a checkpoint path to start from "
+                        "(e.g. the previous phase's boundary checkpoint)")
+    p.add_argument("--stop-after-phase", default=None, metavar="PHASE",
+                   help="stop once this phase's boundary checkpoint is written (status completed, not finished)")
+    p.add_argument("--run-dir", default=None, help="override data_root/training.run_dir")
+    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers per rank (default: config)")
+    p.add_argument("--simulate-world-size", type=int, default=1, metavar="W",
+                   help="run the data path of W ranks in this one process (exactly-once resume testing)")
+    p.add_argument("--json", action="store_true", help="print the final status as JSON")
+    p.set_defaults(func=run_train)
+
+
+def summary_rows(summary: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    rows = []
+    for phase, buckets in summary.items():
+        for bucket, acc in sorted(buckets.items()):
+            loss = acc["loss_sum"] / acc["targets"] if acc["targets"] else None
+            rows.append({"phase": phase, "bucket": bucket, "tokens": int(acc["tokens"]), "loss": loss})
+    return rows
+
+
+def format_table(status: dict[str, Any]) -> str:
+    rows = summary_rows(status.get("summary") or {})
+    lines = [f"{'phase':<12} {'bucket':<10} {'tokens':>12} {'loss':>8}"]
+    for r in rows:
+        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
+        lines.append(f"{r['phase']:<12} {r['bucket']:<10} {r['tokens']:>12,} {loss:>8}")
+    lines.append(f"state: {status['state']} at step {status.get('step')} of {status.get('total_steps')}"
+                 f"{' (' + status['reason'] + ')' if status.get('reason') else ''}")
+    return "\n".join(lines)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from refinery.config import load_config
+    from training.trainer import ResumeRefused, RunOptions, Trainer
+
+    cfg = load_config(args.config)
+    options = RunOptions(resume=args.resume, stop_after_phase=args.stop_after_phase, run_dir=args.run_dir,
+                         simulate_world_size=args.simulate_world_size, num_workers=args.num_workers)
+    trainer = Trainer(cfg, options)
+    try:
+        status = trainer.train()
+    except ResumeRefused as err:
+        print(f"refinery train: {err}", file=sys.stderr)
+        return EXIT_HALTED
+    finally:
+        trainer.close()
+    if trainer.rank == 0:
+        if args.json:
+            print(json.dumps({**status, "phases": summary_rows(status.get("summary") or {})}, sort_keys=True))
+        else:
+            print(format_table(status))
+    return {"completed": 0, "halted": EXIT_HALTED}.get(status["state"], 1)

@@ -1,0 +1,176 @@
+"""Shard reading and batch building for the trainer.
+
+`CurriculumData.open` reads every phase manifest, memory-maps each bucket's final shards and checks
+their sha256 against the manifest before the first step. `gather` turns a planned step (see
+`training.sampler`) into whole-batch numpy arrays, one `np.concatenate` of memmap slices, handed to
+torch with `torch.from_numpy`: no per-item tensors and no Python lists of tokens.
+
+Sharding: every rank and DataLoader worker plans the same global order (planning is integer
+arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
+`num_workers=k` whole steps go round-robin to the workers (step i to worker i % k), so the order a
+rank sees depends on neither W nor k (`training.loader` runs this in DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refinery.config import RefineryConfig
+from refinery.manifest import BucketSlice, read_manifest, read_selection
+from refinery.shard_format import ShardReader
+from refinery.storage import DataRoot
+from training.sampler import CurriculumSampler, EntrySet, StepPlan
+from training.schedule import StepSchedule
+
+
+@dataclass
+class BucketShards:
+    """One bucket's final shards, memory-mapped, with per-entry lookup arrays over global entry ids."""
+
+    bucket: str
+    prefixes: list[str]  # data-root keys
+    arrays: list[np.ndarray]
+    entry_shard: np.ndarray  # int64: global entry id -> shard position in `arrays`
+    entry_offset: np.ndarray  # int64: global entry id -> first token within its shard
+    lengths: np.ndarray  # int64
+    overlaps: np.ndarray  # int64 overlap-prefix length (masked out of the loss)
+
+    def shard_token(self, entry: int, token: int) -> tuple[str, int]:
+        """(shard prefix key, token offset within the shard) of token `token` of global entry `entry`."""
+        return self.prefixes[int(self.entry_shard[entry])], int(self.entry_offset[entry]) + token
+
+
+def open_bucket(root: DataRoot, bucket: BucketSlice, verified: set[str]) -> BucketShards:
+    readers = []
+    for ref in bucket.shards:
+        reader = ShardReader(root.local_path(ref.prefix + ".idx").with_suffix(""))
+        if ref.prefix not in verified:
+            reader.verify(ref.sha256)
+            verified.add(ref.prefix)
+        readers.append(reader)
+    if not readers:
+        raise ValueError(f"bucket {bucket.bucket!r}: the manifest lists no shards; rebuild phase_manifests")
+    return BucketShards(
+        bucket=bucket.bucket,
+        prefixes=[ref.prefix for ref in bucket.shards],
+        arrays=[r.tokens.view(np.ndarray) for r in readers],
+        entry_shard=np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(readers)]),
+        entry_offset=np.concatenate([r.offsets[:-1] for r in readers]).astype(np.int64),
+        lengths=np.concatenate([np.diff(r.offsets) for r in readers]).astype(np.int64),
+        overlaps=np.concatenate([r.overlaps for r in readers]).astype(np.int64),
+    )
+
+
+def entry_set_key(bucket: BucketSlice) -> str:
+    """One key per distinct (bucket, shards, selection): phases with the same key share a cursor."""
+    ident = "|".join(sorted(s.sha256.get(".idx", s.prefix) for s in bucket.shards)) + f"|{bucket.selection_sha256}"
+    return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+class CurriculumData:
+    def __init__(self, schedule: StepSchedule, buckets: dict[str, BucketShards], sets_by_phase: list[dict[str, EntrySet]], seed: int):
+        self.schedule = schedule
+        self.buckets = buckets
+        self.sets_by_phase = sets_by_phase
+        self.seed = seed
+        self.bucket_names = sorted(buckets)
+        arrays, base = [], {}
+        for name in self.bucket_names:
+            base[name] = len(arrays)
+            arrays.extend(buckets[name].arrays)
+        self._arrays = arrays
+        self._array_base = base
+
+    @classmethod
+    def open(cls, cfg: RefineryConfig, root: DataRoot, global_batch: int) -> "CurriculumData":
+        if cfg.curriculum is None:
+            raise ValueError("the config has no `curriculum:` section; add one (see configs/demo.yaml) to train")
+        manifests = [read_manifest(root, p.name) for p in cfg.curriculum.phases]
+        for m in manifests:
+            if m.validation and not m.validation.get("ok", True):
+                raise ValueError(
+                    f"manifest of phase {m.phase!r} failed validation: {m.validation.get('errors')}; fix the "
+                    "curriculum and rebuild phase_manifests (or set the allow_* flag the error names)"
+                )
+        schedule = StepSchedule.build(manifests, global_batch)
+        verified: set[str] = set()
+        buckets: dict[str, BucketShards] = {}
+        sets: dict[str, EntrySet] = {}
+        sets_by_phase = []
+        for m in manifests:
+            phase_sets = {}
+            for name, bslice in sorted(m.buckets.items()):
+                if name not in buckets:
+                    buckets[name] = open_bucket(root, bslice, verified)
+                key = entry_set_key(bslice)
+                if key not in sets:
+                    selection = read_selection(root, bslice)
+                    ids = np.arange(bslice.total_entries, dtype=np.int64) if selection is None else selection.astype(np.int64)
+                    sets[key] = EntrySet(key, name, ids, buckets[name].lengths, bslice.max_epochs, cfg.seed)
+                phase_sets[name] = sets[key]
+            sets_by_phase.append(phase_sets)
+        return cls(schedule, buckets, sets_by_phase, cfg.seed)
+
+    def sampler(self, allow_exhaustion: bool) -> CurriculumSampler:
+        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion)
+
+    def rank_rows(self, rank: int, world_size: int) -> slice:
+        G = self.schedule.global_batch
+        if G % world_size:
+            raise ValueError(
+                f"the global batch ({G} rows = micro_batch_size * grad_accum_steps) does not split over {world_size} "
+                "ranks; choose sizes whose product is a multiple of the world size"
+            )
+        per = G // world_size
+        return slice(rank * per, (rank + 1) * per)
+
+    def gather(self, plan: StepPlan, rows: slice, record: bool = False) -> dict[str, Any]:
+        """Numpy arrays of rows `rows` of `plan`: tokens, doc_ids, target_mask, row_bucket."""
+        p = plan.pieces(rows)
+        n_rows, L = rows.stop - rows.start, plan.seq_len
+        flat = np.empty(len(p.entry), dtype=np.int64)
+        start = np.empty(len(p.entry), dtype=np.int64)
+        overlap = np.empty(len(p.entry), dtype=np.int64)
+        for si, es in enumerate(plan.sets):
+            m = p.set_index == si
+            if m.any():
+                bs = self.buckets[es.bucket]
+                e = p.entry[m]
+                flat[m] = self._array_base[es.bucket] + bs.entry_shard[e]
+                start[m] = bs.entry_offset[e]
+                overlap[m] = bs.overlaps[e]
+        lo, hi = start + p.a, start + p.b
+        tokens = np.empty(n_rows * L, dtype=np.int32)
+        np.concatenate([self._arrays[i][s:t] for i, s, t in zip(flat, lo, hi)], out=tokens, casting="same_kind")
+        lens = p.b - p.a
+        pos = np.cumsum(lens) - lens
+        in_overlap = np.zeros(n_rows * L, dtype=bool)
+        masked = np.minimum(np.maximum(overlap - p.a, 0), lens)
+        for i in np.flatnonzero(masked):
+            in_overlap[pos[i] : pos[i] + masked[i]] = True
+        first_piece = np.searchsorted(p.row, np.arange(n_rows))
+        ordinal = (np.arange(len(p.row)) - first_piece[p.row]).astype(np.int32)
+        doc_ids = np.repeat(ordinal, lens).reshape(n_rows, L)
+        target_mask = np.zeros((n_rows, L), dtype=bool)
+        np.logical_and(doc_ids[:, 1:] == doc_ids[:, :-1], ~in_overlap.reshape(n_rows, L)[:, 1:], out=target_mask[:, :-1])
+        bucket_index = np.array([self.bucket_names.index(es.bucket) for es in plan.sets], dtype=np.int64)
+        out = {
+            "tokens": tokens.reshape(n_rows, L),
+            "doc_ids": doc_ids,
+            "target_mask": target_mask,
+            "row_bucket": bucket_index[plan.row_set[rows]],
+        }
+        if record:
+            out["consumed"] = {
+                "row": p.row + rows.start,
+                "bucket": bucket_index[p.set_index],
+                "epoch": p.epoch,
+                "entry": p.entry,
+                "a": p.a,
+                "b": p.b,
+            }
+        return out

@@ -1,0 +1,66 @@
+"""Step metrics: one JSON line per step in `<run_dir>/metrics.jsonl`, and the same dict handed to
+every sink (a list of callables), so a caller outside training/ can forward them (e.g. over Dagster
+Pipes) without this package knowing how.
+
+Keys are stable: `step`, `phase`, `phase_name`, `tokens`, `lr`, `loss/total`, `loss/<bucket>`,
+`tokens/<bucket>` (cumulative tokens served), `time/data_wait_s`, `time/step_s`, `grad_norm`,
+`nonfinite`, `world_size`, and `event/bucket_dropped` when exhaustion drops a bucket.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from refinery.storage import atomic_path
+
+MetricsSink = Callable[[dict[str, Any]], None]
+
+
+class JsonLines:
+    """An append-only JSON-lines log keyed by `step`, cut back on resume to the checkpoint's step."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step`: they are replayed from the checkpoint."""
+        if not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in kept))
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+
+class MetricsLogger(JsonLines):
+    def __init__(self, path: str | Path, sinks: list[MetricsSink] | None = None):
+        super().__init__(path)
+        self.sinks = list(sinks or [])
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.append(record)
+        for sink in self.sinks:
+            sink(record)
+
+
+class ConsumptionLog(JsonLines):
+    """Which entry pieces each step consumed (row, bucket, epoch, entry, token range): an audit of
+    exactly-once delivery, written only when `training.record_consumption` is on."""
+
+    def log(self, step: int, bucket_names: list[str], pieces: dict[str, np.ndarray]) -> None:
+        record = {k: v.tolist() for k, v in pieces.items()}
+        record["bucket"] = [bucket_names[i] for i in record["bucket"]]
+        self.append({"step": step, **record})

@@ -1,0 +1,89 @@
+"""The step plan of a curriculum run: the token schedule of refinery/curriculum.py (phase
+boundaries, blended mixtures, the LR shape) laid onto optimizer steps.
+
+A step trains on `global_batch` rows of the current phase's seq_len. Step s belongs to the phase that
+holds the token after `tokens_before(s)`, so a phase ends at the first step that reaches its token
+boundary (the last step of a phase may overshoot it by less than one batch, and the next phase starts
+that much later). Everything is a pure function of the manifests, the global batch and the step, so
+a resumed run re-derives its phase from the step alone (seed 000: "statelessness matters").
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from dataclasses import dataclass
+
+from refinery.curriculum import Schedule, schedule_from_manifests
+from refinery.manifest import PhaseManifest
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    manifests: tuple[PhaseManifest, ...]
+    tokens: Schedule
+    global_batch: int
+    phase_starts: tuple[int, ...]  # first step of each phase; a final sentinel = total steps
+    start_tokens: tuple[int, ...]  # tokens trained before each phase's first step, and in all
+
+    @classmethod
+    def build(cls, manifests: list[PhaseManifest], global_batch: int) -> "StepSchedule":
+        ordered = sorted(manifests, key=lambda m: m.index)
+        buckets = sorted({b for m in ordered for b in m.weights})
+        tokens = schedule_from_manifests(ordered, buckets)
+        starts, start_tokens, step, done = [], [], 0, 0
+        for span in tokens.phases:
+            starts.append(step)
+            start_tokens.append(done)
+            while done < span.end:
+                step += 1
+                done += global_batch * span.seq_len
+        return cls(tuple(ordered), tokens, global_batch, (*starts, step), (*start_tokens, done))
+
+    @property
+    def total_steps(self) -> int:
+        return self.phase_starts[-1]
+
+    @property
+    def phase_names(self) -> list[str]:
+        return [m.phase for m in self.manifests]
+
+    def phase_at(self, step: int) -> int:
+        """Index of the phase step `step` (0-based) trains in; a phase with no steps is skipped."""
+        if step < 0:
+            raise ValueError(f"step {step} is negative")
+        return min(bisect.bisect_right(self.phase_starts, step) - 1, len(self.manifests) - 1)
+
+    def is_last_step_of_phase(self, step: int) -> bool:
+        return step + 1 in self.phase_starts[1:]
+
+    def seq_len_at(self, step: int) -> int:
+        return self.manifests[self.phase_at(step)].seq_len
+
+    def tokens_before(self, step: int) -> int:
+        j = self.phase_at(step)
+        return self.start_tokens[j] + (step - self.phase_starts[j]) * self.global_batch * self.manifests[j].seq_len
+
+    def read_point(self, step: int) -> int:
+        """The token where step `step` reads its mixture and LR: the middle of the step, kept inside
+        its phase's token span, so neither the first step (warmup from 0) nor the last (decay to 0)
+        gets a zero LR and a step that straddles a boundary keeps its own phase's values."""
+        mid = self.tokens_before(step) + self.global_batch * self.seq_len_at(step) // 2
+        return min(mid, self.tokens.phases[self.phase_at(step)].end - 1)
+
+    def weights_at(self, step: int) -> dict[str, float]:
+        """The mixture of step `step`, blended at a phase's start as the curriculum says."""
+        w = self.tokens.weights_at(self.read_point(step))
+        return {b: float(x) for b, x in zip(self.tokens.buckets, w)}
+
+    def lr_at(self, step: int, peak: float, warmup_steps: int, stable: str, min_lr_ratio: float) -> float:
+        """peak x the curriculum's LR multiplier (warmup, stable or cosine, linear decay to zero through
+        the last phase, times lr_scale), with warmup_steps counted at the first phase's batch."""
+        warmup = warmup_steps * self.global_batch * self.manifests[0].seq_len
+        return peak * self.tokens.lr_multiplier(self.read_point(step), warmup, stable, min_lr_ratio)
+
+    def fingerprint(self) -> str:
+        """Identifies the global sample order: the manifests' content and the global batch."""
+        payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests]}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,138 @@
+"""A synthetic curriculum (final shards + phase manifests + config) written with the real shard and
+manifest modules, so the trainer, its tests and bench/loader.py run without the funnel.
+
+Documents are random token runs ending with EOD (token 0); documents longer than `window` are cut
+with `split_windows`, so some entries carry an overlap prefix as real shards do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from refinery.manifest import BucketSlice, PhaseManifest, ShardRef, write_manifest
+from refinery.shard_format import ShardWriter, split_windows
+from refinery.storage import LocalDataRoot
+
+EOD = 0
+
+
+@dataclass
+class SyntheticBucket:
+    docs: int
+    mean_len: int
+    max_epochs: float = 1.0
+    shards: int = 1
+
+
+@dataclass
+class SyntheticPhase:
+    name: str
+    tokens: int
+    weights: dict[str, float]
+    seq_len: int
+    lr_scale: float = 1.0
+    interpolation: float = 0.0
+    top_fraction: dict[str, float] = field(default_factory=dict)  # bucket -> kept fraction of its entries
+
+
+def write_bucket(root: LocalDataRoot, name: str, spec: SyntheticBucket, rng: np.random.Generator, vocab: int,
+                 window: int, overlap: int) -> list[ShardRef]:
+    lengths = np.maximum(2, rng.geometric(1.0 / spec.mean_len, size=spec.docs))
+    per_shard = -(-spec.docs // spec.shards)
+    refs = []
+    for s in range(spec.shards):
+        prefix = f"shards/final/{name}/shard-{s:05d}"
+        writer = ShardWriter(root.root / prefix, np.uint16)
+        for d in range(s * per_shard, min(spec.docs, (s + 1) * per_shard)):
+            doc = rng.integers(1, vocab, size=int(lengths[d]), dtype=np.int64)
+            doc[-1] = EOD
+            cuts = split_windows(len(doc), window, overlap)
+            for w, (a, b, ov) in enumerate(cuts):
+                writer.add(doc[a:b], f"{name}-{d:06d}", overlap=ov, window=w, n_windows=len(cuts))
+        hashes = writer.close()
+        refs.append(ShardRef(prefix, writer.num_tokens, writer.num_entries, hashes))
+    return refs
+
+
+def write_synthetic_curriculum(
+    root_dir: str | Path,
+    buckets: dict[str, SyntheticBucket],
+    phases: list[SyntheticPhase],
+    vocab: int = 512,
+    window: int = 256,
+    overlap: int = 16,
+    seed: int = 0,
+) -> list[PhaseManifest]:
+    root = LocalDataRoot(root_dir)
+    rng = np.random.default_rng(seed)
+    refs = {name: write_bucket(root, name, spec, rng, vocab, window, overlap) for name, spec in sorted(buckets.items())}
+    manifests = []
+    for i, ph in enumerate(phases):
+        slices = {}
+        for name, spec in sorted(buckets.items()):
+            total = sum(r.entries for r in refs[name])
+            all_tokens = sum(r.tokens for r in refs[name])
+            selection = sha = None
+            entries, tokens = total, all_tokens
+            if name in ph.top_fraction:
+                keep = np.sort(rng.permutation(total)[: max(1, int(total * ph.top_fraction[name]))]).astype(np.int64)
+                selection = f"manifests/selections/{ph.name}-{name}.npy"
+                with root.writer(selection) as tmp:
+                    with open(tmp, "wb") as f:
+                        np.save(f, keep)
+                sha = root.sha256(selection)
+                lengths = np.concatenate([np.diff(_offsets(root, r)) for r in refs[name]])
+                entries, tokens = len(keep), int(lengths[keep].sum())
+            slices[name] = BucketSlice(name, refs[name], tokens, entries, spec.max_epochs, selection, sha)
+        manifest = PhaseManifest(
+            phase=ph.name, index=i, token_budget=ph.tokens, seq_len=ph.seq_len, lr_scale=ph.lr_scale,
+            weights=dict(ph.weights), interpolation=ph.interpolation, buckets=slices,
+            validation={"ok": True, "errors": [], "warnings": []},
+        )
+        write_manifest(root, manifest)
+        manifests.append(manifest)
+    return manifests
+
+
+def _offsets(root: LocalDataRoot, ref: ShardRef) -> np.ndarray:
+    from refinery.shard_format import read_index
+
+    return read_index(root.root / (ref.prefix + ".idx")).offsets
+
+
+def synthetic_config(
+    path: str | Path,
+    data_root: str | Path,
+    buckets: dict[str, SyntheticBucket],
+    phases: list[SyntheticPhase],
+    training: dict[str, Any] | None = None,
+    allow_bucket_exhaustion: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write a config YAML whose curriculum names the synthetic phases; returns its path."""
+    path = Path(path)
+    cfg = {
+        "seed": seed,
+        "data_root": str(data_root),
+        "buckets": sorted(buckets),
+        "sources": [{"name": "synthetic", "path": "none/*.jsonl", "format": "jsonl", "bucket": sorted(buckets)[0]}],
+        "tokenizer": {"vocab_size": 512},
+        "curriculum": {
+            "total_tokens": sum(p.tokens for p in phases),
+            "allow_bucket_exhaustion": allow_bucket_exhaustion,
+            "buckets": {name: {"max_epochs": b.max_epochs} for name, b in sorted(buckets.items())},
+            "phases": [
+                {"name": p.name, "tokens": p.tokens, "weights": p.weights, "seq_len": p.seq_len,
+                 "lr_scale": p.lr_scale, "interpolation": p.interpolation}
+                for p in phases
+            ],
+        },
+        "training": training or {},
+    }
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
