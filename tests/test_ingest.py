@@ -117,6 +117,22 @@ def test_warc_charsets_from_header_and_meta(tmp_path):
     assert out.rejects.height == 0
 
 
+def test_unknown_or_non_text_charset_falls_back_to_utf8(tmp_path):
+    body = HTML.format(t="cs", body="naïve café").encode()
+    path = tmp_path / "odd.warc"
+    write_warc(path, [response("https://c.example/1", body, "text/html; charset=base64"), response("https://c.example/2", body, "text/html; charset=no-such-codec")], compress=False)
+    out = read(path, warc_source())
+    assert out.documents["raw"].to_list() == [body.decode()] * 2
+
+
+def test_gzip_named_file_that_is_plain_warc_reads_cleanly(tmp_path):
+    path = tmp_path / "plain-named.warc.gz"
+    write_warc(path, [response("https://n.example/1", page(1))], compress=False)
+    out = read(path, warc_source())
+    assert out.documents["url"].to_list() == ["https://n.example/1"]
+    assert out.rejects.height == 0
+
+
 def test_warc_binary_payloads_rejected_and_text_kept(tmp_path):
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
     nul = page(3).replace(b"<p>", b"<p>\x00", 1)

@@ -79,9 +79,11 @@ def sniff_charset(payload: bytes, header_charset: str | None) -> str:
     if not name:
         return "utf-8"
     try:
-        return codecs.lookup(name).name
+        info = codecs.lookup(name)
     except LookupError:
         return "utf-8"
+    # bytes-to-bytes codecs (base64, zlib) are found by lookup but cannot decode to str
+    return info.name if getattr(info, "_is_text_encoding", True) else "utf-8"
 
 
 def is_textual(content_type: str, extract: ExtractConfig) -> bool:
@@ -184,6 +186,11 @@ def gzip_damage_offset(path: str, chunk: int = _JSONL_CHUNK) -> int | None:
     return None
 
 
+def _starts_with_gzip_magic(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
 def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
@@ -191,40 +198,43 @@ def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
     wanted = WarcRecordType.response | WarcRecordType.resource
     index = -1
     damage: tuple[int, int, str] | None = None  # (record index, byte offset, what happened)
-    try:
-        for record in ArchiveIterator(path, parse_http=True, fsspec_args=False):
-            index += 1
-            if not record.record_type & wanted:
-                result.count(f"skipped_{record.record_type}")
-                continue
-            headers = record.headers
-            content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
-            content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
-            rec = _Record(
-                index=index,
-                offset=record.stream_pos,
-                url=headers.get("WARC-Target-URI"),
-                fetch_time=headers.get("WARC-Date"),
-                content_type=content_type,
-            )
-            declared = record.content_length
-            if declared > limit:
-                rec.payload_bytes = declared
-                rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
-                rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
-                result.records.append(rec)
-                continue
-            payload = record.reader.read(declared + 1)
-            if len(payload) < declared:
-                damage = (index, record.stream_pos, f"record ends after {len(payload)} of {declared} payload bytes")
-                break
-            binary = None if is_textual(content_type, extract) else f"content type {content_type}"
-            codec = sniff_charset(payload, record.http_charset if record.is_http else None)
-            result.records.append(_text_or_drop(rec, payload, codec, result, binary))
-    except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
-        last = result.records[-1].offset if result.records else 0
-        damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
-    if path.endswith(".gz"):
+    # Given a path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz; a file
+    # object with stream_detect picks it by content.
+    with open(path, "rb") as stream:
+        try:
+            for record in ArchiveIterator(stream, parse_http=True, stream_detect=True):
+                index += 1
+                if not record.record_type & wanted:
+                    result.count(f"skipped_{record.record_type}")
+                    continue
+                headers = record.headers
+                content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
+                content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
+                rec = _Record(
+                    index=index,
+                    offset=record.stream_pos,
+                    url=headers.get("WARC-Target-URI"),
+                    fetch_time=headers.get("WARC-Date"),
+                    content_type=content_type,
+                )
+                declared = record.content_length
+                if declared > limit:
+                    rec.payload_bytes = declared
+                    rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
+                    rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
+                    result.records.append(rec)
+                    continue
+                payload = record.reader.read(declared + 1)
+                if len(payload) < declared:
+                    damage = (index, record.stream_pos, f"record ends after {len(payload)} of {declared} payload bytes")
+                    break
+                binary = None if is_textual(content_type, extract) else f"content type {content_type}"
+                codec = sniff_charset(payload, record.http_charset if record.is_http else None)
+                result.records.append(_text_or_drop(rec, payload, codec, result, binary))
+        except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
+            last = result.records[-1].offset if result.records else 0
+            damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
+    if _starts_with_gzip_magic(path):
         # FastWARC ends quietly at a cut-short gzip member; the member's offset is the exact place
         offset = gzip_damage_offset(path)
         if offset is not None:
