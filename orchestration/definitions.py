@@ -19,6 +19,7 @@ ASSET_MODULES: list[str] = [
     "assets.curriculum",
     "assets.quality",
     "assets.tokens",
+    "assets.dedup",
 ]
 
 

@@ -231,7 +231,8 @@ def signature_table(docs: pl.DataFrame, shard_ordinal: int, settings: DedupSetti
         "hash_lo": pl.Series(lo, dtype=pl.UInt64),
         "near": pl.Series(near, dtype=pl.Boolean),
         "sig": pl.Series(sigs, dtype=pl.Array(pl.UInt32, settings.num_perm)),
-        "bottom": pl.Series(bottoms, dtype=pl.List(pl.UInt32)),
+        # Polars builds an Array column when every sketch has the same length, whatever the dtype says.
+        "bottom": pl.Series(bottoms, dtype=pl.List(pl.UInt32)).cast(pl.List(pl.UInt32)),
     }
     for band in range(settings.bands):
         columns[band_column(band)] = pl.Series(bands[:, band], dtype=pl.UInt64)

@@ -1,0 +1,227 @@
+"""The dedup assets under Dagster: the partitioned graph end to end on hand-made tables, byte
+-identical re-runs, bad input, and the sample's planted duplicates through the real funnel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from refinery.config import load_config
+from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
+from refinery.storage import LocalDataRoot, sha256_file
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = [f"lexeme{i}" for i in range(5000)]
+
+
+def text_of(seed: int, n: int = 120) -> str:
+    return " ".join(WORDS[(seed * 7919 + i * 104729) % len(WORDS)] for i in range(n))
+
+
+def edited(text: str, positions: list[int]) -> str:
+    words = text.split()
+    for p in positions:
+        words[p] = "edited"
+    return " ".join(words)
+
+
+# Shard contents by (source, file). wiki is declared first, so its copies survive.
+BASE_A, BASE_B = text_of(1), text_of(2)
+CORPUS = {
+    ("wiki", "a"): [BASE_A, text_of(3), None, "too short"],
+    ("wiki", "b"): [],
+    ("web", "a"): [text_of(4), "  " + BASE_A.upper() + "\n", edited(BASE_B, [60]), text_of(5)],
+    ("web", "b"): [BASE_B, edited(BASE_B, [30]), "Too   SHORT", text_of(6), BASE_A],
+}
+
+
+def write_corpus(tmp: Path, name: str = "run", extra: dict | None = None) -> Path:
+    """A config whose input files exist (empty: only their names matter) and hand-made
+    heuristic_filtered tables for them. Returns the config path."""
+    base = tmp / name
+    for source, file in CORPUS:
+        (base / "in" / source).mkdir(parents=True, exist_ok=True)
+        (base / "in" / source / f"{file}.jsonl").write_text("")
+    config = {
+        "data_root": "out",
+        "buckets": ["web", "wiki"],
+        "sources": [
+            {"name": "wiki", "path": "in/wiki/*.jsonl", "format": "jsonl", "bucket": "wiki"},
+            {"name": "web", "path": "in/web/*.jsonl", "format": "jsonl", "bucket": "web"},
+        ],
+        "stages": {"exact_dedup": {"hash_ranges": 2}, "near_dedup": {"bands": 4, "rows": 8}, **(extra or {})},
+    }
+    path = base / "refinery.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cfg = load_config(path)
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    for shard in input_shards(cfg):
+        texts = CORPUS[(shard.source, Path(shard.path).stem)]
+        n = len(texts)
+        table = pl.DataFrame(
+            {
+                "doc_id": [make_doc_id(shard.key, i) for i in range(n)], "url": [f"https://{shard.key}.example/{i}" for i in range(n)],
+                "source": [shard.source] * n, "bucket": [shard.bucket] * n, "file": [shard.path] * n,
+                "record_index": list(range(n)), "record_offset": [100 * i for i in range(n)],
+                "fetch_time": ["2026-01-01T00:00:00Z"] * n, "content_type": ["text/plain"] * n, "text": texts,
+                "language": ["en"] * n, "language_score": [0.99] * n,
+            },
+            schema={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String, "language_score": pl.Float64},
+        )
+        root.write_parquet(documents_key("heuristic_filtered", shard.key), table)
+    return path
+
+
+def materialize_dedup(config_path: Path) -> None:
+    import dagster as dg
+
+    from assets import dedup
+    from assets.partitions import Partitions
+    from orchestration.demo import materialize_graph
+    from orchestration.resources import build_resources
+
+    cfg = load_config(config_path)
+    defs = dg.Definitions.merge(
+        dedup.build_definitions(cfg, Partitions.from_config(cfg)),
+        dg.Definitions(resources=build_resources(str(config_path))),
+    )
+    materialize_graph(defs, dg.DagsterInstance.ephemeral(), log=lambda _: None)
+
+
+def outputs(root: Path) -> dict[str, str]:
+    """sha256 of every file the dedup graph wrote; stats files without their wall time."""
+    hashes = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if not path.is_file() or rel.startswith("documents/heuristic_filtered"):
+            continue
+        if rel.startswith("stats/"):
+            stats = json.loads(path.read_text())
+            stats.pop("wall_s")
+            hashes[rel] = json.dumps(stats, sort_keys=True)
+        else:
+            hashes[rel] = sha256_file(path)
+    return hashes
+
+
+@pytest.fixture(scope="module")
+def dedup_run(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """Materialize the graph, record every output's hash, delete the outputs, run it again."""
+    config = write_corpus(tmp_path_factory.mktemp("dedup"))
+    root = config.parent / "out"
+    materialize_dedup(config)
+    first = outputs(root)
+    for folder in ("dedup", "documents/deduped", "rejects", "stats"):
+        shutil.rmtree(root / folder)
+    materialize_dedup(config)
+    return root, first, outputs(root)
+
+
+def read(root: Path, key: str) -> pl.DataFrame:
+    return pl.read_parquet(root / key)
+
+
+def test_graph_removes_exact_and_near_duplicates_keeping_the_first_in_config_order(dedup_run):
+    root = dedup_run[0]
+    kept = {shard: read(root, f"documents/deduped/{shard}.parquet") for shard in ("wiki-a", "wiki-b", "web-a", "web-b")}
+    assert kept["wiki-a"]["doc_id"].to_list() == ["wiki-a/0000000", "wiki-a/0000001", "wiki-a/0000003"]
+    assert kept["wiki-b"].height == 0
+    assert kept["web-a"]["doc_id"].to_list() == ["web-a/0000000", "web-a/0000002", "web-a/0000003"]
+    assert kept["web-b"]["doc_id"].to_list() == ["web-b/0000003"]
+    # The BASE_B cluster (web-b/0, its edit web-b/1, its edit web-a/2) keeps web-a/2: web-a sorts first.
+    assert kept["web-a"]["dup_cluster"].to_list() == [None, "web-a/0000002", None]
+    assert kept["web-a"]["dup_cluster_size"].to_list() == [1, 3, 1]
+    assert kept["wiki-a"]["dup_cluster"].to_list() == [None, None, None]
+    assert kept["wiki-a"]["dup_cluster_size"].to_list() == [1, 1, 1]
+    assert kept["web-a"].columns[-2:] == ["dup_cluster", "dup_cluster_size"]
+
+
+def test_rejects_say_why_and_of_what(dedup_run):
+    root = dedup_run[0]
+    rows = {}
+    for shard in ("wiki-a", "web-a", "web-b"):
+        rows.update({r[0]: r[1:] for r in read(root, f"rejects/deduped/{shard}.parquet")
+                     .select("doc_id", "stage", "rule", "detail").iter_rows()})
+    cluster = "web-a/0000002"  # the smallest doc_key of the BASE_B cluster: web-a comes before web-b
+    assert rows == {
+        "wiki-a/0000002": ("exact_dedup", "exact_dedup/null_text", "text is null"),
+        "web-a/0000001": ("exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000000"),
+        "web-b/0000004": ("exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000000"),
+        "web-b/0000002": ("exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000003"),
+        "web-b/0000000": ("near_dedup", "near_dedup/duplicate", f"duplicate of {cluster}; cluster {cluster} of 3 documents"),
+        "web-b/0000001": ("near_dedup", "near_dedup/duplicate", f"duplicate of {cluster}; cluster {cluster} of 3 documents"),
+    }
+
+
+def test_two_funnel_stages_of_stats(dedup_run):
+    root = dedup_run[0]
+    exact = json.loads((root / "stats/exact_deduped/web-b.json").read_text())
+    near = json.loads((root / "stats/near_deduped/web-b.json").read_text())
+    assert (exact["docs_in"], exact["docs_out"], exact["dropped"]) == (5, 3, {"exact_dedup/duplicate": 2})
+    assert (near["docs_in"], near["docs_out"], near["dropped"]) == (3, 1, {"near_dedup/duplicate": 2})
+    empty = json.loads((root / "stats/near_deduped/wiki-b.json").read_text())
+    assert (empty["docs_in"], empty["docs_out"]) == (0, 0)
+
+
+def test_rerun_gives_identical_bytes(dedup_run):
+    _, a, b = dedup_run
+    assert set(a) == set(b)
+    assert len([k for k in a if k.startswith("dedup/near/edges/")]) == 4
+    assert len([k for k in a if k.startswith("dedup/exact/")]) == 2
+    assert len([k for k in a if k.startswith("documents/deduped/")]) == 4
+    assert a == b
+
+
+def test_metadata_of_the_dedup_assets(dedup_run):
+    import dagster as dg
+
+    from assets import dedup
+    from assets.partitions import Partitions
+    from orchestration.resources import build_resources
+
+    config = dedup_run[0].parent / "refinery.yaml"
+    cfg = load_config(config)
+    defs = dedup.build_definitions(cfg, Partitions.from_config(cfg))
+    by_name = {a.key.to_user_string(): a for a in defs.assets}
+    result = dg.materialize([by_name["deduped"]], partition_key="web-b", resources=build_resources(str(config)))
+    md = result.asset_materializations_for_node("deduped")[0].metadata
+    assert {"docs_in", "docs_out", "retention", "removed_by_rule", "config", "code_version", "content_hashes"} <= set(md)
+    assert md["docs_out"].value == 1
+    result = dg.materialize([by_name["near_dup_clusters"]], resources=build_resources(str(config)))
+    md = result.asset_materializations_for_node("near_dup_clusters")[0].metadata
+    assert md["clusters"].value == 1 and md["to_remove"].value == 2
+
+
+def test_global_steps_before_signatures_say_what_to_run(tmp_path):
+    from assets import dedup
+
+    cfg = load_config(write_corpus(tmp_path))
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    with pytest.raises(FileNotFoundError, match="dedup_signatures"):
+        dedup.compute_exact_range(cfg, root, "r00-of-02")
+
+
+def test_no_input_files_gives_empty_decisions(tmp_path):
+    from assets import dedup
+    from assets.stages import near_dedup as nd
+
+    (tmp_path / "refinery.yaml").write_text(yaml.safe_dump({
+        "data_root": "out", "buckets": ["web"],
+        "sources": [{"name": "web", "path": "missing/*.jsonl", "format": "jsonl", "bucket": "web"}],
+    }))
+    cfg = load_config(tmp_path / "refinery.yaml")
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    drops, docs, _ = dedup.compute_exact_range(cfg, root, "r00-of-04")
+    assert (drops.height, docs) == (0, 0)
+    for r in ("r01-of-04", "r02-of-04", "r03-of-04"):
+        dedup.compute_exact_range(cfg, root, r)
+    for band in nd.band_keys(nd.DedupSettings.from_config(cfg).bands):
+        edges, counts, _ = dedup.compute_band_edges(cfg, root, band)
+        assert edges.height == 0 and counts["docs"] == 0
+    table, _ = dedup.compute_clusters(cfg, root)
+    assert table.height == 0 and table.columns == ["doc_key", "keeper_key", "keeper_doc_id", "cluster_size"]
