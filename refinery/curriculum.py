@@ -456,7 +456,8 @@ def _check_structure(cfg: RefineryConfig, errors: list[Finding]) -> None:
     for i, p in enumerate(cur.phases):
         where = f"curriculum.phases[{i}]"
         if (p.share is None) == (p.tokens is None):
-            errors.append(Finding(where, f"phase {p.name!r} gives {'both' if p.share else 'neither'} `share` and `tokens`; give exactly one"))
+            what = "both `share` and `tokens`" if p.share is not None else "neither `share` nor `tokens`"
+            errors.append(Finding(where, f"phase {p.name!r} gives {what}; give exactly one"))
         for b, w in p.weights.items():
             if b not in known:
                 errors.append(

@@ -313,3 +313,14 @@ def test_select_top_quality_keeps_documents_at_or_above_cutoff():
     assert sel.entry_ids.tolist() == [0, 1, 2, 3]
     assert (sel.documents, sel.tokens) == (3, 65)
     assert select_top_quality(inv, 1.0).entry_ids.tolist() == [0, 1, 2, 3, 4]  # never the unscored document
+
+
+def test_error_phase_with_both_or_neither_duration():
+    cur = small_curriculum()
+    cur["phases"][0]["tokens"] = 3072
+    del cur["phases"][1]["share"]
+    report = validate(make_cfg(cur, buckets=["web", "math"]))
+    assert messages(report) == [
+        "curriculum.phases[0]: phase 'main' gives both `share` and `tokens`; give exactly one",
+        "curriculum.phases[1]: phase 'anneal' gives neither `share` nor `tokens`; give exactly one",
+    ]

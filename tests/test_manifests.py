@@ -2,7 +2,6 @@
 validation check, and bad input. Final shards are written here in shuffled_shards' layout
 (shards/final/<bucket>/shard-NNNNN.* + entries.parquet + index.json) with ShardWriter."""
 
-import json
 import math
 
 import numpy as np
@@ -19,7 +18,7 @@ from refinery.curriculum import (
     validate_data_root,
 )
 from refinery.manifest import ManifestError, read_manifest, read_selection, write_manifest
-from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter, shard_hashes
+from refinery.shard_format import ShardReader, ShardWriter, shard_hashes
 from refinery.storage import LocalDataRoot
 
 DOCS_PER_BUCKET = {"web": 40, "math": 20}
