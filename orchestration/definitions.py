@@ -15,6 +15,7 @@ from refinery.config import load_config
 
 # Modules under assets/ that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
 ASSET_MODULES: list[str] = [
+    "assets.funnel",
     "assets.contamination",
     "assets.curriculum",
     "assets.quality",

@@ -1,0 +1,241 @@
+"""The four funnel assets materialized with Dagster, in-process: on a tiny hand-made corpus (fast),
+and on every input shard of the bundled sample against its ground truth (slow)."""
+
+import json
+import random
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+import yaml
+
+from assets.partitions import Partitions
+from orchestration.resources import RefineryResource
+from refinery.config import load_config
+from refinery.documents import documents_key, input_shards, make_doc_id, rejects_key, stats_key
+from refinery.storage import LocalDataRoot
+from refinery.synth import gzip_member, http_response, warc_record
+
+REPO = Path(__file__).resolve().parents[1]
+FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
+PROVENANCE_KEYS = {
+    "docs_in", "docs_out", "retention", "bytes_in", "bytes_out", "byte_retention", "removed_by_rule",
+    "wall_s", "docs_per_s", "config", "code_version", "content_hashes", "sample_rows",
+}
+
+PROSE = (
+    "The harbour town wakes slowly when the fishing boats return with the morning tide. "
+    "Traders set out their stalls along the quay and argue about the price of fresh mackerel. "
+    "Children run between the nets while their parents count the catch and mend the torn ropes. "
+    "By noon the market is loud with voices, and the smell of salt and smoke drifts over the water. "
+    "Visitors who come for a single day often stay for a week, charmed by the narrow streets. "
+    "In the evening the lamps are lit and the old sailors tell stories that grow longer every year."
+)
+FRENCH = (
+    "La ville portuaire se réveille lentement quand les bateaux de pêche rentrent avec la marée du matin. "
+    "Les marchands installent leurs étals le long du quai et discutent du prix du maquereau frais. "
+) * 3
+
+
+def page(body: str) -> bytes:
+    return (
+        "<html><head><title>Harbour</title></head><body><nav><a href='/'>Home</a></nav>"
+        f"<article><p>{body}</p></article><footer>Footer links</footer></body></html>"
+    ).encode()
+
+
+def write_corpus(tmp_path: Path) -> Path:
+    rng = random.Random(0)
+    responses = [
+        ("https://harbour.example/a", page(PROSE), "text/html; charset=utf-8"),
+        ("https://harbour.example/fr", page(FRENCH), "text/html; charset=utf-8"),
+        ("https://spam.example/win", page(PROSE), "text/html"),
+        ("https://harbour.example/short", page(PROSE[:160]), "text/html"),
+        ("https://harbour.example/logo.png", b"\x89PNG\r\n\x1a\n\x00\x00binary", "image/png"),
+        ("https://harbour.example/data.json", b'{"a": 1}', "application/json"),
+    ]
+    records = [
+        warc_record("response", url, http_response(body, ct, rng), rng, "application/http; msgtype=response")
+        for url, body, ct in responses
+    ]
+    (tmp_path / "web").mkdir()
+    (tmp_path / "web" / "crawl-0.warc.gz").write_bytes(b"".join(gzip_member(r) for r in records))
+    (tmp_path / "code").mkdir()
+    lines = [json.dumps({"text": "def f(x):\n    return {x: x}\n", "url": "https://code.example/f.py"}),
+             "{not json", json.dumps({"text": "print('hi')\n"})]
+    (tmp_path / "code" / "lib-0.jsonl").write_text("\n".join(lines) + "\n")
+    config = {
+        "seed": 1,
+        "data_root": "out",
+        "buckets": ["web", "code"],
+        "sources": [
+            {"name": "web", "path": "web/*.warc.gz", "format": "warc", "bucket": "web"},
+            {"name": "code", "path": "code/*.jsonl", "format": "jsonl", "bucket": "code",
+             "skip": ["language", "heuristic"]},
+        ],
+        "stages": {"heuristic": {"url_blocklist": ["spam.example"]}},
+    }
+    path = tmp_path / "refinery.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def funnel_assets(config_path: Path) -> list[dg.AssetsDefinition]:
+    from assets.funnel import build_definitions
+
+    cfg = load_config(config_path)
+    defs = build_definitions(cfg, Partitions.from_config(cfg))
+    return list(defs.assets)
+
+
+def materialize_shard(assets, config_path: Path, key: str) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        assets, resources={"refinery": RefineryResource(config_path=str(config_path))}, partition_key=key
+    )
+
+
+def metadata_by_asset(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
+    return {
+        e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()
+    }
+
+
+def test_definitions_from_the_demo_config_have_the_funnel_assets():
+    from orchestration.definitions import build_definitions
+
+    defs = build_definitions(str(REPO / "configs" / "demo.yaml"))
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert set(FUNNEL) <= keys
+    graph = defs.resolve_asset_graph()
+    for upstream, name in zip(FUNNEL, FUNNEL[1:]):
+        assert dg.AssetKey(upstream) in graph.get(dg.AssetKey(name)).parent_keys
+        assert graph.get(dg.AssetKey(name)).group_name == "funnel"
+
+
+def test_funnel_assets_on_a_tiny_corpus(tmp_path):
+    config_path = write_corpus(tmp_path)
+    cfg = load_config(config_path)
+    root = LocalDataRoot(tmp_path / "out")
+    assets = funnel_assets(config_path)
+    keys = [s.key for s in input_shards(cfg)]
+    assert keys == ["web-crawl-0", "code-lib-0"]
+    metadata = {key: metadata_by_asset(materialize_shard(assets, config_path, key)) for key in keys}
+
+    for key in keys:
+        assert set(metadata[key]) == set(FUNNEL)
+        for name in FUNNEL:
+            md = metadata[key][name]
+            assert PROVENANCE_KEYS <= set(md), f"{name}[{key}] lacks {PROVENANCE_KEYS - set(md)}"
+            hashes = md["content_hashes"].data
+            assert hashes[documents_key(name, key)] == root.sha256(documents_key(name, key))
+            assert root.exists(rejects_key(name, key)) and root.exists(stats_key(name, key))
+
+    web = {name: root.read_parquet(documents_key(name, "web-crawl-0")) for name in FUNNEL}
+    assert web["raw_documents"].height == 5  # the PNG is an ingest reject
+    assert web["extracted_text"].height == 4  # application/json is not extracted
+    assert "raw" not in web["extracted_text"].columns
+    assert web["language_filtered"]["language"].to_list() == ["en", "en", "en"]
+    assert web["heuristic_filtered"]["url"].to_list() == ["https://harbour.example/a"]
+    assert "Footer links" not in web["heuristic_filtered"]["text"][0]
+
+    rejects = pl.concat([root.read_parquet(rejects_key(name, "web-crawl-0")) for name in FUNNEL])
+    assert dict(zip(rejects["url"], rejects["rule"])) == {
+        "https://harbour.example/logo.png": "ingest/binary_payload",
+        "https://harbour.example/data.json": "extract/unsupported_content_type",
+        "https://harbour.example/fr": "language/unwanted_language",
+        "https://spam.example/win": "url/blocklisted_domain",
+        "https://harbour.example/short": "gopher_quality/min_words",
+    }
+    md = metadata["web-crawl-0"]["heuristic_filtered"]
+    assert (md["docs_in"].value, md["docs_out"].value) == (3, 1)
+    assert md["removed_by_rule"].data == {"url/blocklisted_domain": 1, "gopher_quality/min_words": 1}
+
+    # The code source skips language and heuristics: everything extracted passes, columns stay the same.
+    code = {name: root.read_parquet(documents_key(name, "code-lib-0")) for name in FUNNEL}
+    assert code["raw_documents"].height == 2  # the bad JSON line is an ingest reject
+    assert code["heuristic_filtered"].height == 2
+    assert code["language_filtered"]["language"].null_count() == 2
+    assert code["language_filtered"].columns == web["language_filtered"].columns
+    assert metadata["code-lib-0"]["heuristic_filtered"]["counters"].data == {"skipped_by_source": 2}
+
+
+def test_rematerializing_gives_byte_identical_outputs(tmp_path):
+    config_path = write_corpus(tmp_path)
+    root = LocalDataRoot(tmp_path / "out")
+    assets = funnel_assets(config_path)
+    materialize_shard(assets, config_path, "web-crawl-0")
+    first = {k: root.sha256(k) for k in root.list("documents") + root.list("rejects")}
+    materialize_shard(assets, config_path, "web-crawl-0")
+    assert {k: root.sha256(k) for k in root.list("documents") + root.list("rejects")} == first
+
+
+def test_missing_upstream_fails_clearly_and_writes_nothing(tmp_path):
+    config_path = write_corpus(tmp_path)
+    assets = {a.key.to_user_string(): a for a in funnel_assets(config_path)}
+    with pytest.raises(Exception, match="materialize the asset that writes it first"):
+        materialize_shard([assets["extracted_text"]], config_path, "web-crawl-0")
+    assert not (tmp_path / "out" / "documents" / "extracted_text").exists()
+
+
+# ---- the bundled sample ------------------------------------------------------------------------------
+
+
+def sample_config(tmp_path: Path) -> Path:
+    """configs/demo.yaml with absolute source paths and the data root in tmp_path."""
+    demo = REPO / "configs" / "demo.yaml"
+    data = yaml.safe_load(demo.read_text())
+    for src in data["sources"]:
+        src["path"] = str((demo.parent / src["path"]).resolve())
+    data["data_root"] = str(tmp_path / "out")
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.slow
+def test_funnel_on_the_sample_meets_the_ground_truth(tmp_path):
+    truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
+    config_path = sample_config(tmp_path)
+    cfg = load_config(config_path)
+    root = LocalDataRoot(tmp_path / "out")
+    assets = funnel_assets(config_path)
+    for shard in input_shards(cfg):
+        result = materialize_shard(assets, config_path, shard.key)
+        assert result.success
+        for name, md in metadata_by_asset(result).items():
+            assert PROVENANCE_KEYS <= set(md), f"{name}[{shard.key}]"
+
+    def table(kind: str, stage: str) -> pl.DataFrame:
+        return pl.concat(root.read_parquet(k) for k in root.list(f"{kind}/{stage}"))
+
+    rejects = pl.concat(table("rejects", name) for name in FUNNEL)
+    assert rejects["rule"].null_count() == 0 and rejects["stage"].null_count() == 0
+
+    # every bad record is a rejection with its reason, counted in the stats
+    sample_dir = REPO / "data" / "sample"
+    partition = {str(Path(s.path).relative_to(sample_dir)): s.key for s in input_shards(cfg)}
+    rejected = {(r["doc_id"], r["rule"]) for r in rejects.iter_rows(named=True)}
+    for bad in truth["bad_records"]:
+        assert (make_doc_id(partition[bad["file"]], bad["record_index"]), bad["rule"]) in rejected, bad
+    for name in FUNNEL:
+        counted = sum(sum(root.read_json(k)["dropped"].values()) for k in root.list(f"stats/{name}"))
+        assert counted == table("rejects", name).height, name
+
+    # language ID on documents of known language (predictions on every extracted document)
+    extracted = table("documents", "extracted_text")
+    from assets.stages.language import load_language_model
+
+    model = load_language_model(None)
+    known = extracted.filter(pl.col("url").is_in(list(truth["languages"])))
+    correct = sum(model.predict(t)[0] == truth["languages"][u] for u, t in zip(known["url"], known["text"]))
+    assert known.height >= 0.9 * len(truth["languages"])
+    assert correct / known.height >= 0.98
+
+    # planted spam removed; no clean document removed by the heuristics
+    survivors = set(table("documents", "heuristic_filtered")["url"].drop_nulls())
+    spam = [s["url"] for s in truth["spam"]]
+    assert sum(u not in survivors for u in spam) / len(spam) >= 0.95
+    heuristic_rejects = table("rejects", "heuristic_filtered")
+    clean_removed = heuristic_rejects.filter(pl.col("url").is_in(truth["clean"]))
+    assert clean_removed.select("url", "rule", "value").to_dicts() == []
