@@ -156,12 +156,19 @@ def _text_or_drop(
 # --------------------------------------------------------------------------------------------------
 
 
-def gzip_damage_offset(path: str, chunk: int = _JSONL_CHUNK) -> int | None:
-    """The byte offset of the first gzip member that is cut short or corrupt, or None if every
-    member is whole. FastWARC stops silently at a truncated member, so this is how we notice."""
+_GZIP_MAGIC = b"\x1f\x8b"
+# Small reads keep the copy of a finished member's unused input cheap on per-record gzip files.
+_GZIP_CHECK_CHUNK = 64 * 1024
+
+
+def gzip_damage_offset(path: str, start: int = 0, chunk: int = _GZIP_CHECK_CHUNK) -> int | None:
+    """The byte offset of the first gzip member at or after `start` (a member boundary) that is cut
+    short or corrupt, or None if every member is whole. FastWARC stops silently at a truncated
+    member, so this is how we notice."""
     with open(path, "rb") as f:
-        member_start = 0
-        consumed = 0  # compressed bytes fed to finished members and the current one
+        f.seek(start)
+        member_start = start
+        consumed = start  # compressed bytes fed to finished members and the current one
         d = zlib.decompressobj(wbits=31)
         pending = b""
         while True:
@@ -186,9 +193,10 @@ def gzip_damage_offset(path: str, chunk: int = _JSONL_CHUNK) -> int | None:
     return None
 
 
-def _starts_with_gzip_magic(path: str) -> bool:
+def _is_gzip_member_start(path: str, offset: int) -> bool:
     with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+        f.seek(offset)
+        return f.read(2) == _GZIP_MAGIC
 
 
 def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
@@ -198,12 +206,14 @@ def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
     wanted = WarcRecordType.response | WarcRecordType.resource
     index = -1
     damage: tuple[int, int, str] | None = None  # (record index, byte offset, what happened)
+    last_pos = 0
     # Given a path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz; a file
     # object with stream_detect picks it by content.
     with open(path, "rb") as stream:
         try:
             for record in ArchiveIterator(stream, parse_http=True, stream_detect=True):
                 index += 1
+                last_pos = record.stream_pos
                 if not record.record_type & wanted:
                     result.count(f"skipped_{record.record_type}")
                     continue
@@ -234,9 +244,13 @@ def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
         except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
             last = result.records[-1].offset if result.records else 0
             damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
-    if _starts_with_gzip_magic(path):
-        # FastWARC ends quietly at a cut-short gzip member; the member's offset is the exact place
-        offset = gzip_damage_offset(path)
+    if _is_gzip_member_start(path, 0):
+        # FastWARC ends quietly at a cut-short gzip member; the member's offset is the exact place.
+        # Members before the last record read are whole, so on a per-record gzip WARC only the
+        # tail is checked; a single-member file (positions inside it are not boundaries) is
+        # checked whole.
+        start = last_pos if _is_gzip_member_start(path, last_pos) else 0
+        offset = gzip_damage_offset(path, start)
         if offset is not None:
             at = damage[0] if damage is not None else index + 1
             damage = (at, offset, "gzip member cut short or corrupt")
