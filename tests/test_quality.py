@@ -101,6 +101,14 @@ def test_max_docs_per_class_caps_each_class():
     assert report.train_negative + report.holdout_by_bucket["web"] == 50
 
 
+def test_holdout_leaves_every_class_something_to_train_on():
+    labels = np.array([1, 0, 0, 1, 1, 1])
+    keys = np.array([0.9, 0.5, 0.1, 0.3, 0.2, 0.8])
+    assert q.split_holdout(labels, keys, 0.5).tolist() == [False, False, True, True, True, False]
+    assert q.split_holdout(labels, keys, 0.99).tolist() == [False, False, True, True, True, True]
+    assert q.split_holdout(np.array([1, 0]), np.array([0.1, 0.2]), 0.5).tolist() == [False, False]
+
+
 @pytest.mark.parametrize("positive,negative,field", [(["code"], ["web"], "positive_buckets"),
                                                      (["wiki"], ["math"], "negative_buckets")])
 def test_no_documents_for_a_class_names_the_config_field(positive, negative, field):

@@ -234,10 +234,9 @@ class QualityModel:
 
 def doc_hash_fraction(doc_ids: pl.Series, seed: int) -> np.ndarray:
     """A uniform number in [0, 1) per doc_id, fixed by the id and the seed alone."""
-    salt = str(seed).encode()
     return np.fromiter(
         (
-            int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8, salt=salt[:16]).digest(), "little") / 2**64
+            int.from_bytes(hashlib.blake2b(f"{seed}:{d}".encode(), digest_size=8).digest(), "little") / 2**64
             for d in doc_ids
         ),
         dtype=np.float64,
@@ -252,8 +251,7 @@ def split_holdout(labels: np.ndarray, keys: np.ndarray, fraction: float) -> np.n
     for cls in (0, 1):
         rows = np.flatnonzero(labels == cls)
         n = len(rows)
-        take = max(1, round(fraction * n)) if n >= 2 else 0
-        take = min(take, n - 1) if n >= 2 else 0
+        take = min(max(1, round(fraction * n)), n - 1) if n >= 2 else 0
         holdout[rows[np.argsort(keys[rows], kind="stable")[:take]]] = True
     return holdout
 
