@@ -256,6 +256,10 @@ class ShardsConfig(Section):
 
 
 class BucketPolicy(Section):
+    """How often a bucket may be read. `max_epochs` is OLMo-core's max repetition ratio: inventory
+    is the bucket's tokens times it. Default 1 (no repetition, the SPEC's default); small curated
+    buckets usually allow more (math runs ~10 epochs in seed 000)."""
+
     max_epochs: float = Field(default=1.0, gt=0.0)
 
 
@@ -274,6 +278,11 @@ class PhaseConfig(Section):
 
 
 class CurriculumConfig(Section):
+    """Ordered phases over a token budget (seed 000). `temperature` flattens (>1) or sharpens (<1)
+    every phase's weights, p_i ∝ w_i^(1/T) (seed 001; 1.0 uses them as given). Exhaustion and
+    budget mismatch are blocking validation errors unless allowed (seed 003's flags). Checked by
+    `refinery.curriculum.validate`; see docs/curriculum.md."""
+
     total_tokens: int = Field(gt=0)
     temperature: float = Field(default=1.0, gt=0.0)
     allow_bucket_exhaustion: bool = False
