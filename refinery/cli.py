@@ -18,6 +18,7 @@ COMMAND_MODULES: list[str] = [
     "orchestration.demo",
     "refinery.scan",
     "refinery.lineage",
+    "refinery.funnel_report",
     "refinery.validate",
     "training.cli",
 ]

@@ -1,0 +1,237 @@
+"""`refinery funnel`: retention of every materialized funnel stage, overall and per bucket, and the
+raw-input budget that retention implies.
+
+Stages are whatever folders exist under `stats/` in the data root, in funnel order (FUNNEL_ORDER;
+stages it does not name come last, alphabetically), each the merge of its partitions' stats files.
+The budget is seed 002's `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes per token, and r_j
+each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from assets.stages.base import StageStats
+from refinery.config import load_config
+from refinery.storage import DataRoot, open_data_root
+
+# The funnel's stages in the order documents flow; later stages from other assets go here too.
+FUNNEL_ORDER = (
+    "raw_documents",
+    "extracted_text",
+    "language_filtered",
+    "heuristic_filtered",
+    "exact_deduped",
+    "near_deduped",
+    "deduped",
+    "quality_scored",
+    "pii_redacted",
+)
+DEFAULT_TARGET_TOKENS = 1_000_000_000
+TOP_REASONS = 5
+
+
+class NothingMaterialized(RuntimeError):
+    pass
+
+
+@dataclass
+class StageTotals:
+    """A stage's stats merged over its materialized partitions."""
+
+    stats: StageStats
+    partitions: int
+
+
+def stage_order(names: list[str]) -> list[str]:
+    known = [n for n in FUNNEL_ORDER if n in names]
+    return known + sorted(n for n in names if n not in FUNNEL_ORDER)
+
+
+def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
+    """Every stage under stats/, merged over partitions, in funnel order."""
+    by_stage: dict[str, list[str]] = {}
+    for key in root.list("stats"):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2].endswith(".json"):
+            by_stage.setdefault(parts[1], []).append(key)
+    totals: dict[str, StageTotals] = {}
+    for stage in stage_order(list(by_stage)):
+        merged = StageStats(stage=stage)
+        for key in by_stage[stage]:
+            merged = merged + StageStats.from_dict(root.read_json(key))
+        totals[stage] = StageTotals(merged, len(by_stage[stage]))
+    return totals
+
+
+def _ratio(out: int, inp: int) -> float:
+    return out / inp if inp else 1.0
+
+
+def build_report(totals: dict[str, StageTotals], target_tokens: int, bytes_per_token: float) -> dict[str, Any]:
+    """The funnel as a plain dict: per-stage rows, per-bucket rows, overall retention and budget."""
+    stages = []
+    doc_product = byte_product = 1.0
+    buckets: dict[str, dict[str, Any]] = {}
+    for name, t in totals.items():
+        s = t.stats
+        doc_product *= s.retention
+        byte_product *= s.byte_retention
+        stages.append(
+            {
+                "stage": name,
+                "partitions": t.partitions,
+                "docs_in": s.docs_in,
+                "docs_out": s.docs_out,
+                "retention": round(s.retention, 6),
+                "bytes_in": s.bytes_in,
+                "bytes_out": s.bytes_out,
+                "byte_retention": round(s.byte_retention, 6),
+                "wall_s": round(s.wall_s, 3),
+                "top_reasons": dict(s.dropped.most_common(TOP_REASONS)),
+            }
+        )
+        for bucket, c in sorted(s.by_bucket.items()):
+            b = buckets.setdefault(bucket, {"stages": {}, "retention": 1.0, "byte_retention": 1.0})
+            r, br = _ratio(c.docs_out, c.docs_in), _ratio(c.bytes_out, c.bytes_in)
+            b["stages"][name] = {
+                "docs_in": c.docs_in,
+                "docs_out": c.docs_out,
+                "retention": round(r, 6),
+                "byte_retention": round(br, 6),
+            }
+            b["retention"] *= r
+            b["byte_retention"] *= br
+    for b in buckets.values():
+        b["raw_bytes_per_token"] = _budget(1, bytes_per_token, b["byte_retention"])
+        b["retention"] = round(b["retention"], 6)
+        b["byte_retention"] = round(b["byte_retention"], 6)
+    return {
+        "stages": stages,
+        "buckets": buckets,
+        "overall": {"retention": round(doc_product, 6), "byte_retention": round(byte_product, 6)},
+        "budget": {
+            "target_tokens": target_tokens,
+            "bytes_per_token": bytes_per_token,
+            "byte_retention": round(byte_product, 6),
+            "raw_input_bytes": _budget(target_tokens, bytes_per_token, byte_product),
+            "formula": "B0 = N * b_t / prod(r_j)",
+        },
+    }
+
+
+def _budget(tokens: int, bytes_per_token: float, retention: float) -> float | None:
+    """None when nothing survives: no finite amount of raw input would do."""
+    return tokens * bytes_per_token / retention if retention > 0 else None
+
+
+def _human_bytes(n: float | None) -> str:
+    if n is None:
+        return "unbounded (nothing survives)"
+    units = ["B", "KB", "MB", "GB", "TB", "PB", "EB"]
+    i = min(len(units) - 1, int(math.log(max(n, 1), 1000)))
+    return f"{n / 1000**i:,.2f} {units[i]}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def line(cells: list[str]) -> str:
+        # first column (a name) left-aligned, numbers right-aligned
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def format_report(report: dict[str, Any]) -> str:
+    rows = [
+        [
+            s["stage"],
+            str(s["partitions"]),
+            f"{s['docs_in']:,}",
+            f"{s['docs_out']:,}",
+            f"{s['retention']:.1%}",
+            _human_bytes(s["bytes_in"]),
+            _human_bytes(s["bytes_out"]),
+            f"{s['byte_retention']:.1%}",
+        ]
+        for s in report["stages"]
+    ]
+    out = ["Funnel", _table(["stage", "parts", "docs in", "docs out", "kept", "bytes in", "bytes out", "bytes kept"], rows)]
+    reasons = [
+        f"  {s['stage']}: " + ", ".join(f"{r} {n:,}" for r, n in s["top_reasons"].items())
+        for s in report["stages"]
+        if s["top_reasons"]
+    ]
+    if reasons:
+        out += ["", "Top removal reasons", *reasons]
+    stage_names = [s["stage"] for s in report["stages"]]
+    bucket_rows = [
+        [bucket]
+        + [f"{b['stages'][n]['retention']:.1%}" if n in b["stages"] else "-" for n in stage_names]
+        + [f"{b['retention']:.1%}", f"{b['byte_retention']:.2%}", _human_bytes(b["raw_bytes_per_token"])]
+        for bucket, b in report["buckets"].items()
+    ]
+    if bucket_rows:
+        out += ["", "Per bucket (documents kept per stage; raw bytes per output token)"]
+        out.append(_table(["bucket", *stage_names, "docs", "bytes", "raw/token"], bucket_rows))
+    o, bud = report["overall"], report["budget"]
+    out += [
+        "",
+        f"Overall: {o['retention']:.2%} of documents and {o['byte_retention']:.3%} of bytes survive.",
+        f"Budget: {bud['formula']} with N = {bud['target_tokens']:,} tokens, b_t = {bud['bytes_per_token']:g} "
+        f"bytes/token, prod(r_j) = {bud['byte_retention']:.4g} -> collect {_human_bytes(bud['raw_input_bytes'])} of raw input.",
+    ]
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    root = open_data_root(cfg.resolve(cfg.data_root))
+    totals = load_stage_totals(root)
+    if not totals:
+        print(
+            f"refinery funnel: nothing materialized yet under {root.display('stats')}; "
+            f"run `make demo` or materialize raw_documents first",
+            file=sys.stderr,
+        )
+        return 1
+    target = args.target_tokens
+    if target is None:
+        target = cfg.curriculum.total_tokens if cfg.curriculum is not None else DEFAULT_TARGET_TOKENS
+    report = build_report(totals, target, args.bytes_per_token)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    return 0
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "funnel",
+        help="retention per funnel stage and bucket, and the raw-input budget it implies",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
+    p.add_argument(
+        "--target-tokens",
+        type=_positive(int),
+        default=None,
+        help=f"N in the budget (default: curriculum.total_tokens, else {DEFAULT_TARGET_TOKENS:,})",
+    )
+    p.add_argument("--bytes-per-token", type=_positive(float), default=4.0, help="b_t in the budget (default 4)")
+    p.set_defaults(func=run)

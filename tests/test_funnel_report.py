@@ -1,0 +1,124 @@
+"""`refinery funnel`: stages in funnel order, retention overall and per bucket, and seed 002's budget."""
+
+import json
+from collections import Counter
+
+import pytest
+import yaml
+
+from assets.stages.base import BucketCounts, StageStats
+from refinery.cli import main
+from refinery.funnel_report import stage_order
+from refinery.storage import LocalDataRoot
+
+
+def write_config(tmp_path, **extra):
+    (tmp_path / "in").mkdir(exist_ok=True)
+    config = {
+        "data_root": "out",
+        "buckets": ["web", "code"],
+        "sources": [{"name": "web", "path": "in/*.warc.gz", "format": "warc", "bucket": "web"}],
+        **extra,
+    }
+    path = tmp_path / "refinery.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def stats(stage, buckets, dropped=None):
+    """buckets: {bucket: (docs_in, docs_out, bytes_in, bytes_out)}"""
+    by_bucket = {b: BucketCounts(*c) for b, c in buckets.items()}
+    total = [sum(c[i] for c in buckets.values()) for i in range(4)]
+    return StageStats(stage, *total, wall_s=0.5, dropped=Counter(dropped or {}), by_bucket=by_bucket)
+
+
+@pytest.fixture
+def materialized(tmp_path):
+    root = LocalDataRoot(tmp_path / "out")
+    parts = {
+        # two partitions of raw_documents merge into one row
+        ("raw_documents", "web-0"): stats("raw_documents", {"web": (60, 50, 1_000_000, 900_000)}, {"ingest/binary_payload": 10}),
+        ("raw_documents", "code-0"): stats("raw_documents", {"code": (40, 40, 100_000, 100_000)}),
+        ("extracted_text", "web-0"): stats("extracted_text", {"web": (50, 50, 900_000, 90_000)}),
+        ("extracted_text", "code-0"): stats("extracted_text", {"code": (40, 40, 100_000, 100_000)}),
+        ("heuristic_filtered", "web-0"): stats(
+            "heuristic_filtered", {"web": (50, 25, 90_000, 45_000)}, {"gopher_quality/min_words": 20, "url/blocklisted_domain": 5}
+        ),
+        ("heuristic_filtered", "code-0"): stats("heuristic_filtered", {"code": (40, 40, 100_000, 100_000)}),
+        ("some_new_stage", "web-0"): stats("some_new_stage", {"web": (25, 25, 45_000, 45_000)}),
+        ("language_filtered", "web-0"): stats("language_filtered", {"web": (50, 50, 90_000, 90_000)}),
+    }
+    for (stage, part), s in parts.items():
+        root.write_json(f"stats/{stage}/{part}.json", s.to_dict())
+    return write_config(tmp_path)
+
+
+def test_json_report_orders_stages_and_merges_partitions(materialized, capsys):
+    assert main(["funnel", "--config", materialized, "--json", "--target-tokens", "1000000"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["stage"] for s in report["stages"]] == [
+        "raw_documents", "extracted_text", "language_filtered", "heuristic_filtered", "some_new_stage"
+    ]
+    raw = report["stages"][0]
+    assert (raw["partitions"], raw["docs_in"], raw["docs_out"]) == (2, 100, 90)
+    assert raw["top_reasons"] == {"ingest/binary_payload": 10}
+    heur = report["stages"][3]
+    assert heur["retention"] == pytest.approx(65 / 90)
+    assert list(heur["top_reasons"]) == ["gopher_quality/min_words", "url/blocklisted_domain"]
+
+    byte_product = (1_000_000 / 1_100_000) * (190_000 / 1_000_000) * (145_000 / 190_000) * 1.0 * 1.0
+    assert report["overall"]["byte_retention"] == pytest.approx(byte_product, abs=1e-6)
+    budget = report["budget"]
+    assert budget["target_tokens"] == 1_000_000 and budget["bytes_per_token"] == 4.0
+    assert budget["raw_input_bytes"] == pytest.approx(1_000_000 * 4 / byte_product)
+
+    web = report["buckets"]["web"]
+    assert web["stages"]["heuristic_filtered"]["retention"] == 0.5
+    assert web["retention"] == pytest.approx(50 / 60 * 0.5)
+    assert web["byte_retention"] == pytest.approx(0.9 * 0.1 * 0.5)
+    assert web["raw_bytes_per_token"] == pytest.approx(4 / (0.9 * 0.1 * 0.5), rel=1e-5)
+    assert report["buckets"]["code"]["retention"] == 1.0
+
+
+def test_table_report_for_people(materialized, capsys):
+    assert main(["funnel", "--config", materialized, "--bytes-per-token", "3.5"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("raw_documents") < out.index("extracted_text") < out.index("some_new_stage")
+    assert "gopher_quality/min_words 20" in out
+    assert "b_t = 3.5" in out and "N = 1,000,000,000 tokens" in out
+    assert "Per bucket" in out and "code" in out
+
+
+def test_target_tokens_default_to_the_curriculum_total(tmp_path, materialized, capsys):
+    curriculum = {"total_tokens": 5000, "phases": [{"name": "main", "share": 1.0, "weights": {"web": 1.0}, "seq_len": 64}]}
+    config = write_config(tmp_path, curriculum=curriculum)
+    assert main(["funnel", "--config", config, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"]["target_tokens"] == 5000
+
+
+def test_nothing_materialized_is_an_error_that_says_what_to_do(tmp_path, capsys):
+    config = write_config(tmp_path)
+    assert main(["funnel", "--config", config]) == 1
+    err = capsys.readouterr().err
+    assert "nothing materialized yet" in err and "make demo" in err and "raw_documents" in err
+
+
+def test_a_stage_where_nothing_survives_has_no_finite_budget(tmp_path, capsys):
+    root = LocalDataRoot(tmp_path / "out")
+    root.write_json("stats/raw_documents/web-0.json", stats("raw_documents", {"web": (5, 0, 100, 0)}).to_dict())
+    assert main(["funnel", "--config", write_config(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"]["raw_input_bytes"] is None
+
+
+def test_bad_arguments_and_missing_config(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["funnel", "--config", write_config(tmp_path), "--target-tokens", "-5"])
+    assert exit_info.value.code == 2
+    assert main(["funnel", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_stage_order_puts_unknown_stages_last():
+    assert stage_order(["zeta", "heuristic_filtered", "raw_documents", "alpha"]) == [
+        "raw_documents", "heuristic_filtered", "alpha", "zeta"
+    ]
