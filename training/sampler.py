@@ -255,7 +255,7 @@ class CurriculumSampler:
             "dropped": list(self.dropped),
             "seed": self.seed,
             "global_batch": self.schedule.global_batch,
-            "schedule": self.schedule.fingerprint(),
+            "schedule": self.schedule.fingerprint,
         }
 
     def load_state_dict(self, state: dict[str, Any], world_size: int) -> list[str]:
@@ -273,10 +273,10 @@ class CurriculumSampler:
             )
         if state["seed"] != self.seed:
             raise SamplerStateError(f"the checkpoint's seed is {state['seed']}, this run's is {self.seed}; restore seed")
-        if state["schedule"] != self.schedule.fingerprint():
+        if state["schedule"] != self.schedule.fingerprint:
             raise SamplerStateError(
                 "the phase manifests changed since the checkpoint (schedule fingerprint "
-                f"{state['schedule']} -> {self.schedule.fingerprint()}); resume against the manifests it was "
+                f"{state['schedule']} -> {self.schedule.fingerprint}); resume against the manifests it was "
                 "trained on, or start a new run"
             )
         self.step = int(state["step"])

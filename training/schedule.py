@@ -14,6 +14,7 @@ import bisect
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 
 from refinery.curriculum import Schedule, schedule_from_manifests
 from refinery.manifest import PhaseManifest
@@ -83,6 +84,7 @@ class StepSchedule:
         warmup = warmup_steps * self.global_batch * self.manifests[0].seq_len
         return peak * self.tokens.lr_multiplier(self.read_point(step), warmup, stable, min_lr_ratio)
 
+    @cached_property
     def fingerprint(self) -> str:
         """Identifies the global sample order: the manifests' content and the global batch."""
         payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests]}

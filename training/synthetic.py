@@ -136,3 +136,28 @@ def synthetic_config(
     }
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+TINY_BUCKETS = {"web": SyntheticBucket(docs=240, mean_len=60), "math": SyntheticBucket(docs=40, mean_len=40, max_epochs=4)}
+TINY_PHASES = [
+    SyntheticPhase("warmup", 2048, {"web": 0.8, "math": 0.2}, seq_len=32),
+    SyntheticPhase("main", 3072, {"web": 0.6, "math": 0.4}, seq_len=32, interpolation=0.05),
+    SyntheticPhase("anneal", 2048, {"web": 0.5, "math": 0.5}, seq_len=64, lr_scale=0.5, interpolation=0.05,
+                   top_fraction={"web": 0.4}),
+]
+TINY_TRAINING = {
+    "micro_batch_size": 2, "grad_accum_steps": 2, "checkpoint_interval": 4, "keep_last": 2, "warmup_steps": 3,
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 32},
+}
+
+
+def tiny_run(tmp: str | Path, training: dict[str, Any] | None = None, phases: list[SyntheticPhase] | None = None,
+             buckets: dict[str, SyntheticBucket] | None = None, allow_bucket_exhaustion: bool = False) -> Path:
+    """A three-phase synthetic curriculum (seq_len 32 -> 64, a quality selection in the last phase)
+    and its config under `tmp`, sized to train in seconds on a CPU; returns the config path."""
+    tmp = Path(tmp)
+    buckets = buckets or TINY_BUCKETS
+    phases = phases or TINY_PHASES
+    write_synthetic_curriculum(tmp / "root", buckets, phases, vocab=512, window=48, overlap=8)
+    return synthetic_config(tmp / "run.yaml", tmp / "root", buckets, phases, {**TINY_TRAINING, **(training or {})},
+                            allow_bucket_exhaustion=allow_bucket_exhaustion)

@@ -65,6 +65,8 @@ class Trainer:
         self.data_world = max(self.world, self.opt.simulate_world_size)
         use_cuda = tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available())
         self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
+        if not use_cuda and tc.cpu_threads is not None:
+            torch.set_num_threads(tc.cpu_threads)
         self.run_dir = run_dir_of(cfg, self.opt)
         self.global_batch = tc.micro_batch_size * tc.grad_accum_steps
         self.data = CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), self.global_batch)
