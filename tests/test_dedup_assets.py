@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -225,3 +226,123 @@ def test_no_input_files_gives_empty_decisions(tmp_path):
         assert edges.height == 0 and counts["docs"] == 0
     table, _ = dedup.compute_clusters(cfg, root)
     assert table.height == 0 and table.columns == ["doc_key", "keeper_key", "keeper_doc_id", "cluster_size"]
+
+
+def shingle_sets(texts: list[str]) -> list[set[int]]:
+    """Each text's set of word 5-gram shingles (as near dedup shingles), every distinct shingle
+    numbered once so set operations hash ints instead of re-hashing tuples."""
+    from assets.stages import minhash as mh
+
+    ids: dict[tuple, int] = {}
+    return [{ids.setdefault(s, len(ids)) for s in mh.shingles(mh.shingle_words(t), 5)} for t in texts]
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def similar_pairs(sets: list[set], threshold: float) -> list[tuple[int, int]]:
+    """Every pair with exact Jaccard >= threshold, by prefix filtering: in one global order of
+    elements, two sets that similar share an element among the first |A| - ceil(t |A|) + 1 of
+    each, so only pairs sharing a prefix element are compared (exact, not an approximation)."""
+    index: dict = {}
+    candidates = set()
+    for i, members in enumerate(sets):
+        ordered = sorted(members)
+        for element in ordered[: len(ordered) - math.ceil(threshold * len(ordered)) + 1]:
+            for j in index.setdefault(element, []):
+                candidates.add((j, i))
+            index[element].append(i)
+    return sorted(
+        (i, j) for i, j in candidates
+        if min(len(sets[i]), len(sets[j])) >= threshold * max(len(sets[i]), len(sets[j]))
+        and jaccard(sets[i], sets[j]) >= threshold
+    )
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory) -> Path:
+    """The bundled sample through the real funnel to `deduped`, in a temporary data root."""
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import materialize_graph
+
+    tmp = tmp_path_factory.mktemp("sample")
+    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    demo["data_root"] = str(tmp / "out")
+    for source in demo["sources"]:
+        source["path"] = str((REPO / "configs" / source["path"]).resolve())
+    config = tmp / "demo.yaml"
+    config.write_text(yaml.safe_dump(demo))
+    defs = build_definitions(str(config))
+    upstream = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
+    mine = ["dedup_signatures", "exact_deduped", "near_deduped", "near_dup_clusters", "deduped"]
+    materialize_graph(defs, dg.DagsterInstance.ephemeral(), [dg.AssetKey(k) for k in upstream + mine], log=lambda _: None)
+    return tmp / "out"
+
+
+def stage_tables(root: Path, folder: str) -> pl.DataFrame:
+    return pl.concat([pl.read_parquet(p) for p in sorted((root / folder).glob("*.parquet"))], how="diagonal_relaxed")
+
+
+@pytest.mark.slow
+def test_sample_planted_exact_duplicates_are_all_removed(sample_run):
+    truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
+    before = stage_tables(sample_run, "documents/heuristic_filtered")
+    after = set(stage_tables(sample_run, "documents/deduped")["url"].to_list())
+    rejects = stage_tables(sample_run, "rejects/deduped")
+    exact_removed = set(rejects.filter(pl.col("rule") == "exact_dedup/duplicate")["url"].to_list())
+    present = set(before["url"].to_list())
+    checked = 0
+    for group in truth["exact_duplicates"]:
+        reached = [u for u in group if u in present]
+        if len(reached) < 2:
+            continue
+        checked += 1
+        assert len([u for u in reached if u in after]) == 1, group
+        assert len([u for u in reached if u in exact_removed]) == len(reached) - 1, group
+    assert checked >= 5  # the planted groups must reach dedup for this test to mean anything
+
+
+@pytest.mark.slow
+def test_sample_near_duplicates_recall_and_precision_against_exact_jaccard(sample_run):
+    """Over every pair of documents that survive exact dedup (shingled as near dedup does):
+    recall = pairs with exact Jaccard >= 0.8 that end in one cluster / all such pairs;
+    precision = near-dedup removals whose exact Jaccard with some other member of their cluster
+    is >= 0.8 / all near-dedup removals. Planted pairs below 0.8 must not be clustered."""
+    truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
+    before = stage_tables(sample_run, "documents/heuristic_filtered")
+    rejects = stage_tables(sample_run, "rejects/deduped")
+    exact_removed = set(rejects.filter(pl.col("stage") == "exact_dedup")["doc_id"].to_list())
+    docs = before.filter(~pl.col("doc_id").is_in(list(exact_removed)))
+    ids, urls = docs["doc_id"].to_list(), docs["url"].to_list()
+    sets = shingle_sets(docs["text"].to_list())
+
+    kept = stage_tables(sample_run, "documents/deduped")
+    near = rejects.filter(pl.col("stage") == "near_dedup")
+    cluster_of = dict(zip(kept["doc_id"].to_list(), kept["dup_cluster"].to_list()))
+    cluster_of.update({d: detail.split()[2].rstrip(";") for d, detail in near.select("doc_id", "detail").iter_rows()})
+
+    true_pairs = similar_pairs(sets, 0.8)
+    assert len(true_pairs) >= 3
+    together = [cluster_of.get(ids[i]) is not None and cluster_of.get(ids[i]) == cluster_of.get(ids[j]) for i, j in true_pairs]
+    assert sum(together) / len(true_pairs) >= 0.95
+
+    position = {d: i for i, d in enumerate(ids)}
+    removed = near["doc_id"].to_list()
+    assert removed
+    backed = 0
+    for d in removed:
+        mates = [position[o] for o, c in cluster_of.items() if c == cluster_of[d] and o != d]
+        backed += any(jaccard(sets[position[d]], sets[m]) >= 0.8 for m in mates)
+    assert backed / len(removed) >= 0.95
+
+    by_url = dict(zip(urls, ids))
+    for pair in truth["near_duplicates"]:
+        a, b = by_url.get(pair["a"]), by_url.get(pair["b"])
+        if a is None or b is None:
+            continue
+        similar = jaccard(sets[position[a]], sets[position[b]]) >= 0.8
+        same = cluster_of.get(a) is not None and cluster_of.get(a) == cluster_of.get(b)
+        assert same == similar, pair
