@@ -203,9 +203,9 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
+        self.resume()  # a refusal leaves status.json as it was: the halt stays on record
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            self.resume()
             stop_idx = self._stop_phase_index()
             if stop_idx is not None and self.step >= self.schedule.phase_starts[stop_idx + 1]:
                 return self._finish(f"phase {self.opt.stop_after_phase!r} was already trained")
@@ -292,7 +292,6 @@ class Trainer:
             if served == 0:
                 continue
             self.bucket_tokens[name] += served
-            record[f"tokens/{name}"] = self.bucket_tokens[name]
             if count[b] > 0:
                 record[f"loss/{name}"] = float(loss_sum[b] / count[b])
             acc = self.summary.setdefault(phase, {}).setdefault(name, {"loss_sum": 0.0, "targets": 0.0, "tokens": 0})
@@ -301,6 +300,7 @@ class Trainer:
                 acc["targets"] += float(count[b])
             acc["tokens"] += served
         self.tokens += self.global_batch * batch.seq_len
+        record.update({f"tokens/{name}": n for name, n in self.bucket_tokens.items()})
         return record
 
     # ---- bookkeeping -----------------------------------------------------------------------------
