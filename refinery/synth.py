@@ -365,6 +365,8 @@ class GroundTruth:
 
     def add_doc(self, doc: Doc, file: str, record_index: int) -> None:
         entry = {"file": file, "record_index": record_index, "bucket": doc.bucket, "kind": doc.kind, "lang": doc.lang}
+        if doc.kind == "borderline":
+            entry["reason"] = doc.extra["reason"]
         if doc.url is None:
             self.url_less.append(entry)
         else:
@@ -405,14 +407,22 @@ BORDERLINE_SECTIONS = {
 }
 
 
+def variant_url(url: str, tag: str) -> str:
+    """Another URL for a copy of the page at `url` (`/a.html` -> `/a-<tag>.html`, else `?v=<tag>`)."""
+    return f"{url[:-5]}-{tag}.html" if url.endswith(".html") else f"{url}?v={tag}"
+
+
 def _web_docs(seed: int, source_dir: Path) -> list[Doc]:
     rng = rng_for(seed, "web-urls")
     docs = []
     for rec in load_source("web", source_dir):
         site = rng.choice(_SITES)
         url = f"https://{site}/{rec['lang']}/{slug(rec['title'])}.html"
-        kind = "borderline" if rec["origin"] in BORDERLINE_SECTIONS else "clean"
-        docs.append(Doc(url, rec["title"], list(rec["paragraphs"]), "web", rec["lang"], kind))
+        doc = Doc(url, rec["title"], list(rec["paragraphs"]), "web", rec["lang"])
+        if rec["origin"] in BORDERLINE_SECTIONS:
+            doc.kind = "borderline"
+            doc.extra["reason"] = BORDERLINE_SECTIONS[rec["origin"]]
+        docs.append(doc)
     return docs
 
 
@@ -439,14 +449,12 @@ class SampleBuilder:
         planted = []
         for i, base in enumerate(chosen[:exact]):
             base.kind = "exact_dup"
-            copy = Doc(base.url.replace(".html", f"-mirror{i}.html") if base.url.endswith(".html") else f"{base.url}?mirror={i}",
-                       base.title, list(base.paragraphs), base.bucket, base.lang, "exact_dup", dict(base.extra))
+            copy = Doc(variant_url(base.url, f"mirror{i}"), base.title, list(base.paragraphs), base.bucket, base.lang, "exact_dup", dict(base.extra))
             planted.append((base, copy))
             self.truth.exact_duplicates.append([base.url, copy.url])
         for (lo, hi), base in zip(near, chosen[exact:]):
             base.kind = "near_dup"
-            url = base.url.replace(".html", "-rev2.html") if base.url.endswith(".html") else f"{base.url}?rev=2"
-            variant, j = mutate_to_jaccard(base, url, lo, hi, rng, vocab)
+            variant, j = mutate_to_jaccard(base, variant_url(base.url, "rev2"), lo, hi, rng, vocab)
             variant.extra = dict(base.extra)
             planted.append((base, variant))
             self.truth.near_duplicates.append({"a": base.url, "b": variant.url, "jaccard": round(j, 6), "band": [lo, hi]})
@@ -536,7 +544,7 @@ class SampleBuilder:
             out.append((WarcEntry(f"{host}/broken/garbled.html", bytes(garbage), "text/html; charset=utf-8"), "ingest/bad_utf8", None))
         else:
             german = reserved["latin1"]
-            latin = Doc(german.url.replace(".html", "-latin1.html"), german.title, german.paragraphs, "web", "de", "latin1")
+            latin = Doc(variant_url(german.url, "latin1"), german.title, german.paragraphs, "web", "de", "latin1")
             body = render_page(latin, charset_in_meta=False, lang="de").encode("iso-8859-1", errors="xmlcharrefreplace")
             out.append((WarcEntry(latin.url, body, "text/html; charset=iso-8859-1"), None, latin))
             light = Doc(filler.url, filler.title, filler.paragraphs, "web", "en", "utf8_replaced")

@@ -279,6 +279,16 @@ def test_jsonl_bad_lines_are_counted_and_the_rest_kept(tmp_path):
     assert (out.stats.docs_in, out.stats.docs_out) == (10, 4)
 
 
+def test_jsonl_stray_invalid_byte_is_replaced_and_kept(tmp_path):
+    line = b'{"text": "' + b"a long and otherwise fine line of text " * 10 + b'\xff end"}'
+    path = tmp_path / "stray.jsonl"
+    path.write_bytes(jsonl([line]))
+    out = read(path, jsonl_source())
+    assert out.documents["raw"][0].endswith("text \ufffd end")
+    assert out.stats.counters == {"utf8_replaced": 1}
+    assert out.rejects.height == 0
+
+
 def test_jsonl_offsets_point_into_the_decompressed_stream(tmp_path):
     rows = [{"text": f"doc {i} " + "é" * i, "url": f"https://o.example/{i}"} for i in range(20)]
     data = jsonl(rows)

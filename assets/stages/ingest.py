@@ -33,9 +33,9 @@ from refinery.documents import EXCERPT_CHARS, PROVENANCE_SCHEMA, InputShard, mak
 STAGE = "raw_documents"
 RAW_SCHEMA: dict[str, pl.DataType] = {**PROVENANCE_SCHEMA, "raw": pl.String()}
 
-# Above this fraction of invalid bytes a payload is not text in a mislabelled encoding but garbage;
-# below it, replacement characters cost a few words and keep a real document (FineWeb's
-# extraction decodes with replacement too).
+# Above this fraction of invalid bytes a payload is garbage or in another encoding; below it (a
+# stray byte in a footer, one mis-encoded name) replacement characters cost a few words of a real
+# document.
 MAX_INVALID_UTF8_FRACTION = 0.01
 # Content types that are text even though they are not text/*.
 _TEXTUAL_APPLICATION = re.compile(r"^application/([a-z0-9.+-]*\+)?(xml|json|javascript|ecmascript|x-javascript|xhtml\+xml)$")
@@ -139,16 +139,22 @@ def _text_or_drop(
     if codec != "utf-8":
         rec.raw = payload.decode(codec, errors="replace")
         return rec
-    text, invalid = decode_utf8(payload)
-    if invalid:
-        fraction = invalid / max(1, len(payload))
-        if fraction > MAX_INVALID_UTF8_FRACTION:
-            rec.drop = Drop("ingest/bad_utf8", fraction, f"{invalid} of {len(payload)} bytes are not valid UTF-8")
-            rec.excerpt = text[:EXCERPT_CHARS]
-            return rec
-        result.count("utf8_replaced")
-    rec.raw = text
+    rec.raw = _utf8_or_drop(rec, payload, result)
     return rec
+
+
+def _utf8_or_drop(rec: _Record, data: bytes, result: _ReadResult) -> str | None:
+    """`data` as UTF-8, with replacement below the invalid-byte limit; above it, None and the drop."""
+    text, invalid = decode_utf8(data)
+    if not invalid:
+        return text
+    fraction = invalid / len(data)
+    if fraction > MAX_INVALID_UTF8_FRACTION:
+        rec.drop = Drop("ingest/bad_utf8", fraction, f"{invalid} of {len(data)} bytes are not valid UTF-8")
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return None
+    result.count("utf8_replaced")
+    return text
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,11 +335,8 @@ def _read_jsonl(path: str, source: SourceConfig, extract: ExtractConfig, result:
 
 
 def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _ReadResult) -> None:
-    text, invalid = decode_utf8(line)
-    fraction = invalid / len(line)
-    if fraction > MAX_INVALID_UTF8_FRACTION:
-        rec.drop = Drop("ingest/bad_utf8", fraction, f"{invalid} of {len(line)} bytes are not valid UTF-8")
-        rec.excerpt = text[:EXCERPT_CHARS]
+    text = _utf8_or_drop(rec, line, result)
+    if text is None:
         return
     try:
         obj = json.loads(text)
@@ -356,8 +359,6 @@ def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _R
     if "\x00" in body:
         rec.drop = Drop("ingest/binary_payload", None, "NUL characters in the text field")
         return
-    if invalid:
-        result.count("utf8_replaced")
     rec.raw = body
 
 
