@@ -16,9 +16,11 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
 from __future__ import annotations
 
 import hashlib
+import itertools
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -412,25 +414,34 @@ def tokenize_bucket(root: DataRoot, cfg: RefineryConfig, bucket: str, tokenizer,
     reject_parts: list[pl.DataFrame] = []
     windowed = 0
     extra = {"vocab_size": vocab, "eod_id": int(eod[0]), "window": window, "overlap": overlap}
-    with ShardSeries(root, TOKENIZED, bucket, dtype, cfg.shards.shard_tokens, extra) as series:
-        for _, batch in iter_document_batches(root, bucket_shards(cfg, bucket), cfg.shards.encode_batch_docs, stage):
-            texts = batch["text"]
-            empty = (texts.is_null() | (texts.str.len_bytes() == 0)).to_list()
-            drops = {i: Drop("tokenize/empty_text", 0.0, "no text to tokenize") for i, e in enumerate(empty) if e}
-            keep = [i for i, e in enumerate(empty) if not e]
-            encoded = encode_texts(tokenizer, [texts[i] for i in keep], dtype)
-            ids, qualities = batch["doc_id"], batch["quality_score"]
+
+    def encode(batch: pl.DataFrame) -> tuple[pl.DataFrame, list[int], list[np.ndarray]]:
+        texts = batch["text"].to_list()
+        keep = [i for i, t in enumerate(texts) if t]
+        return batch, keep, encode_texts(tokenizer, [texts[i] for i in keep], dtype)
+
+    batches = iter_document_batches(root, bucket_shards(cfg, bucket), cfg.shards.encode_batch_docs, stage)
+    # The Rust encoder releases the GIL, so the next batch encodes while this thread packs the last.
+    with ShardSeries(root, TOKENIZED, bucket, dtype, cfg.shards.shard_tokens, extra) as series, \
+            ThreadPoolExecutor(max_workers=1) as pool:
+        pending = [pool.submit(encode, batch) for _, batch in itertools.islice(batches, 1)]
+        while pending:
+            batch, keep, encoded = pending.pop().result()
+            pending = [pool.submit(encode, nxt) for _, nxt in itertools.islice(batches, 1)]
+            ids, qualities = batch["doc_id"].to_list(), batch["quality_score"].to_list()
             for i, doc_tokens in zip(keep, encoded):
                 doc_tokens = np.concatenate([doc_tokens, eod])
                 cuts = split_windows(len(doc_tokens), window, overlap)
                 windowed += len(cuts) > 1
                 for w, (a, b, ov) in enumerate(cuts):
                     series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i])
+            kept = set(keep)
+            drops = {i: Drop("tokenize/empty_text", 0.0, "no text to tokenize") for i in range(batch.height) if i not in kept}
+            batch_bytes = int(batch["text"].str.len_bytes().fill_null(0).sum())
             stats.docs_in += batch.height
             stats.docs_out += len(keep)
-            batch_bytes = texts.str.len_bytes().fill_null(0)
-            stats.bytes_in += int(batch_bytes.sum())
-            stats.bytes_out += int(batch_bytes.sum())  # empty texts have no bytes
+            stats.bytes_in += batch_bytes
+            stats.bytes_out += batch_bytes  # a dropped (empty) text has no bytes
             stats.dropped.update(d.rule for d in drops.values())
             if drops:
                 reject_parts.append(rejects_frame(batch, "tokenized_shards", drops))
