@@ -85,7 +85,7 @@ NO_STOP_WORDS = " ".join(
         ("\n".join(line[:-1] + "..." for line in CLEAN_LINES), GopherQualityConfig(), "gopher_quality/ellipsis_lines_ratio"),
         (NUMBERS, GopherQualityConfig(), "gopher_quality/alpha_words_ratio"),
         # punctuation attached to words does not make them non-alphabetic (whitespace words, as in Gopher)
-        (CLEAN.replace(" ", ", "), GopherQualityConfig(), None),
+        (CLEAN.replace(" ", ", "), GopherQualityConfig(min_stop_words=0), None),
         (NO_STOP_WORDS, GopherQualityConfig(), "gopher_quality/stop_words"),
         (CLEAN, GopherQualityConfig(), None),
     ],
@@ -289,6 +289,9 @@ def test_empty_table_gives_empty_outputs():
     assert (out.stats.docs_in, out.stats.docs_out) == (0, 0)
 
 
-def test_words_split_punctuation_from_words():
+def test_words_are_whitespace_words_and_symbol_words_do_not_count():
+    assert DocumentText("Hello, world... it's 2024!").words == ["Hello,", "world...", "it's", "2024!"]
     assert split_words("Hello, world... it's 2024!") == ["Hello", ",", "world", "...", "it", "'", "s", "2024", "!"]
-    assert DocumentText("Hello, world...").alnum_words == ["Hello", "world"]
+    # 49 words and a dash line: the dash is not a word, so the document is one word short
+    text = " ".join(["word"] * 24 + ["the", "and"] + ["word"] * 23) + "\n- - -"
+    assert gopher_quality(DocumentText(text), GopherQualityConfig()).value == 49

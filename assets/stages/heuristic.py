@@ -42,7 +42,7 @@ import numpy as np
 import polars as pl
 
 from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
-from assets.stages.text import DocumentText, split_words
+from assets.stages.text import DocumentText
 from refinery.config import (
     C4Config,
     FineWebQualityConfig,
@@ -63,8 +63,9 @@ ELLIPSES = ("...", "…")
 C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
 C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 C4_POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
-# A sentence ends at terminal punctuation (optionally closed by quotes or brackets) followed by space.
-_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+(?=\S)")
+# A sentence ends at terminal punctuation (optionally closed by quotes or brackets) followed by
+# spaces and more text on the same line.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*[^\S\n]+(?=\S)")
 
 # Sentence-final marks across scripts (from Unicode's Sentence_Terminal property, the common ones),
 # which FineWeb's line-punctuation rule counts as a line ending in punctuation.
@@ -113,23 +114,27 @@ def url_rules(url: str | None, domains: frozenset[str], banned_words: frozenset[
 
 
 def gopher_quality(doc: DocumentText, cfg: GopherQualityConfig) -> Drop | None:
-    words = doc.alnum_words
-    n = len(words)
+    words = doc.words
+    # Words made only of symbols ("-", "|", "...") are not words for the count and the mean length
+    # (datatrove's "non-symbol words"). Only the few words that are not all letters and digits are
+    # inspected character by character.
+    symbols = [w for w in words if not w.isalnum() and not any(map(str.isalnum, w))]
+    n = len(words) - len(symbols)
     if n < cfg.min_words:
         return Drop("gopher_quality/min_words", n, _under(cfg.min_words))
     if n > cfg.max_words:
         return Drop("gopher_quality/max_words", n, _over(cfg.max_words))
-    avg = sum(map(len, words)) / n
+    avg = (sum(map(len, words)) - sum(map(len, symbols))) / n
     if avg < cfg.min_avg_word_length:
         return Drop("gopher_quality/min_avg_word_length", avg, _under(cfg.min_avg_word_length))
     if avg > cfg.max_avg_word_length:
         return Drop("gopher_quality/max_avg_word_length", avg, _over(cfg.max_avg_word_length))
 
-    text, tokens = doc.text, len(doc.words)
-    ratio = text.count("#") / tokens
+    text, total = doc.text, len(words)
+    ratio = text.count("#") / total
     if ratio > cfg.max_symbol_word_ratio:
         return Drop("gopher_quality/hash_ratio", ratio, _over(cfg.max_symbol_word_ratio))
-    ratio = (text.count("...") + text.count("…")) / tokens
+    ratio = (text.count("...") + text.count("…")) / total
     if ratio > cfg.max_symbol_word_ratio:
         return Drop("gopher_quality/ellipsis_ratio", ratio, _over(cfg.max_symbol_word_ratio))
 
@@ -141,15 +146,15 @@ def gopher_quality(doc: DocumentText, cfg: GopherQualityConfig) -> Drop | None:
     if ratio > cfg.max_ellipsis_lines_ratio:
         return Drop("gopher_quality/ellipsis_lines_ratio", ratio, _over(cfg.max_ellipsis_lines_ratio))
 
-    # Gopher's "words" here are whitespace-separated, as in the paper. datatrove counts spaCy tokens,
-    # so every comma and bracket is a non-alphabetic word there; on the sample's documentation pages
-    # that alone put clean text at 0.67-0.80, under the 0.8 threshold.
-    spaced = doc.whitespace_words
-    alpha = sum(1 for w in spaced if w.isalpha() or any(c.isalpha() for c in w))
-    ratio = alpha / len(spaced)
+    # Whitespace words, as in the paper. datatrove counts spaCy tokens, so every comma and bracket is
+    # a non-alphabetic word there; on the sample's documentation pages that alone put clean text at
+    # 0.67-0.80, under the 0.8 threshold.
+    alpha = sum(map(str.isalpha, words))
+    alpha += sum(1 for w in words if not w.isalpha() and any(map(str.isalpha, w)))
+    ratio = alpha / total
     if ratio < cfg.min_alpha_words_ratio:
         return Drop("gopher_quality/alpha_words_ratio", ratio, _under(cfg.min_alpha_words_ratio))
-    found = len(STOP_WORDS.intersection(doc.words))
+    found = len(STOP_WORDS.intersection(words))
     if found < cfg.min_stop_words:
         return Drop("gopher_quality/stop_words", found, _under(cfg.min_stop_words))
     return None
@@ -179,8 +184,8 @@ class NGrams:
     sequences, with no hashing and no string joins."""
 
     def __init__(self, words: list[str]):
-        vocab: dict[str, int] = {}
-        self.words = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), np.int64, len(words))
+        vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
+        self.words = np.fromiter(map(vocab.__getitem__, words), np.int64, len(words))
         self.vocab = max(1, len(vocab))
         lengths = np.fromiter(map(len, words), np.int64, len(words))
         self.char_cumsum = np.concatenate(([0], np.cumsum(lengths)))
@@ -288,25 +293,21 @@ def gopher_repetition(doc: DocumentText, cfg: GopherRepetitionConfig) -> Drop | 
 # --------------------------------------------------------------------------------------------------
 
 
-def sentence_count(line: str) -> int:
-    return 1 + len(_SENTENCE_END.findall(line))
-
-
 def c4_lines(doc: DocumentText, cfg: C4Config, removed: Counter) -> tuple[str | None, Drop | None]:
     """The text with C4's failing lines removed, or the drop; removed lines are counted by rule."""
     kept: list[str] = []
-    sentences = 0
     for raw_line in doc.lines:
         line = raw_line.strip()
-        words = line.split()
-        if any(len(w) > cfg.max_word_length for w in words):
+        # A line no longer than max_word_length cannot hold a longer word; most lines skip the check.
+        if len(line) > cfg.max_word_length and any(len(w) > cfg.max_word_length for w in line.split()):
             removed["c4_lines/too_long_word"] += 1
             continue
-        line = C4_CITATION.sub("", line)
+        words = len(line.split(None, cfg.min_words_per_line))
+        line = C4_CITATION.sub("", line) if "[" in line else line
         if cfg.filter_no_terminal_punct and (not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")):
             removed["c4_lines/no_terminal_punct"] += 1
             continue
-        if len(words) < cfg.min_words_per_line:
+        if words < cfg.min_words_per_line:
             removed["c4_lines/too_few_words"] += 1
             continue
         lower = line.lower()
@@ -320,11 +321,14 @@ def c4_lines(doc: DocumentText, cfg: C4Config, removed: Counter) -> tuple[str | 
         if cfg.filter_policy and any(p in lower for p in C4_POLICY_PHRASES):
             removed["c4_lines/policy"] += 1
             continue
-        sentences += sentence_count(line)
         kept.append(line)
-    if sentences < cfg.min_num_sentences:
-        return None, Drop("c4/too_few_sentences", sentences, _under(cfg.min_num_sentences))
-    return "\n".join(kept).strip(), None
+    text = "\n".join(kept)
+    # Every kept line holds at least one sentence, so counting is needed only for a few lines.
+    if len(kept) < cfg.min_num_sentences:
+        sentences = len(kept) + len(_SENTENCE_END.findall(text))
+        if sentences < cfg.min_num_sentences:
+            return None, Drop("c4/too_few_sentences", sentences, _under(cfg.min_num_sentences))
+    return text.strip(), None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -347,7 +351,7 @@ def fineweb_quality(text: str, cfg: FineWebQualityConfig) -> Drop | None:
         return Drop("fineweb/char_dup_ratio", ratio, _over(cfg.char_duplicates_ratio))
     newlines = text.count("\n")
     if newlines:
-        ratio = newlines / max(1, len(split_words(text)))
+        ratio = newlines / max(1, len(text.split()))
         if ratio > cfg.new_line_ratio:
             return Drop("fineweb/list_ratio", ratio, _over(cfg.new_line_ratio))
     return None
