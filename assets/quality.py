@@ -22,17 +22,19 @@ UPSTREAM = "deduped"
 
 
 def training_documents(cfg: RefineryConfig, root: DataRoot) -> pl.DataFrame:
-    """doc_id, bucket and text of every upstream document in a positive or negative bucket."""
+    """doc_id, bucket and text of the upstream documents the classifier trains on. A first pass
+    keeps only lengths, so memory holds the chosen texts (at most max_train_docs_per_class per
+    class), never every document of the corpus."""
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
-    frames = [
-        root.read_parquet(documents_key(UPSTREAM, s.key), columns=["doc_id", "bucket", "text"])
-        for s in input_shards(cfg)
-        if s.bucket in wanted
-    ]
-    if not frames:
+    keys = [documents_key(UPSTREAM, s.key) for s in input_shards(cfg) if s.bucket in wanted]
+    columns = ["doc_id", "bucket", "text"]
+    if not keys:
         return pl.DataFrame(schema={"doc_id": pl.String, "bucket": pl.String, "text": pl.String})
-    return pl.concat(frames)
+    index = pl.concat([q.text_index(root.read_parquet(k, columns=columns)) for k in keys])
+    chosen = q.training_set(index, list(qc.positive_buckets), list(qc.negative_buckets),
+                            qc.max_train_docs_per_class, cfg.seed)["doc_id"]
+    return pl.concat([root.read_parquet(k, columns=columns).filter(pl.col("doc_id").is_in(chosen)) for k in keys])
 
 
 def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.TrainingReport]:

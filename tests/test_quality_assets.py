@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from assets.partitions import Partitions
-from assets.quality import build_definitions
+from assets.quality import build_definitions, training_documents
+from assets.stages import quality as q
 from assets.stages.pii import PLACEHOLDERS
 from orchestration.resources import RefineryResource
 from refinery.config import load_config
@@ -26,7 +27,7 @@ PLANTED_IPS = ["10.0.0.1", "192.168.1.254", "203.0.113.77", "2001:db8::7"]
 SOURCES = {"web": ["a", "b"], "wiki": ["a"], "books": ["a"], "code": ["a"]}
 
 
-def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=None, enabled=True):
+def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=None, **quality):
     for source, stems in SOURCES.items():
         (tmp_path / "in" / source).mkdir(parents=True, exist_ok=True)
         for stem in stems:
@@ -42,7 +43,7 @@ def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=Non
         ],
         "stages": {
             "quality": {"positive_buckets": list(positive), "negative_buckets": ["web"], "threshold": threshold,
-                        "num_features": 4096, "enabled": enabled},
+                        "num_features": 4096, **quality},
             "safety": safety or {"blocked_words": ["forbiddenword"], "blocked_domains": ["blocked.example"]},
         },
     }
@@ -221,6 +222,19 @@ def test_disabled_classifier_trains_nothing_and_keeps_every_document(tmp_path):
         assert root.read_json(stats_key("quality_scored", shard.key))["counters"] == {"quality/disabled": 40}
         # Safety still runs: web loses its blocked-domain and its blocked-word document.
         assert root.read_parquet(documents_key("pii_redacted", shard.key)).height == (38 if shard.bucket == "web" else 40)
+
+
+def test_training_reads_only_the_capped_documents_and_trains_the_same_model(tmp_path):
+    config_path = write_config(tmp_path, max_train_docs_per_class=5)
+    cfg, root = seed_deduped(config_path)
+    chosen = training_documents(cfg, root)
+    assert chosen.group_by(pl.col("bucket") == "web").len()["len"].to_list() == [5, 5]
+    everything = pl.concat([root.read_parquet(documents_key("deduped", s.key)) for s in input_shards(cfg)])
+    args = dict(num_features=4096, ngram=2, epochs=5, learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000,
+                max_docs_per_class=5, seed=cfg.seed)
+    from_chosen, _ = q.train_quality_model(chosen, ["books", "wiki"], ["web"], **args)
+    from_all, _ = q.train_quality_model(everything, ["books", "wiki"], ["web"], **args)
+    assert from_chosen.to_bytes() == from_all.to_bytes()
 
 
 @pytest.mark.slow

@@ -289,10 +289,14 @@ def _binary_metrics(scores: np.ndarray, labels: np.ndarray) -> tuple[float | Non
     return accuracy, precision, recall
 
 
-def training_set(docs: pl.DataFrame, positive: list[str], negative: list[str]) -> pl.DataFrame:
-    """The labelled documents (label 1 for positive buckets, 0 for negative ones), with text.
-    Raises NoTrainingData naming the config field when a class is empty."""
-    labelled = docs.filter(pl.col("bucket").is_in(positive + negative) & (pl.col("text").str.len_chars() > 0))
+def training_set(
+    index: pl.DataFrame, positive: list[str], negative: list[str], max_docs_per_class: int, seed: int
+) -> pl.DataFrame:
+    """Which documents train the classifier, from an index with columns doc_id, bucket and chars
+    (text length): those with text in a positive (label 1) or negative (label 0) bucket, at most
+    `max_docs_per_class` per class (the smallest doc_id hashes), sorted by doc_id. Adds `label` and
+    `_key` (the hash). Raises NoTrainingData naming the config field when a class is empty."""
+    labelled = index.filter(pl.col("bucket").is_in(positive + negative) & (pl.col("chars") > 0))
     labelled = labelled.with_columns(label=pl.col("bucket").is_in(positive).cast(pl.Int8))
     for label, field, buckets in ((1, "positive_buckets", positive), (0, "negative_buckets", negative)):
         if labelled.filter(pl.col("label") == label).height == 0:
@@ -301,7 +305,15 @@ def training_set(docs: pl.DataFrame, positive: list[str], negative: list[str]) -
                 f"add a source in one of those buckets, or point stages.quality.{field} at buckets that have "
                 "documents, or set stages.quality.enabled: false to run without a classifier"
             )
-    return labelled
+    labelled = labelled.sort("doc_id")
+    return labelled.with_columns(_key=pl.Series(doc_hash_fraction(labelled["doc_id"], seed))).filter(
+        pl.col("_key").rank("ordinal").over("label") <= max_docs_per_class
+    )
+
+
+def text_index(docs: pl.DataFrame) -> pl.DataFrame:
+    """doc_id, bucket and chars of a document table: what `training_set` chooses from."""
+    return docs.select("doc_id", "bucket", chars=pl.col("text").str.len_chars().fill_null(0))
 
 
 def train_quality_model(
@@ -324,11 +336,8 @@ def train_quality_model(
     import torch
 
     start = time.perf_counter()
-    labelled = training_set(docs, positive, negative).sort("doc_id")
-    labelled = (
-        labelled.with_columns(_key=pl.Series(doc_hash_fraction(labelled["doc_id"], seed)))
-        .filter(pl.col("_key").rank("ordinal").over("label") <= max_docs_per_class)
-    )
+    chosen = training_set(text_index(docs), positive, negative, max_docs_per_class, seed)
+    labelled = chosen.join(docs.select("doc_id", "text"), on="doc_id", how="left", maintain_order="left")
     labels = labelled["label"].to_numpy().astype(np.int64)
     holdout = split_holdout(labels, labelled["_key"].to_numpy(), holdout_fraction)
     feats = hash_features(labelled["text"], num_features, ngram, max_chars)
