@@ -84,6 +84,8 @@ _CARD_PREFIX = re.compile(r"^(?:4|5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)|3[47]|6(?
 
 def _card(text: str) -> bool:
     digits = re.sub(r"[ -]", "", text)
+    if not digits.isascii():  # `\d` also matches other scripts' digits, which no card number uses
+        return False
     return 13 <= len(digits) <= 19 and bool(_CARD_PREFIX.match(digits)) and luhn_valid(digits)
 
 
