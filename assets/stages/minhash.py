@@ -318,7 +318,9 @@ def _batches(texts: Sequence[str], max_words: int) -> Iterator[tuple[int, int]]:
 def _bottom_k(hashes: np.ndarray, per_doc: np.ndarray, k: int) -> list[np.ndarray]:
     """Per document, its k smallest distinct hashes, sorted; one sort for the whole batch."""
     doc = np.repeat(np.arange(per_doc.size, dtype=np.uint64), per_doc)
-    combined = np.unique((doc << np.uint64(32)) | hashes.astype(np.uint64))
+    # Sort then drop repeats: numpy 2's np.unique hashes first and is about 10x slower here.
+    combined = np.sort((doc << np.uint64(32)) | hashes.astype(np.uint64))
+    combined = combined[np.concatenate(([True], combined[1:] != combined[:-1]))]
     owner = (combined >> np.uint64(32)).astype(np.int64)
     distinct = np.bincount(owner, minlength=per_doc.size)
     first = np.cumsum(distinct) - distinct
