@@ -84,12 +84,10 @@ def verify_final_shards(root: DataRoot, cfg: RefineryConfig) -> int:
     return count
 
 
-def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> dict[str, Any]:
-    """Write lineage/documents.parquet and lineage/index.json from the clean document tables."""
+def clean_documents_without_text(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> pl.DataFrame:
+    """Every clean document's columns except its text (replaced by `text_bytes`)."""
     import pyarrow.parquet as pq
 
-    t0 = time.perf_counter()
-    shards_checked = verify_final_shards(root, cfg)
     parts = []
     for shard in input_shards(cfg):
         path = root.local_path(documents_key(stage, shard.key))
@@ -99,7 +97,15 @@ def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_
             .select([c for c in names if c != "text"] + [pl.col("text").str.len_bytes().alias("text_bytes")])
             .collect()
         )
-    docs = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame(schema={c: pl.String for c in PROVENANCE_COLUMNS})
+    if not parts:
+        return pl.DataFrame(schema={c: pl.String for c in PROVENANCE_COLUMNS})
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def write_lineage_index(root: DataRoot, docs: pl.DataFrame, extra: dict[str, Any]) -> dict[str, Any]:
+    """Sort `docs` by doc_id, write lineage/documents.parquet in row groups, then lineage/index.json."""
+    import pyarrow.parquet as pq
+
     docs = docs.sort("doc_id")
     dupes = docs["doc_id"].is_duplicated()
     if dupes.any():
@@ -113,10 +119,21 @@ def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_
         "row_group_first_doc_ids": docs["doc_id"].gather_every(ROW_GROUP_ROWS).to_list(),
         "columns": docs.columns,
         "documents_sha256": root.sha256(DOCUMENTS_KEY),
-        "buckets": _bucket_indexes(root, cfg),
-        "final_shards_verified": shards_checked,
+        **extra,
     }
     root.write_json(INDEX_KEY, index)
+    return index
+
+
+def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> dict[str, Any]:
+    """Verify the final shards, then index the clean documents of every input shard."""
+    t0 = time.perf_counter()
+    shards_checked = verify_final_shards(root, cfg)
+    index = write_lineage_index(
+        root,
+        clean_documents_without_text(root, cfg, stage),
+        {"buckets": _bucket_indexes(root, cfg), "final_shards_verified": shards_checked},
+    )
     index["wall_s"] = time.perf_counter() - t0
     return index
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import polars as pl
@@ -80,32 +82,55 @@ def shard_hashes(prefix: str | os.PathLike) -> dict[str, str]:
 
 
 class ShardWriter:
-    """Append entries, then `close()` to publish all three files atomically (.idx last)."""
+    """Append entries, then `close()` to publish all three files atomically (.idx last).
+
+    Tokens stream to a hidden temporary file beside the shard as they are added, so a writer holds
+    only per-entry bookkeeping in memory, never the shard's tokens. Used as a context manager, an
+    exception discards the temporary file and publishes nothing.
+    """
 
     def __init__(self, prefix: str | os.PathLike, dtype: np.dtype):
         self.prefix = Path(prefix)
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPE_CODES:
             raise ValueError(f"unsupported token dtype {self.dtype}; use uint16 or uint32")
-        self._chunks: list[np.ndarray] = []
+        self._bin: BinaryIO | None = None
+        self._bin_tmp: Path | None = None
         self._lengths: list[int] = []
         self._overlaps: list[int] = []
         self._doc_ids: list[str] = []
         self._windows: list[int] = []
         self._n_windows: list[int] = []
+        self._num_tokens = 0
         self.closed = False
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    def _token_file(self) -> BinaryIO:
+        if self._bin is None:
+            final = shard_files(self.prefix)[".bin"]
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+            self._bin, self._bin_tmp = os.fdopen(fd, "wb"), Path(tmp)
+        return self._bin
 
     def add(self, tokens: np.ndarray, doc_id: str, overlap: int = 0, window: int = 0, n_windows: int = 1) -> None:
         if self.closed:
             raise RuntimeError("shard already closed")
         if overlap > len(tokens):
             raise ValueError(f"overlap {overlap} longer than the entry ({len(tokens)} tokens)")
-        self._chunks.append(np.asarray(tokens, dtype=self.dtype))
+        self._token_file().write(np.ascontiguousarray(tokens, dtype=self.dtype).data)
         self._lengths.append(len(tokens))
         self._overlaps.append(overlap)
         self._doc_ids.append(doc_id)
         self._windows.append(window)
         self._n_windows.append(n_windows)
+        self._num_tokens += len(tokens)
 
     @property
     def num_entries(self) -> int:
@@ -113,20 +138,30 @@ class ShardWriter:
 
     @property
     def num_tokens(self) -> int:
-        return int(sum(self._lengths))
+        return self._num_tokens
+
+    def discard(self) -> None:
+        """Drop what was added; nothing is published."""
+        self.closed = True
+        if self._bin is not None:
+            self._bin.close()
+        if self._bin_tmp is not None:
+            self._bin_tmp.unlink(missing_ok=True)
 
     def close(self) -> dict[str, str]:
         """Write the files and return their sha256 by suffix."""
+        if self.closed:
+            raise RuntimeError("shard already closed")
         self.closed = True
         files = shard_files(self.prefix)
-        tokens = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=self.dtype)
+        bin_file = self._token_file()
+        bin_file.close()
+        os.replace(self._bin_tmp, files[".bin"])
         offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(self._lengths, dtype=np.int64), out=offsets[1:])
         entries = pl.DataFrame(
             {"doc_id": self._doc_ids, "window": self._windows, "n_windows": self._n_windows}, schema=ENTRIES_SCHEMA
         )
-        with atomic_path(files[".bin"]) as tmp:
-            tokens.tofile(tmp)
         with atomic_path(files[".entries.parquet"]) as tmp:
             write_parquet_file(entries, tmp)
         with atomic_path(files[".idx"]) as tmp:
