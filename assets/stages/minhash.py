@@ -214,11 +214,6 @@ class MinHasher:
         self.shingle_size = shingle_size
         self.a, self.b = _permutations(num_perm, seed)
 
-    def shingle_hashes(self, words: list[str]) -> np.ndarray:
-        """`shingle_hash32` of every shingle of one document (uint32, in shingle order)."""
-        fw = word_hashes(words)
-        return _window_hashes(fw, min(self.shingle_size, fw.size)) if fw.size else np.zeros(0, np.uint32)
-
     def _batch_shingle_hashes(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """All shingle hashes of a batch, concatenated, and each document's count of them."""
         fw, counts = document_word_hashes(texts)
@@ -338,11 +333,6 @@ def bottom_k_jaccard(a: np.ndarray, b: np.ndarray, k: int) -> float:
         return 1.0
     both = np.intersect1d(a, b, assume_unique=True)
     return float(np.isin(union, both, assume_unique=True).sum() / union.size)
-
-
-def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise fraction of equal signature positions (datasketch `MinHash.jaccard`)."""
-    return (a == b).mean(axis=-1)
 
 
 def lsh_params(threshold: float, num_perm: int, false_positive_weight: float, false_negative_weight: float) -> tuple[int, int]:
