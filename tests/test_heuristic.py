@@ -149,18 +149,22 @@ def test_ngram_arithmetic_matches_a_plain_reference(seed):
     words = [rng.choice(vocab) for _ in range(rng.randint(10, 300))]
     grams = NGrams(words)
     for n in (2, 3, 4, 5, 7, 10):
-        assert top_ngram_chars(grams, n) == _reference_top(words, n)
-        # limit 0 forces the exact scan whenever anything repeats
-        assert duplicate_ngram_chars(grams, n, 0.0) == _reference_dup(words, n)
+        # limit -1 forces the exact values; the bounds are never below them
+        assert top_ngram_chars(grams, n, -1) == _reference_top(words, n)
+        assert grams.top_bound(n) >= _reference_top(words, n)
+        assert duplicate_ngram_chars(grams, n, -1) == _reference_dup(words, n)
+        assert grams.repeat_bound(n) >= _reference_dup(words, n)
+        # under a limit the answer is exact, or a bound that is within the limit
+        for limit in (10, 100, 1000):
+            top, dup = top_ngram_chars(grams, n, limit), duplicate_ngram_chars(grams, n, limit)
+            assert top == _reference_top(words, n) or _reference_top(words, n) <= top <= limit
+            assert dup == _reference_dup(words, n) or _reference_dup(words, n) <= dup <= limit
 
 
-def test_duplicate_bound_never_hides_a_count_above_the_limit():
-    words = ("alpha beta gamma delta epsilon " * 3 + "zeta eta theta").split()
-    grams = NGrams(words)
-    exact = _reference_dup(words, 5)
-    assert exact > 0
-    assert duplicate_ngram_chars(grams, 5, exact - 1) == exact
-    assert duplicate_ngram_chars(grams, 5, 10_000) <= 10_000
+def test_no_repeated_ngram_gives_zero():
+    grams = NGrams("one two three four five six seven eight nine ten".split())
+    assert duplicate_ngram_chars(grams, 5, -1) == 0
+    assert grams.repeat_bound(5) == 0
 
 
 # ---- C4 --------------------------------------------------------------------------------------------
@@ -295,3 +299,18 @@ def test_words_are_whitespace_words_and_symbol_words_do_not_count():
     # 49 words and a dash line: the dash is not a word, so the document is one word short
     text = " ".join(["word"] * 24 + ["the", "and"] + ["word"] * 23) + "\n- - -"
     assert gopher_quality(DocumentText(text), GopherQualityConfig()).value == 49
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fast_splits_match_their_regex_definitions(seed):
+    import re
+
+    rng = random.Random(seed)
+    text = "".join(rng.choice(["a", "b.", " ", "\n", "\n\n", "é", "\x1c", "--", "_"]) for _ in range(rng.randint(0, 60)))
+    doc = DocumentText(text)
+    assert doc.line_runs == re.split(r"\n+", text)
+    assert doc.paragraphs == re.split(r"\n{2,}", text.strip())
+    keys = doc.token_keys
+    assert [k.decode() if isinstance(k, bytes) else k for k in keys] == split_words(text)
+    ascii_text = text.replace("é", "e")
+    assert [k.decode() for k in DocumentText(ascii_text).token_keys] == split_words(ascii_text)

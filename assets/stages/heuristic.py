@@ -15,8 +15,9 @@ are counted under `c4_lines/<rule>` in the stage counters. "lorem ipsum" and "{"
 document. This keeps pages whose navigation crumbs and cookie banners survived extraction, and
 feeds the FineWeb rules the same text FineWeb fed them.
 
-Where our rules differ from datatrove's code: words come from a regex, not spaCy (see text.py);
-the alphabetic-words ratio counts whitespace-separated words, as the Gopher paper defines it;
+Where our rules differ from datatrove's code: Gopher quality counts whitespace-separated words, as
+the paper does (datatrove counts spaCy tokens, so punctuation tokens push clean technical prose
+under the alphabetic-words threshold); repetition n-grams are regex tokens, not spaCy's (text.py);
 repeated n-grams are compared as word sequences, where datatrove joins words without a separator
 (so "ab c" and "a bc" collide there); sentences are counted by terminal punctuation followed by
 whitespace rather than by spaCy's sentencizer.
@@ -35,6 +36,8 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from itertools import compress
+from operator import not_
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -117,8 +120,8 @@ def gopher_quality(doc: DocumentText, cfg: GopherQualityConfig) -> Drop | None:
     words = doc.words
     # Words made only of symbols ("-", "|", "...") are not words for the count and the mean length
     # (datatrove's "non-symbol words"). Only the few words that are not all letters and digits are
-    # inspected character by character.
-    symbols = [w for w in words if not w.isalnum() and not any(map(str.isalnum, w))]
+    # inspected character by character; `compress` keeps the selection out of the interpreter loop.
+    symbols = [w for w in compress(words, map(not_, map(str.isalnum, words))) if not any(map(str.isalnum, w))]
     n = len(words) - len(symbols)
     if n < cfg.min_words:
         return Drop("gopher_quality/min_words", n, _under(cfg.min_words))
@@ -150,7 +153,7 @@ def gopher_quality(doc: DocumentText, cfg: GopherQualityConfig) -> Drop | None:
     # a non-alphabetic word there; on the sample's documentation pages that alone put clean text at
     # 0.67-0.80, under the 0.8 threshold.
     alpha = sum(map(str.isalpha, words))
-    alpha += sum(1 for w in words if not w.isalpha() and any(map(str.isalpha, w)))
+    alpha += sum(1 for w in compress(words, map(not_, map(str.isalpha, words))) if any(map(str.isalpha, w)))
     ratio = alpha / total
     if ratio < cfg.min_alpha_words_ratio:
         return Drop("gopher_quality/alpha_words_ratio", ratio, _under(cfg.min_alpha_words_ratio))
@@ -179,63 +182,100 @@ def repeated(items: list[str]) -> tuple[int, int]:
 
 
 class NGrams:
-    """Exact integer ids for a document's word n-grams, built level by level: the id of an n-gram
-    is the rank of (id of its first n-1 words, id of its last word), so equal ids mean equal word
-    sequences, with no hashing and no string joins."""
+    """A document's word n-grams as exact integer ids, plus cheap upper bounds that let most
+    documents pass the repetition rules without grouping every n.
 
-    def __init__(self, words: list[str]):
+    Ids are built level by level: the id of an n-gram is the rank of (id of its first n-1 words,
+    id of its last word), so equal ids mean equal word sequences, with no hashing and no string
+    joins. The bounds rest on two facts: an n-gram occurs at most as often as its rarest word, and
+    an n-gram that repeats is made of bigrams that all repeat."""
+
+    def __init__(self, words: list[str] | list[bytes]):
         vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
         self.words = np.fromiter(map(vocab.__getitem__, words), np.int64, len(words))
         self.vocab = max(1, len(vocab))
+        self.word_counts = np.bincount(self.words)[self.words] if len(words) else self.words
         lengths = np.fromiter(map(len, words), np.int64, len(words))
+        self.lengths = lengths
         self.char_cumsum = np.concatenate(([0], np.cumsum(lengths)))
-        self._n = 0
-        self._level: tuple[np.ndarray, np.ndarray, np.ndarray] = (self.words, self.words, self.words)
+        self._levels: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._repeat_bounds: dict[int, int] = {}
 
     def level(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For every n-gram position: its id; and per id, its first position and its count."""
-        if n < self._n:
-            self._n = 0
-        while self._n < n:
-            key = self.words if self._n == 0 else self._level[0][:-1] * self.vocab + self.words[self._n :]
+        if n not in self._levels:
+            if n == 1:
+                key = self.words
+            else:
+                prev = self.level(n - 1)[0]
+                key = prev[:-1] * self.vocab + self.words[n - 1 :]
             _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-            self._n += 1
-            self._level = (inverse, first, counts)
-        return self._level
+            self._levels[n] = (inverse, first, counts)
+        return self._levels[n]
 
     def chars(self, positions: np.ndarray | int, n: int) -> np.ndarray | int:
         """Characters of the n words starting at `positions`, without separators."""
         return self.char_cumsum[np.add(positions, n)] - self.char_cumsum[positions]
 
+    def top_bound(self, n: int) -> int:
+        """At least the characters of the most frequent n-gram times its count."""
+        m = len(self.words) - n + 1
+        rarest = self.word_counts[:m]
+        for k in range(1, n):
+            rarest = np.minimum(rarest, self.word_counts[k : k + m])
+        spaced = self.chars(np.arange(m), n) + (n - 1)
+        return int((rarest * spaced).max())
 
-def top_ngram_chars(grams: NGrams, n: int) -> int:
+    def repeat_bound(self, n: int) -> int:
+        """At least the characters of the words inside any n-gram that occurs more than once. It
+        never grows with n: a window whose n bigrams all repeat holds two windows of n-1."""
+        if n not in self._repeat_bounds:
+            m = len(self.words) - n + 1
+            ids, _, counts = self.level(2)
+            repeated_bigram = np.concatenate(([0], np.cumsum(counts[ids] > 1)))
+            candidate = (repeated_bigram[n - 1 : n - 1 + m] - repeated_bigram[:m]) == n - 1
+            self._repeat_bounds[n] = self.covered_chars(candidate, n)
+        return self._repeat_bounds[n]
+
+    def covered_chars(self, starts: np.ndarray, n: int) -> int:
+        """Characters of the words inside any n-gram window starting where `starts` is true."""
+        if not starts.any():
+            return 0
+        m = len(starts)
+        csum = np.concatenate(([0], np.cumsum(starts)))
+        pos = np.arange(m + n - 1)
+        covered = csum[np.minimum(pos + 1, m)] - csum[np.maximum(pos - n + 1, 0)] > 0
+        return int(self.lengths[covered].sum())
+
+
+def top_ngram_chars(grams: NGrams, n: int, limit: float) -> int:
     """Characters covered by the most frequent n-gram (joined with spaces) times its count; ties go
-    to the n-gram seen first, as `Counter.most_common` does in datatrove."""
+    to the n-gram seen first, as `Counter.most_common` does in datatrove. When a cheap upper bound
+    is within `limit`, the bound is returned instead (never above `limit` when the exact value is
+    not)."""
+    bound = grams.top_bound(n)
+    if bound <= limit:
+        return bound
     ids, first, counts = grams.level(n)
     top = int(counts.max())
     pos = int(first[counts == top].min())
     return (int(grams.chars(pos, n)) + n - 1) * top
 
 
-def duplicate_ngram_chars(grams: NGrams, n: int, limit: float) -> float:
+def duplicate_ngram_chars(grams: NGrams, n: int, limit: float) -> int:
     """Characters in n-grams that repeat an earlier n-gram, scanning left to right and jumping past
     each repeat (Gopher's definition, so overlapping repeats are not double counted).
 
-    The scan is sequential, so it runs only when a vectorized upper bound (characters of every word
-    inside any repeated n-gram occurrence) exceeds `limit`, which clean text rarely does. Below
-    `limit` the bound is returned instead: 0 exactly when no n-gram repeats, never above `limit`
+    The scan is sequential, so it runs only when two vectorized upper bounds exceed `limit`: words
+    inside n-grams whose bigrams all repeat, then words inside n-grams that do repeat. Below
+    `limit` a bound is returned instead: 0 exactly when no n-gram repeats, and never above `limit`
     when the exact count is not."""
+    bound = grams.repeat_bound(n)
+    if bound <= limit:
+        return bound
     ids, first, _ = grams.level(n)
     m = len(ids)
-    positions = np.arange(m)
-    is_repeat = first[ids] < positions
-    if not is_repeat.any():
-        return 0.0
-    csum = np.concatenate(([0], np.cumsum(is_repeat)))
-    word_pos = np.arange(m + n - 1)
-    covered = csum[np.minimum(word_pos + 1, m)] - csum[np.maximum(word_pos - n + 1, 0)] > 0
-    lengths = np.diff(grams.char_cumsum)
-    bound = float(lengths[covered].sum())
+    bound = grams.covered_chars(first[ids] < np.arange(m), n)
     if bound <= limit:
         return bound
     seen: set[int] = set()
@@ -249,7 +289,7 @@ def duplicate_ngram_chars(grams: NGrams, n: int, limit: float) -> float:
         else:
             seen.add(g)
             idx += 1
-    return float(chars)
+    return chars
 
 
 def gopher_repetition(doc: DocumentText, cfg: GopherRepetitionConfig) -> Drop | None:
@@ -267,22 +307,20 @@ def gopher_repetition(doc: DocumentText, cfg: GopherRepetitionConfig) -> Drop | 
     if chars / text_len > cfg.dup_line_char_frac:
         return Drop("gopher_rep/dup_line_char_frac", chars / text_len, _over(cfg.dup_line_char_frac))
 
-    words = doc.words
+    words = doc.token_keys
     grams = NGrams(words)
     for n, frac in cfg.top_n_grams:
         n = int(n)
         if len(words) < n:
             continue
-        ratio = top_ngram_chars(grams, n) / text_len
+        ratio = top_ngram_chars(grams, n, frac * text_len) / text_len
         if ratio > frac:
             return Drop(f"gopher_rep/top_{n}_gram", ratio, _over(frac))
-    for n, frac in sorted(cfg.dup_n_grams):
-        n = int(n)
-        if len(words) < n:
-            break
+    dup_rules = sorted((int(n), frac) for n, frac in cfg.dup_n_grams)
+    for i, (n, frac) in enumerate(dup_rules):
+        if len(words) < n or grams.repeat_bound(n) <= min(f for _, f in dup_rules[i:]) * text_len:
+            break  # the bound only shrinks as n grows, so every remaining rule passes too
         chars = duplicate_ngram_chars(grams, n, frac * text_len)
-        if chars == 0:
-            break  # no repeated n-gram means no repeated longer one either
         if chars / text_len > frac:
             return Drop(f"gopher_rep/dup_{n}_gram", chars / text_len, _over(frac))
     return None
