@@ -206,6 +206,7 @@ def _is_gzip_member_start(path: str, offset: int) -> bool:
 
 
 def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
+    from fastwarc.stream_io import GzipReader
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
     limit = extract.max_record_bytes
@@ -213,44 +214,48 @@ def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
     index = -1
     damage: tuple[int, int, str] | None = None  # (record index, byte offset, what happened)
     last_pos = 0
-    # Given a path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz; a file
-    # object with stream_detect picks it by content.
-    with open(path, "rb") as stream:
-        try:
-            for record in ArchiveIterator(stream, parse_http=True, stream_detect=True):
-                index += 1
-                last_pos = record.stream_pos
-                if not record.record_type & wanted:
-                    result.count(f"skipped_{record.record_type}")
-                    continue
-                headers = record.headers
-                content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
-                content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
-                rec = _Record(
-                    index=index,
-                    offset=record.stream_pos,
-                    url=headers.get("WARC-Target-URI"),
-                    fetch_time=headers.get("WARC-Date"),
-                    content_type=content_type,
-                )
-                declared = record.content_length
-                if declared > limit:
-                    rec.payload_bytes = declared
-                    rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
-                    rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
-                    result.records.append(rec)
-                    continue
-                payload = record.reader.read(declared + 1)
-                if len(payload) < declared:
-                    damage = (index, record.stream_pos, f"record ends after {len(payload)} of {declared} payload bytes")
-                    break
-                binary = None if is_textual(content_type, extract) else f"content type {content_type}"
-                codec = sniff_charset(payload, record.http_charset if record.is_http else None)
-                result.records.append(_text_or_drop(rec, payload, codec, result, binary))
-        except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
-            last = result.records[-1].offset if result.records else 0
-            damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
-    if _is_gzip_member_start(path, 0):
+    # Given a bare path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz, so
+    # the codec is chosen here by content (a Python file object with stream_detect is slower).
+    gzipped = _is_gzip_member_start(path, 0)
+    stream = GzipReader(path, fsspec_args=False) if gzipped else path
+    try:
+        for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
+            index += 1
+            last_pos = record.stream_pos
+            if not record.record_type & wanted:
+                result.count(f"skipped_{record.record_type}")
+                continue
+            headers = record.headers
+            content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
+            content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
+            rec = _Record(
+                index=index,
+                offset=record.stream_pos,
+                url=headers.get("WARC-Target-URI"),
+                fetch_time=headers.get("WARC-Date"),
+                content_type=content_type,
+            )
+            declared = record.content_length
+            if declared > limit:
+                rec.payload_bytes = declared
+                rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
+                rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
+                result.records.append(rec)
+                continue
+            payload = record.reader.read(declared + 1)
+            if len(payload) < declared:
+                damage = (index, record.stream_pos, f"record ends after {len(payload)} of {declared} payload bytes")
+                break
+            binary = None if is_textual(content_type, extract) else f"content type {content_type}"
+            codec = sniff_charset(payload, record.http_charset if record.is_http else None)
+            result.records.append(_text_or_drop(rec, payload, codec, result, binary))
+    except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
+        last = result.records[-1].offset if result.records else 0
+        damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
+    finally:
+        if gzipped:
+            stream.close()
+    if gzipped:
         # FastWARC ends quietly at a cut-short gzip member; the member's offset is the exact place.
         # Members before the last record read are whole, so on a per-record gzip WARC only the
         # tail is checked; a single-member file (positions inside it are not boundaries) is
