@@ -2,15 +2,17 @@
 
 The `lineage_index` asset writes two files (docs/formats.md has the layout):
 
-- `lineage/documents.parquet`: every clean document without its text, sorted by doc_id, in row
-  groups of `ROW_GROUP_ROWS`: the provenance columns and every per-stage column (language and
-  score, dedup cluster and size, quality score, PII counts, ...).
-- `lineage/index.json`: the first doc_id of each row group, the column list, and the shard indexes
+- `lineage/documents.arrow`: every clean document without its text, sorted by doc_id, as an Arrow
+  IPC file of record batches of `ROW_GROUP_ROWS` rows: the provenance columns and every per-stage
+  column (language and score, dedup cluster and size, quality score, PII counts, ...). Arrow IPC
+  rather than Parquet because its footer is a short list of batch offsets, so opening it
+  memory-mapped and reading one batch costs well under a millisecond.
+- `lineage/index.json`: the first doc_id of each batch, the column list, and the shard indexes
   (by sha256) of every bucket it was built against.
 
 A query never scans the corpus: the token offset is found by binary search over the shard's `.idx`
-offsets, the entry's doc_id is one row of the shard's sidecar, and the document is one row group of
-`lineage/documents.parquet`, found by binary search over the row groups' first doc_ids.
+offsets, the entry's doc_id is one row of the shard's sidecar, and the document is one record batch of
+`lineage/documents.arrow`, found by binary search over the batches' first doc_ids.
 
 `resolve_token(root, cfg, shard, offset)` is the API; `refinery lineage` prints it.
 """
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import hashlib
+import io
+import json
 import re
 import sys
 import time
@@ -32,10 +37,12 @@ from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, documents_key, i
 from refinery.shard_format import ShardFormatError, ShardReader, read_index
 from refinery.storage import DataRoot, dumps_json, open_data_root, sha256_file
 
-DOCUMENTS_KEY = "lineage/documents.parquet"
+DOCUMENTS_KEY = "lineage/documents.arrow"
 INDEX_KEY = "lineage/index.json"
 LINEAGE_VERSION = 1
 ROW_GROUP_ROWS = 1024
+# One row per entry of a final shard: where its document sits in lineage/documents.arrow.
+SHARD_MAP_DTYPE = np.dtype([("doc_row", "<i8"), ("window", "<i4"), ("n_windows", "<i4")])
 SHARD_STAGES = ("final", "tokenized")
 
 # Which funnel stage recorded which document column; columns not listed show under "other".
@@ -61,12 +68,45 @@ class LineageError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
-def _bucket_indexes(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, Any]]:
-    out = {}
-    for bucket in cfg.buckets:
+def shard_map_key(prefix: str) -> str:
+    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.npy`."""
+    return "lineage/" + prefix.removeprefix("shards/") + ".npy"
+
+
+def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    """For each final shard, its entries' rows in the (sorted) documents table; returns what was
+    indexed per bucket, with the sha256 of the bucket index.json it was built from."""
+    rows = docs.select("doc_id").with_row_index("doc_row")
+    out: dict[str, dict[str, Any]] = {}
+    written: set[str] = set()
+    for bucket in buckets:
         key = f"shards/final/{bucket}/index.json"
-        if root.exists(key):
-            out[bucket] = {"index_sha256": root.sha256(key), **{k: root.read_json(key)[k] for k in ("tokens", "entries")}}
+        if not root.exists(key):
+            continue
+        raw = root.read_bytes(key)
+        bucket_index = json.loads(raw)
+        for ref in bucket_index["shards"]:
+            side = pl.read_parquet(root.local_path(ref["prefix"] + ".entries.parquet")).with_row_index("entry")
+            joined = side.join(rows, on="doc_id", how="left").sort("entry")
+            missing = joined.filter(pl.col("doc_row").is_null())
+            if missing.height:
+                raise LineageError(
+                    f"{root.display(ref['prefix'])}: entry {missing['entry'][0]} holds doc_id {missing['doc_id'][0]!r}, "
+                    f"which no clean table has; the shards and the clean documents come from different runs: "
+                    f"materialize tokenized_shards, shuffled_shards and then lineage_index again"
+                )
+            table = np.empty(joined.height, dtype=SHARD_MAP_DTYPE)
+            for column in SHARD_MAP_DTYPE.names:
+                table[column] = joined[column].to_numpy()
+            buf = io.BytesIO()
+            np.save(buf, table, allow_pickle=False)
+            written.add(shard_map_key(ref["prefix"]))
+            root.write_bytes(shard_map_key(ref["prefix"]), buf.getvalue())
+        out[bucket] = {"index_sha256": hashlib.sha256(raw).hexdigest(), "tokens": bucket_index["tokens"],
+                       "entries": bucket_index["entries"], "shards": len(bucket_index["shards"])}
+    for stale in root.list("lineage/final"):
+        if stale not in written:
+            root.delete(stale)
     return out
 
 
@@ -102,16 +142,19 @@ def clean_documents_without_text(root: DataRoot, cfg: RefineryConfig, stage: str
     return pl.concat(parts, how="diagonal_relaxed")
 
 
-def write_lineage_index(root: DataRoot, docs: pl.DataFrame, extra: dict[str, Any]) -> dict[str, Any]:
-    """Sort `docs` by doc_id, write lineage/documents.parquet in row groups, then lineage/index.json."""
-    import pyarrow.parquet as pq
+def write_lineage_index(root: DataRoot, docs: pl.DataFrame, buckets: list[str], extra: dict[str, Any]) -> dict[str, Any]:
+    """Sort `docs` by doc_id, write lineage/documents.arrow in record batches, a map per final shard
+    of `buckets`, then lineage/index.json."""
+    import pyarrow as pa
 
     docs = docs.sort("doc_id")
     dupes = docs["doc_id"].is_duplicated()
     if dupes.any():
         raise LineageError(f"doc_id repeats across the clean tables, e.g. {docs.filter(dupes)['doc_id'][0]!r}")
+    table = docs.to_arrow()
     with root.writer(DOCUMENTS_KEY) as tmp:
-        pq.write_table(docs.to_arrow(), tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=ROW_GROUP_ROWS)
     index = {
         "version": LINEAGE_VERSION,
         "documents": docs.height,
@@ -119,6 +162,7 @@ def write_lineage_index(root: DataRoot, docs: pl.DataFrame, extra: dict[str, Any
         "row_group_first_doc_ids": docs["doc_id"].gather_every(ROW_GROUP_ROWS).to_list(),
         "columns": docs.columns,
         "documents_sha256": root.sha256(DOCUMENTS_KEY),
+        "buckets": _write_shard_maps(root, buckets, docs),
         **extra,
     }
     root.write_json(INDEX_KEY, index)
@@ -132,7 +176,8 @@ def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_
     index = write_lineage_index(
         root,
         clean_documents_without_text(root, cfg, stage),
-        {"buckets": _bucket_indexes(root, cfg), "final_shards_verified": shards_checked},
+        list(cfg.buckets),
+        {"final_shards_verified": shards_checked},
     )
     index["wall_s"] = time.perf_counter() - t0
     return index
@@ -159,19 +204,21 @@ def parse_shard(shard: str) -> tuple[str, str, str]:
     return stage, m["bucket"], f"shards/{stage}/{m['bucket']}/{m['shard']}"
 
 
-def _find_shard(root: DataRoot, cfg: RefineryConfig, shard: str) -> tuple[str, str, int, dict[str, Any], int]:
-    """(stage, bucket, number, shard ref, entries before it in the bucket)."""
+def _find_shard(root: DataRoot, cfg: RefineryConfig, shard: str) -> tuple[str, str, int, dict[str, Any], int, str]:
+    """(stage, bucket, number, shard ref, entries before it in the bucket, sha256 of the bucket index)."""
     stage, bucket, prefix = parse_shard(shard)
     if bucket not in cfg.buckets:
         raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {cfg.buckets}")
     key = f"shards/{stage}/{bucket}/index.json"
-    if not root.exists(key):
-        raise LineageError(f"{root.display(key)}: no {stage} shards for bucket {bucket!r}; materialize them first")
-    refs = root.read_json(key)["shards"]
+    try:
+        raw = root.read_bytes(key)
+    except FileNotFoundError:
+        raise LineageError(f"{root.display(key)}: no {stage} shards for bucket {bucket!r}; materialize them first") from None
+    refs = json.loads(raw)["shards"]
     before = 0
     for number, ref in enumerate(refs):
         if ref["prefix"] == prefix:
-            return stage, bucket, number, ref, before
+            return stage, bucket, number, ref, before, hashlib.sha256(raw).hexdigest()
         before += ref["entries"]
     names = [r["prefix"].rsplit("/", 1)[-1] for r in refs]
     raise LineageError(
@@ -180,14 +227,20 @@ def _find_shard(root: DataRoot, cfg: RefineryConfig, shard: str) -> tuple[str, s
     )
 
 
-def _check_hash(root: DataRoot, key: str, want: str) -> str:
-    path = root.local_path(key)
+def _read_json(root: DataRoot, key: str, missing: str) -> Any:
+    try:
+        return root.read_json(key)
+    except FileNotFoundError:
+        raise LineageError(f"{root.display(key)}: {missing}") from None
+
+
+def _check_hash(path: str, want: str) -> str:
     if sha256_file(path) != want:
         raise ShardFormatError(
-            f"{root.display(key)}: content hash does not match the bucket's index.json; the shard changed after it "
+            f"{path}: content hash does not match the bucket's index.json; the shard changed after it "
             f"was written; rebuild it (materialize the shard asset again)"
         )
-    return str(path)
+    return path
 
 
 class LineageIndex:
@@ -195,45 +248,71 @@ class LineageIndex:
 
     def __init__(self, root: DataRoot, cfg: RefineryConfig):
         self.root, self.cfg = root, cfg
-        if not root.exists(INDEX_KEY):
-            raise LineageError(f"{root.display(INDEX_KEY)}: no lineage index; materialize the `lineage_index` asset first")
-        self.index = root.read_json(INDEX_KEY)
+        self.index = _read_json(root, INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
         if self.index.get("version") != LINEAGE_VERSION:
             raise LineageError(f"{root.display(INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
 
-    def document(self, doc_id: str) -> dict[str, Any]:
-        """The lineage row of `doc_id`, read from the one row group that can hold it."""
-        import pyarrow.parquet as pq
+    def _batch(self, number: int):
+        import pyarrow as pa
 
+        with pa.memory_map(str(self.root.local_path(DOCUMENTS_KEY))) as source:
+            return pa.ipc.open_file(source).get_batch(number)
+
+    def document_at(self, row: int) -> dict[str, Any]:
+        """Row `row` of lineage/documents.arrow."""
+        return self._batch(row // ROW_GROUP_ROWS).slice(row % ROW_GROUP_ROWS, 1).to_pylist()[0]
+
+    def document(self, doc_id: str) -> dict[str, Any]:
+        """The lineage row of `doc_id`, read from the one record batch that can hold it (memory-mapped)."""
         firsts = self.index["row_group_first_doc_ids"]
         group = bisect.bisect_right(firsts, doc_id) - 1
         if group >= 0:
-            table = pq.ParquetFile(self.root.local_path(DOCUMENTS_KEY)).read_row_group(group)
-            ids = table.column("doc_id").to_numpy(zero_copy_only=False)
-            row = int(np.searchsorted(ids, doc_id))
+            batch = self._batch(group)
+            ids = batch.column("doc_id").to_pylist()
+            row = bisect.bisect_left(ids, doc_id)
             if row < len(ids) and ids[row] == doc_id:
-                return table.slice(row, 1).to_pylist()[0]
+                return batch.slice(row, 1).to_pylist()[0]
         raise LineageError(
             f"doc_id {doc_id!r} is in the shards but not in the lineage index; rebuild lineage_index "
             f"after the shards (materialize lineage_index)"
         )
 
+    def _final_entry(self, bucket: str, bucket_sha: str, prefix: str, entry: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(document row, entry's window info) of a final shard's entry, through its shard map."""
+        built = self.index["buckets"].get(bucket, {}).get("index_sha256")
+        if built != bucket_sha:
+            raise LineageError(
+                f"the lineage index was built from other {bucket!r} shards than the current ones "
+                f"(shards/final/{bucket}/index.json changed); materialize lineage_index again"
+            )
+        row = np.load(self.root.local_path(shard_map_key(prefix)), mmap_mode="r")[entry]
+        side = {"window": int(row["window"]), "n_windows": int(row["n_windows"])}
+        return self.document_at(int(row["doc_row"])), side
+
     def resolve(self, shard: str, offset: int) -> dict[str, Any]:
-        stage, bucket, number, ref, before = _find_shard(self.root, self.cfg, shard)
+        import pyarrow.parquet as pq
+
+        stage, bucket, number, ref, before, bucket_sha = _find_shard(self.root, self.cfg, shard)
         prefix = ref["prefix"]
-        idx_path = _check_hash(self.root, prefix + ".idx", ref["sha256"][".idx"])
-        entries_path = _check_hash(self.root, prefix + ".entries.parquet", ref["sha256"][".entries.parquet"])
-        index = read_index(idx_path)
+        try:
+            local = str(self.root.local_path(prefix + ".idx"))[: -len(".idx")]  # the shard's files sit together
+        except FileNotFoundError as err:
+            raise ShardFormatError(f"{err}; the shard's bucket index names it, so rebuild the bucket's shards") from None
+        index = read_index(_check_hash(local + ".idx", ref["sha256"][".idx"]))
         if not 0 <= offset < index.num_tokens:
             raise LineageError(
                 f"offset {offset} is outside shard {prefix} ({index.num_tokens} tokens: 0..{index.num_tokens - 1})"
             )
         entry = int(np.searchsorted(index.offsets, offset, side="right") - 1)
         start, end = int(index.offsets[entry]), int(index.offsets[entry + 1])
-        side = pl.read_parquet(entries_path).row(entry, named=True)
-        bin_path = idx_path[: -len(".idx")] + ".bin"
-        token = int(np.memmap(bin_path, dtype=index.dtype, mode="r", offset=offset * index.dtype.itemsize, shape=(1,))[0])
-        doc = self.document(side["doc_id"])
+        if stage == "final":
+            doc, side = self._final_entry(bucket, bucket_sha, ref["prefix"], entry)
+        else:
+            entries_path = _check_hash(local + ".entries.parquet", ref["sha256"][".entries.parquet"])
+            sidecar = pq.ParquetFile(entries_path, memory_map=True).read_row_group(0, columns=["doc_id", "window", "n_windows"])
+            side = sidecar.slice(entry, 1).to_pylist()[0]
+            doc = self.document(side["doc_id"])
+        token = int(np.memmap(local + ".bin", dtype=index.dtype, mode="r", offset=offset * index.dtype.itemsize, shape=(1,))[0])
         return {
             "shard": prefix,
             "stage": stage,
@@ -249,7 +328,7 @@ class LineageIndex:
             "in_overlap_prefix": offset - start < int(index.overlaps[entry]),
             "window": side["window"],
             "n_windows": side["n_windows"],
-            "doc_id": side["doc_id"],
+            "doc_id": doc["doc_id"],
             "url": doc.get("url"),
             "source": doc.get("source"),
             "file": doc.get("file"),

@@ -7,6 +7,7 @@ import json
 import random
 
 import numpy as np
+import polars as pl
 import pytest
 
 from assets.stages import shuffle as sh
@@ -157,7 +158,9 @@ def test_missing_lineage_index_says_what_to_materialize(tmp_path):
 
 
 def test_documents_table_is_sorted_and_text_free(built):
-    docs = built.root.read_parquet(lin.DOCUMENTS_KEY)
+    import pyarrow as pa
+
+    docs = pl.from_arrow(pa.ipc.open_file(str(built.root.local_path(lin.DOCUMENTS_KEY))).read_all())
     index = built.root.read_json(lin.INDEX_KEY)
     assert docs["doc_id"].to_list() == sorted(built.texts)  # every clean document, rejected-at-tokenize included
     assert "text" not in docs.columns and "text_bytes" in docs.columns
@@ -181,3 +184,17 @@ def test_cli_errors_exit_nonzero_with_the_reason(built, capsys):
     assert "outside shard" in capsys.readouterr().err
     assert main(base) == 2
     assert "needs --offset" in capsys.readouterr().err
+
+
+def test_lineage_index_older_than_the_shards_is_refused(tmp_path):
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 20, "web/b": 10, "math/m": 5})
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+    lin.build_lineage_index(c.root, c.cfg)
+    sh.shuffle_bucket(c.root, c.cfg.seed + 1, "web", 1024, 1)
+    with pytest.raises(lin.LineageError, match="materialize lineage_index again"):
+        lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
+    assert lin.resolve_token(c.root, c.cfg, "math/shard-00000", 0)["bucket"] == "math"
+    lin.build_lineage_index(c.root, c.cfg)
+    assert lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)["bucket"] == "web"
