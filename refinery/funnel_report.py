@@ -36,8 +36,8 @@ DEFAULT_TARGET_TOKENS = 1_000_000_000
 TOP_REASONS = 5
 
 
-class NothingMaterialized(RuntimeError):
-    pass
+class UnreadableStats(ValueError):
+    """A stats file that is not a stage's stats (hand-edited, or written by another tool)."""
 
 
 @dataclass
@@ -64,7 +64,13 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
     for stage in stage_order(list(by_stage)):
         merged = StageStats(stage=stage)
         for key in by_stage[stage]:
-            merged = merged + StageStats.from_dict(root.read_json(key))
+            try:
+                merged = merged + StageStats.from_dict(root.read_json(key))
+            except (ValueError, KeyError, TypeError) as err:
+                raise UnreadableStats(
+                    f"{root.display(key)} is not a stage stats file ({type(err).__name__}: {err}); "
+                    f"re-materialize that partition, or delete the file"
+                ) from None
         totals[stage] = StageTotals(merged, len(by_stage[stage]))
     return totals
 
@@ -193,7 +199,11 @@ def format_report(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     root = open_data_root(cfg.resolve(cfg.data_root))
-    totals = load_stage_totals(root)
+    try:
+        totals = load_stage_totals(root)
+    except UnreadableStats as err:
+        print(f"refinery funnel: {err}", file=sys.stderr)
+        return 1
     if not totals:
         print(
             f"refinery funnel: nothing materialized yet under {root.display('stats')}; "

@@ -110,6 +110,16 @@ def test_a_stage_where_nothing_survives_has_no_finite_budget(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["budget"]["raw_input_bytes"] is None
 
 
+@pytest.mark.parametrize("content", ["{not json", '{"stage": "raw_documents"}', "[1, 2]"])
+def test_an_unreadable_stats_file_is_named(tmp_path, capsys, content):
+    bad = tmp_path / "out" / "stats" / "raw_documents" / "web-0.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(content)
+    assert main(["funnel", "--config", write_config(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and "re-materialize" in err
+
+
 def test_bad_arguments_and_missing_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["funnel", "--config", write_config(tmp_path), "--target-tokens", "-5"])
