@@ -31,6 +31,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
 
+from refinery.storage import atomic_path
+
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "data" / "source"
 SHINGLE_SIZE = 5
 BLOCKLISTED_DOMAINS = ("spam-casino.example", "cheap-pills.example")
@@ -340,10 +342,8 @@ def gzip_member(data: bytes) -> bytes:
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -759,10 +759,9 @@ def generate_corpus(
 def write_corpus(path: Path, n_docs: int, seed: int, fmt: str = "jsonl", **kwargs) -> int:
     """Write `generate_corpus` as JSONL ({"url", "text"}; gzip when the name ends in .gz) or as a
     per-record-gzip WARC of HTML pages. Returns the number of documents written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = rng_for(seed, "corpus-html")
     n = 0
-    with open(path, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         sink = gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) if fmt == "jsonl" and path.name.endswith(".gz") else f
         if fmt == "warc":
             f.write(gzip_member(warc_record("warcinfo", None, b"software: refinery.synth\r\n", rng, "application/warc-fields")))
