@@ -125,12 +125,24 @@ def test_unknown_or_non_text_charset_falls_back_to_utf8(tmp_path):
     assert out.documents["raw"].to_list() == [body.decode()] * 2
 
 
-def test_gzip_named_file_that_is_plain_warc_reads_cleanly(tmp_path):
-    path = tmp_path / "plain-named.warc.gz"
-    write_warc(path, [response("https://n.example/1", page(1))], compress=False)
-    out = read(path, warc_source())
-    assert out.documents["url"].to_list() == ["https://n.example/1"]
-    assert out.rejects.height == 0
+def test_compression_is_read_from_content_not_suffix(tmp_path):
+    plain_warc = tmp_path / "plain-named.warc.gz"
+    write_warc(plain_warc, [response("https://n.example/1", page(1))], compress=False)
+    gzip_warc = tmp_path / "gzip-named.warc"
+    write_warc(gzip_warc, [response("https://n.example/2", page(2))])
+    plain_jsonl = tmp_path / "plain-named.jsonl.gz"
+    plain_jsonl.write_bytes(b'{"text": "plain", "url": "https://n.example/3"}\n')
+    gzip_jsonl = tmp_path / "gzip-named.jsonl"
+    gzip_jsonl.write_bytes(gzip.compress(b'{"text": "zipped", "url": "https://n.example/4"}\n', mtime=0))
+    for path, source, url in (
+        (plain_warc, warc_source(), "https://n.example/1"),
+        (gzip_warc, warc_source(), "https://n.example/2"),
+        (plain_jsonl, jsonl_source(), "https://n.example/3"),
+        (gzip_jsonl, jsonl_source(), "https://n.example/4"),
+    ):
+        out = read(path, source)
+        assert out.documents["url"].to_list() == [url], path.name
+        assert out.rejects.height == 0, path.name
 
 
 def test_warc_binary_payloads_rejected_and_text_kept(tmp_path):

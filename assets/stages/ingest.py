@@ -290,7 +290,7 @@ def _add_truncation(result: _ReadResult, index: int, offset: int, detail: str) -
 
 
 def _open_jsonl(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    return gzip.open(path, "rb") if _is_gzip_member_start(path, 0) else open(path, "rb")
 
 
 def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, int]]:
