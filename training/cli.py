@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.metrics import MetricsSink
 
 EXIT_HALTED = 3
 
@@ -47,13 +50,15 @@ def format_table(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) -> int:
+    """`sinks` receive every step's metrics (orchestration/pipes_train.py forwards them over Dagster Pipes)."""
     from refinery.config import load_config
     from training.trainer import ResumeRefused, RunOptions, Trainer
 
     cfg = load_config(args.config)
     options = RunOptions(resume=args.resume, stop_after_phase=args.stop_after_phase, run_dir=args.run_dir,
-                         simulate_world_size=args.simulate_world_size, num_workers=args.num_workers)
+                         simulate_world_size=args.simulate_world_size, num_workers=args.num_workers,
+                         sinks=list(sinks or []))
     trainer = Trainer(cfg, options)
     try:
         status = trainer.train()
