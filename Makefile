@@ -21,9 +21,11 @@ demo: $(STAMP)
 	$(BIN)/refinery demo --config $(CONFIG)
 
 test: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 ui: $(STAMP)

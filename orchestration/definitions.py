@@ -13,14 +13,17 @@ from assets.partitions import Partitions
 from orchestration.resources import build_resources, config_path_from_env
 from refinery.config import load_config
 
-# Modules under assets/ that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
-ASSET_MODULES: list[str] = [
+# Modules (the asset groups, then schedules and sensors) that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
+DEFINITION_MODULES: list[str] = [
     "assets.funnel",
     "assets.contamination",
     "assets.curriculum",
     "assets.quality",
     "assets.tokens",
     "assets.dedup",
+    "assets.training",
+    "orchestration.schedules",
+    "orchestration.sensors",
 ]
 
 
@@ -29,7 +32,7 @@ def build_definitions(config_path: str) -> dg.Definitions:
 
     cfg = load_config(config_path)
     parts = Partitions.from_config(cfg)
-    pieces = [importlib.import_module(m).build_definitions(cfg, parts) for m in ASSET_MODULES]
+    pieces = [importlib.import_module(m).build_definitions(cfg, parts) for m in DEFINITION_MODULES]
     return dg.Definitions.merge(*pieces, dg.Definitions(resources=build_resources(config_path)))
 
 

@@ -1,5 +1,6 @@
 """The Dagster layer loads, and the pure layers stay free of it."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_workspace_definitions_validate():
+def test_workspace_definitions_validate(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "DAGSTER_HOME": str(tmp_path)},
     )
     assert out.returncode == 0, out.stdout + out.stderr
 

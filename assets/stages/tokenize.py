@@ -20,6 +20,7 @@ import itertools
 import shutil
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,11 +134,13 @@ def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAG
         df = root.read_parquet(documents_key(stage, shard_name), columns=["doc_id", "text"])
         df = df.filter(pl.col("doc_id").is_in(list(ids)) & (pl.col("text").str.len_bytes() > 0))
         texts.update(zip(df["doc_id"].to_list(), df["text"].str.slice(0, TRAIN_MAX_CHARS).to_list()))
-    sample = [texts[d] for _, _, d in chosen if d in texts]
+    used = [(shard_name, d) for _, shard_name, d in chosen if d in texts]
+    sample = [texts[d] for _, d in used]
+    per_shard = Counter(shard_name for shard_name, _ in used)
     info = {
         "docs": len(sample),
         "bytes": sum(len(t.encode()) for t in sample),
-        "shards": {k: len(v) for k, v in sorted(by_shard.items())},
+        "shards": dict(sorted(per_shard.items())),
         "corpus_docs": len(keyed),
         "seed": cfg.seed,
     }
@@ -273,8 +276,6 @@ class ShardSeries:
     extra_index: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        import pyarrow as pa
-
         self._stage_dir = staging_dir(self.root)
         self._writer: ShardWriter | None = None
         self._shards: list[dict[str, Any]] = []
@@ -283,7 +284,6 @@ class ShardSeries:
         self._arrow_schema = pl.DataFrame(schema=ENTRY_TABLE_SCHEMA).to_arrow().schema
         self._table_path = self._stage_dir / "entries.parquet"
         self._table_writer = None
-        self._pa = pa
         self.entries = 0
         self.tokens = 0
         self.documents = 0
