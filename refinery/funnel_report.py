@@ -33,6 +33,7 @@ FUNNEL_ORDER = (
     "pii_redacted",
 )
 DEFAULT_TARGET_TOKENS = 1_000_000_000
+DEFAULT_BYTES_PER_TOKEN = 4.0  # b_t: raw bytes per token, a typical BPE figure for English web text
 TOP_REASONS = 5
 
 
@@ -243,5 +244,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"N in the budget (default: curriculum.total_tokens, else {DEFAULT_TARGET_TOKENS:,})",
     )
-    p.add_argument("--bytes-per-token", type=_positive(float), default=4.0, help="b_t in the budget (default 4)")
+    p.add_argument("--bytes-per-token", type=_positive(float), default=DEFAULT_BYTES_PER_TOKEN,
+                   help=f"b_t in the budget (default {DEFAULT_BYTES_PER_TOKEN:g})")
     p.set_defaults(func=run)
