@@ -1,0 +1,171 @@
+"""The contamination gate on the bundled sample, through Dagster: the clean sample scans clean, eval
+text planted into anneal documents is found (every planted leak, nothing else), the blocking check
+fails and training_run[anneal] is refused; under the drop policy the scan passes and every phase
+trains."""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+import yaml
+
+from orchestration.definitions import build_definitions
+from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
+from refinery.config import load_config
+from refinery.contamination import exclusions_key, phase_doc_ids, scan_report_key
+from refinery.documents import CLEAN_STAGE, documents_key
+from refinery.manifest import read_manifest
+from refinery.storage import LocalDataRoot
+from training.phase_runs import phase_run_dir
+from training.status import read_status
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ["warmup", "main", "reasoning", "anneal"]
+# Held-out items of our own: none of this text is in the sample.
+LEAKED_ITEMS = [
+    {"id": "leak-1", "text": "A lighthouse keeper winds the lamp clock every four hours and logs each passing ship, "
+                             "so how many entries does she write if eleven ships pass between two windings?"},
+    {"id": "leak-2", "text": "The orchard sends nine crates of pears to the market on Friday and keeps back a "
+                             "third of the harvest for cider pressing in the stone barn near the river."},
+    {"id": "leak-3", "text": "Which of the four glaciers named in the survey retreated fastest after the warm "
+                             "summers, given the measured loss of ice along each valley floor?"},
+    {"id": "leak-4", "text": "Tomas paints the fence along the lane in three coats of green and finishes the last "
+                             "coat two days before the village fair opens its gates to visitors."},
+]
+NGRAM = 13
+
+
+def plant(text: str, item: dict, how: str) -> str:
+    words = item["text"].split()
+    if how == "appended":
+        return f"{text}\n\n{item['text']}"
+    if how == "shouted_mid_text":  # case and punctuation must not hide a leak
+        cut = len(text) // 2
+        return text[:cut] + " " + item["text"].upper().replace(",", ";").replace("?", "!") + " " + text[cut:]
+    if how == "exact_span":  # the shortest leak the scan is configured to catch: one 13-word window
+        return " ".join(words[5:5 + NGRAM]) + ". " + text
+    if how == "split_over_lines":
+        return text + "\n" + " ".join(words[:9]) + "\n" + " ".join(words[9:])
+    if how == "one_word_short":  # 12 consecutive words: below the n-gram, not a leak by this measure
+        return text + " " + " ".join(words[5:5 + NGRAM - 1]) + "."
+    raise ValueError(how)
+
+
+def write_config(tmp: Path, eval_sets: list[dict], policy: str) -> Path:
+    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    demo["data_root"] = str(tmp / "out")
+    for source in demo["sources"]:
+        source["path"] = str((REPO / "configs" / source["path"]).resolve())
+    demo["contamination"].update(eval_sets=eval_sets, policy=policy, ngram=NGRAM, max_contaminated_docs=0)
+    path = tmp / "refinery.yaml"
+    path.write_text(yaml.safe_dump(demo))
+    return path
+
+
+def materialize(config: Path, instance: dg.DagsterInstance, asset: str, phase: str) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(str(config))
+    assets = list(defs.assets) + list(defs.asset_checks or [])
+    return dg.materialize(assets, selection=[dg.AssetKey(asset)], partition_key=phase, instance=instance,
+                          resources=defs.resources, run_config=QUIET_RUN_CONFIG, raise_on_error=False)
+
+
+def check_passed(result: dg.ExecuteInProcessResult) -> bool:
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation.passed
+
+
+def launch_logs(cfg, phase: str) -> list[str]:
+    return sorted(p.name for p in phase_run_dir(cfg, phase).glob("launch-*.log"))
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    """The sample through phase_manifests and a first contamination scan of every phase against the
+    demo eval set, in one instance the tests below keep using."""
+    tmp = tmp_path_factory.mktemp("contamination_graph")
+    demo_eval = {"name": "demo_eval", "path": str(REPO / "data" / "evals" / "demo_eval.jsonl")}
+    config = write_config(tmp, [demo_eval], policy="none")
+    defs = build_definitions(str(config))
+    selection = list(dg.AssetSelection.assets("contamination_scan").upstream().resolve(defs.resolve_asset_graph()))
+    home = tmp / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        materialize_graph(defs, instance, selection, log=lambda _: None, run_config=QUIET_RUN_CONFIG)
+        cfg = load_config(config)
+        yield {"tmp": tmp, "config": config, "demo_eval": demo_eval, "instance": instance, "cfg": cfg,
+               "root": LocalDataRoot(cfg.resolve(cfg.data_root))}
+
+
+def test_clean_sample_has_no_contamination_in_any_phase(sample):
+    root = sample["root"]
+    for phase in PHASES:
+        report = root.read_json(scan_report_key(phase))
+        assert report["docs_scanned"] > 0, phase
+        assert (report["contaminated_docs"], report["hits"], report["passed"]) == (0, [], True), phase
+
+
+def plant_into_anneal(root: LocalDataRoot) -> tuple[set[str], str]:
+    """Plant LEAKED_ITEMS (four ways) and a 12-word near miss into anneal documents of different
+    buckets, in the clean documents table the scan reads. Returns (planted doc ids, near-miss doc id)."""
+    anneal = phase_doc_ids(root, read_manifest(root, "anneal"))
+    buckets = sorted(b for b in anneal if anneal[b])
+    assert len(buckets) >= 5, "the sample's anneal phase draws from every bucket"
+    chosen = [sorted(anneal[b])[0] for b in buckets[:5]]
+    ways = ["appended", "shouted_mid_text", "exact_span", "split_over_lines", "one_word_short"]
+    plan = {doc: (LEAKED_ITEMS[i % len(LEAKED_ITEMS)], how) for i, (doc, how) in enumerate(zip(chosen, ways))}
+    for partition in sorted({doc.rsplit("/", 1)[0] for doc in plan}):
+        key = documents_key(CLEAN_STAGE, partition)
+        table = root.read_parquet(key)
+        texts = [plant(text, *plan[doc]) if doc in plan else text
+                 for doc, text in zip(table["doc_id"].to_list(), table["text"].to_list())]
+        root.write_parquet(key, table.with_columns(pl.Series("text", texts)))
+    near_miss = chosen[ways.index("one_word_short")]
+    return set(chosen) - {near_miss}, near_miss
+
+
+def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample):
+    tmp, instance, cfg, root = sample["tmp"], sample["instance"], sample["cfg"], sample["root"]
+    planted, near_miss = plant_into_anneal(root)
+    leaked_path = tmp / "leaked_eval.jsonl"
+    leaked_path.write_text("".join(json.dumps(item) + "\n" for item in LEAKED_ITEMS))
+    eval_sets = [sample["demo_eval"], {"name": "leaked", "path": str(leaked_path)}]
+    config = write_config(tmp, eval_sets, policy="none")
+
+    # The stored scan no longer covers today's eval sets: training is refused before any launch.
+    stale = materialize(config, instance, "training_run", "anneal")
+    assert not stale.success and "older than a change to eval_set/leaked" in str(stale.all_events)
+
+    scan = materialize(config, instance, "contamination_scan", "anneal")
+    assert not check_passed(scan), "the blocking check fails on a contaminated anneal manifest"
+    hits = root.read_parquet("contamination/anneal/hits.parquet")
+    assert set(hits["doc_id"]) == planted, "every planted leak found, the 12-word near miss and clean docs not"
+    assert near_miss not in set(hits["doc_id"])
+    assert set(hits["eval_set"]) == {"leaked"}
+
+    refused = materialize(config, instance, "training_run", "anneal")
+    assert not refused.success
+    [failure] = [e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = failure.step_failure_data.error.message
+    assert "training_run[anneal] refused" in message and f"found {len(planted)} contaminated documents" in message
+    assert launch_logs(cfg, "anneal") == [], "anneal training did not run"
+
+    config = write_config(tmp, eval_sets, policy="drop")
+    for phase in PHASES:  # every phase's scan must be current with the new eval set before it trains
+        result = materialize(config, instance, "contamination_scan", phase)
+        assert check_passed(result), phase
+        report = root.read_json(scan_report_key(phase))
+        assert report["contaminated_docs"] == 0 and set(report["dropped"]) <= planted, phase
+        remaining = set().union(*phase_doc_ids(root, read_manifest(root, phase)).values())
+        assert not remaining & planted, f"{phase}: contaminated documents left the manifest"
+    assert set(root.read_json(exclusions_key("anneal"))) == planted
+    assert near_miss in set().union(*phase_doc_ids(root, read_manifest(root, "anneal")).values())
+
+    for phase in PHASES:
+        assert materialize(config, instance, "training_run", phase).success, phase
+    status = read_status(phase_run_dir(cfg, "anneal"))
+    assert status["state"] == "completed" and status["step"] == status["total_steps"]
+    assert launch_logs(cfg, "anneal") == ["launch-1.log"]
