@@ -13,8 +13,8 @@ eval-set hashes) so a stale scan can be recognised.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,10 +25,12 @@ import numpy as np
 from refinery.config import ContaminationConfig, RefineryConfig
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from refinery.manifest import PhaseManifest
     from refinery.storage import DataRoot
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+_WORD_HASH_SEED = 0x5EED
 # An odd 64-bit multiplier for the polynomial n-gram hash; arithmetic wraps mod 2**64 on purpose.
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 
@@ -37,27 +39,27 @@ class ContaminationError(ValueError):
     """An eval set that cannot be read, or a scan that cannot run. The message says which and why."""
 
 
+def _normalized_word_lists(texts: list[str | None]) -> "pl.Series":
+    """Lower-cased runs of word characters per text: punctuation, case and whitespace do not hide a
+    leak. Polars does the splitting in Rust, which is most of a scan's cost."""
+    import polars as pl
+
+    return pl.Series(texts, dtype=pl.String).fill_null("").str.to_lowercase().str.extract_all(r"\w+")
+
+
 def normalized_words(text: str) -> list[str]:
-    """Lower-cased word characters only: punctuation, case and whitespace do not hide a leak."""
-    return _WORD.findall(text.lower())
+    return _normalized_word_lists([text])[0].to_list()
 
 
-class _WordHasher:
-    """Stable 64-bit word hashes (Python's hash() is salted per process), memoised per vocabulary."""
+def word_hashes(texts: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(64-bit hash of every word of every text, back to back; word count of each text).
 
-    def __init__(self) -> None:
-        self._cache: dict[str, int] = {}
-
-    def __call__(self, words: list[str]) -> np.ndarray:
-        cache = self._cache
-        out = np.empty(len(words), dtype=np.uint64)
-        for i, w in enumerate(words):
-            h = cache.get(w)
-            if h is None:
-                h = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
-                cache[w] = h
-            out[i] = h
-        return out
+    Polars' seeded hash is stable within a Polars version; the index and the documents are hashed
+    in the same process and hashes are never stored, so that is all a scan needs."""
+    lists = _normalized_word_lists(texts)
+    counts = lists.list.len().to_numpy().astype(np.int64)
+    flat = lists.explode().drop_nulls()
+    return flat.hash(seed=_WORD_HASH_SEED).to_numpy(), counts
 
 
 def ngram_hashes(word_hashes: np.ndarray, n: int) -> np.ndarray:
@@ -80,24 +82,31 @@ class EvalItem:
 
 
 class EvalIndex:
-    """Every n-gram of every eval item, as a sorted hash array plus the item each came from."""
+    """Every n-gram of every eval item, as a sorted hash array plus the item each came from.
+
+    A bitmap over the low bits of the hashes, about 16 bits per n-gram, answers "certainly not in
+    the index" for almost every n-gram of a clean document with one gather; only the rest pay for
+    the binary search. The bitmap stops growing at MAX_BITMAP_BITS (128 MiB)."""
+
+    MAX_BITMAP_BITS = 1 << 30
 
     def __init__(self, n: int, hashes: np.ndarray, items: np.ndarray, catalogue: list[EvalItem], texts: list[list[str]], sha256: dict[str, str]):
         self.n = n
         self.hashes = hashes
+        bits = min(self.MAX_BITMAP_BITS, 1 << max(6, (16 * max(len(hashes), 1) - 1).bit_length()))
+        self._mask = np.uint64(bits - 1)
+        self._bitmap = np.zeros(bits // 8, dtype=np.uint8)
+        low = hashes & self._mask
+        np.bitwise_or.at(self._bitmap, (low >> np.uint64(3)).astype(np.int64), (np.uint8(1) << (low & np.uint64(7)).astype(np.uint8)))
         self.items = items
         self.catalogue = catalogue
-        self._words = texts  # normalized words of each item, to show the matched n-gram
+        self._texts = texts  # each item's text, to show the matched n-gram
         self.sha256 = sha256  # eval-set name -> file hash: a scan is stale when these change
 
     @classmethod
     def build(cls, cfg: RefineryConfig) -> "EvalIndex":
         ccfg = cfg.contamination
-        hasher = _WordHasher()
-        all_hashes: list[np.ndarray] = []
-        all_items: list[np.ndarray] = []
-        catalogue: list[EvalItem] = []
-        words_by_item: list[list[str]] = []
+        records: list[tuple[str, str, str]] = []  # (eval set, item id, text)
         digests: dict[str, str] = {}
         for es in ccfg.eval_sets:
             path = Path(cfg.resolve(es.path))
@@ -119,25 +128,37 @@ class EvalIndex:
                     ) from None
                 if not isinstance(text, str):
                     raise ContaminationError(f"{path}:{lineno}: `text` must be a string")
-                words = normalized_words(text)
-                grams = ngram_hashes(hasher(words), ccfg.ngram)
-                if len(grams) == 0:
-                    continue  # shorter than one n-gram: it cannot leak by this measure
-                all_hashes.append(grams)
-                all_items.append(np.full(len(grams), len(catalogue), dtype=np.int32))
-                catalogue.append(EvalItem(es.name, item_id))
-                words_by_item.append(words)
+                records.append((es.name, item_id, text))
+        flat, counts = word_hashes([text for _, _, text in records])
+        ends = np.cumsum(counts)
+        all_hashes: list[np.ndarray] = []
+        all_items: list[np.ndarray] = []
+        catalogue: list[EvalItem] = []
+        texts: list[str] = []
+        for (name, item_id, text), end, count in zip(records, ends.tolist(), counts.tolist()):
+            grams = ngram_hashes(flat[end - count:end], ccfg.ngram)
+            if len(grams) == 0:
+                continue  # shorter than one n-gram: it cannot leak by this measure
+            all_hashes.append(grams)
+            all_items.append(np.full(len(grams), len(catalogue), dtype=np.int32))
+            catalogue.append(EvalItem(name, item_id))
+            texts.append(text)
         hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, dtype=np.uint64)
         items = np.concatenate(all_items) if all_items else np.zeros(0, dtype=np.int32)
         order = np.argsort(hashes, kind="stable")
-        return cls(ccfg.ngram, hashes[order], items[order], catalogue, words_by_item, digests)
+        return cls(ccfg.ngram, hashes[order], items[order], catalogue, texts, digests)
 
     def __len__(self) -> int:
         return len(self.hashes)
 
+    def may_contain(self, grams: np.ndarray) -> np.ndarray:
+        """False where an n-gram hash is certainly not in the index; True may be a bitmap collision."""
+        low = grams & self._mask
+        return (self._bitmap[(low >> np.uint64(3)).astype(np.intp)] >> (low & np.uint64(7)).astype(np.uint8)) & 1 == 1
+
     def matched_ngram(self, item: int, gram_hash: int) -> str:
-        words = self._words[item]
-        grams = ngram_hashes(_WordHasher()(words), self.n)
+        words = normalized_words(self._texts[item])
+        grams = ngram_hashes(word_hashes([self._texts[item]])[0], self.n)
         pos = int(np.flatnonzero(grams == np.uint64(gram_hash))[0])
         return " ".join(words[pos : pos + self.n])
 
@@ -179,34 +200,54 @@ class ScanReport:
         return d
 
 
+SCAN_BATCH_DOCS = 2048  # documents split, hashed and looked up together: one Polars and numpy pass per batch
+
+
+def _in_index(index: EvalIndex, grams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found mask, index position) of each n-gram hash."""
+    pos = np.searchsorted(index.hashes, grams)
+    pos[pos == len(index.hashes)] = 0
+    return index.hashes[pos] == grams, pos
+
+
 def scan_documents(
     index: EvalIndex, docs: Iterable[tuple[str, str | None, str, str]]
 ) -> Iterator[Hit]:
-    """Yield one Hit per contaminated document of (doc_id, url, bucket, text)."""
+    """Yield one Hit per contaminated document of (doc_id, url, bucket, text), in input order.
+
+    A batch's words are hashed as one array and its n-grams rolled over the whole array; windows
+    that cross a document boundary are masked out, so the answer is the per-document one."""
     if len(index) == 0:
         return
-    hasher = _WordHasher()
-    for doc_id, url, bucket, text in docs:
-        grams = np.unique(ngram_hashes(hasher(normalized_words(text or "")), index.n))
+    n = index.n
+    it = iter(docs)
+    while batch := list(itertools.islice(it, SCAN_BATCH_DOCS)):
+        flat, lengths = word_hashes([text for _, _, _, text in batch])
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        grams = ngram_hashes(flat, n)
         if len(grams) == 0:
             continue
-        pos = np.searchsorted(index.hashes, grams)
-        pos[pos == len(index.hashes)] = 0
-        found = index.hashes[pos] == grams
-        if not found.any():
-            continue
-        first = int(np.flatnonzero(found)[0])
-        item = int(index.items[pos[first]])
-        ev = index.catalogue[item]
-        yield Hit(
-            doc_id=doc_id,
-            url=url,
-            bucket=bucket,
-            eval_set=ev.eval_set,
-            eval_id=ev.item_id,
-            ngram=index.matched_ngram(item, int(grams[first])),
-            matched_ngrams=int(found.sum()),
-        )
+        candidates = np.flatnonzero(index.may_contain(grams))
+        candidates = candidates[_in_index(index, grams[candidates])[0]]
+        doc_of = np.searchsorted(ends, candidates, side="right")
+        inside = candidates + n <= ends[doc_of]  # windows that cross into the next document do not count
+        for d in np.unique(doc_of[inside]).tolist():
+            doc_id, url, bucket, _ = batch[d]
+            distinct = np.unique(grams[starts[d]:ends[d] - n + 1])
+            hit, pos = _in_index(index, distinct)
+            first = int(np.flatnonzero(hit)[0])
+            item = int(index.items[pos[first]])
+            ev = index.catalogue[item]
+            yield Hit(
+                doc_id=doc_id,
+                url=url,
+                bucket=bucket,
+                eval_set=ev.eval_set,
+                eval_id=ev.item_id,
+                ngram=index.matched_ngram(item, int(distinct[first])),
+                matched_ngrams=int(hit.sum()),
+            )
 
 
 def scan(

@@ -2,10 +2,11 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from refinery.config import parse_config
-from refinery.contamination import ContaminationError, EvalIndex, ngram_hashes, normalized_words, scan, _WordHasher
+from refinery.contamination import ContaminationError, EvalIndex, ngram_hashes, normalized_words, scan, word_hashes
 
 EVAL_TEXT = (
     "Natalia sold clips to forty eight of her friends in April and then she sold half as many clips in May "
@@ -34,13 +35,23 @@ def make_cfg(tmp_path, items, ngram=13, max_docs=0):
     )
 
 
+def hashed(text: str) -> np.ndarray:
+    return word_hashes([text])[0]
+
+
 def test_ngram_hash_is_positional_and_stable():
-    h = _WordHasher()
-    a = ngram_hashes(h(["a", "b", "c", "d"]), 3)
-    b = ngram_hashes(_WordHasher()(["a", "b", "c", "d"]), 3)
-    assert len(a) == 2 and (a == b).all()
-    assert ngram_hashes(h(["b", "a", "c"]), 3)[0] != ngram_hashes(h(["a", "b", "c"]), 3)[0]
-    assert len(ngram_hashes(h(["a", "b"]), 3)) == 0
+    a = ngram_hashes(hashed("a b c d"), 3)
+    assert len(a) == 2 and (a == ngram_hashes(hashed("A, b; C d!"), 3)).all()
+    assert ngram_hashes(hashed("b a c"), 3)[0] != ngram_hashes(hashed("a b c"), 3)[0]
+    assert len(ngram_hashes(hashed("a b"), 3)) == 0
+
+
+def test_batched_words_match_one_text_at_a_time():
+    texts = ["Alpha beta gamma", None, "", "délta épsilon", "x"]
+    flat, counts = word_hashes(texts)
+    assert counts.tolist() == [3, 0, 0, 2, 1]
+    assert flat.tolist() == [h for t in texts for h in word_hashes([t])[0].tolist()]
+    assert normalized_words("Délta, ÉPSILON!") == ["délta", "épsilon"]
 
 
 def test_scan_finds_planted_leak_despite_case_and_punctuation(tmp_path):
