@@ -36,6 +36,11 @@ class S3StorageError(OSError):
     """An S3 call failed; the message names the operation, the object and the endpoint, never a credential."""
 
 
+def cache_base_dir() -> Path:
+    """Where remote data roots keep local copies: $REFINERY_CACHE_DIR, else the temp folder."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or os.path.join(tempfile.gettempdir(), "refinery-s3-cache"))
+
+
 def endpoint_from_env() -> str | None:
     for name in ENDPOINT_ENV_VARS:
         if os.environ.get(name):
@@ -155,6 +160,10 @@ class LocalFileCache:
         with self._lock:
             return sum(self._sizes.values())
 
+    def pinned_bytes(self) -> int:
+        with self._lock:
+            return sum(self._sizes.get(k, 0) for k in self._pinned)
+
     def _evict(self, keep: str) -> None:
         total = sum(self._sizes.values())
         for key in list(self._etags):
@@ -184,8 +193,7 @@ class S3DataRoot(DataRoot):
         self.client = client if client is not None else make_s3_client(endpoint_url=endpoint_url)
         self.endpoint = str(getattr(getattr(self.client, "meta", None), "endpoint_url", "") or "aws")
         if cache_dir is None:
-            base = os.environ.get(CACHE_DIR_ENV) or os.path.join(tempfile.gettempdir(), "refinery-s3-cache")
-            cache_dir = Path(base) / hashlib.sha256(f"{self.endpoint}|{self.url}".encode()).hexdigest()[:16]
+            cache_dir = cache_base_dir() / hashlib.sha256(f"{self.endpoint}|{self.url}".encode()).hexdigest()[:16]
         self.cache = LocalFileCache(cache_dir, cache_bytes)
         self._staging = Path(cache_dir) / ".staging"
 
@@ -303,6 +311,7 @@ class ShardCache:
 
     def __init__(self, root: DataRoot, max_bytes: int = DEFAULT_CACHE_BYTES, threads: int = 1):
         self.root = root
+        self.max_bytes = max_bytes
         if isinstance(root, S3DataRoot):
             root.cache.max_bytes = max_bytes
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shard-prefetch")
@@ -328,7 +337,10 @@ class ShardCache:
     def local_prefix(self, shard_key: str) -> Path:
         self._pin(shard_key)
         try:
-            return self._future(shard_key).result()
+            prefix = self._future(shard_key).result()
+            if not all(Path(str(prefix) + suffix).is_file() for suffix in SHARD_SUFFIXES):
+                prefix = self._fetch(shard_key)  # evicted between prefetch and use; pinned now, so it stays
+            return prefix
         except BaseException:
             self.release(shard_key)
             raise
@@ -343,6 +355,10 @@ class ShardCache:
             self.root.cache.unpin([shard_key + s for s in SHARD_SUFFIXES])
         with self._lock:
             self._pending.pop(shard_key, None)
+
+    def held_bytes(self) -> int:
+        """Bytes of pinned shards in the local cache (0 on a local data root, read in place)."""
+        return self.root.cache.pinned_bytes() if isinstance(self.root, S3DataRoot) else 0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

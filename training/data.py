@@ -23,6 +23,7 @@ from refinery.config import RefineryConfig
 from refinery.manifest import BucketSlice, read_manifest, read_selection
 from refinery.shard_format import ShardReader
 from refinery.storage import DataRoot
+from refinery.storage_s3 import ShardCache
 from training.sampler import CurriculumSampler, EntrySet, StepPlan
 from training.schedule import StepSchedule
 
@@ -44,10 +45,10 @@ class BucketShards:
         return self.prefixes[int(self.entry_shard[entry])], int(self.entry_offset[entry]) + token
 
 
-def open_bucket(root: DataRoot, bucket: BucketSlice, verified: set[str]) -> BucketShards:
+def open_bucket(cache: ShardCache, bucket: BucketSlice, verified: set[str]) -> BucketShards:
     readers = []
     for ref in bucket.shards:
-        reader = ShardReader(root.local_path(ref.prefix + ".idx").with_suffix(""))
+        reader = ShardReader(cache.local_prefix(ref.prefix))
         if ref.prefix not in verified:
             reader.verify(ref.sha256)
             verified.add(ref.prefix)
@@ -97,6 +98,10 @@ class CurriculumData:
                     "curriculum and rebuild phase_manifests (or set the allow_* flag the error names)"
                 )
         schedule = StepSchedule.build(manifests, global_batch)
+        # On a remote data root the shards land in a bounded local cache, fetched in the background in
+        # the order the buckets are opened; a local root is read in place.
+        cache = ShardCache(root, max_bytes=int(cfg.training.shard_cache_gb * (1 << 30)), threads=4)
+        cache.prefetch([ref.prefix for m in manifests for _, bs in sorted(m.buckets.items()) for ref in bs.shards])
         verified: set[str] = set()
         buckets: dict[str, BucketShards] = {}
         sets: dict[str, EntrySet] = {}
@@ -105,7 +110,7 @@ class CurriculumData:
             phase_sets = {}
             for name, bslice in sorted(m.buckets.items()):
                 if name not in buckets:
-                    buckets[name] = open_bucket(root, bslice, verified)
+                    buckets[name] = open_bucket(cache, bslice, verified)
                 key = entry_set_key(bslice)
                 if key not in sets:
                     selection = read_selection(root, bslice)
@@ -113,6 +118,13 @@ class CurriculumData:
                     sets[key] = EntrySet(key, name, ids, buckets[name].lengths, bslice.max_epochs, cfg.seed)
                 phase_sets[name] = sets[key]
             sets_by_phase.append(phase_sets)
+        cache.close()
+        held = cache.held_bytes()
+        if held > cache.max_bytes:
+            raise ValueError(
+                f"the phase manifests name {held / (1 << 30):.2f} GiB of shards, more than training.shard_cache_gb="
+                f"{cfg.training.shard_cache_gb:g} holds; raise it (the trainer keeps every shard it may read)"
+            )
         return cls(schedule, buckets, sets_by_phase, cfg.seed)
 
     def sampler(self, allow_exhaustion: bool) -> CurriculumSampler:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from refinery.config import RefineryConfig
 from training.checkpoint import CheckpointManager
+from training.run_store import RunMirror
 from training.trainer import RunOptions, run_dir_of
 
 if TYPE_CHECKING:
@@ -39,6 +40,14 @@ def checkpoints(run_dir: Path) -> CheckpointManager:
     return CheckpointManager(run_dir / "checkpoints", keep_last=1)
 
 
+def restore_from_data_root(cfg: RefineryConfig, run_dir: Path) -> None:
+    """On a remote data root, bring the phase's run directory to this machine (a step may run in a
+    fresh pod); a no-op on a local data root."""
+    mirror = RunMirror.for_run(cfg, run_dir)
+    if mirror is not None:
+        mirror.restore()
+
+
 def boundary_checkpoint(run_dir: Path, phase: str) -> Path | None:
     """The verified checkpoint written when `phase` closed in `run_dir`, if there is one."""
     manager = checkpoints(run_dir)
@@ -55,6 +64,7 @@ def resume_argument(cfg: RefineryConfig, phase: str) -> str:
     last attempt saved); otherwise the previous phase's boundary checkpoint; the first phase with no
     checkpoint starts fresh ("auto" finds nothing to load)."""
     own = phase_run_dir(cfg, phase)
+    restore_from_data_root(cfg, own)
     if checkpoints(own).complete():
         return "auto"
     names = phase_names(cfg)
@@ -62,6 +72,7 @@ def resume_argument(cfg: RefineryConfig, phase: str) -> str:
     if index == 0:
         return "auto"
     previous = names[index - 1]
+    restore_from_data_root(cfg, phase_run_dir(cfg, previous))
     start = boundary_checkpoint(phase_run_dir(cfg, previous), previous)
     if start is None:
         raise PhaseOrderError(

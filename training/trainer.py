@@ -26,12 +26,13 @@ import torch
 import torch.distributed as dist
 
 from refinery.config import RefineryConfig
-from refinery.storage import LocalDataRoot
+from refinery.storage import open_data_root
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from training.data import CurriculumData
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink
 from training.model import GPT, GPTConfig, IGNORE
+from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
@@ -52,7 +53,7 @@ class RunOptions:
 
 
 def run_dir_of(cfg: RefineryConfig, options: RunOptions) -> Path:
-    return Path(options.run_dir) if options.run_dir else Path(cfg.resolve(cfg.data_root)) / cfg.training.run_dir
+    return Path(options.run_dir) if options.run_dir else run_base(cfg)
 
 
 class Trainer:
@@ -69,7 +70,8 @@ class Trainer:
             torch.set_num_threads(tc.cpu_threads)
         self.run_dir = run_dir_of(cfg, self.opt)
         self.global_batch = tc.micro_batch_size * tc.grad_accum_steps
-        self.data = CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), self.global_batch)
+        self.mirror = RunMirror.for_run(cfg, self.run_dir)  # the run's durable copy on a remote data root
+        self.data = CurriculumData.open(cfg, open_data_root(cfg.resolve(cfg.data_root)), self.global_batch)
         self.schedule = self.data.schedule
         self.data.rank_rows(0, self.data_world)  # fail now, not in a worker, if the batch does not split
         self.model_args = GPTConfig(vocab_size=tc.model.vocab_size or cfg.tokenizer.vocab_size, n_layer=tc.model.n_layer,
@@ -150,6 +152,8 @@ class Trainer:
 
     def resume(self) -> None:
         """Pick the checkpoint to start from, enforcing the halted/completed rules of status.json."""
+        if self.mirror is not None:
+            self.mirror.restore()
         status = read_status(self.run_dir) or {}
         allow = self.cfg.curriculum.allow_bucket_exhaustion
         path: Path | None
@@ -320,17 +324,22 @@ class Trainer:
         state = self.state_dict()
         if self.rank == 0:
             self.checkpoint_path = str(self.ckpt.save(self.step, state, boundary))
+            if self.mirror is not None:
+                self.mirror.push_checkpoints()
             self._status("running")
 
     def _status(self, state: str, reason: str = "", **extra: Any) -> dict[str, Any]:
         if self.rank != 0:
             return {"state": state, "reason": reason}
         phase = self.schedule.phase_at(min(self.step, self.schedule.total_steps - 1))
-        return write_status(
+        status = write_status(
             self.run_dir, state, reason, step=self.step, tokens=self.tokens, phase=self.schedule.phase_names[phase],
             checkpoint=self.checkpoint_path, total_steps=self.schedule.total_steps,
             allow_bucket_exhaustion=self.cfg.curriculum.allow_bucket_exhaustion, summary=self.summary, **extra,
         )
+        if self.mirror is not None:
+            self.mirror.push_run_files()
+        return status
 
     def _halt(self, reason: str, kind: str) -> dict[str, Any]:
         self._save(None)
