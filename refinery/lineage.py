@@ -392,17 +392,39 @@ def format_lineage(r: dict[str, Any]) -> str:
 def run_lineage(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     root = open_data_root(cfg.resolve(cfg.data_root))
-    if args.offset is None:
+    shard, offset, trained = args.shard, args.offset, None
+    if args.run is not None:
+        # The trainer's side (training/token_lineage.py) replays the sampler; imported only here, so
+        # the shard-level lineage above stays free of torch.
+        from training.token_lineage import TokenLookupError, global_row, locate_token
+
+        if None in (args.step, args.row, args.pos):
+            print("refinery lineage: --run needs --step S --row R --pos P (and --rank K under torchrun)", file=sys.stderr)
+            return 2
+        try:
+            row = global_row(cfg, args.run, args.step, args.rank, args.row)
+            trained = {"run": args.run, "rank": args.rank, **locate_token(cfg, root, args.step, row, args.pos)}
+        except TokenLookupError as err:
+            print(f"refinery lineage: {err}", file=sys.stderr)
+            return 2
+        shard, offset = trained["shard"], trained["offset"]
+    if offset is None:
         print("refinery lineage: --shard needs --offset N (a token offset inside the shard)", file=sys.stderr)
         return 2
     try:
-        result = resolve_token(root, cfg, args.shard, args.offset)
+        result = resolve_token(root, cfg, shard, offset)
     except (LineageError, ShardFormatError) as err:
         print(f"refinery lineage: {err}", file=sys.stderr)
         return 2
+    if trained is not None:
+        result = {"trained": trained, **result}
     if args.json:
         sys.stdout.write(dumps_json(result).decode())
     else:
+        if trained is not None:
+            print(f"trained   {trained['run']} step {trained['step']} (phase {trained['phase']}, seq_len "
+                  f"{trained['seq_len']}), rank {trained['rank']} row {args.row} position {trained['pos']}: "
+                  f"epoch {trained['epoch']} of bucket {trained['bucket']}")
         print(format_lineage(result))
     return 0
 
@@ -414,7 +436,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     query = p.add_mutually_exclusive_group(required=True)
     query.add_argument("--shard", help="a final shard, <bucket>/shard-NNNNN, or shards/<stage>/<bucket>/shard-NNNNN")
+    query.add_argument("--run", help="a training run directory: name the token by --step, --row and --pos")
     p.add_argument("--offset", type=int, help="token offset inside --shard")
+    p.add_argument("--step", type=int, help="with --run: the optimizer step (1-based, as in metrics.jsonl)")
+    p.add_argument("--rank", type=int, default=0, help="with --run: the rank whose batch slice --row counts in")
+    p.add_argument("--row", type=int, help="with --run: the row of that rank's batch")
+    p.add_argument("--pos", type=int, help="with --run: the position in the row")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run_lineage)
     p.query = query  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ fails and training_run[anneal] is refused; under the drop policy the scan passes
 trains."""
 
 import json
+import random
 from pathlib import Path
 
 import dagster as dg
@@ -84,13 +85,14 @@ def launch_logs(cfg, phase: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
-    """The sample through phase_manifests and a first contamination scan of every phase against the
-    demo eval set, in one instance the tests below keep using."""
+    """The sample through phase_manifests, the lineage index and a first contamination scan of every
+    phase against the demo eval set, in one instance the tests below keep using."""
     tmp = tmp_path_factory.mktemp("contamination_graph")
     demo_eval = {"name": "demo_eval", "path": str(REPO / "data" / "evals" / "demo_eval.jsonl")}
     config = write_config(tmp, [demo_eval], policy="none")
     defs = build_definitions(str(config))
-    selection = list(dg.AssetSelection.assets("contamination_scan").upstream().resolve(defs.resolve_asset_graph()))
+    wanted = dg.AssetSelection.assets("contamination_scan", "lineage_index").upstream()
+    selection = list(wanted.resolve(defs.resolve_asset_graph()))
     home = tmp / "dagster_home"
     home.mkdir()
     with dg.instance_for_test(temp_dir=str(home)) as instance:
@@ -106,6 +108,49 @@ def test_clean_sample_has_no_contamination_in_any_phase(sample):
         report = root.read_json(scan_report_key(phase))
         assert report["docs_scanned"] > 0, phase
         assert (report["contaminated_docs"], report["hits"], report["passed"]) == (0, [], True), phase
+
+
+def test_lineage_run_resolves_trained_tokens_to_documents_containing_the_decoded_window(sample, capsys):
+    """`refinery lineage --run`: a token the trainer fed, named by (step, row, position), leads to a
+    document whose clean text contains the decoded tokens around it."""
+    from tokenizers import Tokenizer
+
+    from refinery.cli import main as refinery
+    from training.data import CurriculumData
+    from training.trainer import RunOptions, Trainer
+
+    cfg, root, tmp = sample["cfg"], sample["root"], sample["tmp"]
+    run_dir = tmp / "lineage-run"
+    assert Trainer(cfg, RunOptions(run_dir=str(run_dir), stop_after_phase="warmup")).train()["state"] == "completed"
+    tokenizer = Tokenizer.from_file(str(root.local_path("tokenizer/tokenizer.json")))
+    data = CurriculumData.open(cfg, root, cfg.training.micro_batch_size * cfg.training.grad_accum_steps)
+    rng = random.Random(5)
+    steps = sorted(rng.sample(range(1, data.schedule.phase_starts[1] + 1), 6))
+    sampler = data.sampler(False)
+    checked = 0
+    for step in range(1, max(steps) + 1):
+        plan = sampler.plan_next()
+        if step not in steps:
+            continue
+        batch = data.gather(plan, slice(0, data.schedule.global_batch))
+        for _ in range(3):
+            row, pos = rng.randrange(batch["tokens"].shape[0]), rng.randrange(4, plan.seq_len - 4)
+            same_doc = batch["doc_ids"][row] == batch["doc_ids"][row, pos]
+            window = [int(t) for t, keep in zip(batch["tokens"][row, pos - 4:pos + 5], same_doc[pos - 4:pos + 5]) if keep]
+            assert refinery(["lineage", "--config", str(sample["config"]), "--run", str(run_dir), "--step", str(step),
+                             "--row", str(row), "--pos", str(pos), "--json"]) == 0
+            resolved = json.loads(capsys.readouterr().out)
+            assert resolved["token_id"] == int(batch["tokens"][row, pos]), "the replayed token is the one trained on"
+            partition = resolved["doc_id"].rsplit("/", 1)[0]
+            docs = root.read_parquet(documents_key(CLEAN_STAGE, partition), columns=["doc_id", "text"])
+            text = dict(zip(docs["doc_id"], docs["text"]))[resolved["doc_id"]]
+            decoded = tokenizer.decode(window).strip()
+            assert decoded and decoded in text, (decoded, resolved["doc_id"])
+            checked += 1
+    assert checked == 18
+    assert refinery(["lineage", "--config", str(sample["config"]), "--run", str(run_dir), "--step", "9999",
+                     "--row", "0", "--pos", "0"]) == 2
+    assert "has no step 9999 in metrics.jsonl" in capsys.readouterr().err
 
 
 def plant_into_anneal(root: LocalDataRoot) -> tuple[set[str], str]:
