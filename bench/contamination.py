@@ -1,7 +1,7 @@
 """Contamination scan documents/s, `refinery.contamination.scan_documents` next to a plain Python
 n-gram set lookup in the same run, plus recall on planted leaks.
 
-    python -P bench/contamination.py [--docs 20000] [--eval-items 2000] [--repeats 3]
+    python bench/contamination.py [--docs 20000] [--eval-items 2000] [--repeats 3]
 
 Documents are 500 words drawn from a Zipf vocabulary (seeded); the eval set is `--eval-items`
 items of 40 words from the same vocabulary, and 1% of documents carry 20 consecutive words of one

@@ -106,7 +106,7 @@ def main() -> None:
         for shard, offset in positions[: args.baseline_queries]:
             t = time.perf_counter()
             doc_id = lin.resolve_token(root, cfg, shard, offset)["doc_id"]
-            row = pl.read_ipc(docs_path, memory_map=False).filter(pl.col("doc_id") == doc_id)
+            row = pl.read_ipc(docs_path).filter(pl.col("doc_id") == doc_id)
             scan_times.append((time.perf_counter() - t) * 1000)
             assert row.height == 1
         p50, p99 = percentile(times, 50), percentile(times, 99)

@@ -10,9 +10,6 @@ Documents are synthetic web-like text of about 3.6 KB (the size the ANCHORS figu
 numbers, dates, versions and prices everywhere, and planted PII in one document of five.
 
     python -m bench.quality_pii --docs 4000 --repeats 5 [--datatrove-python /path/to/python]
-
-(run from the repository root, as a module: a script run from bench/ would import bench/tokenize.py
-in place of the standard library's tokenize).
 """
 
 import argparse

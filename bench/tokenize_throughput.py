@@ -1,7 +1,7 @@
 """Tokenize + pack throughput: `tokenize_bucket` (batched, parallel encode, windowing, shard writes)
 against a naive per-document `encode` loop over the same documents, in the same run.
 
-    python bench/tokenize.py [--mb 20] [--repeats 3] [--threads 2]
+    python bench/tokenize_throughput.py [--mb 20] [--repeats 3] [--threads 2]
 
 Prints tokens/s for each (median of the repeats, wall clock and per CPU-second) and the ratio. The
 corpus is real text found in this environment (package docs and standard-library source, see
@@ -12,8 +12,6 @@ trained on 2,000 of its documents first.
 import os
 import sys
 
-# Run as `python bench/tokenize.py`, this file's folder would come first on sys.path and shadow the
-# standard library's `tokenize` (which numpy imports); the repository root takes its place.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
