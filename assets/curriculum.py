@@ -5,11 +5,9 @@ The manifest is written even when validation fails, so the reason can be read fr
 well as from the check; the check then blocks everything downstream.
 """
 
-import base64
-
 import dagster as dg
 
-from assets.factory import code_version
+from assets.factory import code_version, image_markdown
 from orchestration.resources import RefineryResource
 from refinery import curriculum as cur
 from refinery.config import RefineryConfig
@@ -33,11 +31,6 @@ def contract_markdown(report: cur.ValidationReport, phase: str) -> str:
         *(f"- warning: {w}" for w in report.warnings),
     ]
     return "\n".join(lines)
-
-
-def image_markdown(png: bytes, path: str) -> str:
-    data = base64.b64encode(png).decode()
-    return f"![curriculum schedule](data:image/png;base64,{data})\n\n`{path}`"
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
@@ -95,8 +88,8 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                     {b: s.quality_cutoff for b, s in manifest.buckets.items() if s.quality_cutoff is not None}
                 ),
                 "contract": dg.MetadataValue.md(contract_markdown(report, phase)),
-                "schedule_plot": dg.MetadataValue.md(
-                    image_markdown(root.read_bytes(SCHEDULE_PLOT_KEY), root.display(SCHEDULE_PLOT_KEY))
+                "schedule_plot": image_markdown(
+                    root.read_bytes(SCHEDULE_PLOT_KEY), "curriculum schedule", f"`{root.display(SCHEDULE_PLOT_KEY)}`"
                 ),
                 "manifest_path": dg.MetadataValue.path(root.display(manifest_key(phase))),
                 "config": dg.MetadataValue.json(cfg.curriculum.model_dump(mode="json")),

@@ -8,6 +8,7 @@ No `from __future__ import annotations` here: Dagster inspects the `context` ann
 asset functions defined below and rejects it as a string.
 """
 
+import base64
 import hashlib
 import inspect
 import sys
@@ -95,6 +96,11 @@ def passthrough(name: str, docs: pl.DataFrame) -> StageOutput:
 StageBuilder = Callable[[RefineryConfig, InputShard], Stage | None]
 
 
+def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
+    """A PNG shown inline on the asset's metadata page (a data URI in markdown), with a caption."""
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
+
+
 def shard_stage_asset(
     name: str,
     upstream: str,
@@ -104,9 +110,11 @@ def shard_stage_asset(
     version_of: Any,
     group: str = "funnel",
     kinds: set[str] | None = None,
+    extra_metadata: Callable[[DataRoot, str], dict[str, Any]] | None = None,
 ) -> dg.AssetsDefinition:
     """A per-input-shard stage: `upstream`'s table in, `name`'s table out. `build` returns the
-    stage for a shard, or None when the shard's source skips it (documents pass through)."""
+    stage for a shard, or None when the shard's source skips it (documents pass through).
+    `extra_metadata(root, partition)` adds entries once the output is published."""
 
     version = code_version(version_of)
 
@@ -131,8 +139,9 @@ def shard_stage_asset(
             f"({out.stats.retention:.1%}) in {out.stats.wall_s:.2f}s"
         )
         summary = stage.config_summary() if stage is not None else {"skipped_by_source": shard.source}
-        return dg.MaterializeResult(
-            metadata=provenance_metadata(out.stats, summary, version, outputs, out.documents)
-        )
+        metadata = provenance_metadata(out.stats, summary, version, outputs, out.documents)
+        if extra_metadata is not None:
+            metadata.update(extra_metadata(root, shard.key))
+        return dg.MaterializeResult(metadata=metadata)
 
     return _stage_asset

@@ -10,12 +10,13 @@ names; pii_redacted runs the safety filter and then PII redaction (`assets.stage
 import dagster as dg
 import polars as pl
 
-from assets.factory import code_version, provenance_metadata, publish_stage_output, shard_stage_asset
+from assets.factory import code_version, image_markdown, provenance_metadata, publish_stage_output, shard_stage_asset
 from assets.stages import pii as pii_stage
 from assets.stages import quality as q
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import documents_key, input_shard, input_shards
+from refinery.funnel_report import funnel_chart_png, partition_stage_stats
 from refinery.storage import DataRoot
 
 UPSTREAM = "deduped"
@@ -58,6 +59,13 @@ def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.Trai
 
 def _metric(value: float | None) -> dg.MetadataValue:
     return dg.MetadataValue.float(round(value, 6)) if value is not None else dg.MetadataValue.text("n/a")
+
+
+def funnel_chart_metadata(root: DataRoot, partition: str) -> dict:
+    """The input shard's whole funnel, raw records to clean documents, as a chart on its last stage."""
+    stats = partition_stage_stats(root, partition)
+    png = funnel_chart_png(stats, f"funnel of {partition}")
+    return {"funnel_chart": image_markdown(png, f"funnel of {partition}", "documents left after each stage")}
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
@@ -143,6 +151,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         partitions_def=parts.input_shards,
         description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
         version_of=pii_stage,
+        extra_metadata=funnel_chart_metadata,
     )
 
     return dg.Definitions(assets=[quality_model, quality_scored, pii_redacted])

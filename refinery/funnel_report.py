@@ -76,6 +76,43 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
     return totals
 
 
+def partition_stage_stats(root: DataRoot, partition: str) -> list[StageStats]:
+    """One input shard's stats for every funnel stage materialized for it, in funnel order."""
+    from refinery.documents import stats_key
+
+    return [StageStats.from_dict(root.read_json(stats_key(stage, partition)))
+            for stage in FUNNEL_ORDER if root.exists(stats_key(stage, partition))]
+
+
+def funnel_chart_png(stats: list[StageStats], title: str) -> bytes:
+    """Documents left after each stage as bars, labelled with the stage's retention (PNG bytes)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [st.stage for st in stats]
+    kept = [st.docs_out for st in stats]
+    start = stats[0].docs_in if stats else 0
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(stats) + 1.2))
+    ax.barh(range(len(stats)), kept, color="#4c72b0")
+    ax.set_yticks(range(len(stats)), names)
+    ax.invert_yaxis()
+    for i, st in enumerate(stats):
+        ax.text(kept[i], i, f" {st.docs_out:,} ({_ratio(st.docs_out, st.docs_in):.1%} of {st.docs_in:,})", va="center", fontsize=8)
+    ax.set_xlim(0, max([start, *kept, 1]) * 1.35)
+    ax.set_xlabel("documents")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    # No "Software" tag: the same stats give the same PNG bytes across matplotlib builds.
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _ratio(out: int, inp: int) -> float:
     return out / inp if inp else 1.0
 
