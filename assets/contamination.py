@@ -27,11 +27,11 @@ def _hits_markdown(report: cont.ScanReport) -> str:
     return "\n".join(lines)
 
 
-def scan_and_apply_policy(cfg: RefineryConfig, root, phase: str) -> tuple[cont.ScanReport, cont.ScanReport, list[str]]:
+def scan_and_apply_policy(cfg: RefineryConfig, root, phase: str, log=None) -> tuple[cont.ScanReport, cont.ScanReport, list[str]]:
     """Scan `phase`; under the drop policy remove what was found and scan the rebuilt manifest.
     Returns (first scan, final scan, newly dropped doc ids)."""
     index = cont.EvalIndex.build(cfg)
-    first = cont.scan_phase(cfg, root, phase, index)
+    first = cont.scan_phase(cfg, root, phase, index, log)
     if not first.hits or cfg.contamination.policy != "drop":
         return first, first, []
     key = cont.exclusions_key(phase)
@@ -60,7 +60,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     def contamination_scan(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
         cfg, root = refinery.config, refinery.root
         phase = context.partition_key
-        first, final, dropped = scan_and_apply_policy(cfg, root, phase)
+        first, final, dropped = scan_and_apply_policy(cfg, root, phase, context.log.info)
         report = {**final.to_json(), "found_before_policy": first.contaminated_docs, "dropped": dropped,
                   "policy": cfg.contamination.policy}
         digest = root.write_json(cont.scan_report_key(phase), report)

@@ -148,7 +148,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         "lineage/index.json: answers `refinery lineage --shard S --offset N` without scanning.",
     )
     def lineage_index(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        index = lin.build_lineage_index(refinery.root, refinery.config)
+        index = lin.build_lineage_index(refinery.root, refinery.config, log=context.log.info)
         context.log.info(f"lineage_index: {index['documents']} documents, "
                          f"{index['final_shards_verified']} final shards verified")
         return dg.MaterializeResult(

@@ -18,7 +18,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -298,7 +298,8 @@ def phase_doc_ids(root: "DataRoot", manifest: "PhaseManifest") -> dict[str, set[
     return out
 
 
-def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str) -> Iterator[tuple[str, str | None, str, str]]:
+def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str,
+                    wanted: dict[str, set[str]] | None = None) -> Iterator[tuple[str, str | None, str, str]]:
     """(doc_id, url, bucket, text) of every document a phase may draw, read from `stage`'s tables.
 
     Doc ids start with their input shard (`<partition>/<index>`), so only the tables of shards that
@@ -307,7 +308,7 @@ def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str) -> 
 
     from refinery.documents import documents_key
 
-    wanted = phase_doc_ids(root, manifest)
+    wanted = wanted if wanted is not None else phase_doc_ids(root, manifest)
     for bucket in sorted(wanted):
         by_partition: dict[str, list[str]] = {}
         for doc_id in wanted[bucket]:
@@ -379,14 +380,20 @@ def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[
     return {"manifest": root.sha256(manifest_key(phase)), **{f"eval_set/{k}": v for k, v in sorted(index.sha256.items())}}
 
 
-def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalIndex | None = None) -> ScanReport:
-    """Scan the documents of `phase`'s manifest against the configured eval sets (read-only)."""
+def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalIndex | None = None,
+               log: Callable[[str], None] | None = None) -> ScanReport:
+    """Scan the documents of `phase`'s manifest against the configured eval sets (read-only).
+    Shows a bar on a terminal; `log` gets a progress line every 10%."""
     from refinery.documents import CLEAN_STAGE
     from refinery.manifest import read_manifest
+    from refinery.progress import track
 
     index = index or EvalIndex.build(cfg)
     manifest = read_manifest(root, phase)
-    return scan(phase, cfg.contamination, index, phase_documents(root, manifest, CLEAN_STAGE), current_fingerprint(root, phase, index))
+    wanted = phase_doc_ids(root, manifest)
+    docs = track(phase_documents(root, manifest, CLEAN_STAGE, wanted), total=sum(map(len, wanted.values())),
+                 desc=f"scan {phase}", unit="doc", log=log)
+    return scan(phase, cfg.contamination, index, docs, current_fingerprint(root, phase, index))
 
 
 def scan_is_current(cfg: RefineryConfig, root: "DataRoot", phase: str) -> tuple[bool, str]:

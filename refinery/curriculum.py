@@ -364,7 +364,9 @@ def read_bucket_inventory(root: "DataRoot", bucket: str) -> BucketInventory:
 
 
 def read_inventory(root: "DataRoot", buckets: list[str] | tuple[str, ...]) -> dict[str, BucketInventory]:
-    return {b: read_bucket_inventory(root, b) for b in buckets}
+    from refinery.progress import track
+
+    return {b: read_bucket_inventory(root, b) for b in track(buckets, desc="validate: read bucket inventory", unit="bucket")}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from assets.stages.base import StageStats
 from refinery.config import load_config
+from refinery.progress import Progress
 from refinery.storage import DataRoot, open_data_root
 
 # The funnel's stages in the order documents flow; later stages from other assets go here too.
@@ -62,9 +63,11 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
         if len(parts) == 3 and parts[2].endswith(".json"):
             by_stage.setdefault(parts[1], []).append(key)
     totals: dict[str, StageTotals] = {}
+    bar = Progress(sum(map(len, by_stage.values())), desc="funnel: read stage stats", unit="file")
     for stage in stage_order(list(by_stage)):
         merged = StageStats(stage=stage)
         for key in by_stage[stage]:
+            bar.update()
             try:
                 merged = merged + StageStats.from_dict(root.read_json(key))
             except (ValueError, KeyError, TypeError) as err:
@@ -73,6 +76,7 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
                     f"re-materialize that partition, or delete the file"
                 ) from None
         totals[stage] = StageTotals(merged, len(by_stage[stage]))
+    bar.close()
     return totals
 
 

@@ -27,13 +27,14 @@ import json
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, documents_key, input_shards
+from refinery.progress import track
 from refinery.shard_format import ShardFormatError, ShardReader, read_index
 from refinery.storage import DataRoot, dumps_json, open_data_root, sha256_file
 
@@ -110,26 +111,23 @@ def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) ->
     return out
 
 
-def verify_final_shards(root: DataRoot, cfg: RefineryConfig) -> int:
+def verify_final_shards(root: DataRoot, cfg: RefineryConfig, log: Callable[[str], None] | None = None) -> int:
     """Check every final shard's files against its bucket's index.json; return the shard count."""
-    count = 0
-    for bucket in cfg.buckets:
-        key = f"shards/final/{bucket}/index.json"
-        if not root.exists(key):
-            continue
-        for ref in root.read_json(key)["shards"]:
-            local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
-            ShardReader(local).verify(ref["sha256"])
-            count += 1
-    return count
+    refs = [ref for bucket in cfg.buckets if root.exists(f"shards/final/{bucket}/index.json")
+            for ref in root.read_json(f"shards/final/{bucket}/index.json")["shards"]]
+    for ref in track(refs, desc="lineage: verify final shards", unit="shard", log=log):
+        local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
+        ShardReader(local).verify(ref["sha256"])
+    return len(refs)
 
 
-def clean_documents_without_text(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> pl.DataFrame:
+def clean_documents_without_text(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE,
+                                 log: Callable[[str], None] | None = None) -> pl.DataFrame:
     """Every clean document's columns except its text (replaced by `text_bytes`)."""
     import pyarrow.parquet as pq
 
     parts = []
-    for shard in input_shards(cfg):
+    for shard in track(input_shards(cfg), desc="lineage: read clean documents", unit="file", log=log):
         path = root.local_path(documents_key(stage, shard.key))
         names = pq.read_schema(path).names
         parts.append(
@@ -169,13 +167,15 @@ def write_lineage_index(root: DataRoot, docs: pl.DataFrame, buckets: list[str], 
     return index
 
 
-def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> dict[str, Any]:
-    """Verify the final shards, then index the clean documents of every input shard."""
+def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE,
+                        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Verify the final shards, then index the clean documents of every input shard. `log` gets a
+    progress line every 10% (an asset passes its context's logger)."""
     t0 = time.perf_counter()
-    shards_checked = verify_final_shards(root, cfg)
+    shards_checked = verify_final_shards(root, cfg, log)
     index = write_lineage_index(
         root,
-        clean_documents_without_text(root, cfg, stage),
+        clean_documents_without_text(root, cfg, stage, log),
         list(cfg.buckets),
         {"final_shards_verified": shards_checked},
     )

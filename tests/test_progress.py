@@ -57,3 +57,25 @@ def test_track_counts_every_item_and_rejects_a_bad_interval():
     assert len(lines) == 2
     with pytest.raises(ValueError, match="every_pct"):
         Progress(1, every_pct=0)
+
+
+def test_long_commands_stay_quiet_when_piped_and_draw_a_bar_when_forced(tmp_path):
+    """`refinery train` through a pipe prints its table and nothing else; with REFINERY_PROGRESS=1
+    (what a terminal gets) the same command draws a bar over its steps on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    from training.synthetic import tiny_run
+
+    config = tiny_run(tmp_path)
+    base = [sys.executable, "-m", "refinery.cli", "train", "--config", str(config)]
+    env = {k: v for k, v in os.environ.items() if k != "REFINERY_PROGRESS"}
+    piped = subprocess.run(base + ["--run-dir", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    assert "refinery train:" not in piped.stderr and "step/s" not in piped.stderr
+    forced = subprocess.run(base + ["--run-dir", str(tmp_path / "b")], capture_output=True, text=True,
+                            env={**env, "REFINERY_PROGRESS": "1"}, timeout=300)
+    assert forced.returncode == 0, forced.stderr
+    assert "refinery train" in forced.stderr and "step" in forced.stderr
+    assert forced.stdout.splitlines()[-1] == piped.stdout.splitlines()[-1], "the same run, the same summary"

@@ -53,6 +53,7 @@ def format_table(status: dict[str, Any]) -> str:
 def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) -> int:
     """`sinks` receive every step's metrics (orchestration/pipes_train.py forwards them over Dagster Pipes)."""
     from refinery.config import load_config
+    from refinery.progress import Progress
     from training.trainer import ResumeRefused, RunOptions, Trainer
 
     cfg = load_config(args.config)
@@ -60,12 +61,16 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
                          simulate_world_size=args.simulate_world_size, num_workers=args.num_workers,
                          sinks=list(sinks or []))
     trainer = Trainer(cfg, options)
+    bar = Progress(trainer.schedule.total_steps, desc="refinery train", unit="step")
+    if trainer.rank == 0:
+        trainer.metrics.sinks.append(lambda record: bar.update(record["step"] - bar.done))
     try:
         status = trainer.train()
     except ResumeRefused as err:
         print(f"refinery train: {err}", file=sys.stderr)
         return EXIT_HALTED
     finally:
+        bar.close()
         trainer.close()
     if trainer.rank == 0:
         if args.json:
