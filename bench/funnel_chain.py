@@ -1,0 +1,189 @@
+"""The funnel end to end, text in to deduplicated, redacted text out: ours next to HuggingFace
+datatrove's comparable chain on the same documents, in the same run.
+
+    python bench/funnel_chain.py --docs 20000 --datatrove-docs 2000 \\
+        --datatrove-python /tmp/dtvenv/bin/python
+
+The corpus is `refinery.synth.write_corpus` JSONL (real English sentences, about 3.6 KB per
+document, 5% exact and 5% near copies). Both chains start from its text (extraction is timed
+separately, in bench/funnel.py) and end with the surviving documents written out:
+
+- ours, in one process, as the graph runs it for one input shard: `read_input_shard`,
+  `Extractor` (text passes through), `LanguageFilter` (fastText lid.176), `HeuristicFilter` (URL, Gopher, C4, FineWeb rules),
+  `dedup_signatures`, every `exact_deduped` hash range, every `near_deduped` band,
+  `near_dup_clusters`, `deduped`, then the PII redactor; Parquet in and out at every step.
+- datatrove 0.10, with `LocalPipelineExecutor` (1 task, 1 worker): JsonlReader -> LanguageFilter
+  (ft176, given the same local lid.176.ftz instead of a download) -> GopherRepetitionFilter ->
+  GopherQualityFilter -> C4QualityFilter(filter_no_terminal_punct=False) -> FineWebQualityFilter
+  -> PIIFormatter -> JsonlWriter, then the 4-stage MinHash (signatures, buckets, clusters, filter
+  with a JsonlWriter), its FineWeb configuration.
+
+Figures are documents in per CPU-second of the whole process (children included), one run each;
+datatrove runs on the first `--datatrove-docs` documents and ours on both that subset and the
+whole corpus.
+"""
+
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import textwrap  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+DATATROVE_CHAIN = textwrap.dedent(
+    """
+    import json, resource, sys
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
+                                          MinhashDedupSignature)
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
+    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
+                                            GopherRepetitionFilter, LanguageFilter)
+    from datatrove.pipeline.formatters import PIIFormatter
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+    from datatrove.utils.lid import FT176LID
+
+    data, work, model = sys.argv[1], sys.argv[2], sys.argv[3]
+    FT176LID.MODEL_URL = "file://" + model  # the local lid.176 file, not a download
+    minhash = MinhashConfig()  # FineWeb's: 14 buckets x 8 hashes, 5-grams
+    stages = [
+        [JsonlReader(data), LanguageFilter(languages=["en"], language_threshold=0.65), GopherRepetitionFilter(),
+         GopherQualityFilter(), C4QualityFilter(filter_no_terminal_punct=False), FineWebQualityFilter(),
+         PIIFormatter(), JsonlWriter(f"{work}/filtered")],
+        [JsonlReader(f"{work}/filtered"), MinhashDedupSignature(output_folder=f"{work}/sigs", config=minhash)],
+        [MinhashDedupBuckets(input_folder=f"{work}/sigs", output_folder=f"{work}/buckets", config=minhash)],
+        [MinhashDedupCluster(input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=minhash)],
+        [JsonlReader(f"{work}/filtered"), MinhashDedupFilter(input_folder=f"{work}/remove_ids"),
+         JsonlWriter(f"{work}/deduped")],
+    ]
+    for i, pipeline in enumerate(stages):
+        workers = minhash.num_buckets if i == 2 else 1
+        LocalPipelineExecutor(pipeline=pipeline, tasks=workers, workers=1,
+                              logging_dir=f"{work}/logs/{i}", skip_completed=False).run()
+    kept = 0
+    import glob, gzip
+    for path in glob.glob(f"{work}/deduped/*"):
+        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+            kept += sum(1 for _ in f)
+    self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
+    print(json.dumps({"cpu_s": cpu, "kept": kept}))
+    """
+)
+
+
+def cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def ours(jsonl: Path, work: Path) -> dict:
+    """Our chain over one input shard, as the graph's assets run it, in a fresh process."""
+    script = textwrap.dedent(
+        f"""
+        import json, resource, sys
+        sys.path[0] = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}
+        from bench.funnel_chain import run_our_chain
+        print(json.dumps(run_our_chain({str(jsonl)!r}, {str(work)!r})))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"our chain failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_our_chain(jsonl: str, work: str) -> dict:
+    from assets import dedup
+    from assets.factory import publish_stage_output
+    from assets.stages import exact_dedup as ex
+    from assets.stages import near_dedup as nd
+    from assets.stages.extract import Extractor
+    from assets.stages.heuristic import HeuristicFilter
+    from assets.stages.ingest import read_input_shard
+    from assets.stages.language import LanguageFilter, LanguageModel
+    from assets.stages.pii import PiiRedactor
+    from refinery.config import load_config
+    from refinery.documents import documents_key, input_shards
+    from refinery.storage import LocalDataRoot
+
+    config = Path(work) / "chain.yaml"
+    config.write_text(yaml.safe_dump({
+        "seed": 1, "data_root": str(Path(work) / "root"), "buckets": ["web"],
+        "sources": [{"name": "web", "path": jsonl, "format": "jsonl", "bucket": "web"}],
+        "stages": {"language": {"languages": ["en"], "min_score": 0.65}},
+    }))
+    start = cpu_seconds()
+    cfg = load_config(str(config))
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    [shard] = input_shards(cfg)
+    raw = read_input_shard(shard, cfg.sources[0], cfg.stages.extract)
+    text = Extractor(cfg.stages.extract).run(raw.documents)  # JSONL text passes through
+    publish_stage_output(root, "extracted_text", shard.key, text)
+    language = LanguageFilter(cfg.stages.language, LanguageModel()).run(text.documents)
+    publish_stage_output(root, "language_filtered", shard.key, language)
+    heuristic = HeuristicFilter(cfg.stages.heuristic).run(language.documents)
+    publish_stage_output(root, "heuristic_filtered", shard.key, heuristic)
+    dedup.compute_signatures(cfg, root, shard.key)
+    for key in ex.range_keys(cfg.stages.exact_dedup.hash_ranges):
+        dedup.compute_exact_range(cfg, root, key)
+    for key in nd.band_keys(nd.DedupSettings.from_config(cfg).bands):
+        dedup.compute_band_edges(cfg, root, key)
+    dedup.compute_clusters(cfg, root)
+    dedup.apply_to_shard(cfg, root, shard.key)
+    deduped = root.read_parquet(documents_key("deduped", shard.key))
+    redacted = PiiRedactor.from_config(cfg.stages.pii).run(deduped)
+    publish_stage_output(root, "pii_redacted", shard.key, redacted)
+    return {"cpu_s": cpu_seconds() - start, "docs_in": raw.documents.height, "kept": redacted.documents.height}
+
+
+def main() -> None:
+    from assets.stages.language import bundled_model_path
+    from refinery.synth import write_corpus
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--datatrove-docs", type=int, default=2_000)
+    ap.add_argument("--datatrove-python", help="an interpreter with datatrove[processing] and spaCy installed")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        full = tmp / "corpus.jsonl"
+        write_corpus(full, args.docs, args.seed, fmt="jsonl")
+        subset = tmp / "subset" / "corpus.jsonl"
+        subset.parent.mkdir()
+        subset.write_text("".join(full.read_text().splitlines(keepends=True)[: args.datatrove_docs]))
+        rows = {}
+        for name, path, n in (("ours, whole corpus", full, args.docs), ("ours, subset", subset, args.datatrove_docs)):
+            work = tmp / name.replace(", ", "-").replace(" ", "_")
+            work.mkdir()
+            r = ours(path, work)
+            rows[name] = {**r, "docs": n, "docs_per_cpu_s": n / r["cpu_s"]}
+            print(json.dumps({name: rows[name]}), flush=True)
+        if args.datatrove_python:
+            script = tmp / "datatrove_chain.py"
+            script.write_text(DATATROVE_CHAIN)
+            proc = subprocess.run([args.datatrove_python, str(script), str(subset.parent), str(tmp / "dt"),
+                                   bundled_model_path()], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"datatrove chain failed:\n{proc.stderr[-3000:]}")
+            dt = json.loads(proc.stdout.strip().splitlines()[-1])
+            n = args.datatrove_docs
+            rows["datatrove, subset"] = {**dt, "docs": n, "docs_per_cpu_s": n / dt["cpu_s"]}
+            print(json.dumps({"datatrove, subset": rows["datatrove, subset"]}), flush=True)
+            ratio = rows["ours, subset"]["docs_per_cpu_s"] / rows["datatrove, subset"]["docs_per_cpu_s"]
+            print(json.dumps({"ours_over_datatrove_on_subset": ratio}))
+
+
+if __name__ == "__main__":
+    main()
