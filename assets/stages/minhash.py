@@ -20,6 +20,7 @@ mixed again, keeping the top 32 bits.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -335,9 +336,11 @@ def bottom_k_jaccard(a: np.ndarray, b: np.ndarray, k: int) -> float:
     return float(np.isin(union, both, assume_unique=True).sum() / union.size)
 
 
+@functools.lru_cache(maxsize=64)
 def lsh_params(threshold: float, num_perm: int, false_positive_weight: float, false_negative_weight: float) -> tuple[int, int]:
     """(bands, rows) minimising the weighted false positive and negative areas (datasketch's
-    `MinHashLSH` optimiser, the same integrals)."""
+    `MinHashLSH` optimiser, the same integrals). Cached: the integration takes about 0.1 s and every
+    dedup step asks for the same settings."""
     from datasketch.lsh import _optimal_param
 
     return _optimal_param(threshold, num_perm, false_positive_weight, false_negative_weight)
