@@ -12,8 +12,14 @@ one phase at `--seq-len`) is written under `--workdir`. Then, each a median of `
 - ours, num_workers=0 and 2: `StepStream` behind `make_loader`, the trainer's own path: planning
   each step, gathering its rows, building the target mask and doc ids, handing torch tensors over.
 
-The shards are read once before timing, so both read from the page cache. Target: ours at least
-0.5x the bare gather.
+- litdata (`--peers-python`, an interpreter with litdata installed, outside .venv): the same
+  tokens, the same shards' `.bin` files concatenated, written by `litdata.optimize` with its
+  `TokensLoader`, read by `StreamingDataset` + `StreamingDataLoader` in windows of `--seq-len`,
+  batch `--batch`, shuffled, workers 0 and 2. MosaicML streaming is not run: its package imports
+  torchvision, whose wheel does not load against the pinned CPU torch here.
+
+The shards are read once before timing, so every reader works from the page cache. Target: ours at
+least 0.5x the bare gather.
 """
 
 import os
@@ -22,7 +28,10 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import textwrap  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -33,6 +42,50 @@ from refinery.storage import LocalDataRoot  # noqa: E402
 from training.data import CurriculumData  # noqa: E402
 from training.loader import StepStream, make_loader  # noqa: E402
 from training.synthetic import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
+
+
+LITDATA_SCRIPT = textwrap.dedent(
+    """
+    import glob, json, statistics, sys, time
+    import numpy as np, torch
+    from litdata import StreamingDataLoader, StreamingDataset, optimize
+    from litdata.streaming.item_loader import TokensLoader
+
+    shards, out, seq_len, batch, steps, repeats = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+    tokens = np.concatenate([np.fromfile(p, dtype=np.uint16) for p in sorted(glob.glob(f"{shards}/*/*.bin"))])
+    chunk = seq_len * 1024
+
+    def pieces(i):
+        yield torch.from_numpy(tokens[i * chunk:(i + 1) * chunk].astype(np.int32))
+
+    if __name__ == "__main__":
+        optimize(fn=pieces, inputs=list(range(len(tokens) // chunk)), output_dir=out, chunk_size=chunk,
+                 item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+        result = {}
+        for workers in (0, 2):
+            times = []
+            for _ in range(repeats):
+                ds = StreamingDataset(out, item_loader=TokensLoader(block_size=seq_len), shuffle=True, drop_last=True, seed=1)
+                loader = StreamingDataLoader(ds, batch_size=batch, num_workers=workers)
+                start = time.perf_counter()
+                for i, b in enumerate(loader):
+                    if i + 1 == steps:
+                        break
+                times.append(time.perf_counter() - start)
+            result[f"litdata, num_workers={workers}"] = statistics.median(times)
+        print(json.dumps(result))
+    """
+)
+
+
+def litdata_times(python: str, shard_dir: Path, workdir: Path, seq_len: int, batch: int, steps: int, repeats: int) -> dict[str, float]:
+    script = workdir / "litdata_loader.py"
+    script.write_text(LITDATA_SCRIPT)
+    proc = subprocess.run([python, str(script), str(shard_dir), str(workdir / "litdata"), str(seq_len), str(batch),
+                           str(steps), str(repeats)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"litdata run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def build_corpus(workdir: Path, seq_len: int, batch: int, steps: int) -> Path:
@@ -89,6 +142,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", default="/tmp/refinery-bench-loader")
+    ap.add_argument("--peers-python", help="an interpreter with litdata installed (not this environment)")
     args = ap.parse_args()
 
     workdir = Path(args.workdir)
@@ -104,13 +158,16 @@ def main() -> None:
         times["bare memmap gather"].append(bare_gather(data, windows, tokens_per_step))
         times["ours, num_workers=0"].append(ours(data, args.steps, 0))
         times["ours, num_workers=2"].append(ours(data, args.steps, 2))
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    if args.peers_python:
+        medians |= litdata_times(args.peers_python, workdir / "root" / "shards" / "final", workdir, args.seq_len,
+                                 args.batch, args.steps, args.repeats)
     total = args.steps * tokens_per_step
-    bare = statistics.median(times["bare memmap gather"])
+    bare = medians["bare memmap gather"]
     print(f"{args.steps} steps of {args.batch} x {args.seq_len} tokens ({total:,} tokens), median of {args.repeats}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'loader':<24} {'tokens/s':>14} {'vs bare':>8}")
-    for name, ts in times.items():
-        t = statistics.median(ts)
+    for name, t in medians.items():
         print(f"{name:<24} {total / t:>14,.0f} {bare / t:>7.2f}x")
 
 
