@@ -163,6 +163,30 @@ def test_incompatible_state_is_refused_with_the_fix(tiny):
         data.sampler(False).load_state_dict({**state, "version": 99}, 1)
 
 
+def test_a_later_phase_may_change_after_a_checkpoint_but_not_one_already_read(tmp_path):
+    """An anneal variant may resume from main's boundary state with its own anneal manifest; a state
+    taken inside a phase whose manifest then changed is refused."""
+    from training.synthetic import TINY_BUCKETS, TINY_PHASES, write_synthetic_curriculum
+
+    config = tiny_run(tmp_path)
+    _, data = open_data(config)
+    starts = data.schedule.phase_starts
+    sampler = data.sampler(False)
+    states = {}
+    for step in range(starts[2] + 2):
+        if step >= starts[2] - 1:
+            states[step] = sampler.state_dict(1)  # the state after `step` steps
+        sampler.plan_next()
+    variant = [*TINY_PHASES[:2], SyntheticPhase("anneal", 2048, {"web": 0.2, "math": 0.8}, seq_len=64)]
+    write_synthetic_curriculum(tmp_path / "root", TINY_BUCKETS, variant, vocab=512, window=48, overlap=8)
+    _, changed = open_data(config)
+    assert changed.schedule.phase_starts[:3] == starts[:3]
+    changed.sampler(False).load_state_dict(states[starts[2]], 1)  # at the anneal boundary: accepted
+    changed.sampler(False).load_state_dict(states[starts[2] - 1], 1)  # inside main, main unchanged: accepted
+    with pytest.raises(SamplerStateError, match="phases trained so far changed"):
+        changed.sampler(False).load_state_dict(states[starts[2] + 1], 1)  # anneal already read from
+
+
 def test_packing_masks_targets_across_entries_and_on_overlap_prefixes(tmp_path):
     root = LocalDataRoot(tmp_path)
     writer = ShardWriter(tmp_path / "shards/final/web/shard-00000", np.uint16)

@@ -116,6 +116,41 @@ def test_halted_trainer_fails_the_asset_with_its_reason_and_is_not_relaunched(tm
     assert status["state"] == "halted" and status["halt_kind"] == "bucket_exhausted"
 
 
+@pytest.mark.slow
+def test_a_finished_main_branches_into_anneal_variants_without_touching_it(tmp_path):
+    """Seed 000's anneal mixture search: a second config that names its last phase differently
+    trains from the same main boundary checkpoint into a run directory of its own."""
+    import hashlib
+
+    from training.synthetic import TINY_BUCKETS, TINY_PHASES, TINY_TRAINING, synthetic_config, write_synthetic_curriculum
+
+    config = tiny_run(tmp_path, training=TRAINING)
+    variant_phases = [*TINY_PHASES[:2], SyntheticPhase("anneal_math", 2048, {"web": 0.2, "math": 0.8}, seq_len=64,
+                                                       lr_scale=0.5, interpolation=0.05)]
+    write_synthetic_curriculum(tmp_path / "root", TINY_BUCKETS, variant_phases, vocab=512, window=48, overlap=8)
+    variant = synthetic_config(tmp_path / "variant.yaml", tmp_path / "root", TINY_BUCKETS, variant_phases,
+                               {**TINY_TRAINING, **TRAINING})
+    cfg, variant_cfg = load_config(config), load_config(variant)
+
+    def main_dir_digest() -> dict[str, str]:
+        main = phase_run_dir(cfg, "main") / "checkpoints"
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(main.iterdir())}
+
+    with dg.instance_for_test() as instance:
+        for phase in PHASES:
+            assert materialize_phase(config, instance, phase).success, phase
+        before = main_dir_digest()
+        result = materialize_phase(variant, instance, "anneal_math")
+        assert result.success
+    [attempt] = materialization(result)["attempts"]
+    boundary = phase_start_step(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), "anneal")
+    assert attempt["resume"] == str(phase_run_dir(cfg, "main") / "checkpoints" / f"step-{boundary:08d}.pt")
+    assert main_dir_digest() == before, "the main phase's checkpoints are shared, never written by a variant"
+    summaries = {p: json.loads((phase_run_dir(c, p) / "status.json").read_text())["summary"][p]
+                 for c, p in ((cfg, "anneal"), (variant_cfg, "anneal_math"))}
+    assert summaries["anneal_math"]["math"]["tokens"] > summaries["anneal"]["math"]["tokens"], "its own mixture"
+
+
 def test_anneal_before_main_is_refused_with_the_phase_to_train_first(tmp_path):
     config = tiny_run(tmp_path, training=TRAINING)
     with dg.instance_for_test() as instance:

@@ -255,7 +255,7 @@ class CurriculumSampler:
             "dropped": list(self.dropped),
             "seed": self.seed,
             "global_batch": self.schedule.global_batch,
-            "schedule": self.schedule.fingerprint,
+            "schedule": self.schedule.fingerprint_before(self.step),
         }
 
     def load_state_dict(self, state: dict[str, Any], world_size: int) -> list[str]:
@@ -273,11 +273,11 @@ class CurriculumSampler:
             )
         if state["seed"] != self.seed:
             raise SamplerStateError(f"the checkpoint's seed is {state['seed']}, this run's is {self.seed}; restore seed")
-        if state["schedule"] != self.schedule.fingerprint:
+        now = self.schedule.fingerprint_before(int(state["step"]))
+        if state["schedule"] != now:
             raise SamplerStateError(
-                "the phase manifests changed since the checkpoint (schedule fingerprint "
-                f"{state['schedule']} -> {self.schedule.fingerprint}); resume against the manifests it was "
-                "trained on, or start a new run"
+                "the manifests of the phases trained so far changed since the checkpoint (schedule fingerprint "
+                f"{state['schedule']} -> {now}); resume against the manifests it was trained on, or start a new run"
             )
         self.step = int(state["step"])
         self.cursors = {k: int(v) for k, v in state["cursors"].items()}

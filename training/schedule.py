@@ -14,7 +14,6 @@ import bisect
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cached_property
 
 from refinery.curriculum import Schedule, schedule_from_manifests
 from refinery.manifest import PhaseManifest
@@ -84,8 +83,10 @@ class StepSchedule:
         warmup = warmup_steps * self.global_batch * self.manifests[0].seq_len
         return peak * self.tokens.lr_multiplier(self.read_point(step), warmup, stable, min_lr_ratio)
 
-    @cached_property
-    def fingerprint(self) -> str:
-        """Identifies the global sample order: the manifests' content and the global batch."""
-        payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests]}
+    def fingerprint_before(self, step: int) -> str:
+        """Identifies the global sample order of steps before `step`: the global batch and the
+        manifests of the phases those steps read. Later phases may change (an anneal variant
+        branching off a finished main phase) without changing what was already consumed."""
+        started = self.phase_at(step - 1) + 1 if step > 0 else 0
+        payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests[:started]]}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
