@@ -11,8 +11,8 @@ previous stage's output, so every stage sees the documents it would see in the f
 | heuristic_filtered | `HeuristicFilter.run`     | datatrove 0.10 GopherRepetition -> GopherQuality -> C4 (no terminal-punct rule) -> FineWebQuality, each `filter(doc)` called directly, in FineWeb's order, in a separate interpreter (`--datatrove-python`) |
 
 Ours is timed whole, as the asset runs it: table in, kept table, rejects and stats out. The
-baselines are timed on a Python list of their inputs made beforehand, so they are the library
-calls alone. Timings are CPU seconds of this process (`time.process_time`), so other load on a
+baselines are timed on a Python list of their inputs made beforehand (afresh for every repeat), so
+they are the library calls alone. Timings are CPU seconds of this process (`time.process_time`), so other load on a
 shared machine inflates them less than wall time; each figure is the median of `--repeats` runs,
 alternating baseline and ours. datatrove runs on the first `--datatrove-docs` documents (it manages ~50 docs
 per CPU-second), and ours is timed on that same subset for the ratio.
@@ -130,13 +130,15 @@ def stage_benches() -> list[StageBench]:
 
 def measure(bench: StageBench, table: pl.DataFrame, repeats: int) -> tuple[dict, pl.DataFrame]:
     ours_t, base_t, out = [], [], table
-    prepared = bench.prepare(table) if bench.prepare is not None else None
     for _ in range(repeats):
         if bench.baseline is not None:
+            # Fresh inputs every repeat: CPython caches a str's UTF-8 form on first use, so a list
+            # handed to the library twice runs faster the second time than any real input does.
+            prepared = bench.prepare(table)
             base_t.append(cpu_time(bench.baseline, prepared)[0])
+            del prepared
         t, out = cpu_time(bench.ours, table)
         ours_t.append(t)
-    del prepared
     row = {
         "stage": bench.name,
         "docs_in": table.height,
