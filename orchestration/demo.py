@@ -107,6 +107,10 @@ def run_demo(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     home = os.environ.setdefault("DAGSTER_HOME", os.path.abspath(".dagster_home"))
     os.makedirs(home, exist_ok=True)
+    instance_yaml = os.path.join(home, "dagster.yaml")
+    if not os.path.exists(instance_yaml):  # a fresh demo instance: local storage, no telemetry banner
+        with open(instance_yaml, "w") as f:
+            f.write("telemetry:\n  enabled: false\n")
     defs = build_definitions(args.config)
     instance = dg.DagsterInstance.get()
     # The UI then shows the pool that keeps two training runs off one accelerator.
