@@ -25,7 +25,7 @@ from assets.factory import code_version, provenance_metadata
 from assets.stages import exact_dedup as ex
 from assets.stages import near_dedup as nd
 from assets.stages import minhash as mh
-from assets.stages.base import StageOutput, StageStats
+from assets.stages.base import StageOutput, StageStats, skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import documents_key, input_shards, rejects_key, stats_key
@@ -100,7 +100,7 @@ def lookup_doc_ids(signatures: pl.LazyFrame, keys: pl.Series) -> pl.DataFrame:
 def compute_signatures(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[pl.DataFrame, str]:
     docs = root.read_parquet(documents_key(UPSTREAM, shard))
     source = next(s for s in input_shards(cfg) if s.key == shard).source
-    near_enabled = "near_dedup" not in cfg.source(source).skip
+    near_enabled = not skips(cfg.source(source).skip, nd.NEAR_SKIP_KEY)
     table = nd.signature_table(docs, _shard_ordinal(cfg, shard), nd.DedupSettings.from_config(cfg), near_enabled)
     return table, root.write_parquet(signatures_key(shard), table)
 

@@ -17,10 +17,10 @@ from typing import Any, Callable
 import dagster as dg
 import polars as pl
 
-from assets.stages.base import Stage, StageOutput, StageStats, count_in_out
+from assets.stages.base import Stage, StageOutput, StageStats, skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, documents_key, empty_rejects, input_shard, rejects_key, stats_key
+from refinery.documents import InputShard, documents_key, input_shard, rejects_key, stats_key
 from refinery.storage import DataRoot
 
 SAMPLE_ROWS = 3
@@ -85,15 +85,19 @@ def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageO
     return hashes
 
 
-def passthrough(name: str, docs: pl.DataFrame) -> StageOutput:
-    """What a stage that a source skips produces: everything kept, nothing rejected."""
-    stats = StageStats(stage=name)
-    count_in_out(stats, docs, docs)
-    stats.counters["skipped_by_source"] = docs.height
-    return StageOutput(docs, empty_rejects(), stats)
+StageBuilder = Callable[[RefineryConfig, InputShard], Stage]
 
 
-StageBuilder = Callable[[RefineryConfig, InputShard], Stage | None]
+def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.DataFrame) -> StageOutput:
+    """One shard through one stage, with the config's per-record time budget and the shard's
+    source's `skip:` list applied."""
+    stage.record_timeout_s = cfg.stages.record_timeout_s
+    return stage.run_for_source(docs, cfg.source(shard.source).skip)
+
+
+def stage_config_summary(stage: Stage, cfg: RefineryConfig, shard: InputShard) -> dict[str, Any]:
+    skipped = skips(cfg.source(shard.source).skip, stage.skip_key)
+    return {"skipped_by_source": shard.source} if skipped else stage.config_summary()
 
 
 def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
@@ -113,8 +117,8 @@ def shard_stage_asset(
     extra_metadata: Callable[[DataRoot, str], dict[str, Any]] | None = None,
 ) -> dg.AssetsDefinition:
     """A per-input-shard stage: `upstream`'s table in, `name`'s table out. `build` returns the
-    stage for a shard, or None when the shard's source skips it (documents pass through).
-    `extra_metadata(root, partition)` adds entries once the output is published."""
+    stage for a shard; a source whose `skip:` names the stage's `skip_key` gets the stage's
+    `skipped` output. `extra_metadata(root, partition)` adds entries once the output is published."""
 
     version = code_version(version_of)
 
@@ -132,13 +136,13 @@ def shard_stage_asset(
         shard = input_shard(cfg, context.partition_key)
         docs = root.read_parquet(documents_key(upstream, shard.key))
         stage = build(cfg, shard)
-        out = stage.run(docs) if stage is not None else passthrough(name, docs)
+        out = run_stage(stage, cfg, shard, docs)
         outputs = publish_stage_output(root, name, shard.key, out)
         context.log.info(
             f"{name}[{shard.key}]: {out.stats.docs_in} -> {out.stats.docs_out} docs "
             f"({out.stats.retention:.1%}) in {out.stats.wall_s:.2f}s"
         )
-        summary = stage.config_summary() if stage is not None else {"skipped_by_source": shard.source}
+        summary = stage_config_summary(stage, cfg, shard)
         metadata = provenance_metadata(out.stats, summary, version, outputs, out.documents)
         if extra_metadata is not None:
             metadata.update(extra_metadata(root, shard.key))

@@ -3,8 +3,8 @@
 
 raw_documents reads the shard's file (assets/stages/ingest.py); the other three are the factory's
 shard stages. A source that lists "language" or "heuristic" under `skip` passes its documents
-through that stage untouched (language columns are then null, so every partition of
-language_filtered has the same schema).
+through that stage untouched (the factory applies `skip:` through each stage's `skip_key`;
+language columns are then null, so every partition of language_filtered has the same schema).
 """
 
 import dagster as dg
@@ -20,15 +20,11 @@ def _extractor(cfg: RefineryConfig, shard: InputShard) -> extract.Extractor:
     return extract.Extractor(cfg.stages.extract)
 
 
-def _language(cfg: RefineryConfig, shard: InputShard) -> language.LanguageFilter | language.LanguageSkipped:
-    if "language" in cfg.source(shard.source).skip:
-        return language.LanguageSkipped()
+def _language(cfg: RefineryConfig, shard: InputShard) -> language.LanguageFilter:
     return language.LanguageFilter.from_config(cfg.stages.language, cfg.resolve)
 
 
-def _heuristic(cfg: RefineryConfig, shard: InputShard) -> heuristic.HeuristicFilter | None:
-    if "heuristic" in cfg.source(shard.source).skip:
-        return None
+def _heuristic(cfg: RefineryConfig, shard: InputShard) -> heuristic.HeuristicFilter:
     return heuristic.HeuristicFilter(cfg.stages.heuristic)
 
 
@@ -50,7 +46,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
             raise dg.Failure("no input files match any source path in the config; fix sources[].path")
         shard = input_shard(cfg, context.partition_key)
         source = cfg.source(shard.source)
-        out = ingest.read_input_shard(shard, source, cfg.stages.extract)
+        out = ingest.read_input_shard(shard, source, cfg.stages.extract, cfg.stages.record_timeout_s)
         outputs = publish_stage_output(root, ingest.STAGE, shard.key, out)
         context.log.info(f"raw_documents[{shard.key}]: {out.stats.docs_in} records -> {out.stats.docs_out} documents")
         settings = {"source": source.model_dump(mode="json"), "extract": cfg.stages.extract.model_dump(mode="json")}

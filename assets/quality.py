@@ -10,9 +10,17 @@ names; pii_redacted runs the safety filter and then PII redaction (`assets.stage
 import dagster as dg
 import polars as pl
 
-from assets.factory import code_version, image_markdown, provenance_metadata, publish_stage_output, shard_stage_asset
+from assets.factory import (
+    code_version,
+    image_markdown,
+    provenance_metadata,
+    publish_stage_output,
+    run_stage,
+    shard_stage_asset,
+)
 from assets.stages import pii as pii_stage
 from assets.stages import quality as q
+from assets.stages.base import skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import documents_key, input_shard, input_shards
@@ -125,12 +133,13 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                 metadata=provenance_metadata(out.stats, {"enabled": False}, model_version, outputs, out.documents)
             )
         model, pointer = q.load_published_model(root)
-        enforce = "quality" not in cfg.source(shard.source).skip
-        stage = q.QualityScorer(model, cfg.stages.quality.threshold, enforce, pointer["model_hash"])
-        out = stage.run(docs)
+        stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
+        enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
+        out = run_stage(stage, cfg, shard, docs)
         outputs = publish_stage_output(root, stage.name, shard.key, out)
         context.log.info(f"quality_scored[{shard.key}]: {out.stats.docs_in} -> {out.stats.docs_out} docs")
-        md = provenance_metadata(out.stats, stage.config_summary(), model_version, outputs, out.documents)
+        md = provenance_metadata(out.stats, {**stage.config_summary(), "threshold_enforced": enforce}, model_version,
+                                 outputs, out.documents)
         md["quality_model"] = dg.MetadataValue.text(pointer["model_hash"])
         md["threshold_enforced"] = dg.MetadataValue.bool(enforce)
         if not enforce:

@@ -61,6 +61,8 @@ class ExtractConfig(Section):
     main_content: bool = True
     min_text_chars: int = Field(default=1, ge=0)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # Deeper pages are rejected unparsed (extract/too_deep); Blink stops nesting at 512 levels.
+    max_tag_depth: int = Field(default=1000, ge=1)
     html_content_types: list[str] = Field(default_factory=lambda: ["text/html", "application/xhtml+xml"])
     text_content_types: list[str] = Field(default_factory=lambda: ["text/plain", "text/markdown", "text/x-"])
 
@@ -210,6 +212,8 @@ class SafetyConfig(Section):
 
 
 class StagesConfig(Section):
+    # Seconds one record may take in any per-document stage before it is rejected <stage>/timeout.
+    record_timeout_s: float = Field(default=5.0, gt=0)
     extract: ExtractConfig = ExtractConfig()
     language: LanguageConfig = LanguageConfig()
     heuristic: HeuristicConfig = HeuristicConfig()

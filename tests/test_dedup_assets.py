@@ -150,12 +150,12 @@ def test_rejects_say_why_and_of_what(dedup_run):
                      .select("doc_id", "stage", "rule", "detail").iter_rows()})
     cluster = "web-a/0000002"  # the smallest doc_key of the BASE_B cluster: web-a comes before web-b
     assert rows == {
-        "wiki-a/0000002": ("exact_dedup", "exact_dedup/null_text", "text is null"),
-        "web-a/0000001": ("exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000000"),
-        "web-b/0000004": ("exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000000"),
-        "web-b/0000002": ("exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000003"),
-        "web-b/0000000": ("near_dedup", "near_dedup/duplicate", f"duplicate of {cluster}; cluster {cluster} of 3 documents"),
-        "web-b/0000001": ("near_dedup", "near_dedup/duplicate", f"duplicate of {cluster}; cluster {cluster} of 3 documents"),
+        "wiki-a/0000002": ("exact_deduped", "exact_dedup/null_text", "text is null"),
+        "web-a/0000001": ("exact_deduped", "exact_dedup/duplicate", "duplicate of wiki-a/0000000"),
+        "web-b/0000004": ("exact_deduped", "exact_dedup/duplicate", "duplicate of wiki-a/0000000"),
+        "web-b/0000002": ("exact_deduped", "exact_dedup/duplicate", "duplicate of wiki-a/0000003"),
+        "web-b/0000000": ("near_deduped", "near_dedup/duplicate", f"duplicate of {cluster}; cluster {cluster} of 3 documents"),
+        "web-b/0000001": ("near_deduped", "near_dedup/duplicate", f"duplicate of {cluster}; cluster {cluster} of 3 documents"),
     }
 
 
@@ -314,13 +314,13 @@ def test_sample_near_duplicates_recall_and_precision_against_exact_jaccard(sampl
     truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
     before = stage_tables(sample_run, "documents/heuristic_filtered")
     rejects = stage_tables(sample_run, "rejects/deduped")
-    exact_removed = set(rejects.filter(pl.col("stage") == "exact_dedup")["doc_id"].to_list())
+    exact_removed = set(rejects.filter(pl.col("stage") == "exact_deduped")["doc_id"].to_list())
     docs = before.filter(~pl.col("doc_id").is_in(list(exact_removed)))
     ids, urls = docs["doc_id"].to_list(), docs["url"].to_list()
     sets = shingle_sets(docs["text"].to_list())
 
     kept = stage_tables(sample_run, "documents/deduped")
-    near = rejects.filter(pl.col("stage") == "near_dedup")
+    near = rejects.filter(pl.col("stage") == "near_deduped")
     cluster_of = dict(zip(kept["doc_id"].to_list(), kept["dup_cluster"].to_list()))
     cluster_of.update({d: detail.split()[2].rstrip(";") for d, detail in near.select("doc_id", "detail").iter_rows()})
 

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from assets.stages.language import LanguageFilter, LanguageModel, LanguageSkipped, bundled_model_path
+from assets.stages.language import LanguageFilter, LanguageModel, bundled_model_path
 from refinery.config import LanguageConfig
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA
 
@@ -85,7 +85,7 @@ def test_model_path_override_and_missing_model(tmp_path):
 
 def test_skipped_source_keeps_everything_with_null_language_columns():
     docs = text_table([EN, FR])
-    out = LanguageSkipped().run(docs)
+    out = LanguageFilter(LanguageConfig(), LanguageModel()).run_for_source(docs, ["language"])
     assert out.documents["doc_id"].to_list() == docs["doc_id"].to_list()
     assert out.documents["language"].null_count() == 2
     assert out.documents.schema["language_score"] == pl.Float64

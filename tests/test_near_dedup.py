@@ -175,11 +175,11 @@ def test_apply_decisions_writes_reasons_and_cluster_columns():
     )
     exact_out, near_out = nd.apply_decisions(docs, 2, exact, near)
     assert exact_out.rejects.select("doc_id", "stage", "rule", "detail").rows() == [
-        ("web-a/0000001", "exact_dedup", "exact_dedup/duplicate", "duplicate of wiki-a/0000003"),
-        ("web-a/0000002", "exact_dedup", "exact_dedup/null_text", "text is null"),
+        ("web-a/0000001", "exact_deduped", "exact_dedup/duplicate", "duplicate of wiki-a/0000003"),
+        ("web-a/0000002", "exact_deduped", "exact_dedup/null_text", "text is null"),
     ]
     assert near_out.rejects.select("doc_id", "stage", "rule", "detail").rows() == [
-        ("web-a/0000003", "near_dedup", "near_dedup/duplicate",
+        ("web-a/0000003", "near_deduped", "near_dedup/duplicate",
          "duplicate of web-a/0000004; cluster web-a/0000004 of 3 documents"),
     ]
     kept = near_out.documents

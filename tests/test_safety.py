@@ -3,7 +3,8 @@
 import polars as pl
 import pytest
 
-from assets.stages.safety import SafetyFilter, host_is_blocked, url_host
+from assets.stages.safety import SafetyFilter, url_host
+from assets.stages.urls import blocked_suffix as host_is_blocked
 
 
 def row(text="", url="https://ok.example/page"):

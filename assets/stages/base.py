@@ -1,9 +1,26 @@
 """The shared shape of a funnel stage, with no Dagster in sight.
 
 A stage takes one document table and returns the documents it keeps, the rejects (one row per
-removed document, with the rule that removed it and a value), and `StageStats`. Filters only
-answer one question per document: keep (None) or `Drop(rule, value, detail)`. Counting, timing and
-reject rows are done here, once, for every stage (the datatrove `BaseFilter` idea).
+removed document, with the rule that removed it and a value), and `StageStats`. `RecordStage` is the
+one loop every per-document stage runs on (the datatrove `BaseFilter` idea): it batches the table,
+times the stage, calls the stage's `process` once per document, counts, writes reject rows, applies
+the source's `skip:` and isolates every record, so that a document whose processing raises or runs
+past `record_timeout_s` becomes one reject (`<family>/error`, `<family>/timeout`) and the rest of
+the table goes on. A stage writes only its own logic:
+
+    class Shouting(RecordStage):
+        name = "shout_filtered"        # the table it writes; stats and rejects use this name
+        family = "shout"               # the prefix of its reasons: shout/too_loud, shout/error
+        skip_key = "shout"             # a source listing "shout" under `skip:` passes through
+        reads = ("text",)              # the columns `process` sees
+        writes = {"text": pl.String}   # the columns a kept document may get from `process`
+
+        def process(self, record, counters):
+            if record["text"].isupper():
+                return Drop("shout/too_loud", len(record["text"]))
+            return {"text": record["text"].lower()}   # or None: keep the document as it is
+
+`Filter` is the RecordStage that only keeps or drops: it implements `check(record) -> Drop | None`.
 
 Reason strings are an API: `<rule family>/<rule>`, snake_case, e.g. `gopher_rep/dup_line_frac`.
 Counters are `total`, `kept`, `dropped`, `dropped/<reason>`.
@@ -11,11 +28,15 @@ Counters are `total`, `kept`, `dropped`, `dropped/<reason>`.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple, Union
 
 import polars as pl
 
@@ -118,10 +139,13 @@ def text_bytes(df: pl.DataFrame, column: str = "text") -> pl.Series:
     return df[column].str.len_bytes().fill_null(0).cast(pl.Int64)
 
 
-def count_in_out(stats: StageStats, before: pl.DataFrame, after: pl.DataFrame, column: str = "text") -> None:
-    """Fill docs/bytes in and out, overall and per bucket, from the tables either side of a stage."""
-    for df, suffix in ((before, "in"), (after, "out")):
-        sizes = df.select(pl.col("bucket"), text_bytes(df, column).alias("_bytes"))
+def count_in_out(
+    stats: StageStats, before: pl.DataFrame, after: pl.DataFrame, column: str = "text", out_column: str | None = None
+) -> None:
+    """Fill docs/bytes in and out, overall and per bucket, from the tables either side of a stage.
+    Bytes are those of `column` before and `out_column` (default: the same) after."""
+    for df, suffix, col in ((before, "in", column), (after, "out", out_column or column)):
+        sizes = df.select(pl.col("bucket"), text_bytes(df, col).alias("_bytes"))
         setattr(stats, f"docs_{suffix}", getattr(stats, f"docs_{suffix}") + df.height)
         setattr(stats, f"bytes_{suffix}", getattr(stats, f"bytes_{suffix}") + int(sizes["_bytes"].sum() or 0))
         for row in sizes.group_by("bucket").agg(pl.len().alias("n"), pl.col("_bytes").sum().alias("b")).iter_rows():
@@ -158,6 +182,11 @@ def rejects_frame(df: pl.DataFrame, stage: str, drops: dict[int, Drop], text_col
     )
 
 
+
+
+DEFAULT_RECORD_TIMEOUT_S = 5.0
+
+
 @dataclass
 class StageOutput:
     documents: pl.DataFrame
@@ -165,41 +194,206 @@ class StageOutput:
     stats: StageStats
 
 
+def without_drops(docs: pl.DataFrame, drops: dict[int, Drop]) -> pl.DataFrame:
+    """The rows of `docs` whose index is not in `drops`."""
+    if not drops:
+        return docs
+    return docs.filter(pl.Series([i not in drops for i in range(docs.height)], dtype=pl.Boolean))
+
+
+def stage_output(
+    stage: str, docs: pl.DataFrame, kept: pl.DataFrame, drops: dict[int, Drop], stats: StageStats,
+    bytes_in_column: str = "text",
+) -> StageOutput:
+    """A stage's output from its input `docs`, the documents it kept and the drops by row of
+    `docs`: the drops are counted by reason and become reject rows named after `stage`."""
+    for drop in drops.values():
+        stats.dropped[drop.rule] += 1
+    count_in_out(stats, docs, kept, bytes_in_column, "text")
+    return StageOutput(kept, rejects_frame(docs, stage, drops, text_column=bytes_in_column), stats)
+
+
 class Stage(ABC):
     """One funnel stage over one document table."""
 
     name: ClassVar[str]
+    # The entry of a source's `skip:` list that bypasses this stage; None when no source can.
+    skip_key: ClassVar[str | None] = None
+    # Seconds one record may take; `stages.record_timeout_s` sets it for the assets.
+    record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S
 
     @abstractmethod
     def run(self, docs: pl.DataFrame) -> StageOutput: ...
+
+    def skipped(self, docs: pl.DataFrame) -> StageOutput:
+        """What a source that skips this stage gets: every document kept, nothing rejected."""
+        stats = StageStats(stage=self.name)
+        count_in_out(stats, docs, docs)
+        stats.counters["skipped_by_source"] = docs.height
+        return StageOutput(docs, empty_rejects(), stats)
+
+    def run_for_source(self, docs: pl.DataFrame, skip: list[str] | tuple[str, ...]) -> StageOutput:
+        """`run`, or `skipped` when `skip` (the source's `skip:` list) names this stage. The one
+        place a source's `skip:` is applied to a stage."""
+        return self.skipped(docs) if skips(skip, self.skip_key) else self.run(docs)
 
     def config_summary(self) -> dict[str, Any]:
         """The settings this stage ran with, for provenance metadata."""
         return {}
 
 
-class Filter(Stage):
-    """A stage that keeps or drops each document and never changes the kept ones."""
+def skips(skip: list[str] | tuple[str, ...], key: str | None) -> bool:
+    """Whether a source's `skip:` list bypasses the stage whose skip key is `key`."""
+    return key is not None and key in skip
 
-    @abstractmethod
-    def check(self, row: dict[str, Any]) -> Drop | None:
-        """None to keep the document, or the rule that drops it."""
 
-    def columns(self) -> list[str]:
-        """The columns `check` reads; only these are materialized as Python objects."""
-        return ["text", "url"]
+# --------------------------------------------------------------------------------------------------
+# Per-record isolation
+# --------------------------------------------------------------------------------------------------
+
+ERROR_DETAIL_CHARS = 300
+
+
+class RecordTimeout(Exception):
+    """A record ran past its time budget (raised by the budget's alarm inside the record's work)."""
+
+
+def error_drop(family: str, err: BaseException) -> Drop:
+    """`<family>/error`, with the exception's type and message as the detail."""
+    return Drop(f"{family}/error", None, f"{type(err).__name__}: {err}"[:ERROR_DETAIL_CHARS])
+
+
+def timeout_drop(family: str, elapsed: float, budget: float) -> Drop:
+    return Drop(f"{family}/timeout", round(elapsed, 3), f"ran past the {budget:g} s budget per record")
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise RecordTimeout()
+
+
+@contextmanager
+def record_alarm(budget: float | None) -> Iterator[bool]:
+    """Installs the SIGALRM handler that turns an overrun into `RecordTimeout` for the duration of a
+    stage run; yields whether the alarm is armed. Signals reach only the main thread, so in any
+    other thread (or with no budget) records are timed, not interrupted: an overrun is still
+    rejected, once the record finishes. Code in C that never returns to the interpreter (a parser
+    deep inside one call) is not interrupted either; such work runs in an `IsolatedWorker` process."""
+    if not budget or threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        yield True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def guarded(family: str, budget: float | None, armed: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or the Drop that rejects the record: `<family>/error` when it raises,
+    `<family>/timeout` when it runs past `budget` seconds."""
+    start = time.perf_counter()
+    try:
+        try:
+            if armed:
+                signal.setitimer(signal.ITIMER_REAL, budget)
+            result = fn(*args)
+        finally:
+            if armed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except RecordTimeout:
+        return timeout_drop(family, time.perf_counter() - start, budget or 0.0)
+    except Exception as err:  # noqa: BLE001 - any failure of one record is that record's reject
+        return error_drop(family, err)
+    if budget and time.perf_counter() - start > budget:
+        return timeout_drop(family, time.perf_counter() - start, budget)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# The stage loop
+# --------------------------------------------------------------------------------------------------
+
+# What `process` returns for one document: None keeps it as it is, a dict keeps it with those
+# values for columns of `writes`, a Drop rejects it.
+Outcome = Union[Drop, dict[str, Any], None]
+
+
+class RecordStage(Stage):
+    """A stage that handles each document on its own: see the module docstring for a whole one.
+
+    Subclasses set `name`, `family`, `reads`, `writes` (and optionally `skip_key`) and implement
+    `process(record, counters) -> Outcome`. `process_batch` may be overridden to do a batch's work
+    at once (one model call per batch); it is an optimization of `process`, which stays the
+    definition: when a batch raises, its records are redone one by one through `process`, so only
+    the record that fails is lost. `counters` is the stage's `StageStats.counters`."""
+
+    family: ClassVar[str]
+    reads: ClassVar[tuple[str, ...]] = ("text",)
+    writes: ClassVar[dict[str, pl.DataType]] = {}
+    # Columns the stage consumes: gone from the kept documents (extraction turns `raw` into `text`).
+    consumes: ClassVar[tuple[str, ...]] = ()
+    # The column whose bytes count as bytes in, and whose start is a reject's excerpt.
+    bytes_in_column: ClassVar[str] = "text"
+    batch_size: ClassVar[int] = 1024
+
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        raise NotImplementedError(f"{type(self).__name__} implements neither process nor process_batch")
+
+    def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
+        with record_alarm(self.record_timeout_s) as armed:
+            return [
+                guarded(self.family, self.record_timeout_s, armed, self.process, record, counters)
+                for record in batch.select(self.reads).iter_rows(named=True)
+            ]
 
     def run(self, docs: pl.DataFrame) -> StageOutput:
         start = time.perf_counter()
         stats = StageStats(stage=self.name)
-        drops: dict[int, Drop] = {}
-        for i, row in enumerate(docs.select(self.columns()).iter_rows(named=True)):
-            verdict = self.check(row)
-            if verdict is not None:
-                drops[i] = verdict
-                stats.dropped[verdict.rule] += 1
-        keep = pl.Series([i not in drops for i in range(docs.height)], dtype=pl.Boolean)
-        kept = docs.filter(keep)
-        count_in_out(stats, docs, kept)
+        outcomes: list[Outcome] = []
+        for offset in range(0, docs.height, self.batch_size):
+            batch = docs.slice(offset, self.batch_size)
+            try:
+                outcomes += self.process_batch(batch, stats.counters)
+            except Exception:  # noqa: BLE001 - redo the batch record by record to find the culprit
+                outcomes += RecordStage.process_batch(self, batch, stats.counters)
+        out = self.assemble(docs, outcomes, stats)
         stats.wall_s = time.perf_counter() - start
-        return StageOutput(kept, rejects_frame(docs, self.name, drops), stats)
+        return out
+
+    def assemble(self, docs: pl.DataFrame, outcomes: list[Outcome], stats: StageStats) -> StageOutput:
+        """Kept documents with their new column values, reject rows and counts, from one outcome
+        per document."""
+        drops = {i: o for i, o in enumerate(outcomes) if isinstance(o, Drop)}
+        updates = []
+        for column, dtype in self.writes.items():
+            if not any(isinstance(o, dict) and column in o for o in outcomes):
+                if column not in docs.columns:
+                    updates.append(pl.lit(None, dtype=dtype).alias(column))
+                continue
+            current = docs[column].to_list() if column in docs.columns else [None] * docs.height
+            values = [o[column] if isinstance(o, dict) and column in o else c for o, c in zip(outcomes, current)]
+            updates.append(pl.Series(column, values, dtype=dtype))
+        kept = without_drops(docs.with_columns(updates) if updates else docs, drops)
+        kept = kept.drop([c for c in self.consumes if c in kept.columns])
+        return stage_output(self.name, docs, kept, drops, stats, self.bytes_in_column)
+
+    def skipped(self, docs: pl.DataFrame) -> StageOutput:
+        """Every document kept; the columns the stage would write are null, so every partition of
+        its table has one schema."""
+        out = super().skipped(docs)
+        missing = [pl.lit(None, dtype=t).alias(c) for c, t in self.writes.items() if c not in docs.columns]
+        return StageOutput(out.documents.with_columns(missing) if missing else out.documents, out.rejects, out.stats)
+
+
+class Filter(RecordStage):
+    """A stage that keeps or drops each document and never changes the kept ones."""
+
+    reads = ("text", "url")
+
+    @abstractmethod
+    def check(self, record: dict[str, Any]) -> Drop | None:
+        """None to keep the document, or the rule that drops it."""
+
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        return self.check(record)

@@ -4,42 +4,47 @@ HTML content types are extracted; text content types pass through as they are; a
 type is rejected `extract/unsupported_content_type` (detail: the type); a document whose text is
 shorter than `min_text_chars` after extraction (or after stripping, for text) is rejected
 `extract/empty`. The output table has the provenance columns and `text`; `raw` is dropped.
+
+No page can hold the stage: a page nested deeper than `max_tag_depth` is rejected
+`extract/too_deep` before it is parsed (parse time grows with the square of the depth), and HTML is
+parsed in an isolated worker process (assets/stages/isolation.py) that is killed when one page runs
+past `stages.record_timeout_s`: that page is rejected `extract/timeout`, one that crashes the parser
+`extract/error`, and the batch goes on in a fresh worker.
 """
 
 from __future__ import annotations
 
-import time
+from collections import Counter
 from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.base import Drop, Outcome, RecordStage, error_drop, timeout_drop
+from assets.stages.html import full_text, main_content_text, tag_depth
+from assets.stages.isolation import shared_worker
 from refinery.config import ExtractConfig
 
 STAGE = "extracted_text"
 
 
-def html_extractor(main_content: bool) -> Callable[[str], str]:
-    """resiliparse's plain-text extraction, imported here so loading the definitions stays fast."""
-    try:
-        from resiliparse.extract.html2text import extract_plain_text
-    except ImportError as err:  # pragma: no cover - resiliparse is a declared dependency
-        raise ImportError("extracted_text needs resiliparse: pip install resiliparse") from err
-
-    def extract(html: str) -> str:
-        return extract_plain_text(html, main_content=main_content)
-
-    return extract
-
-
-class Extractor(Stage):
+class Extractor(RecordStage):
     name = STAGE
+    family = "extract"
+    reads = ("raw", "content_type")
+    writes = {"text": pl.String()}
+    consumes = ("raw",)
+    # Rejects show the start of the raw payload, since their text is empty or was never made; bytes
+    # in are the raw payloads and bytes out the text, so byte retention shows how much of the
+    # markup became text.
+    bytes_in_column = "raw"
+    # Pages sent to the worker at once: small enough that a killed worker's restart re-sends little.
+    batch_size = 64
 
     def __init__(self, cfg: ExtractConfig):
         self.cfg = cfg
         self.html_types = frozenset(t.lower() for t in cfg.html_content_types)
         self.text_prefixes = tuple(t.lower() for t in cfg.text_content_types)
-        self.extract = html_extractor(cfg.main_content)
+        self.html_to_text: Callable[[str], str] = main_content_text if cfg.main_content else full_text
 
     def kind(self, content_type: str | None) -> str | None:
         """"html", "text", or None for a type this stage does not handle."""
@@ -50,41 +55,58 @@ class Extractor(Stage):
             return "text"
         return None
 
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        start = time.perf_counter()
-        stats = StageStats(stage=self.name)
-        texts: list[str | None] = []
-        drops: dict[int, Drop] = {}
-        kinds: dict[str | None, str | None] = {}
-        extract, min_chars = self.extract, self.cfg.min_text_chars
-        for i, (raw, content_type) in enumerate(docs.select("raw", "content_type").iter_rows()):
-            if content_type not in kinds:
-                kinds[content_type] = self.kind(content_type)
-            kind, text = kinds[content_type], None
-            if kind is None:
-                drops[i] = Drop("extract/unsupported_content_type", None, content_type or "missing")
-            elif raw is not None:
-                text = extract(raw) if kind == "html" else raw
-                if len(text.strip()) < min_chars:
-                    drops[i] = Drop("extract/empty", len(text.strip()), f"< {min_chars} characters of text")
-                    text = None
-            else:
-                drops[i] = Drop("extract/empty", 0, "no payload")
-            texts.append(text)
-        for rule in (d.rule for d in drops.values()):
-            stats.dropped[rule] += 1
-        # Rejects show the start of the raw payload, since their text is empty or was never made.
-        rejects = rejects_frame(docs.rename({"raw": "text"}), self.name, drops)
-        kept = (
-            docs.with_columns(pl.Series("text", texts, dtype=pl.String))
-            .filter(pl.col("text").is_not_null())
-            .drop("raw")
-        )
-        # Bytes in are the raw payloads and bytes out the text, so byte retention shows how much of
-        # the markup became text.
-        count_in_out(stats, docs.rename({"raw": "text"}), kept)
-        stats.wall_s = time.perf_counter() - start
-        return StageOutput(kept, rejects, stats)
+    def screen(self, raw: str | None, content_type: str | None) -> Drop | str | None:
+        """The drop a record gets before any parsing, its text when it needs none, or None when it
+        is HTML to extract."""
+        kind = self.kind(content_type)
+        if kind is None:
+            return Drop("extract/unsupported_content_type", None, content_type or "missing")
+        if raw is None:
+            return Drop("extract/empty", 0, "no payload")
+        if kind == "text":
+            return raw
+        depth = tag_depth(raw, self.cfg.max_tag_depth)
+        if depth > self.cfg.max_tag_depth:
+            return Drop("extract/too_deep", depth, f"tags nested over {self.cfg.max_tag_depth} levels deep")
+        return None
+
+    def finish(self, text: str) -> Outcome:
+        stripped = len(text.strip())
+        if stripped < self.cfg.min_text_chars:
+            return Drop("extract/empty", stripped, f"< {self.cfg.min_text_chars} characters of text")
+        return {"text": text}
+
+    def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
+        screened = [self.screen(raw, ct) for raw, ct in batch.select(self.reads).iter_rows()]
+        html = [i for i, s in enumerate(screened) if s is None]
+        outcomes: list[Outcome] = [s if isinstance(s, Drop) else None for s in screened]
+        for i, s in enumerate(screened):
+            if isinstance(s, str):
+                outcomes[i] = self.finish(s)
+        if html:
+            budget = self.record_timeout_s or 0.0
+            worker = shared_worker(self.html_to_text, budget or None)
+            restarts = worker.restarts
+            raws = batch["raw"]
+            for i, (status, value) in zip(html, worker.map([raws[i] for i in html])):
+                if status == "ok":
+                    outcomes[i] = self.finish(value)
+                elif status == "timeout":
+                    outcomes[i] = timeout_drop(self.family, value, budget)
+                else:
+                    outcomes[i] = Drop(f"{self.family}/error", None, value[:300])
+            if worker.restarts > restarts:
+                counters["extract/worker_restarts"] += worker.restarts - restarts
+        return outcomes
+
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        screened = self.screen(record["raw"], record["content_type"])
+        if isinstance(screened, Drop):
+            return screened
+        try:
+            return self.finish(screened if screened is not None else self.html_to_text(record["raw"]))
+        except Exception as err:  # noqa: BLE001
+            return error_drop(self.family, err)
 
     def config_summary(self) -> dict[str, Any]:
-        return self.cfg.model_dump(mode="json")
+        return {**self.cfg.model_dump(mode="json"), "record_timeout_s": self.record_timeout_s}

@@ -23,7 +23,7 @@ repeated n-grams are compared as word sequences, where datatrove joins words wit
 whitespace rather than by spaCy's sentencizer.
 
 Reasons are `<family>/<rule>` with the measured value in the reject row and the threshold in its
-detail: url/blocklisted_domain, url/banned_word, gopher_quality/{min_words, max_words,
+detail: url/blocklisted_domain, url/malformed, url/banned_word, gopher_quality/{min_words, max_words,
 min_avg_word_length, max_avg_word_length, hash_ratio, ellipsis_ratio, bullet_lines_ratio,
 ellipsis_lines_ratio, alpha_words_ratio, stop_words}, gopher_rep/{dup_para_frac,
 dup_para_char_frac, dup_line_frac, dup_line_char_frac, top_<n>_gram, dup_<n>_gram},
@@ -34,18 +34,17 @@ short_line_ratio, char_dup_ratio, list_ratio}.
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from itertools import compress
 from operator import not_
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import polars as pl
 
-from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.base import Drop, Outcome, RecordStage
 from assets.stages.text import DocumentText
+from assets.stages.urls import blocked_suffix, url_host
 from refinery.config import (
     C4Config,
     FineWebQualityConfig,
@@ -94,16 +93,20 @@ _URL_WORD = re.compile(r"[a-z0-9]+")
 
 def url_rules(url: str | None, domains: frozenset[str], banned_words: frozenset[str]) -> Drop | None:
     """Blocklisted domains (and their subdomains), then banned words among the URL's words.
-    A document without a URL has nothing to match."""
+    A document without a URL has nothing to match; one whose host cannot be parsed
+    (`http://[bad/x`) is `url/malformed` when there is a blocklist to check it against."""
     if not url:
         return None
     if domains:
-        host = (urlsplit(url if "//" in url else f"//{url}").hostname or "").rstrip(".")
-        labels = host.split(".")
-        for i in range(len(labels)):
-            suffix = ".".join(labels[i:])
-            if suffix in domains:
-                return Drop("url/blocklisted_domain", None, suffix)
+        try:
+            host = url_host(url)
+        except ValueError as err:
+            # Without its host the URL cannot be checked against the blocklist, so it is not let
+            # through unchecked.
+            return Drop("url/malformed", None, f"{err}: {url[:200]}")
+        suffix = blocked_suffix(host, domains)
+        if suffix is not None:
+            return Drop("url/blocklisted_domain", None, suffix)
     if banned_words:
         hit = banned_words.intersection(_URL_WORD.findall(url.lower()))
         if hit:
@@ -400,10 +403,14 @@ def fineweb_quality(text: str, cfg: FineWebQualityConfig) -> Drop | None:
 # --------------------------------------------------------------------------------------------------
 
 
-class HeuristicFilter(Stage):
+class HeuristicFilter(RecordStage):
     """Every heuristic rule over each document; kept documents carry C4's line-filtered text."""
 
     name = STAGE
+    family = "heuristic"
+    skip_key = "heuristic"
+    reads = ("text", "url")
+    writes = {"text": pl.String()}
 
     def __init__(self, cfg: HeuristicConfig):
         self.cfg = cfg
@@ -425,21 +432,9 @@ class HeuristicFilter(Stage):
         drop = fineweb_quality(edited, self.cfg.fineweb)
         return (None, drop) if drop is not None else (edited, None)
 
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        start = time.perf_counter()
-        stats = StageStats(stage=self.name)
-        drops: dict[int, Drop] = {}
-        texts: list[str | None] = []
-        for i, (text, url) in enumerate(docs.select("text", "url").iter_rows()):
-            edited, drop = self.apply(text, url, stats.counters)
-            texts.append(edited)
-            if drop is not None:
-                drops[i] = drop
-                stats.dropped[drop.rule] += 1
-        kept = docs.with_columns(pl.Series("text", texts, dtype=pl.String)).filter(pl.col("text").is_not_null())
-        count_in_out(stats, docs, kept)
-        stats.wall_s = time.perf_counter() - start
-        return StageOutput(kept, rejects_frame(docs, self.name, drops), stats)
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        edited, drop = self.apply(record["text"], record["url"], counters)
+        return drop if drop is not None else {"text": edited}
 
     def config_summary(self) -> dict[str, Any]:
         return self.cfg.model_dump(mode="json")

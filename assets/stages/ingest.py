@@ -26,7 +26,17 @@ from typing import IO, Iterator
 
 import polars as pl
 
-from assets.stages.base import Drop, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.base import (
+    DEFAULT_RECORD_TIMEOUT_S,
+    ERROR_DETAIL_CHARS,
+    Drop,
+    StageOutput,
+    StageStats,
+    count_in_out,
+    guarded,
+    record_alarm,
+    rejects_frame,
+)
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import EXCERPT_CHARS, PROVENANCE_SCHEMA, InputShard, make_doc_id
 
@@ -205,73 +215,266 @@ def _is_gzip_member_start(path: str, offset: int) -> bool:
         return f.read(2) == _GZIP_MAGIC
 
 
-def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult) -> None:
+@dataclass
+class _Segment:
+    """What one pass of FastWARC over the file, from one offset, ended with."""
+
+    start: int  # where this pass began
+    index: int  # the last record index given out
+    last_pos: int | None = None  # stream position and declared length of the last record read
+    last_length: int = 0  # its WARC Content-Length
+    last_row: int | None = None  # its place in result.records, when it became a row
+    error: str | None = None  # why reading stopped before the end of the file
+    cut_at: int | None = None  # a record whose payload ends early starts here
+
+
+def _warc_segment(path: str, start: int, gzipped: bool, index: int, extract: ExtractConfig,
+                  result: _ReadResult, budget: float | None) -> _Segment:
+    """Read records from byte `start` (a record or gzip member start) until the end of the file or
+    the first record FastWARC cannot parse."""
     from fastwarc.stream_io import GzipReader
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
-    limit = extract.max_record_bytes
     wanted = WarcRecordType.response | WarcRecordType.resource
-    index = -1
-    damage: tuple[int, int, str] | None = None  # (record index, byte offset, what happened)
-    last_pos = 0
+    seg = _Segment(start=start, index=index)
     # Given a bare path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz, so
-    # the codec is chosen here by content (a Python file object with stream_detect is slower).
-    gzipped = _is_gzip_member_start(path, 0)
-    stream = GzipReader(path, fsspec_args=False) if gzipped else path
+    # the codec is chosen here by content. A resumed pass reads through a Python file object (slower,
+    # but only after damage), whose positions FastWARC reports as absolute file offsets.
+    raw = open(path, "rb") if start else None
+    if raw is not None:
+        raw.seek(start)
+    stream = GzipReader(raw or path, fsspec_args=False) if gzipped else (raw or path)
     try:
-        for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
-            index += 1
-            last_pos = record.stream_pos
-            if not record.record_type & wanted:
-                result.count(f"skipped_{record.record_type}")
-                continue
-            headers = record.headers
-            content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
-            content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
-            rec = _Record(
-                index=index,
-                offset=record.stream_pos,
-                url=headers.get("WARC-Target-URI"),
-                fetch_time=headers.get("WARC-Date"),
-                content_type=content_type,
-            )
-            declared = record.content_length
-            if declared > limit:
-                rec.payload_bytes = declared
-                rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
-                rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
+        with record_alarm(budget) as armed:
+            for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
+                seg.index += 1
+                seg.last_pos, seg.last_row = record.stream_pos, None
+                seg.last_length = _warc_content_length(record)
+                if not record.record_type & wanted:
+                    result.count(f"skipped_{record.record_type}")
+                    continue
+                rec = guarded("ingest", budget, armed, _warc_row, record, seg.index, extract, result)
+                if isinstance(rec, Drop):  # this record's own handling failed: a reject of its own
+                    rec = _Record(seg.index, record.stream_pos, None, None, None, drop=rec)
+                if rec is None:
+                    seg.cut_at = record.stream_pos
+                    break
+                seg.last_row = len(result.records)
                 result.records.append(rec)
-                continue
-            payload = record.reader.read(declared + 1)
-            if len(payload) < declared:
-                damage = (index, record.stream_pos, f"record ends after {len(payload)} of {declared} payload bytes")
-                break
-            binary = None if is_textual(content_type, extract) else f"content type {content_type}"
-            codec = sniff_charset(payload, record.http_charset if record.is_http else None)
-            result.records.append(_text_or_drop(rec, payload, codec, result, binary))
     except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
-        last = result.records[-1].offset if result.records else 0
-        damage = (index + 1, last, f"unreadable after the record at {last}: {err}")
+        seg.error = str(err) or type(err).__name__
     finally:
         if gzipped:
             stream.close()
-    if gzipped:
-        # FastWARC ends quietly at a cut-short gzip member; the member's offset is the exact place.
-        # Members before the last record read are whole, so on a per-record gzip WARC only the
-        # tail is checked; a single-member file (positions inside it are not boundaries) is
-        # checked whole.
-        start = last_pos if _is_gzip_member_start(path, last_pos) else 0
-        offset = gzip_damage_offset(path, start)
-        if offset is not None:
-            at = damage[0] if damage is not None else index + 1
-            damage = (at, offset, "gzip member cut short or corrupt")
-    if damage is not None:
-        _add_truncation(result, *damage)
-    elif index < 0:
+        if raw is not None:
+            raw.close()
+    return seg
+
+
+def _warc_content_length(record) -> int:
+    """The record's declared block length (its WARC Content-Length; FastWARC's `content_length`
+    is what is left after the HTTP headers it parsed)."""
+    try:
+        return int(record.headers.get("Content-Length") or -1)
+    except ValueError:
+        return -1
+
+
+def _warc_row(record, index: int, extract: ExtractConfig, result: _ReadResult) -> _Record | None:
+    """The row of one response/resource record, or None when its payload ends before its
+    declared length (the file is cut short there)."""
+    headers = record.headers
+    content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
+    content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
+    rec = _Record(
+        index=index,
+        offset=record.stream_pos,
+        url=headers.get("WARC-Target-URI"),
+        fetch_time=headers.get("WARC-Date"),
+        content_type=content_type,
+    )
+    declared, limit = record.content_length, extract.max_record_bytes
+    if declared > limit:
+        rec.payload_bytes = declared
+        rec.excerpt = _excerpt(record.reader.read(EXCERPT_CHARS))
+        rec.drop = Drop("ingest/too_large", float(declared), f"{declared} bytes > max_record_bytes {limit}")
+        return rec
+    payload = record.reader.read(declared + 1)
+    if len(payload) < declared:
+        return None
+    binary = None if is_textual(content_type, extract) else f"content type {content_type}"
+    codec = sniff_charset(payload, record.http_charset if record.is_http else None)
+    return _text_or_drop(rec, payload, codec, result, binary)
+
+
+def _read_warc(path: str, extract: ExtractConfig, result: _ReadResult, budget: float | None) -> None:
+    """Every record FastWARC can read; past a record it cannot, reading resumes at the next record
+    start (plain WARC) or the next gzip member that holds one (per-record gzip WARC), and the bytes
+    in between become one reject that names their range."""
+    gzipped = _is_gzip_member_start(path, 0)
+    start: int | None = 0
+    index = -1
+    while start is not None:
+        seg = _warc_segment(path, start, gzipped, index, extract, result, budget)
+        index = seg.index
+        start, index = _resynchronise(path, gzipped, seg, result)
+    if index < 0 and not result.records:
         result.count("empty_file")
 
 
-def _add_truncation(result: _ReadResult, index: int, offset: int, detail: str) -> None:
+def _resynchronise(path: str, gzipped: bool, seg: _Segment, result: _ReadResult) -> tuple[int | None, int]:
+    """Where reading goes on after `seg` (None: the file is done) and the last record index used;
+    adds the reject for what was skipped."""
+    rule = "ingest/bad_record"
+    if seg.cut_at is not None:
+        bad, why = seg.cut_at, "the record's payload ends before its Content-Length"
+        seg.index -= 1  # the cut record's index goes to its reject
+    elif seg.error is None:
+        if not gzipped:
+            return None, seg.index
+        # FastWARC ends quietly at a cut-short or corrupt gzip member. Members before the last record
+        # read are whole, so on a per-record gzip WARC only the tail is checked; a single-member
+        # file (positions inside it are not boundaries) is checked whole.
+        tail = seg.last_pos if seg.last_pos is not None and _is_gzip_member_start(path, seg.last_pos) else 0
+        bad = gzip_damage_offset(path, tail)
+        if bad is None:
+            return None, seg.index
+        rule, why = "ingest/bad_gzip_member", "gzip member cut short or corrupt"
+    else:
+        why = seg.error
+        last = seg.last_pos if seg.last_pos is not None else seg.start
+        if gzipped and not _is_gzip_member_start(path, last):
+            # One gzip member for the whole file: no record boundary inside it can be reached.
+            _add_truncation(result, seg.index + 1, last, f"{why} (inside the file's one gzip member, whose records "
+                            "cannot be reached past it)", os.path.getsize(path))
+            return None, seg.index + 1
+        end = _record_end(path, seg.last_pos, seg.last_length, gzipped) if seg.last_pos is not None else None
+        if end is None and seg.last_row is not None:
+            # The last record read does not end where its Content-Length says: it is the bad one,
+            # and what it read as its payload belongs to the records after it.
+            resume = _next_record_start(path, last + 1, gzipped)
+            rec = result.records[seg.last_row]
+            stop = resume if resume is not None else os.path.getsize(path)
+            rec.raw, rec.drop = None, Drop(
+                "ingest/bad_content_length", float(seg.last_length),
+                f"Content-Length {seg.last_length} does not end the record; bytes {last}..{stop} skipped "
+                f"to the next record",
+            )
+            return resume, seg.index
+        bad = end if end is not None else last
+        if gzipped and gzip_damage_offset(path, bad) == bad:
+            rule, why = "ingest/bad_gzip_member", f"corrupt gzip member ({why})"
+    resume = _next_record_start(path, bad + 1, gzipped)
+    index = seg.index + 1
+    if resume is None:
+        _add_truncation(result, index, bad, why, os.path.getsize(path))
+        return None, index
+    head = _record_head(path, bad, gzipped)
+    url = _TARGET_URI.search(head)
+    result.records.append(
+        _Record(
+            index=index,
+            offset=bad,
+            url=url.group(1).decode("utf-8", "replace") if url else None,
+            fetch_time=None,
+            content_type=None,
+            drop=Drop(rule, float(resume - bad), f"bytes {bad}..{resume} unreadable: {why}"[:ERROR_DETAIL_CHARS]),
+            excerpt=_excerpt(head),
+            payload_bytes=resume - bad,
+        )
+    )
+    return resume, index
+
+
+_WARC_START = re.compile(rb"(?:^|\n)(WARC/1\.[01]\r?\n)")
+_TARGET_URI = re.compile(rb"\nWARC-Target-URI:[ \t]*(\S{1,2000})")
+_SCAN_CHUNK = 1 << 20
+_HEAD_BYTES = 64 * 1024
+
+
+def _next_record_start(path: str, after: int, gzipped: bool) -> int | None:
+    """The offset of the first record start at or after `after`: a `WARC/1.x` line at the start of
+    a line, or for a gzip WARC a gzip member whose content begins with one."""
+    with open(path, "rb") as f:
+        pos = after
+        while True:
+            # Look back a little so a marker that straddles two chunks is still found.
+            back = min(pos, 16)
+            f.seek(pos - back)
+            chunk = f.read(_SCAN_CHUNK + back)
+            if len(chunk) <= back:
+                return None
+            if gzipped:
+                at = chunk.find(_GZIP_MAGIC + b"\x08", back)
+                while at >= 0:
+                    if _member_starts_warc(path, pos - back + at):
+                        return pos - back + at
+                    at = chunk.find(_GZIP_MAGIC + b"\x08", at + 1)
+            else:
+                for m in _WARC_START.finditer(chunk):
+                    if m.start(1) >= back:
+                        return pos - back + m.start(1)
+            pos += len(chunk) - back
+
+
+def _member_starts_warc(path: str, offset: int) -> bool:
+    try:
+        return _record_head(path, offset, True, 16).startswith(b"WARC/")
+    except zlib.error:
+        return False
+
+
+def _record_head(path: str, offset: int, gzipped: bool, size: int = _HEAD_BYTES) -> bytes:
+    """Up to `size` bytes of the record at `offset`, decompressed when the file is gzip."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if not gzipped:
+            return f.read(size)
+        try:
+            return zlib.decompressobj(wbits=31).decompress(f.read(_HEAD_BYTES), size)
+        except zlib.error:
+            return b""
+
+
+def _record_end(path: str, offset: int, length: int, gzipped: bool) -> int | None:
+    """Where the record at `offset` ends when it ends where its Content-Length says (the block, then
+    CRLF CRLF, and in a gzip WARC nothing else in its member); None when it does not."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if gzipped:
+            d = zlib.decompressobj(wbits=31)
+            data = b""
+            while not d.eof:
+                chunk = f.read(_SCAN_CHUNK)
+                if not chunk:
+                    return None
+                try:
+                    data += d.decompress(chunk)
+                except zlib.error:
+                    return None
+                if len(data) > length + _SCAN_CHUNK:
+                    return None  # far longer than one record: not a per-record member
+            head_end = data.find(b"\r\n\r\n")
+            rest = data[head_end + 4 + length :]
+            if head_end < 0 or length < 0 or len(rest) < 4 or rest.strip(b"\r\n"):
+                return None
+            return f.tell() - len(d.unused_data)
+        head = f.read(_HEAD_BYTES)
+        head_end = head.find(b"\r\n\r\n")
+        if head_end < 0:
+            return None
+        end = offset + head_end + 4 + length
+        f.seek(end)
+        # The block must be followed by the CRLF CRLF that closes a record: a Content-Length that
+        # lies ends inside other bytes (a payload, the next record's headers).
+        return end + 4 if f.read(4) == b"\r\n\r\n" else None
+
+
+def _add_truncation(result: _ReadResult, index: int, offset: int, detail: str, end: int | None = None) -> None:
+    """The reject for a file whose tail, from `offset` (to `end`, the file's size, when known), cannot
+    be read."""
+    if end is not None:
+        detail = f"{detail}; bytes {offset}..{end} unreadable"
     result.records.append(
         _Record(
             index=index,
@@ -312,11 +515,13 @@ def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, int]]:
         offset += length
 
 
-def _read_jsonl(path: str, source: SourceConfig, extract: ExtractConfig, result: _ReadResult) -> None:
+def _read_jsonl(
+    path: str, source: SourceConfig, extract: ExtractConfig, result: _ReadResult, budget: float | None
+) -> None:
     limit = extract.max_record_bytes
     index = -1
     reached = 0  # decompressed bytes read through the last whole line
-    with _open_jsonl(path) as f:
+    with _open_jsonl(path) as f, record_alarm(budget) as armed:
         try:
             for offset, line, length in _lines(f, limit):
                 reached = offset + length
@@ -331,12 +536,17 @@ def _read_jsonl(path: str, source: SourceConfig, extract: ExtractConfig, result:
                     rec.excerpt = _excerpt(line)
                     rec.drop = Drop("ingest/too_large", float(length), f"{length} bytes > max_record_bytes {limit}")
                 else:
-                    _parse_json_line(rec, line, source, result)
+                    failed = guarded("ingest", budget, armed, _parse_json_line, rec, line, source, result)
+                    if failed is not None:
+                        rec.raw, rec.drop, rec.excerpt = None, failed, _excerpt(line)
         except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip
             _add_truncation(result, index + 1, reached, f"decompressed stream: {err}")
             return
     if index < 0:
         result.count("empty_file")
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _ReadResult) -> None:
@@ -347,6 +557,10 @@ def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _R
         obj = json.loads(text)
     except ValueError as err:
         rec.drop = Drop("ingest/bad_json", None, str(err)[:200])
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return
+    except RecursionError:
+        rec.drop = Drop("ingest/bad_json", None, "arrays or objects nested deeper than the parser's recursion limit")
         rec.excerpt = text[:EXCERPT_CHARS]
         return
     if not isinstance(obj, dict):
@@ -364,6 +578,16 @@ def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _R
     if "\x00" in body:
         rec.drop = Drop("ingest/binary_payload", None, "NUL characters in the text field")
         return
+    # A JSON escape such as "\ud800" gives a lone surrogate, which no UTF-8 writer (Parquet's) accepts.
+    if _SURROGATE_ESCAPE.search(text):
+        for field_name, value in ((source.text_field, body), (source.url_field, rec.url)):
+            try:
+                (value or "").encode("utf-8")
+            except UnicodeEncodeError as err:
+                rec.url = None
+                rec.drop = Drop("ingest/lone_surrogate", float(err.start), f"field {field_name!r}: {err.reason} at {err.start}")
+                rec.excerpt = text[:EXCERPT_CHARS]
+                return
     rec.raw = body
 
 
@@ -387,8 +611,13 @@ def config_relative_file(path: str, pattern: str) -> str:
     return "/".join(parts[:fixed] + path.split(os.sep)[-tail:])
 
 
-def read_input_shard(shard: InputShard, source: SourceConfig, extract: ExtractConfig) -> StageOutput:
-    """The `raw_documents` table for one input file, with its rejects and stats."""
+def read_input_shard(
+    shard: InputShard, source: SourceConfig, extract: ExtractConfig,
+    record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S,
+) -> StageOutput:
+    """The `raw_documents` table for one input file, with its rejects and stats. Handling one
+    record (decoding, parsing its JSON) that raises or runs past `record_timeout_s` is that
+    record's reject, `ingest/error` or `ingest/timeout`."""
     start = time.perf_counter()
     if not os.path.isfile(shard.path):
         raise FileNotFoundError(
@@ -397,9 +626,9 @@ def read_input_shard(shard: InputShard, source: SourceConfig, extract: ExtractCo
         )
     result = _ReadResult()
     if source.format == "warc":
-        _read_warc(shard.path, extract, result)
+        _read_warc(shard.path, extract, result, record_timeout_s)
     else:
-        _read_jsonl(shard.path, source, extract, result)
+        _read_jsonl(shard.path, source, extract, result, record_timeout_s)
 
     records = result.records
     file_label = config_relative_file(shard.path, source.path)

@@ -9,7 +9,8 @@ fasttext-predict's list API (`multilinePredict`) returns labels without probabil
 document is predicted alone through the model's C++ `predict`; the Python wrapper around it only
 adds a newline check that the newline replacement already guarantees.
 
-Adds `language` (ISO code) and `language_score`. Rejects: `language/unwanted_language` (detail:
+Adds `language` (ISO code) and `language_score`; a source that skips "language" keeps every
+document with both null. Rejects: `language/unwanted_language` (detail:
 the language, value: its score) and `language/low_score` (a wanted language below min_score;
 detail: the language, value: its score).
 """
@@ -18,15 +19,14 @@ from __future__ import annotations
 
 import importlib.resources
 import os
-import time
+from collections import Counter
 from functools import lru_cache
 from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.base import Drop, Outcome, RecordStage
 from refinery.config import LanguageConfig
-from refinery.documents import empty_rejects
 
 STAGE = "language_filtered"
 LABEL_PREFIX = "__label__"
@@ -79,8 +79,11 @@ def load_language_model(path: str | None) -> LanguageModel:
     return LanguageModel(path)
 
 
-class LanguageFilter(Stage):
+class LanguageFilter(RecordStage):
     name = STAGE
+    family = "language"
+    skip_key = "language"
+    writes = {"language": pl.String(), "language_score": pl.Float64()}
 
     def __init__(self, cfg: LanguageConfig, model: LanguageModel):
         self.cfg = cfg
@@ -92,51 +95,14 @@ class LanguageFilter(Stage):
         """`resolve` makes a configured model path absolute (RefineryConfig.resolve)."""
         return cls(cfg, load_language_model(resolve(cfg.model_path) if cfg.model_path else None))
 
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        start = time.perf_counter()
-        stats = StageStats(stage=self.name)
-        predict, allowed, min_score = self.model.predict, self.allowed, self.cfg.min_score
-        languages: list[str] = []
-        scores: list[float] = []
-        drops: dict[int, Drop] = {}
-        for i, text in enumerate(docs["text"].to_list()):
-            lang, score = predict(text or "")
-            languages.append(lang)
-            scores.append(score)
-            if lang not in allowed:
-                drops[i] = Drop("language/unwanted_language", score, lang)
-            elif score < min_score:
-                drops[i] = Drop("language/low_score", score, lang)
-        for drop in drops.values():
-            stats.dropped[drop.rule] += 1
-        labelled = docs.with_columns(
-            pl.Series("language", languages, dtype=pl.String), pl.Series("language_score", scores, dtype=pl.Float64)
-        )
-        keep = pl.Series([i not in drops for i in range(docs.height)], dtype=pl.Boolean)
-        kept = labelled.filter(keep)
-        count_in_out(stats, docs, kept)
-        for lang in languages:
-            stats.counters[f"detected/{lang}"] += 1
-        stats.wall_s = time.perf_counter() - start
-        return StageOutput(kept, rejects_frame(docs, self.name, drops), stats)
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        lang, score = self.model.predict(record["text"] or "")
+        counters[f"detected/{lang}"] += 1
+        if lang not in self.allowed:
+            return Drop("language/unwanted_language", score, lang)
+        if score < self.cfg.min_score:
+            return Drop("language/low_score", score, lang)
+        return {"language": lang, "language_score": score}
 
     def config_summary(self) -> dict[str, Any]:
         return {**self.cfg.model_dump(mode="json"), "model": os.path.basename(self.model.path)}
-
-
-class LanguageSkipped(Stage):
-    """A source that skips language ID: every document kept, language columns null."""
-
-    name = STAGE
-
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        stats = StageStats(stage=self.name)
-        labelled = docs.with_columns(
-            pl.lit(None, dtype=pl.String).alias("language"), pl.lit(None, dtype=pl.Float64).alias("language_score")
-        )
-        count_in_out(stats, docs, labelled)
-        stats.counters["skipped_by_source"] = docs.height
-        return StageOutput(labelled, empty_rejects(), stats)
-
-    def config_summary(self) -> dict[str, Any]:
-        return {"skipped_by_source": True}

@@ -34,9 +34,15 @@ import numpy as np
 import polars as pl
 
 from assets.stages import exact_dedup as ex
-from assets.stages.base import Drop, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.base import Drop, StageOutput, StageStats, stage_output, without_drops
 from assets.stages.minhash import EMPTY_HASH, MinHasher, bottom_k_jaccard, lsh_params
 from refinery.config import RefineryConfig
+
+# Stats files and reject rows both name the two dedups by these (the asset names).
+EXACT_STAGE = "exact_deduped"
+NEAR_STAGE = "near_deduped"
+# The entry of a source's `skip:` list that keeps its documents out of near dedup.
+NEAR_SKIP_KEY = "near_dedup"
 
 FALSE_POSITIVE_WEIGHT = 0.05
 FALSE_NEGATIVE_WEIGHT = 0.95
@@ -258,13 +264,9 @@ def apply_decisions(
             drops[i] = Drop("exact_dedup/null_text", None, "text is null")
         elif size is not None:
             drops[i] = Drop("exact_dedup/duplicate", float(size), f"duplicate of {kept_id}")
-    exact_stats = StageStats(stage="exact_deduped")
-    after_exact = keyed.filter(pl.Series([i not in drops for i in range(keyed.height)], dtype=pl.Boolean))
-    for d in drops.values():
-        exact_stats.dropped[d.rule] += 1
-    count_in_out(exact_stats, docs, after_exact)
-    exact_rejects = rejects_frame(docs, "exact_dedup", drops)
-    exact_stats.wall_s = time.perf_counter() - start
+    after_exact = without_drops(keyed, drops)
+    exact_out = stage_output(EXACT_STAGE, docs, after_exact.drop("_key"), drops, StageStats(stage=EXACT_STAGE))
+    exact_out.stats.wall_s = time.perf_counter() - start
 
     start = time.perf_counter()
     joined = after_exact.join(near_clusters.rename({"doc_key": "_key"}), on="_key", how="left", maintain_order="left")
@@ -276,21 +278,13 @@ def apply_decisions(
             near_drops[i] = Drop(
                 "near_dedup/duplicate", float(size), f"duplicate of {keeper_id}; cluster {keeper_id} of {size} documents"
             )
-    kept = joined.filter(pl.Series([i not in near_drops for i in range(joined.height)], dtype=pl.Boolean))
-    kept = kept.with_columns(
+    kept = without_drops(joined, near_drops).with_columns(
         pl.col("keeper_doc_id").alias("dup_cluster"),
         pl.col("cluster_size").fill_null(1).cast(pl.Int64).alias("dup_cluster_size"),
     ).drop("_key", "keeper_key", "keeper_doc_id", "cluster_size")
-    near_stats = StageStats(stage="near_deduped")
-    for d in near_drops.values():
-        near_stats.dropped[d.rule] += 1
-    count_in_out(near_stats, after_exact, kept)
-    near_rejects = rejects_frame(joined, "near_dedup", near_drops)
-    near_stats.wall_s = time.perf_counter() - start
-    return (
-        StageOutput(after_exact.drop("_key"), exact_rejects, exact_stats),
-        StageOutput(kept, near_rejects, near_stats),
-    )
+    near_out = stage_output(NEAR_STAGE, joined, kept, near_drops, StageStats(stage=NEAR_STAGE))
+    near_out.stats.wall_s = time.perf_counter() - start
+    return exact_out, near_out
 
 
 def cluster_signatures(

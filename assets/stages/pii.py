@@ -43,14 +43,14 @@ from __future__ import annotations
 import ipaddress
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import Stage, StageOutput, StageStats, count_in_out
+from assets.stages.base import Outcome, RecordStage, Stage, StageOutput, StageStats, count_in_out, guarded, record_alarm
 from assets.stages.safety import SafetyFilter
-from refinery.documents import empty_rejects
 
 PLACEHOLDERS = {
     "email": "<EMAIL>",
@@ -228,10 +228,13 @@ def redact(text: str, kinds: frozenset[str]) -> tuple[str, dict[str, int]]:
     return text, counts
 
 
-class PiiRedactor(Stage):
-    """Redacts the enabled kinds of PII in `text`; drops nothing."""
+class PiiRedactor(RecordStage):
+    """Redacts the enabled kinds of PII in `text`; drops nothing (a document whose redaction fails
+    is rejected `pii/error`, since its text cannot be passed on unredacted)."""
 
     name = "pii"
+    family = "pii"
+    writes = {"text": pl.String(), "pii_counts": PII_COUNTS_DTYPE}
 
     def __init__(self, kinds: frozenset[str] | None = None):
         self.kinds = frozenset(KINDS) if kinds is None else kinds
@@ -247,29 +250,33 @@ class PiiRedactor(Stage):
     def config_summary(self) -> dict[str, Any]:
         return {"kinds": sorted(self.kinds), "placeholders": {k: PLACEHOLDERS[k] for k in sorted(self.kinds)}}
 
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        start = time.perf_counter()
-        stats = StageStats(stage=self.name)
-        texts = docs["text"]
-        out_texts = texts.to_list()
-        per_doc = [dict.fromkeys(KINDS, 0) for _ in range(docs.height)]
-        # Kinds run in PATTERNS order on each document. Prefilters read the original text, which is
-        # safe because a placeholder never creates a match, it only removes one.
+    def redact_with(self, text: str | None, patterns: tuple[PiiPattern, ...], counters: Counter) -> Outcome:
+        counts = dict.fromkeys(KINDS, 0)
+        for pat in patterns:
+            text = redact_one(pat, text, counts)
+        for kind, n in counts.items():
+            if n:
+                counters[f"pii/{kind}"] += n
+                counters[f"pii_docs/{kind}"] += 1
+        return {"text": text, "pii_counts": counts}
+
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        return self.redact_with(record["text"], self.patterns if record["text"] is not None else (), counters)
+
+    def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
+        # Each pattern's prefilter runs over the whole column, so a document's regexes are only the
+        # ones that could match it. Prefilters read the original text, which is safe because a
+        # placeholder never creates a match, it only removes one.
+        texts = batch["text"]
+        candidates: list[list[PiiPattern]] = [[] for _ in range(batch.height)]
         for pat in self.patterns:
             for i in texts.str.contains(pat.prefilter).fill_null(False).arg_true().to_list():
-                out_texts[i] = redact_one(pat, out_texts[i], per_doc[i])
-        for counts in per_doc:
-            for kind, n in counts.items():
-                if n:
-                    stats.counters[f"pii/{kind}"] += n
-                    stats.counters[f"pii_docs/{kind}"] += 1
-        redacted = docs.with_columns(
-            text=pl.Series(out_texts, dtype=pl.String),
-            pii_counts=pl.Series(per_doc, dtype=PII_COUNTS_DTYPE),
-        )
-        count_in_out(stats, docs, redacted)
-        stats.wall_s = time.perf_counter() - start
-        return StageOutput(redacted, empty_rejects(), stats)
+                candidates[i].append(pat)
+        with record_alarm(self.record_timeout_s) as armed:
+            return [
+                guarded(self.family, self.record_timeout_s, armed, self.redact_with, text, tuple(pats), counters)
+                for text, pats in zip(texts.to_list(), candidates)
+            ]
 
 
 class SafetyThenRedact(Stage):
@@ -290,10 +297,15 @@ class SafetyThenRedact(Stage):
 
     def run(self, docs: pl.DataFrame) -> StageOutput:
         start = time.perf_counter()
+        self.safety.record_timeout_s = self.redactor.record_timeout_s = self.record_timeout_s
         safe = self.safety.run(docs)
         redacted = self.redactor.run(safe.documents)
-        stats = StageStats(stage=self.name, dropped=safe.stats.dropped, counters=safe.stats.counters + redacted.stats.counters)
+        stats = StageStats(
+            stage=self.name,
+            dropped=safe.stats.dropped + redacted.stats.dropped,
+            counters=safe.stats.counters + redacted.stats.counters,
+        )
         count_in_out(stats, docs, redacted.documents)
         stats.wall_s = time.perf_counter() - start
-        rejects = safe.rejects.with_columns(stage=pl.lit(self.name))
+        rejects = pl.concat([safe.rejects, redacted.rejects]).with_columns(stage=pl.lit(self.name))
         return StageOutput(redacted.documents, rejects, stats)

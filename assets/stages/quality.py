@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -33,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
-from assets.stages.base import Drop, Stage, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.base import Drop, Outcome, RecordStage, StageOutput, StageStats, count_in_out, rejects_frame
 from refinery.storage import DataRoot
 
 MODEL_FORMAT = 1
@@ -442,11 +443,15 @@ def unscored(docs: pl.DataFrame) -> StageOutput:
     return StageOutput(out, rejects_frame(docs, QualityScorer.name, {}), stats)
 
 
-class QualityScorer(Stage):
+class QualityScorer(RecordStage):
     """Adds `quality_score` to every document and drops those below `threshold`, unless
-    `enforce_threshold` is off (a source that skips the quality stage)."""
+    `enforce_threshold` is off. A source that skips "quality" gets the scores without the drops."""
 
     name = "quality_scored"
+    family = "quality"
+    skip_key = "quality"
+    writes = {"quality_score": pl.Float64()}
+    batch_size = SCORE_BATCH_DOCS
 
     def __init__(self, model: QualityModel, threshold: float, enforce_threshold: bool = True, model_id: str = ""):
         self.model = model
@@ -463,27 +468,25 @@ class QualityScorer(Stage):
             "ngram": self.model.ngram,
         }
 
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        start = time.perf_counter()
-        stats = StageStats(stage=self.name)
-        texts = docs["text"] if "text" in docs.columns else pl.Series("text", [None] * docs.height, dtype=pl.String)
-        empty = (texts.str.len_chars().fill_null(0) == 0).to_numpy()
-        scores = self.model.score(texts)
-        scored = docs.with_columns(
-            quality_score=pl.Series(np.where(empty, np.nan, scores), dtype=pl.Float64).fill_nan(None)
-        )
-        drops: dict[int, Drop] = {int(i): Drop("quality/empty_text", None, "no text to score") for i in np.flatnonzero(empty)}
-        if self.enforce_threshold:
-            for i in np.flatnonzero(~empty & (scores < self.threshold)):
-                drops[int(i)] = Drop("quality/below_threshold", float(scores[i]), f"threshold {self.threshold}")
-        else:
-            stats.counters["quality/below_threshold_kept_by_skip"] = int(np.sum(~empty & (scores < self.threshold)))
-        for d in drops.values():
-            stats.dropped[d.rule] += 1
-        keep = np.ones(docs.height, dtype=bool)
-        keep[list(drops)] = False
-        kept = scored.filter(pl.Series(keep))
-        count_in_out(stats, docs, kept)
-        stats.counters["quality/scored"] = int(np.sum(~empty))
-        stats.wall_s = time.perf_counter() - start
-        return StageOutput(kept, rejects_frame(scored, self.name, drops), stats)
+    def judge(self, text: str | None, score: float, counters: Counter) -> Outcome:
+        if not text:
+            return Drop("quality/empty_text", None, "no text to score")
+        counters["quality/scored"] += 1
+        if score < self.threshold:
+            if self.enforce_threshold:
+                return Drop("quality/below_threshold", score, f"threshold {self.threshold}")
+            counters["quality/below_threshold_kept_by_skip"] += 1
+        return {"quality_score": score}
+
+    def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        text = record["text"]
+        score = float(self.model.score(pl.Series([text], dtype=pl.String))[0]) if text else float("nan")
+        return self.judge(text, score, counters)
+
+    def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
+        # One featurization and one EmbeddingBag call for the whole batch.
+        scores = self.model.score(batch["text"]).tolist()
+        return [self.judge(text, score, counters) for text, score in zip(batch["text"].to_list(), scores)]
+
+    def skipped(self, docs: pl.DataFrame) -> StageOutput:
+        return QualityScorer(self.model, self.threshold, False, self.model_id).run(docs)

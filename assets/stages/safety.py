@@ -15,31 +15,19 @@ from __future__ import annotations
 import re
 from collections import Counter
 from typing import Any
-from urllib.parse import urlsplit
 
+from assets.stages import urls
 from assets.stages.base import Drop, Filter
 
 
 def url_host(url: str | None) -> str | None:
+    """The URL's host, or None when it has none or cannot be parsed (then no domain can match)."""
     if not url:
         return None
     try:
-        host = urlsplit(url if "//" in url else f"//{url}").hostname
+        return urls.url_host(url) or None
     except ValueError:
         return None
-    return host.rstrip(".").lower() if host else None
-
-
-def host_is_blocked(host: str | None, blocked: frozenset[str]) -> str | None:
-    """The blocked domain that `host` is, or is a subdomain of; None when it is neither."""
-    if not host:
-        return None
-    parts = host.split(".")
-    for i in range(len(parts)):
-        candidate = ".".join(parts[i:])
-        if candidate in blocked:
-            return candidate
-    return None
 
 
 def blocked_words_regex(words: list[str]) -> re.Pattern | None:
@@ -53,6 +41,7 @@ def blocked_words_regex(words: list[str]) -> re.Pattern | None:
 
 class SafetyFilter(Filter):
     name = "safety"
+    family = "safety"
 
     def __init__(self, blocked_words: list[str], blocked_domains: list[str], max_blocked_word_hits: int = 0):
         self.blocked_words = sorted({w.strip().lower() for w in blocked_words if w.strip()})
@@ -74,7 +63,7 @@ class SafetyFilter(Filter):
     def check(self, row: dict[str, Any]) -> Drop | None:
         if self.blocked_domains:
             host = url_host(row.get("url"))
-            domain = host_is_blocked(host, self.blocked_domains)
+            domain = urls.blocked_suffix(host, self.blocked_domains)
             if domain is not None:
                 return Drop("safety/blocked_domain", None, f"{host} (blocked: {domain})")
         text = row.get("text")

@@ -1,0 +1,113 @@
+"""A worker process that runs one function over items and can be killed in the middle of one.
+
+For work that a signal cannot interrupt (C code that never returns to the interpreter, such as
+resiliparse's HTML parser): the parent sends a batch, the child answers item by item, and the
+parent waits at most `budget_s` for each answer. When an item overruns, the child is killed, that
+item is reported as timed out, and a fresh child takes the rest of the batch. A child that dies on
+an item (a crash in C) costs that item only, in the same way.
+
+The child is started with `spawn` (a fork would copy the parent's polars and Dagster threads) and
+imports only the function's module, so its start costs a Python start-up plus that import; it is
+kept for every later batch of the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Literal
+
+Status = Literal["ok", "error", "timeout"]
+# A child gets this long to start and import its function before the first item's budget begins.
+STARTUP_TIMEOUT_S = 120.0
+
+
+def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
+    conn.send(("ready", None))
+    while True:
+        try:
+            items = conn.recv()
+        except EOFError:
+            return
+        for item in items:
+            try:
+                conn.send(("ok", fn(item)))
+            except Exception as err:  # noqa: BLE001 - the parent turns it into the item's reject
+                conn.send(("error", f"{type(err).__name__}: {err}"))
+
+
+class IsolatedWorker:
+    """`map(items)` -> one `(status, value)` per item: ("ok", fn(item)), ("error", "Type: message"),
+    or ("timeout", seconds waited). `fn` must be picklable (a module-level function or a partial)."""
+
+    def __init__(self, fn: Callable[[Any], Any], budget_s: float):
+        self.fn = fn
+        self.budget_s = budget_s
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.restarts = 0
+
+    def _start(self) -> Connection:
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, self.fn), daemon=True, name="refinery-isolated-worker")
+        self.process.start()
+        child.close()
+        if not parent.poll(STARTUP_TIMEOUT_S):
+            self.close()
+            raise RuntimeError(f"the isolated worker for {self.fn} did not start within {STARTUP_TIMEOUT_S:g} s")
+        parent.recv()
+        self.conn = parent
+        return parent
+
+    def close(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        if self.conn is not None:
+            self.conn.close()
+        self.process, self.conn = None, None
+
+    def map(self, items: list[Any]) -> list[tuple[Status, Any]]:
+        results: list[tuple[Status, Any]] = []
+        while len(results) < len(items):
+            conn = self.conn or self._start()
+            try:
+                conn.send(items[len(results):])
+            except (BrokenPipeError, OSError):  # the child died between batches; a fresh one retries
+                self.close()
+                self.restarts += 1
+                continue
+            while len(results) < len(items):
+                start = time.perf_counter()
+                try:
+                    ready = conn.poll(self.budget_s)
+                    answer = conn.recv() if ready else None
+                except (EOFError, OSError):  # the child died on this item
+                    code = self.process.exitcode if self.process is not None else None
+                    self.close()
+                    self.restarts += 1
+                    results.append(("error", f"WorkerDied: the worker process exited with code {code}"))
+                    break
+                if answer is None:
+                    self.close()
+                    self.restarts += 1
+                    results.append(("timeout", time.perf_counter() - start))
+                    break
+                results.append(answer)
+        return results
+
+
+_workers: dict[Any, IsolatedWorker] = {}
+
+
+def shared_worker(fn: Callable[[Any], Any], budget_s: float) -> IsolatedWorker:
+    """One worker per function and budget for the whole process, closed at exit."""
+    key = (fn, budget_s)
+    if key not in _workers:
+        if not _workers:
+            atexit.register(lambda: [w.close() for w in _workers.values()])
+        _workers[key] = IsolatedWorker(fn, budget_s)
+    return _workers[key]
