@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from assets.stages.hashing import splitmix64
 from training.schedule import StepSchedule
 
 SAMPLER_STATE_VERSION = 1
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 class BucketExhausted(Exception):
@@ -54,14 +54,6 @@ class SamplerStateError(ValueError):
 
 def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = (x + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
-        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
-        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
-        return z ^ (z >> np.uint64(31))
 
 
 def row_uniforms(seed: int, rows: np.ndarray) -> np.ndarray:

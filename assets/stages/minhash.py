@@ -25,6 +25,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from assets.stages.hashing import fmix64 as _fmix64
+from assets.stages.hashing import fmix64_int as _fmix64_int
 from assets.stages.text import split_words
 
 MASK64 = (1 << 64) - 1
@@ -44,15 +46,6 @@ def shingle_words(text: str) -> list[str]:
 
 
 # ---- reference (pure Python) definition of the shingle hash ---------------------------------------
-
-
-def _fmix64_int(h: int) -> int:
-    h ^= h >> 33
-    h = (h * 0xFF51AFD7ED558CCD) & MASK64
-    h ^= h >> 33
-    h = (h * 0xC4CEB9FE1A85EC53) & MASK64
-    h ^= h >> 33
-    return h
 
 
 def word_hash64(word: str) -> int:
@@ -80,15 +73,6 @@ def shingles(words: Sequence[str], size: int) -> list[tuple[str, ...]]:
 
 
 # ---- vectorised ------------------------------------------------------------------------------------
-
-
-def _fmix64(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint64(33))
-    h *= np.uint64(0xFF51AFD7ED558CCD)
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xC4CEB9FE1A85EC53)
-    h ^= h >> np.uint64(33)
-    return h
 
 
 def _fmix32(h: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from assets.stages.base import Drop, Outcome, RecordStage, StageOutput, StageStats, count_in_out, rejects_frame
+from assets.stages.hashing import GOLDEN_GAMMA, splitmix64_finalizer
 from refinery.storage import DataRoot
 
 MODEL_FORMAT = 1
@@ -44,9 +45,7 @@ WORD_PATTERN = r"\w+"
 SCORE_BATCH_DOCS = 2048
 TRAIN_BATCH_DOCS = 32
 
-_MIX_MUL = np.uint64(0x9E3779B97F4A7C15)
-_FINAL_MUL_1 = np.uint64(0xBF58476D1CE4E5B9)
-_FINAL_MUL_2 = np.uint64(0x94D049BB133111EB)
+_MIX_MUL = np.uint64(GOLDEN_GAMMA)
 
 
 class NoTrainingData(ValueError):
@@ -92,15 +91,6 @@ def _word_hashes(words: pl.Series) -> np.ndarray:
     return table[ids]
 
 
-def _finalize(h: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: spreads the combined hash over all 64 bits before the modulo."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * _FINAL_MUL_1
-    h = h ^ (h >> np.uint64(27))
-    h = h * _FINAL_MUL_2
-    return h ^ (h >> np.uint64(31))
-
-
 def hash_features(texts: pl.Series, num_features: int, ngram: int, max_chars: int) -> Features:
     """Word 1..ngram-grams of every text (null counts as empty, only the first `max_chars`
     characters are read), hashed into `num_features` buckets."""
@@ -123,7 +113,8 @@ def hash_features(texts: pl.Series, num_features: int, ngram: int, max_chars: in
             gram = hashes[:count].copy()
             for k in range(1, n):
                 gram = gram * _MIX_MUL + hashes[k : k + count]
-            gram = _finalize(gram ^ np.uint64(n))[same_doc]
+            # The finalizer spreads the combined hash over all 64 bits before the modulo.
+            gram = splitmix64_finalizer(gram ^ np.uint64(n))[same_doc]
             docs_parts.append(doc_of_word[:count][same_doc])
             bucket_parts.append(_bucket(gram, num_features))
     # Each part is already in document order; place it after the earlier parts' n-grams of the

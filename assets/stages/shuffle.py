@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from assets.stages.hashing import splitmix64
 from assets.stages.tokenize import (
     FINAL,
     TOKENIZED,
@@ -58,19 +59,10 @@ class ShuffleError(ValueError):
     """Tokenized shards that cannot be shuffled as they are (missing, corrupt, or changed)."""
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """A bijective 64-bit mixer (Steele et al., SplitMix64's finalizer); wraps modulo 2**64."""
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def shuffle_keys(seed: int, bucket: str, first: int, count: int) -> np.ndarray:
     """Sort keys of entries first..first+count-1 of `bucket`: a seeded random permutation."""
     salt = int.from_bytes(hashlib.sha256(f"shuffle/{seed}/{bucket}".encode()).digest()[:8], "little")
-    return _splitmix64(np.arange(first, first + count, dtype=np.uint64) ^ np.uint64(salt))
+    return splitmix64(np.arange(first, first + count, dtype=np.uint64) ^ np.uint64(salt))
 
 
 def run_of(keys: np.ndarray, runs: int) -> np.ndarray:
