@@ -86,7 +86,10 @@ class IsolatedWorker:
                     ready = conn.poll(self.budget_s)
                     answer = conn.recv() if ready else None
                 except (EOFError, OSError):  # the child died on this item
-                    code = self.process.exitcode if self.process is not None else None
+                    code = None
+                    if self.process is not None:
+                        self.process.join(5)
+                        code = self.process.exitcode
                     self.close()
                     self.restarts += 1
                     results.append(("error", f"WorkerDied: the worker process exited with code {code}"))
