@@ -5,6 +5,11 @@ phase named by `stop_after_phase` closes, a bucket runs dry (`halted`), the loss
 for `max_consecutive_nonfinite` steps (`halted`), or SIGTERM arrives (checkpoint, then `failed`
 so an orchestrator resumes it). It returns the final status dict.
 
+Run safety: `train()` holds the run directory's lock (`training.run_lock`) from before resume to the
+end, so a second trainer is refused; a watch on the launcher (`training.lifeline`) turns the
+launcher's death into this SIGTERM path. The ranks agree on stopping every step (one all-reduce),
+so a SIGTERM that reaches any one rank checkpoints them all at the same step.
+
 Distributed: under torchrun (WORLD_SIZE > 1) each process is one rank, with DDP over NCCL (CUDA)
 or gloo (CPU). `simulate_world_size=W` instead runs the data path of W ranks in one process and
 assembles the global batch from their slices: the same model maths as W=1, used to test that
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from contextlib import nullcontext
 import time
 from collections import defaultdict
@@ -29,9 +35,11 @@ from refinery.config import RefineryConfig
 from refinery.storage import open_data_root
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from training.data import CurriculumData
+from training.lifeline import ParentWatch, worker_init
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink
 from training.model import GPT, GPTConfig, IGNORE
+from training.run_lock import RunLock, RunLocked
 from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
 
@@ -40,6 +48,10 @@ KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self 
 
 class ResumeRefused(RuntimeError):
     """The run may not continue as asked; the message says why and what to change."""
+
+
+class RunDirBusy(ResumeRefused, RunLocked):
+    """Another trainer holds the run directory."""
 
 
 @dataclass
@@ -178,8 +190,24 @@ class Trainer:
             self.checkpoint_path = str(path)
             print(f"refinery train: resumed from {path} at step {self.step} "
                   f"(phase {self.schedule.phase_names[self.schedule.phase_at(min(self.step, self.schedule.total_steps - 1))]})")
-        self.metrics.truncate_after(self.step)
-        self.consumption.truncate_after(self.step)
+        self._cut_back_logs()
+
+    def _cut_back_logs(self) -> None:
+        """Cut the JSON-lines logs back to the resumed step: later records are replayed, a torn last
+        line is dropped, and consumption logs of ranks beyond a shrunk world size are cut back too (by
+        rank 0), so the logs on disk name exactly what the checkpoint consumed."""
+        logs = [self.consumption]
+        if self.rank == 0:
+            logs.append(self.metrics)
+            for path in sorted(self.run_dir.glob("consumption-rank*.jsonl")):
+                rank = path.stem.removeprefix("consumption-rank")
+                if rank.isdigit() and int(rank) >= self.world:
+                    logs.append(ConsumptionLog(path))
+        for log in logs:
+            torn = log.truncate_after(self.step)
+            if torn:
+                print(f"refinery train: {log.path}: cut {torn} unreadable line(s) at its end (a write interrupted "
+                      "by a crash)", file=sys.stderr)
 
     # ---- data ----------------------------------------------------------------------------------------
 
@@ -190,6 +218,8 @@ class Trainer:
         allow = self.cfg.curriculum.allow_bucket_exhaustion
         loaders = [make_loader(StepStream(self.data, self.sampler_state, allow, r, self.data_world, record), workers)
                    for r in self.ranks_here]
+        for loader in loaders:
+            loader.worker_init_fn = worker_init  # workers leave SIGTERM to the trainer and die with it
         for parts in zip(*loaders):
             exhausted = [p for p in parts if isinstance(p, Exhausted)]
             if exhausted:
@@ -207,8 +237,25 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        self.resume()  # a refusal leaves status.json as it was: the halt stays on record
+        try:
+            lock = RunLock(self.run_dir, self.rank).acquire()
+        except RunLocked as err:
+            raise RunDirBusy(str(err)) from None
+        if lock.previous:
+            print(f"refinery train: took over the lock of a trainer that is gone (pid {lock.previous.get('pid')} on "
+                  f"{lock.previous.get('host')}, started {lock.previous.get('started')})", file=sys.stderr)
+        # Set explicitly: a process may inherit SIGTERM ignored, and then a preemption would go unseen.
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        watch = ParentWatch(self.cfg.training.orphan_grace_s).start()
+        try:
+            return self._train()
+        finally:
+            watch.stop()
+            signal.signal(signal.SIGTERM, previous)
+            lock.release()
+
+    def _train(self) -> dict[str, Any]:
+        self.resume()  # a refusal leaves status.json as it was: the halt stays on record
         try:
             stop_idx = self._stop_phase_index()
             if stop_idx is not None and self.step >= self.schedule.phase_starts[stop_idx + 1]:
@@ -230,11 +277,12 @@ class Trainer:
                     return self._halt(f"nonfinite_loss: {self.nonfinite_streak} consecutive steps with a NaN/Inf loss "
                                       f"or gradient (limit training.max_consecutive_nonfinite)", "nonfinite_loss")
                 closes = self.schedule.is_last_step_of_phase(self.step - 1)
-                if closes or self.step % self.cfg.training.checkpoint_interval == 0 or self._stop_signal:
+                stop = self._any_rank_stopping()
+                if closes or self.step % self.cfg.training.checkpoint_interval == 0 or stop:
                     self._save(self.schedule.phase_names[batch.phase] if closes else None)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(self.step):
                     os.kill(os.getpid(), signal.SIGKILL)
-                if self._stop_signal:
+                if stop:
                     return self._status("failed", f"preempted: SIGTERM at step {self.step}; checkpoint saved, "
                                         "resume with --resume auto")
                 if closes and stop_idx == batch.phase:
@@ -243,8 +291,6 @@ class Trainer:
         except Exception as err:
             self._status("failed", f"{type(err).__name__}: {err}")
             raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def train_step(self, batch: StepBatch, lr: float) -> dict[str, Any]:
         """Forward/backward over micro-batches, then one optimizer step unless the loss is non-finite."""
@@ -359,6 +405,14 @@ class Trainer:
 
     def _on_sigterm(self, signum, frame) -> None:
         self._stop_signal = True
+
+    def _any_rank_stopping(self) -> bool:
+        """Whether any rank got SIGTERM; every rank gets the same answer at the same step."""
+        if self.world == 1:
+            return self._stop_signal
+        flag = torch.tensor([int(self._stop_signal)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():
