@@ -211,3 +211,80 @@ def test_a_torn_line_is_dropped_with_everything_after_it(tmp_path):
     assert [r["step"] for r in log.read()] == [1, 2]
     assert log.truncate_after(10) == 2
     assert json.loads(log.path.read_text().splitlines()[-1]) == {"step": 2}
+
+
+# ---- refinery train refuses a curriculum it would not follow ----------------------------------------
+
+
+def edit_curriculum(config: Path, edit) -> None:
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    edit(data["curriculum"])
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def as_shares(cur: dict, shares: list[float]) -> None:
+    for phase, share in zip(cur["phases"], shares):
+        del phase["tokens"]
+        phase["share"] = share
+
+
+def rename(cur: dict, old: str, new: str) -> None:
+    next(p for p in cur["phases"] if p["name"] == old)["name"] = new
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda c: c["phases"][0].update(weights={"web": 0.7, "math": 0.2}),
+     "curriculum.phases[0].weights: weights of phase 'warmup' sum to 0.9, not 1"),
+    (lambda c: as_shares(c, [0.3, 0.5, 0.5]), "curriculum.phases[*].share: shares sum to 1.3, not 1"),
+    (lambda c: rename(c, "anneal", "main"), "curriculum.phases[*].name: phase names repeat: ['warmup', 'main', 'main']"),
+    (lambda c: c["phases"][2].update(weights={"web": 0.5, "math": 0.5, "nope": 0.0}),
+     "curriculum.phases[2].weights.nope: unknown bucket 'nope'"),
+], ids=["weights-0.9", "shares-1.3", "duplicate-names", "unknown-bucket"])
+def test_an_invalid_curriculum_is_refused_before_training_naming_the_field(tmp_path, capsys, edit, expected):
+    config = tiny_run(tmp_path)
+    edit_curriculum(config, edit)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid curriculum; nothing was trained" in err and expected in err
+    assert not (tmp_path / "root/runs/demo/metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda c: c["phases"][2].update(seq_len=32), ["curriculum.phases[2] (anneal).seq_len: the config says 32, the manifest 64"]),
+    (lambda c: c["phases"][1].update(weights={"web": 0.7, "math": 0.3}),
+     ["curriculum.phases[1] (main).weights.math: the config gives 0.3 (after temperature), the manifest 0.4",
+      "curriculum.phases[1] (main).weights.web: the config gives 0.7 (after temperature), the manifest 0.6"]),
+    (lambda c: (c["phases"][0].update(tokens=4096), c.update(total_tokens=9216)),
+     ["curriculum.phases[0] (warmup).tokens: the config gives 4,096 tokens, the manifest 2,048",
+      "curriculum.total_tokens: the config schedules 9,216 tokens, its phases' manifests 7,168"]),
+    (lambda c: c["phases"][2].update(lr_scale=1.0), ["curriculum.phases[2] (anneal).lr_scale: the config says 1.0, the manifest 0.5"]),
+    (lambda c: c["buckets"]["math"].update(max_epochs=2),
+     ["curriculum.buckets.math.max_epochs: the config says 2, manifest warmup 4"]),
+    (lambda c: rename(c, "main", "middle"),
+     ["curriculum.phases[1] (middle): no manifest manifests/middle.json: the phase was added or renamed from 'main'"]),
+    (lambda c: (c["phases"].pop(1), c.update(total_tokens=4096)),
+     ["curriculum.phases[1] (anneal): its manifest was built for position 2 (after ['warmup', 'main']): phases before "
+      "it were added, removed or reordered"]),
+    (lambda c: (c["phases"].append({**c["phases"][2], "name": "extra", "interpolation": 0.0}), c.update(total_tokens=9216)),
+     ["curriculum.phases[3] (extra): no manifest manifests/extra.json: the phase was added"]),
+], ids=["seq_len", "weights", "tokens", "lr_scale", "max_epochs", "renamed", "removed", "added"])
+def test_a_curriculum_that_differs_from_the_manifests_is_refused_naming_the_difference(tmp_path, capsys, edit, expected):
+    config = tiny_run(tmp_path)
+    edit_curriculum(config, edit)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "the config's curriculum differs from the phase manifests on" in err
+    for line in expected:
+        assert line in err
+    assert "rematerialize phase_manifests from this config" in err
+    assert not (tmp_path / "root/runs/demo/metrics.jsonl").exists()
+
+
+def test_training_without_manifests_says_to_build_them(tmp_path, capsys):
+    config = tiny_run(tmp_path)
+    for manifest in (tmp_path / "root/manifests").glob("*.json"):
+        manifest.unlink()
+    assert main(["train", "--config", str(config)]) == 2
+    assert "root/manifests: no phase manifests; materialize phase_manifests first" in capsys.readouterr().err

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from refinery.config import RefineryConfig
+from refinery.curriculum import refuse_mismatch
 from refinery.storage import open_data_root
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from training.data import CurriculumData
@@ -83,7 +84,9 @@ class Trainer:
         self.run_dir = run_dir_of(cfg, self.opt)
         self.global_batch = tc.micro_batch_size * tc.grad_accum_steps
         self.mirror = RunMirror.for_run(cfg, self.run_dir)  # the run's durable copy on a remote data root
-        self.data = CurriculumData.open(cfg, open_data_root(cfg.resolve(cfg.data_root)), self.global_batch)
+        root = open_data_root(cfg.resolve(cfg.data_root))
+        refuse_mismatch(cfg, root)  # train the curriculum the config declares, or nothing
+        self.data = CurriculumData.open(cfg, root, self.global_batch)
         self.schedule = self.data.schedule
         self.data.rank_rows(0, self.data_world)  # fail now, not in a worker, if the batch does not split
         self.model_args = GPTConfig(vocab_size=tc.model.vocab_size or cfg.tokenizer.vocab_size, n_layer=tc.model.n_layer,
