@@ -434,6 +434,12 @@ class RefineryConfig(Section):
                     raise ValueError(
                         f"stages.quality.{field}: unknown bucket {b!r}; use one of {sorted(known)}"
                     )
+        rule = self.training.anneal_halt_on_val_rise
+        if rule is not None and self.curriculum is not None and rule.phase not in [p.name for p in self.curriculum.phases]:
+            raise ValueError(
+                f"training.anneal_halt_on_val_rise.phase: no phase {rule.phase!r}; use one of "
+                f"{[p.name for p in self.curriculum.phases]}"
+            )
         if self.curriculum is not None:
             for name in self.curriculum.buckets:
                 if name not in known:

@@ -43,6 +43,7 @@ from training.model import GPT, GPTConfig, IGNORE
 from training.run_lock import RunLock, RunLocked
 from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
+from training.validation import EvalRows, heldout_fingerprint, pack_eval_rows, rising_buckets
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
 
@@ -103,6 +104,9 @@ class Trainer:
         self.bucket_tokens: dict[str, int] = defaultdict(int)
         self.summary: dict[str, dict[str, dict[str, float]]] = {}  # phase -> bucket -> loss_sum, targets, tokens
         self.checkpoint_path: str | None = None
+        self.val_history: dict[str, dict[str, list[float]]] = {}  # phase -> bucket -> validation losses, in order
+        self.val_last: dict[str, Any] = {}  # the latest evaluation: step and loss per bucket
+        self._eval_rows: dict[tuple[str, int], EvalRows] = {}
         self._stop_signal = False
 
     # ---- setup -------------------------------------------------------------------------------------
@@ -141,7 +145,8 @@ class Trainer:
             "train": {
                 "step": self.step, "tokens": self.tokens, "phase": self.schedule.phase_at(max(0, self.step - 1)),
                 "nonfinite_streak": self.nonfinite_streak, "bucket_tokens": dict(self.bucket_tokens),
-                "summary": self.summary,
+                "summary": self.summary, "val_history": self.val_history, "val_last": self.val_last,
+                "heldout": heldout_fingerprint(self.data.heldout),
             },
             "rng": rng_state(),
         }
@@ -155,9 +160,16 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         train = state["train"]
+        if train.get("heldout", "") != heldout_fingerprint(self.data.heldout):
+            raise ResumeRefused(
+                "the held-out validation entries differ from the checkpoint's (training.eval_entries_per_bucket or the "
+                "seed changed), so the entry sets the sampler's cursors point into differ too; restore "
+                "training.eval_entries_per_bucket or start a new run_dir"
+            )
         self.step, self.tokens, self.nonfinite_streak = train["step"], train["tokens"], train["nonfinite_streak"]
         self.bucket_tokens = defaultdict(int, train["bucket_tokens"])
         self.summary = train["summary"]
+        self.val_history, self.val_last = train.get("val_history", {}), train.get("val_last", {})
         self.sampler_state = state["sampler"]
         if self.sampler_state is not None:
             probe = self.data.sampler(self.cfg.curriculum.allow_bucket_exhaustion)
@@ -275,14 +287,18 @@ class Trainer:
                 lr = self.schedule.lr_at(self.step, tc.lr, tc.warmup_steps, tc.stable_schedule, tc.min_lr_ratio)
                 record = self.train_step(batch, lr)
                 record.update({"time/data_wait_s": wait, "time/step_s": time.perf_counter() - t0})
+                val_rise = self._validate(batch, record)
                 self._log(batch, record)
+                closes = self.schedule.is_last_step_of_phase(self.step - 1)
+                boundary = self.schedule.phase_names[batch.phase] if closes else None
                 if self.nonfinite_streak >= self.cfg.training.max_consecutive_nonfinite:
                     return self._halt(f"nonfinite_loss: {self.nonfinite_streak} consecutive steps with a NaN/Inf loss "
-                                      f"or gradient (limit training.max_consecutive_nonfinite)", "nonfinite_loss")
-                closes = self.schedule.is_last_step_of_phase(self.step - 1)
+                                      f"or gradient (limit training.max_consecutive_nonfinite)", "nonfinite_loss", boundary)
+                if val_rise:
+                    return self._halt(val_rise, "val_loss_rise", boundary)
                 stop = self._any_rank_stopping()
                 if closes or self.step % self.cfg.training.checkpoint_interval == 0 or stop:
-                    self._save(self.schedule.phase_names[batch.phase] if closes else None)
+                    self._save(boundary)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(self.step):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if stop:
@@ -356,6 +372,63 @@ class Trainer:
         record.update({f"tokens/{name}": n for name, n in self.bucket_tokens.items()})
         return record
 
+    # ---- validation (the anneal playbook) -------------------------------------------------------------
+
+    def _validate(self, batch: StepBatch, record: dict[str, Any]) -> str | None:
+        """Every training.eval_every_tokens tokens: per-bucket validation loss into `record`
+        (`val_loss/<bucket>`); returns the halt reason when the anneal rule fires, else None."""
+        tc = self.cfg.training
+        step_tokens = self.global_batch * batch.seq_len
+        if not tc.eval_every_tokens or self.tokens // tc.eval_every_tokens == (self.tokens - step_tokens) // tc.eval_every_tokens:
+            return None
+        t0 = time.perf_counter()
+        losses = self.validation_losses(batch.seq_len)
+        phase = self.schedule.phase_names[batch.phase]
+        for name, loss in losses.items():
+            record[f"val_loss/{name}"] = loss
+            self.val_history.setdefault(phase, {}).setdefault(name, []).append(loss)
+        record["time/eval_s"] = time.perf_counter() - t0
+        self.val_last = {"step": self.step, "phase": phase, "loss": losses}
+        rule = tc.anneal_halt_on_val_rise
+        if rule is None or phase != rule.phase:
+            return None
+        fired = rising_buckets(self.val_history.get(phase, {}), rule.patience, rule.min_delta)
+        if not fired:
+            return None
+        detail = "; ".join(f"{b}: best {best:.4f}, then {', '.join(f'{x:.4f}' for x in rising)}"
+                           for b, (best, rising) in fired.items())
+        return (f"val_loss_rise: validation loss of bucket(s) {sorted(fired)} rose during phase {phase!r} for "
+                f"{rule.patience} evaluation(s) in a row by more than {rule.min_delta:g} ({detail}); rule "
+                "training.anneal_halt_on_val_rise")
+
+    def validation_losses(self, seq_len: int) -> dict[str, float]:
+        """Mean loss per bucket over its held-out entries packed into rows of `seq_len`, with the
+        current weights (no gradient, no RNG use, so training is unchanged by evaluating)."""
+        names = [n for n in self.data.bucket_names if self.data.heldout.get(n) is not None and self.data.heldout[n].size]
+        sums = torch.zeros(2, len(names), device=self.device, dtype=torch.float64)
+        mb = self.cfg.training.micro_batch_size
+        self.model.eval()
+        with torch.no_grad():
+            for i, name in enumerate(names):
+                key = (name, seq_len)
+                if key not in self._eval_rows:
+                    self._eval_rows[key] = pack_eval_rows(self.data.buckets[name], self.data.heldout[name], seq_len)
+                rows = self._eval_rows[key]
+                for lo in range(0, len(rows.tokens), mb):
+                    tokens = torch.from_numpy(rows.tokens[lo:lo + mb]).to(self.device)
+                    mask = torch.from_numpy(rows.target_mask[lo:lo + mb]).to(self.device)
+                    targets = torch.full_like(tokens, IGNORE)
+                    targets[:, :-1] = tokens[:, 1:]
+                    targets[~mask] = IGNORE
+                    doc_ids = torch.from_numpy(rows.doc_ids[lo:lo + mb]).to(self.device)
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                        _, per_token = self.model(tokens, targets=targets, doc_ids=doc_ids, reduction="none")
+                    sums[0, i] += per_token.double().sum()
+                    sums[1, i] += mask.sum()
+        self.model.train()
+        self._allreduce(sums)  # the ranks hold the same weights; summing keeps their verdicts identical
+        return {name: float(sums[0, i] / sums[1, i]) for i, name in enumerate(names) if sums[1, i] > 0}
+
     # ---- bookkeeping -----------------------------------------------------------------------------
 
     def _log(self, batch: StepBatch, record: dict[str, Any]) -> None:
@@ -384,14 +457,27 @@ class Trainer:
         status = write_status(
             self.run_dir, state, reason, step=self.step, tokens=self.tokens, phase=self.schedule.phase_names[phase],
             checkpoint=self.checkpoint_path, total_steps=self.schedule.total_steps,
-            allow_bucket_exhaustion=self.cfg.curriculum.allow_bucket_exhaustion, summary=self.summary, **extra,
+            allow_bucket_exhaustion=self.cfg.curriculum.allow_bucket_exhaustion, summary=self.summary,
+            mixture=self.mixture_report(), validation=self.val_last, **extra,
         )
         if self.mirror is not None:
             self.mirror.push_run_files()
         return status
 
-    def _halt(self, reason: str, kind: str) -> dict[str, Any]:
-        self._save(None)
+    def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Per phase and bucket: tokens the curriculum plans for the whole phase (its contract, which
+        the manifests hold) and tokens served so far."""
+        planned = self.schedule.tokens.phase_bucket_tokens()
+        report: dict[str, dict[str, dict[str, float]]] = {}
+        for p, phase in enumerate(self.schedule.phase_names):
+            for b, bucket in enumerate(self.schedule.tokens.buckets):
+                served = self.summary.get(phase, {}).get(bucket, {}).get("tokens", 0)
+                if planned[p, b] > 0 or served:
+                    report.setdefault(phase, {})[bucket] = {"planned": float(planned[p, b]), "served": int(served)}
+        return report
+
+    def _halt(self, reason: str, kind: str, boundary: str | None = None) -> dict[str, Any]:
+        self._save(boundary)
         print(f"refinery train: halted at step {self.step}: {reason}")
         return self._status("halted", reason, halt_kind=kind)
 
