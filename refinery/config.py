@@ -310,6 +310,15 @@ class ModelConfig(Section):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
 
+class ValRiseHaltConfig(Section):
+    """Halt when a bucket's validation loss rises during `phase` (seed 000's anneal playbook): after
+    `patience` evaluations in a row each more than `min_delta` above the bucket's best in the phase."""
+
+    phase: str = "anneal"
+    patience: int = Field(default=2, ge=1)
+    min_delta: float = Field(default=0.0, ge=0.0)
+
+
 class TrainingConfig(Section):
     """The curriculum trainer. One optimizer step trains on micro_batch_size * grad_accum_steps rows
     (the global batch, fixed whatever the world size, so the data order does not depend on it); each of
@@ -340,6 +349,24 @@ class TrainingConfig(Section):
     # manifests name in it for the whole run, so a run whose shards do not fit is refused at start.
     shard_cache_gb: float = Field(default=8.0, gt=0.0)
     record_consumption: bool = False  # write <run_dir>/consumption.jsonl: every entry piece each step read
+    # ---- run safety and the anneal playbook (training/lifeline.py, training/validation.py) ----
+    # Seconds a rank whose launcher died may spend checkpointing before it exits regardless.
+    orphan_grace_s: float = Field(default=60.0, gt=0.0)
+    # Per-bucket validation loss on held-out entries every this many trained tokens; 0 = never.
+    eval_every_tokens: int = Field(default=0, ge=0)
+    # Entries of each bucket held out of training for validation (chosen by seed); 0 = none.
+    eval_entries_per_bucket: int = Field(default=0, ge=0)
+    anneal_halt_on_val_rise: ValRiseHaltConfig | None = None
+
+    @model_validator(mode="after")
+    def _eval(self) -> "TrainingConfig":
+        if (self.eval_every_tokens > 0) != (self.eval_entries_per_bucket > 0):
+            raise ValueError("eval_every_tokens and eval_entries_per_bucket go together: set both above 0 to "
+                             "measure validation loss, or both to 0")
+        if self.anneal_halt_on_val_rise is not None and not self.eval_every_tokens:
+            raise ValueError("anneal_halt_on_val_rise needs validation loss: set eval_every_tokens and "
+                             "eval_entries_per_bucket")
+        return self
 
 
 # --------------------------------------------------------------------------------------------------
@@ -411,6 +438,12 @@ class RefineryConfig(Section):
                     raise ValueError(
                         f"stages.quality.{field}: unknown bucket {b!r}; use one of {sorted(known)}"
                     )
+        rule = self.training.anneal_halt_on_val_rise
+        if rule is not None and self.curriculum is not None and rule.phase not in [p.name for p in self.curriculum.phases]:
+            raise ValueError(
+                f"training.anneal_halt_on_val_rise.phase: no phase {rule.phase!r}; use one of "
+                f"{[p.name for p in self.curriculum.phases]}"
+            )
         if self.curriculum is not None:
             for name in self.curriculum.buckets:
                 if name not in known:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from refinery.config import CurriculumConfig, RefineryConfig
+from refinery.config import ConfigError, CurriculumConfig, RefineryConfig
 
 if TYPE_CHECKING:
     from refinery.manifest import PhaseManifest, ShardRef
@@ -38,6 +38,11 @@ FINAL_SHARDS_PREFIX = "shards/final"
 
 class CurriculumError(ValueError):
     """A curriculum whose schedule cannot be computed. The message names the field and the fix."""
+
+
+class CurriculumMismatch(ConfigError):
+    """The config's curriculum is not the one the phase manifests were built from, or is invalid;
+    training would follow a plan nobody wrote. The message lists every difference by field."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -754,3 +759,115 @@ def build_phase_manifest(
     if root.exists(excluded_key):
         manifest = apply_exclusions(root, manifest, set(root.read_json(excluded_key)))
     return manifest
+
+
+# --------------------------------------------------------------------------------------------------
+# The config against the manifests a run would train on
+# --------------------------------------------------------------------------------------------------
+
+# Weights in a manifest went through JSON and the temperature; a difference below this is rounding.
+WEIGHT_TOLERANCE = 1e-9
+
+
+def refuse_invalid(cfg: RefineryConfig) -> None:
+    """Raise CurriculumMismatch naming each field when the curriculum's structure is invalid
+    (weights or shares not summing to 1, repeated phase names, unknown buckets, ...): the checks of
+    `validate` that need no inventory and that no manifest can make right."""
+    if cfg.curriculum is None:
+        raise CurriculumMismatch("curriculum: no curriculum declared; add a `curriculum:` section (see configs/demo.yaml)")
+    errors: list[Finding] = []
+    _check_structure(cfg, errors)
+    if not errors:
+        try:
+            build_schedule(cfg)
+        except CurriculumError as err:
+            errors.append(Finding("curriculum", str(err)))
+    if errors:
+        lines = "\n".join(f"  {e}" for e in errors)
+        raise CurriculumMismatch(f"invalid curriculum; nothing was trained:\n{lines}")
+
+
+def manifest_differences(cfg: RefineryConfig, manifests: dict[str, "PhaseManifest"]) -> list[str]:
+    """What differs between the config's curriculum and `manifests` (the data root's phase manifests
+    by phase name), one sentence per field; empty when the config is what they were built from.
+
+    A config phase without a manifest was added (or renamed: a manifest of another name sits at its
+    position); a manifest at another position means phases before it were added or removed. Extra
+    manifests of phases the config does not name (another anneal variant's) are not differences."""
+    assert cfg.curriculum is not None
+    cur, schedule = cfg.curriculum, build_schedule(cfg)
+    by_index = {m.index: name for name, m in manifests.items()}
+    diffs: list[str] = []
+    for i, (p, span) in enumerate(zip(cur.phases, schedule.phases)):
+        where = f"curriculum.phases[{i}] ({p.name})"
+        m = manifests.get(p.name)
+        if m is None:
+            other = by_index.get(i)
+            renamed = f" or renamed from {other!r}, whose manifest sits at this position" if other else ""
+            diffs.append(f"{where}: no manifest manifests/{p.name}.json: the phase was added{renamed}")
+            continue
+        if m.index != i:
+            before = [by_index[j] for j in sorted(by_index) if j < m.index]
+            diffs.append(f"{where}: its manifest was built for position {m.index} (after {before}): phases before it "
+                         "were added, removed or reordered")
+        if m.token_budget != span.tokens:
+            field = "tokens" if p.tokens is not None else "share"
+            diffs.append(f"{where}.{field}: the config gives {span.tokens:,} tokens, the manifest {m.token_budget:,}")
+        for name in ("seq_len", "lr_scale", "interpolation"):
+            if getattr(p, name) != getattr(m, name):
+                diffs.append(f"{where}.{name}: the config says {getattr(p, name)}, the manifest {getattr(m, name)}")
+        for b, w in zip(schedule.buckets, span.weights):
+            built = m.weights.get(b, 0.0)
+            if abs(float(w) - built) > WEIGHT_TOLERANCE:
+                diffs.append(f"{where}.weights.{b}: the config gives {float(w):.6g} (after temperature), the manifest "
+                             f"{built:.6g}")
+        for b, bs in sorted(m.buckets.items()):
+            max_epochs = cur.buckets[b].max_epochs if b in cur.buckets else 1.0
+            if bs.max_epochs != max_epochs:
+                diffs.append(f"curriculum.buckets.{b}.max_epochs: the config says {max_epochs:g}, manifest {p.name} "
+                             f"{bs.max_epochs:g}")
+        cut = any(bs.quality_cutoff is not None for bs in m.buckets.values())
+        if (p.quality_top_fraction is not None) != cut:
+            diffs.append(f"{where}.quality_top_fraction: the config says {p.quality_top_fraction}, the manifest "
+                         f"{'has' if cut else 'has no'} quality cutoff")
+    built = [manifests[p.name] for p in cur.phases if p.name in manifests]
+    built_total = sum(m.token_budget for m in built)
+    if len(built) == len(cur.phases) and built_total != schedule.total_tokens:
+        diffs.append(f"curriculum.total_tokens: the config schedules {schedule.total_tokens:,} tokens, its phases' "
+                     f"manifests {built_total:,}")
+    return diffs
+
+
+def stored_manifests(root: "DataRoot", needed: set[str]) -> dict[str, "PhaseManifest"]:
+    """The phase manifests on the data root (manifests/<phase>.json) by phase name. Those of phases
+    in `needed` must read; another one that does not (an old variant's) is left out."""
+    from refinery.manifest import ManifestError, read_manifest
+
+    names = [k[len("manifests/"):-len(".json")] for k in root.list("manifests")
+             if k.endswith(".json") and "/" not in k[len("manifests/"):]]
+    out = {}
+    for name in sorted(names):
+        try:
+            out[name] = read_manifest(root, name)
+        except ManifestError:
+            if name in needed:
+                raise
+    return out
+
+
+def refuse_mismatch(cfg: RefineryConfig, root: "DataRoot") -> None:
+    """Before training: raise CurriculumMismatch when the curriculum is invalid or is not the one the
+    data root's manifests were built from, naming every difference."""
+    refuse_invalid(cfg)
+    assert cfg.curriculum is not None
+    manifests = stored_manifests(root, {p.name for p in cfg.curriculum.phases})
+    if not manifests:
+        raise CurriculumMismatch(f"{root.display('manifests')}: no phase manifests; materialize phase_manifests first")
+    diffs = manifest_differences(cfg, manifests)
+    if diffs:
+        lines = "\n".join(f"  {d}" for d in diffs)
+        raise CurriculumMismatch(
+            f"the config's curriculum differs from the phase manifests on {root.display('manifests')}; nothing was "
+            f"trained:\n{lines}\nrematerialize phase_manifests from this config, or train with the config they were "
+            "built from"
+        )

@@ -26,6 +26,7 @@ from refinery.storage import DataRoot
 from refinery.storage_s3 import ShardCache
 from training.sampler import CurriculumSampler, EntrySet, StepPlan
 from training.schedule import StepSchedule
+from training.validation import heldout_entries  # e-run-safety
 
 
 @dataclass
@@ -103,6 +104,9 @@ class CurriculumData:
         cache = ShardCache(root, max_bytes=int(cfg.training.shard_cache_gb * (1 << 30)), threads=4)
         cache.prefetch([ref.prefix for m in manifests for _, bs in sorted(m.buckets.items()) for ref in bs.shards])
         verified: set[str] = set()
+        # -- e-run-safety: validation entries held out of training (training/validation.py); they are
+        # removed from every entry set below, so the sampler can never serve them.
+        heldout = heldout_entries(root, manifests, cfg.training.eval_entries_per_bucket, cfg.seed)
         buckets: dict[str, BucketShards] = {}
         sets: dict[str, EntrySet] = {}
         sets_by_phase = []
@@ -115,6 +119,8 @@ class CurriculumData:
                 if key not in sets:
                     selection = read_selection(root, bslice)
                     ids = np.arange(bslice.total_entries, dtype=np.int64) if selection is None else selection.astype(np.int64)
+                    if heldout[name].size:  # e-run-safety: never train on held-out entries
+                        ids = np.setdiff1d(ids, heldout[name])
                     sets[key] = EntrySet(key, name, ids, buckets[name].lengths, bslice.max_epochs, cfg.seed)
                 phase_sets[name] = sets[key]
             sets_by_phase.append(phase_sets)
@@ -125,7 +131,9 @@ class CurriculumData:
                 f"the phase manifests name {held / (1 << 30):.2f} GiB of shards, more than training.shard_cache_gb="
                 f"{cfg.training.shard_cache_gb:g} holds; raise it (the trainer keeps every shard it may read)"
             )
-        return cls(schedule, buckets, sets_by_phase, cfg.seed)
+        data = cls(schedule, buckets, sets_by_phase, cfg.seed)
+        data.heldout = heldout  # e-run-safety: bucket -> held-out entry ids, for validation loss
+        return data
 
     def sampler(self, allow_exhaustion: bool) -> CurriculumSampler:
         return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion)

@@ -20,6 +20,23 @@ from refinery.storage import atomic_path
 MetricsSink = Callable[[dict[str, Any]], None]
 
 
+def parse_lines(text: str) -> tuple[list[dict[str, Any]], int]:
+    """The records of a JSON-lines text up to its first unreadable line, and how many lines were
+    unreadable from there on. A crash mid-append leaves a torn last line (no newline, cut JSON);
+    what follows a bad line cannot be trusted to be in order, so it is dropped too."""
+    lines = text.split("\n")
+    complete, tail = lines[:-1], lines[-1]  # text after the last newline was never finished
+    records = []
+    for i, line in enumerate(complete):
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            return records, sum(1 for x in complete[i:] if x) + bool(tail)
+    return records, int(bool(tail))
+
+
 class JsonLines:
     """An append-only JSON-lines log keyed by `step`, cut back on resume to the checkpoint's step."""
 
@@ -27,22 +44,26 @@ class JsonLines:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records of steps after `step`: they are replayed from the checkpoint."""
+    def truncate_after(self, step: int) -> int:
+        """Drop records of steps after `step` (they are replayed from the checkpoint) and a torn
+        tail; returns how many unreadable lines were cut."""
         if not self.path.is_file():
-            return
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+            return 0
+        records, torn = parse_lines(self.path.read_text(errors="replace"))
+        kept = [r for r in records if r["step"] <= step]
         with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        return torn
 
     def append(self, record: dict[str, Any]) -> None:
+        # One write of one whole line: a crash can tear only the last line, which resume cuts back.
         with open(self.path, "a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        return parse_lines(self.path.read_text(errors="replace"))[0]
 
 
 class MetricsLogger(JsonLines):

@@ -5,6 +5,11 @@ phase named by `stop_after_phase` closes, a bucket runs dry (`halted`), the loss
 for `max_consecutive_nonfinite` steps (`halted`), or SIGTERM arrives (checkpoint, then `failed`
 so an orchestrator resumes it). It returns the final status dict.
 
+Run safety: `train()` holds the run directory's lock (`training.run_lock`) from before resume to the
+end, so a second trainer is refused; a watch on the launcher (`training.lifeline`) turns the
+launcher's death into this SIGTERM path. The ranks agree on stopping every step (one all-reduce),
+so a SIGTERM that reaches any one rank checkpoints them all at the same step.
+
 Distributed: under torchrun (WORLD_SIZE > 1) each process is one rank, with DDP over NCCL (CUDA)
 or gloo (CPU). `simulate_world_size=W` instead runs the data path of W ranks in one process and
 assembles the global batch from their slices: the same model maths as W=1, used to test that
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from contextlib import nullcontext
 import time
 from collections import defaultdict
@@ -26,20 +32,28 @@ import torch
 import torch.distributed as dist
 
 from refinery.config import RefineryConfig
+from refinery.curriculum import refuse_mismatch
 from refinery.storage import open_data_root
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from training.data import CurriculumData
+from training.lifeline import ParentWatch, worker_init
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink
 from training.model import GPT, GPTConfig, IGNORE
+from training.run_lock import RunLock, RunLocked
 from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
+from training.validation import EvalRows, heldout_fingerprint, pack_eval_rows, rising_buckets
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
 
 
 class ResumeRefused(RuntimeError):
     """The run may not continue as asked; the message says why and what to change."""
+
+
+class RunDirBusy(ResumeRefused, RunLocked):
+    """Another trainer holds the run directory."""
 
 
 @dataclass
@@ -71,7 +85,9 @@ class Trainer:
         self.run_dir = run_dir_of(cfg, self.opt)
         self.global_batch = tc.micro_batch_size * tc.grad_accum_steps
         self.mirror = RunMirror.for_run(cfg, self.run_dir)  # the run's durable copy on a remote data root
-        self.data = CurriculumData.open(cfg, open_data_root(cfg.resolve(cfg.data_root)), self.global_batch)
+        root = open_data_root(cfg.resolve(cfg.data_root))
+        refuse_mismatch(cfg, root)  # train the curriculum the config declares, or nothing
+        self.data = CurriculumData.open(cfg, root, self.global_batch)
         self.schedule = self.data.schedule
         self.data.rank_rows(0, self.data_world)  # fail now, not in a worker, if the batch does not split
         self.model_args = GPTConfig(vocab_size=tc.model.vocab_size or cfg.tokenizer.vocab_size, n_layer=tc.model.n_layer,
@@ -88,6 +104,9 @@ class Trainer:
         self.bucket_tokens: dict[str, int] = defaultdict(int)
         self.summary: dict[str, dict[str, dict[str, float]]] = {}  # phase -> bucket -> loss_sum, targets, tokens
         self.checkpoint_path: str | None = None
+        self.val_history: dict[str, dict[str, list[float]]] = {}  # phase -> bucket -> validation losses, in order
+        self.val_last: dict[str, Any] = {}  # the latest evaluation: step and loss per bucket
+        self._eval_rows: dict[tuple[str, int], EvalRows] = {}
         self._stop_signal = False
 
     # ---- setup -------------------------------------------------------------------------------------
@@ -126,7 +145,8 @@ class Trainer:
             "train": {
                 "step": self.step, "tokens": self.tokens, "phase": self.schedule.phase_at(max(0, self.step - 1)),
                 "nonfinite_streak": self.nonfinite_streak, "bucket_tokens": dict(self.bucket_tokens),
-                "summary": self.summary,
+                "summary": self.summary, "val_history": self.val_history, "val_last": self.val_last,
+                "heldout": heldout_fingerprint(self.data.heldout),
             },
             "rng": rng_state(),
         }
@@ -140,9 +160,16 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         train = state["train"]
+        if train.get("heldout", "") != heldout_fingerprint(self.data.heldout):
+            raise ResumeRefused(
+                "the held-out validation entries differ from the checkpoint's (training.eval_entries_per_bucket or the "
+                "seed changed), so the entry sets the sampler's cursors point into differ too; restore "
+                "training.eval_entries_per_bucket or start a new run_dir"
+            )
         self.step, self.tokens, self.nonfinite_streak = train["step"], train["tokens"], train["nonfinite_streak"]
         self.bucket_tokens = defaultdict(int, train["bucket_tokens"])
         self.summary = train["summary"]
+        self.val_history, self.val_last = train.get("val_history", {}), train.get("val_last", {})
         self.sampler_state = state["sampler"]
         if self.sampler_state is not None:
             probe = self.data.sampler(self.cfg.curriculum.allow_bucket_exhaustion)
@@ -178,8 +205,24 @@ class Trainer:
             self.checkpoint_path = str(path)
             print(f"refinery train: resumed from {path} at step {self.step} "
                   f"(phase {self.schedule.phase_names[self.schedule.phase_at(min(self.step, self.schedule.total_steps - 1))]})")
-        self.metrics.truncate_after(self.step)
-        self.consumption.truncate_after(self.step)
+        self._cut_back_logs()
+
+    def _cut_back_logs(self) -> None:
+        """Cut the JSON-lines logs back to the resumed step: later records are replayed, a torn last
+        line is dropped, and consumption logs of ranks beyond a shrunk world size are cut back too (by
+        rank 0), so the logs on disk name exactly what the checkpoint consumed."""
+        logs = [self.consumption]
+        if self.rank == 0:
+            logs.append(self.metrics)
+            for path in sorted(self.run_dir.glob("consumption-rank*.jsonl")):
+                rank = path.stem.removeprefix("consumption-rank")
+                if rank.isdigit() and int(rank) >= self.world:
+                    logs.append(ConsumptionLog(path))
+        for log in logs:
+            torn = log.truncate_after(self.step)
+            if torn:
+                print(f"refinery train: {log.path}: cut {torn} unreadable line(s) at its end (a write interrupted "
+                      "by a crash)", file=sys.stderr)
 
     # ---- data ----------------------------------------------------------------------------------------
 
@@ -190,6 +233,8 @@ class Trainer:
         allow = self.cfg.curriculum.allow_bucket_exhaustion
         loaders = [make_loader(StepStream(self.data, self.sampler_state, allow, r, self.data_world, record), workers)
                    for r in self.ranks_here]
+        for loader in loaders:
+            loader.worker_init_fn = worker_init  # workers leave SIGTERM to the trainer and die with it
         for parts in zip(*loaders):
             exhausted = [p for p in parts if isinstance(p, Exhausted)]
             if exhausted:
@@ -207,8 +252,25 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        self.resume()  # a refusal leaves status.json as it was: the halt stays on record
+        try:
+            lock = RunLock(self.run_dir, self.rank).acquire()
+        except RunLocked as err:
+            raise RunDirBusy(str(err)) from None
+        if lock.previous:
+            print(f"refinery train: took over the lock of a trainer that is gone (pid {lock.previous.get('pid')} on "
+                  f"{lock.previous.get('host')}, started {lock.previous.get('started')})", file=sys.stderr)
+        # Set explicitly: a process may inherit SIGTERM ignored, and then a preemption would go unseen.
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        watch = ParentWatch(self.cfg.training.orphan_grace_s).start()
+        try:
+            return self._train()
+        finally:
+            watch.stop()
+            signal.signal(signal.SIGTERM, previous)
+            lock.release()
+
+    def _train(self) -> dict[str, Any]:
+        self.resume()  # a refusal leaves status.json as it was: the halt stays on record
         try:
             stop_idx = self._stop_phase_index()
             if stop_idx is not None and self.step >= self.schedule.phase_starts[stop_idx + 1]:
@@ -225,16 +287,21 @@ class Trainer:
                 lr = self.schedule.lr_at(self.step, tc.lr, tc.warmup_steps, tc.stable_schedule, tc.min_lr_ratio)
                 record = self.train_step(batch, lr)
                 record.update({"time/data_wait_s": wait, "time/step_s": time.perf_counter() - t0})
+                val_rise = self._validate(batch, record)
                 self._log(batch, record)
+                closes = self.schedule.is_last_step_of_phase(self.step - 1)
+                boundary = self.schedule.phase_names[batch.phase] if closes else None
                 if self.nonfinite_streak >= self.cfg.training.max_consecutive_nonfinite:
                     return self._halt(f"nonfinite_loss: {self.nonfinite_streak} consecutive steps with a NaN/Inf loss "
-                                      f"or gradient (limit training.max_consecutive_nonfinite)", "nonfinite_loss")
-                closes = self.schedule.is_last_step_of_phase(self.step - 1)
-                if closes or self.step % self.cfg.training.checkpoint_interval == 0 or self._stop_signal:
-                    self._save(self.schedule.phase_names[batch.phase] if closes else None)
+                                      f"or gradient (limit training.max_consecutive_nonfinite)", "nonfinite_loss", boundary)
+                if val_rise:
+                    return self._halt(val_rise, "val_loss_rise", boundary)
+                stop = self._any_rank_stopping()
+                if closes or self.step % self.cfg.training.checkpoint_interval == 0 or stop:
+                    self._save(boundary)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(self.step):
                     os.kill(os.getpid(), signal.SIGKILL)
-                if self._stop_signal:
+                if stop:
                     return self._status("failed", f"preempted: SIGTERM at step {self.step}; checkpoint saved, "
                                         "resume with --resume auto")
                 if closes and stop_idx == batch.phase:
@@ -243,8 +310,6 @@ class Trainer:
         except Exception as err:
             self._status("failed", f"{type(err).__name__}: {err}")
             raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def train_step(self, batch: StepBatch, lr: float) -> dict[str, Any]:
         """Forward/backward over micro-batches, then one optimizer step unless the loss is non-finite."""
@@ -307,6 +372,63 @@ class Trainer:
         record.update({f"tokens/{name}": n for name, n in self.bucket_tokens.items()})
         return record
 
+    # ---- validation (the anneal playbook) -------------------------------------------------------------
+
+    def _validate(self, batch: StepBatch, record: dict[str, Any]) -> str | None:
+        """Every training.eval_every_tokens tokens: per-bucket validation loss into `record`
+        (`val_loss/<bucket>`); returns the halt reason when the anneal rule fires, else None."""
+        tc = self.cfg.training
+        step_tokens = self.global_batch * batch.seq_len
+        if not tc.eval_every_tokens or self.tokens // tc.eval_every_tokens == (self.tokens - step_tokens) // tc.eval_every_tokens:
+            return None
+        t0 = time.perf_counter()
+        losses = self.validation_losses(batch.seq_len)
+        phase = self.schedule.phase_names[batch.phase]
+        for name, loss in losses.items():
+            record[f"val_loss/{name}"] = loss
+            self.val_history.setdefault(phase, {}).setdefault(name, []).append(loss)
+        record["time/eval_s"] = time.perf_counter() - t0
+        self.val_last = {"step": self.step, "phase": phase, "loss": losses}
+        rule = tc.anneal_halt_on_val_rise
+        if rule is None or phase != rule.phase:
+            return None
+        fired = rising_buckets(self.val_history.get(phase, {}), rule.patience, rule.min_delta)
+        if not fired:
+            return None
+        detail = "; ".join(f"{b}: best {best:.4f}, then {', '.join(f'{x:.4f}' for x in rising)}"
+                           for b, (best, rising) in fired.items())
+        return (f"val_loss_rise: validation loss of bucket(s) {sorted(fired)} rose during phase {phase!r} for "
+                f"{rule.patience} evaluation(s) in a row by more than {rule.min_delta:g} ({detail}); rule "
+                "training.anneal_halt_on_val_rise")
+
+    def validation_losses(self, seq_len: int) -> dict[str, float]:
+        """Mean loss per bucket over its held-out entries packed into rows of `seq_len`, with the
+        current weights (no gradient, no RNG use, so training is unchanged by evaluating)."""
+        names = [n for n in self.data.bucket_names if self.data.heldout.get(n) is not None and self.data.heldout[n].size]
+        sums = torch.zeros(2, len(names), device=self.device, dtype=torch.float64)
+        mb = self.cfg.training.micro_batch_size
+        self.model.eval()
+        with torch.no_grad():
+            for i, name in enumerate(names):
+                key = (name, seq_len)
+                if key not in self._eval_rows:
+                    self._eval_rows[key] = pack_eval_rows(self.data.buckets[name], self.data.heldout[name], seq_len)
+                rows = self._eval_rows[key]
+                for lo in range(0, len(rows.tokens), mb):
+                    tokens = torch.from_numpy(rows.tokens[lo:lo + mb]).to(self.device)
+                    mask = torch.from_numpy(rows.target_mask[lo:lo + mb]).to(self.device)
+                    targets = torch.full_like(tokens, IGNORE)
+                    targets[:, :-1] = tokens[:, 1:]
+                    targets[~mask] = IGNORE
+                    doc_ids = torch.from_numpy(rows.doc_ids[lo:lo + mb]).to(self.device)
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+                        _, per_token = self.model(tokens, targets=targets, doc_ids=doc_ids, reduction="none")
+                    sums[0, i] += per_token.double().sum()
+                    sums[1, i] += mask.sum()
+        self.model.train()
+        self._allreduce(sums)  # the ranks hold the same weights; summing keeps their verdicts identical
+        return {name: float(sums[0, i] / sums[1, i]) for i, name in enumerate(names) if sums[1, i] > 0}
+
     # ---- bookkeeping -----------------------------------------------------------------------------
 
     def _log(self, batch: StepBatch, record: dict[str, Any]) -> None:
@@ -335,14 +457,27 @@ class Trainer:
         status = write_status(
             self.run_dir, state, reason, step=self.step, tokens=self.tokens, phase=self.schedule.phase_names[phase],
             checkpoint=self.checkpoint_path, total_steps=self.schedule.total_steps,
-            allow_bucket_exhaustion=self.cfg.curriculum.allow_bucket_exhaustion, summary=self.summary, **extra,
+            allow_bucket_exhaustion=self.cfg.curriculum.allow_bucket_exhaustion, summary=self.summary,
+            mixture=self.mixture_report(), validation=self.val_last, **extra,
         )
         if self.mirror is not None:
             self.mirror.push_run_files()
         return status
 
-    def _halt(self, reason: str, kind: str) -> dict[str, Any]:
-        self._save(None)
+    def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Per phase and bucket: tokens the curriculum plans for the whole phase (its contract, which
+        the manifests hold) and tokens served so far."""
+        planned = self.schedule.tokens.phase_bucket_tokens()
+        report: dict[str, dict[str, dict[str, float]]] = {}
+        for p, phase in enumerate(self.schedule.phase_names):
+            for b, bucket in enumerate(self.schedule.tokens.buckets):
+                served = self.summary.get(phase, {}).get(bucket, {}).get("tokens", 0)
+                if planned[p, b] > 0 or served:
+                    report.setdefault(phase, {})[bucket] = {"planned": float(planned[p, b]), "served": int(served)}
+        return report
+
+    def _halt(self, reason: str, kind: str, boundary: str | None = None) -> dict[str, Any]:
+        self._save(boundary)
         print(f"refinery train: halted at step {self.step}: {reason}")
         return self._status("halted", reason, halt_kind=kind)
 
@@ -359,6 +494,14 @@ class Trainer:
 
     def _on_sigterm(self, signum, frame) -> None:
         self._stop_signal = True
+
+    def _any_rank_stopping(self) -> bool:
+        """Whether any rank got SIGTERM; every rank gets the same answer at the same step."""
+        if self.world == 1:
+            return self._stop_signal
+        flag = torch.tensor([int(self._stop_signal)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():

@@ -1,0 +1,80 @@
+"""Trainer processes that do not outlive their launcher.
+
+Killing torchrun's agent with SIGKILL leaves its rank processes training: nothing tells them. Two
+guards, both ending in the trainer's SIGTERM path (finish the step, checkpoint, exit):
+
+- `PR_SET_PDEATHSIG` (Linux prctl): the kernel sends SIGTERM the moment the parent dies. It is tied
+  to the parent *thread*, so it is armed only for rank processes torchrun launched
+  (`LOCAL_RANK` set), whose agent thread lives as long as the agent.
+- `ParentWatch`: a daemon thread that polls `os.getppid()` and, once the parent is gone (the
+  process was re-parented), sends SIGTERM to this process; if the process is still alive
+  `grace_s` later (a collective waiting for a dead peer), it exits hard with `ORPHAN_EXIT`.
+
+DataLoader workers get `worker_init`: they ignore SIGTERM (torch's worker handler dies on a SIGTERM
+from anyone but its parent, which fails the main process before it can checkpoint; a process group
+signal reaches workers too) and die with SIGKILL when their trainer dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+
+PR_SET_PDEATHSIG = 1
+ORPHAN_EXIT = 75  # EX_TEMPFAIL: the launcher died; the run resumes from its checkpoint
+POLL_S = 0.2
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send `sig` when the parent dies; False where prctl is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def launched_by_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+class ParentWatch:
+    """Watches the process that was this one's parent when `start()` ran."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.parent = os.getppid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="refinery-parent-watch", daemon=True)
+
+    def start(self) -> "ParentWatch":
+        if launched_by_torchrun():
+            set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != self.parent:  # died between fork and here: prctl would never fire
+            self.parent = -1
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            if os.getppid() != self.parent:
+                print(f"refinery train: the launcher (pid {self.parent}) died; checkpointing and exiting",
+                      file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                if not self._stop.wait(self.grace_s):
+                    print(f"refinery train: still running {self.grace_s:g}s after the launcher died; exiting",
+                          file=sys.stderr, flush=True)
+                    os._exit(ORPHAN_EXIT)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def worker_init(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the trainer decides when to stop, and its workers die with it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    set_parent_death_signal(signal.SIGKILL)
