@@ -43,7 +43,8 @@ from typing import Callable  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from assets.stages.extract import Extractor, html_extractor  # noqa: E402
+from assets.stages.extract import Extractor  # noqa: E402
+from assets.stages.html import main_content_text  # noqa: E402
 from assets.stages.heuristic import HeuristicFilter  # noqa: E402
 from assets.stages.ingest import read_input_shard  # noqa: E402
 from assets.stages.language import LanguageFilter, LanguageModel, bundled_model_path  # noqa: E402
@@ -103,7 +104,7 @@ def cpu_time(fn: Callable, *args):
 
 def stage_benches() -> list[StageBench]:
     extractor = Extractor(ExtractConfig())
-    bare_extract = html_extractor(main_content=True)
+    bare_extract = main_content_text
     language = LanguageFilter(LanguageConfig(), LanguageModel())
 
     import fasttext

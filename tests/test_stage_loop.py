@@ -156,3 +156,17 @@ def test_worker_kills_an_overrun_survives_a_crash_and_finishes_the_batch():
         assert worker.map(["d"]) == [("ok", "D")]  # the same worker serves the next batch
     finally:
         worker.close()
+
+
+def test_worker_sends_large_items_in_bounded_chunks(monkeypatch):
+    import assets.stages.isolation as isolation
+
+    monkeypatch.setattr(isolation, "MAX_SEND_CHARS", 10)
+    assert isolation._chunks(["aaaa", "bbbb", "cc", "d" * 30, "e"], 10) == [["aaaa", "bbbb", "cc"], ["d" * 30], ["e"]]
+    worker = IsolatedWorker(behave, budget_s=5.0)
+    try:
+        assert worker.map(["aaaa", "bbbb", "cc", "d" * 30, "e"]) == [
+            ("ok", "AAAA"), ("ok", "BBBB"), ("ok", "CC"), ("ok", "D" * 30), ("ok", "E")
+        ]
+    finally:
+        worker.close()

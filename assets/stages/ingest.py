@@ -3,8 +3,23 @@
 One row per response/resource WARC record or per JSONL line, with the provenance columns of
 `refinery.documents` and `raw`, the decoded payload (HTML for WARC responses, the text field for
 JSONL). Hostile input never stops the file: a bad record becomes one reject row `ingest/<reason>`
-and reading goes on; a truncated or corrupt file keeps every record read before the damage and adds
-one `ingest/truncated_file` row naming the byte offset. Only a missing file raises.
+and reading goes on. Only a missing file raises.
+
+- JSONL: every line is parsed on its own, so a bad line is one reject: `ingest/bad_json` (not
+  JSON, not an object, or nested past the parser's recursion limit), `ingest/missing_text`,
+  `ingest/lone_surrogate` (a `\ud800` escape, which no UTF-8 writer accepts), `ingest/bad_utf8`,
+  `ingest/binary_payload`, `ingest/too_large`; a gzip stream cut short keeps every whole line
+  before the cut and adds one `ingest/truncated_file` naming the offset.
+- WARC: past a record FastWARC cannot read, reading resumes at the next `WARC/1.x` record start
+  (plain files) or the next gzip member holding one (per-record gzip files). The bad stretch is
+  one `ingest/bad_record` (a header that cannot be parsed, such as a 3 MB HTTP header),
+  `ingest/bad_gzip_member` (a member that does not decompress) or `ingest/bad_content_length` (a
+  record that does not end where its Content-Length says; what it read belongs to the records
+  after it), and its detail names the byte range skipped. Damage with no record after it is one
+  `ingest/truncated_file` with the range lost. A WARC compressed as one gzip member has no
+  boundaries to resume at, so damage inside it ends reading there.
+- Handling one record (decoding, parsing) that raises or runs past `record_timeout_s` is that
+  record's reject, `ingest/error` or `ingest/timeout` (assets/stages/base.py).
 
 Offsets: WARC `record_offset` is the record's byte offset in the file as stored (for a per-record
 gzip WARC, the offset of its gzip member, so a reader can seek straight to it); JSONL

@@ -22,6 +22,8 @@ from typing import Any, Callable, Literal
 Status = Literal["ok", "error", "timeout"]
 # A child gets this long to start and import its function before the first item's budget begins.
 STARTUP_TIMEOUT_S = 120.0
+# Characters of string items sent to the child at once: bounds the copies a batch of large pages makes.
+MAX_SEND_CHARS = 32 * 1024 * 1024
 
 
 def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
@@ -72,6 +74,12 @@ class IsolatedWorker:
 
     def map(self, items: list[Any]) -> list[tuple[Status, Any]]:
         results: list[tuple[Status, Any]] = []
+        for chunk in _chunks(items, MAX_SEND_CHARS):
+            results += self._map_chunk(chunk)
+        return results
+
+    def _map_chunk(self, items: list[Any]) -> list[tuple[Status, Any]]:
+        results: list[tuple[Status, Any]] = []
         while len(results) < len(items):
             conn = self.conn or self._start()
             try:
@@ -101,6 +109,21 @@ class IsolatedWorker:
                     break
                 results.append(answer)
         return results
+
+
+def _chunks(items: list[Any], max_chars: int) -> list[list[Any]]:
+    """`items` cut into runs whose string lengths add up to at most `max_chars` (an item longer
+    than that is a run of its own), so no send holds many large pages at once."""
+    chunks: list[list[Any]] = [[]]
+    size = 0
+    for item in items:
+        n = len(item) if isinstance(item, (str, bytes)) else 0
+        if chunks[-1] and size + n > max_chars:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += n
+    return [c for c in chunks if c]
 
 
 _workers: dict[Any, IsolatedWorker] = {}
