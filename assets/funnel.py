@@ -27,9 +27,10 @@ def _language(cfg: RefineryConfig, shard: InputShard) -> language.LanguageFilter
 
 
 def _heuristic(cfg: RefineryConfig, shard: InputShard) -> heuristic.HeuristicFilter | None:
-    if "heuristic" in cfg.source(shard.source).skip:
+    source = cfg.source(shard.source)
+    if "heuristic" in source.skip:
         return None
-    return heuristic.HeuristicFilter(cfg.stages.heuristic)
+    return heuristic.HeuristicFilter(cfg.stages.heuristic, source.rules_off)
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:

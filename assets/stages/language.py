@@ -9,7 +9,8 @@ fasttext-predict's list API (`multilinePredict`) returns labels without probabil
 document is predicted alone through the model's C++ `predict`; the Python wrapper around it only
 adds a newline check that the newline replacement already guarantees.
 
-Adds `language` (ISO code) and `language_score`. Rejects: `language/unwanted_language` (detail:
+`languages: all` keeps every language at or above min_score. Adds `language` (ISO code) and
+`language_score`. Rejects: `language/unwanted_language` (detail:
 the language, value: its score) and `language/low_score` (a wanted language below min_score;
 detail: the language, value: its score).
 """
@@ -85,7 +86,8 @@ class LanguageFilter(Stage):
     def __init__(self, cfg: LanguageConfig, model: LanguageModel):
         self.cfg = cfg
         self.model = model
-        self.allowed = frozenset(cfg.languages)
+        # None: `languages: all`, every language at or above min_score.
+        self.allowed = None if cfg.languages == "all" else frozenset(cfg.languages)
 
     @classmethod
     def from_config(cls, cfg: LanguageConfig, resolve: Callable[[str], str] = str) -> "LanguageFilter":
@@ -103,7 +105,7 @@ class LanguageFilter(Stage):
             lang, score = predict(text or "")
             languages.append(lang)
             scores.append(score)
-            if lang not in allowed:
+            if allowed is not None and lang not in allowed:
                 drops[i] = Drop("language/unwanted_language", score, lang)
             elif score < min_score:
                 drops[i] = Drop("language/low_score", score, lang)
