@@ -145,7 +145,8 @@ def _rules(language: str, cfg: HeuristicConfig = HeuristicConfig()):
 
 def _quality(text: str, language: str) -> str | None:
     rules = _rules(language)
-    drop = gopher_quality(DocumentText(text, rules.segment), rules.gopher_quality, rules.stop_words)
+    drop = gopher_quality(DocumentText(text, rules.segment), rules.gopher_quality, rules.stop_words,
+                          verdict=Verdict(rules.off))
     return None if drop is None else drop.rule
 
 
@@ -176,7 +177,7 @@ def test_korean_word_length_band_and_stop_words():
     assert _quality(KO, "ko") is None
     assert _quality(KO, "en") == "gopher_quality/stop_words"
     rules = _rules("ko")
-    assert (rules.gopher_quality.min_avg_word_length, rules.gopher_quality.max_avg_word_length) == (1.5, 6.0)
+    assert (rules.gopher_quality.min_avg_word_length, rules.gopher_quality.max_avg_word_length) == (2.0, 6.5)
     long_words = " ".join(["디렉터리복사권한유지설명서"] * 60)
     assert _quality(long_words, "ko") == "gopher_quality/max_avg_word_length"
 
@@ -184,7 +185,7 @@ def test_korean_word_length_band_and_stop_words():
 def test_thai_switches_word_unit_rules_off():
     rules = _rules("th")
     assert rules.stop_words is None
-    assert {"gopher_quality/min_avg_word_length", "gopher_quality/max_avg_word_length"} <= rules.off
+    assert rules.off == {"gopher_quality/min_avg_word_length", "gopher_quality/max_avg_word_length"}
     # Runs of Thai letters are phrases of 30+ characters: over English's max mean word length.
     assert _quality(TH, "en") == "gopher_quality/max_avg_word_length"
     text, drop = HeuristicFilter(HeuristicConfig()).apply(TH, None, Counter(), "th")
@@ -303,6 +304,7 @@ def test_language_overrides_merge_over_the_built_in_ones():
     cfg = HeuristicConfig(languages={"zh": {"gopher_quality": {"min_words": 80}}})
     rules = HeuristicFilter(cfg).rules_for("zh")
     assert rules.gopher_quality.min_words == 80
-    assert rules.gopher_quality.max_avg_word_length == 4.0  # the built-in zh band stays
+    assert rules.gopher_quality.max_avg_word_length == 5.0  # the built-in zh band stays
+    assert "gopher_quality/min_avg_word_length" in rules.off
     assert rules.segment is not None
     assert HeuristicFilter(cfg).rules_for("en").gopher_quality == GopherQualityConfig()
