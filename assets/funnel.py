@@ -25,7 +25,7 @@ def _language(cfg: RefineryConfig, shard: InputShard) -> language.LanguageFilter
 
 
 def _heuristic(cfg: RefineryConfig, shard: InputShard) -> heuristic.HeuristicFilter:
-    return heuristic.HeuristicFilter(cfg.stages.heuristic)
+    return heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(shard.source).rules_off)
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:

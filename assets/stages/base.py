@@ -330,6 +330,9 @@ class RecordStage(Stage):
 
     family: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ("text",)
+    # Columns `process` sees when the table has them, and as None when it has not (a table from
+    # before the stage that adds them, or one a test builds by hand).
+    optional_reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[dict[str, pl.DataType]] = {}
     # Columns the stage consumes: gone from the kept documents (extraction turns `raw` into `text`).
     consumes: ClassVar[tuple[str, ...]] = ()
@@ -344,8 +347,13 @@ class RecordStage(Stage):
         with record_alarm(self.record_timeout_s) as armed:
             return [
                 guarded(self.family, self.record_timeout_s, armed, self.process, record, counters)
-                for record in batch.select(self.reads).iter_rows(named=True)
+                for record in self.records(batch)
             ]
+
+    def records(self, batch: pl.DataFrame) -> Iterator[dict[str, Any]]:
+        """The rows `process` sees: `reads`, plus `optional_reads` (None where absent)."""
+        missing = [pl.lit(None).alias(c) for c in self.optional_reads if c not in batch.columns]
+        return batch.with_columns(missing).select([*self.reads, *self.optional_reads]).iter_rows(named=True)
 
     def run(self, docs: pl.DataFrame) -> StageOutput:
         start = time.perf_counter()

@@ -33,16 +33,20 @@ short_line_ratio, char_dup_ratio, list_ratio}.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
+from dataclasses import dataclass
 from itertools import compress
 from operator import not_
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
 from assets.stages.base import Drop, Outcome, RecordStage
+from assets.stages.segment import Segmenter, segmenter
+from assets.stages.stopwords import GOPHER_STOP_WORDS, stop_words
 from assets.stages.text import DocumentText
 from assets.stages.urls import blocked_suffix, url_host
 from refinery.config import (
@@ -55,8 +59,6 @@ from refinery.config import (
 
 STAGE = "heuristic_filtered"
 
-# Gopher's stop words (Rae et al. 2021, A.1): a document needs `min_stop_words` distinct ones.
-STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 BULLETS = ("•", "-")
 ELLIPSES = ("...", "…")
 
@@ -66,8 +68,8 @@ C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
 C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 C4_POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
 # A sentence ends at terminal punctuation (optionally closed by quotes or brackets) followed by
-# spaces and more text on the same line.
-_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*[^\S\n]+(?=\S)")
+# spaces and more text on the same line; CJK full stops need no space after them.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*[^\S\n]+(?=\S)|[。！？]+[」』”’）]*(?=\S)")
 
 # Sentence-final marks across scripts (from Unicode's Sentence_Terminal property, the common ones),
 # which FineWeb's line-punctuation rule counts as a line ending in punctuation.
@@ -115,42 +117,104 @@ def url_rules(url: str | None, domains: frozenset[str], banned_words: frozenset[
 
 
 # --------------------------------------------------------------------------------------------------
+# Verdicts: the first failing rule, or every one (explain mode)
+# --------------------------------------------------------------------------------------------------
+
+
+class Verdict:
+    """The rules a document fails, in the order they run. Evaluation stops at the first failure
+    unless `every` is set (explain mode); rules named in `off` are never recorded."""
+
+    __slots__ = ("drops", "every", "off")
+
+    def __init__(self, off: frozenset[str] = frozenset(), every: bool = False):
+        self.drops: list[Drop] = []
+        self.every = every
+        self.off = off
+
+    def fail(self, rule: str, value: float | None, detail: str) -> bool:
+        """Record a failure; True when the caller should stop evaluating."""
+        if rule in self.off:
+            return False
+        self.drops.append(Drop(rule, value, detail))
+        return not self.every
+
+    def first_since(self, start: int) -> Drop | None:
+        return self.drops[start] if len(self.drops) > start else None
+
+
+def rule_family(check: Callable[..., None]) -> Callable[..., Drop | None]:
+    """`check(verdict, *args)` recording a family's failures, called as `family(*args,
+    verdict=None)`: a fresh verdict when none is given; returns the family's first failure."""
+
+    @functools.wraps(check)
+    def run(*args: Any, verdict: Verdict | None = None, **kwargs: Any) -> Drop | None:
+        v = Verdict() if verdict is None else verdict
+        start = len(v.drops)
+        check(v, *args, **kwargs)
+        return v.first_since(start)
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------------
 # Gopher quality (Rae et al. 2021, A.1)
 # --------------------------------------------------------------------------------------------------
 
 
-def gopher_quality(doc: DocumentText, cfg: GopherQualityConfig) -> Drop | None:
+@rule_family
+def gopher_quality(
+    v: Verdict, doc: DocumentText, cfg: GopherQualityConfig, stop_words: frozenset[str] | None = GOPHER_STOP_WORDS
+) -> None:
+    """Gopher's quality rules on `doc.words`. `stop_words` None switches the stop-word rule off (a
+    language without a list)."""
     words = doc.words
     # Words made only of symbols ("-", "|", "...") are not words for the count and the mean length
     # (datatrove's "non-symbol words"). Only the few words that are not all letters and digits are
     # inspected character by character; `compress` keeps the selection out of the interpreter loop.
     symbols = [w for w in compress(words, map(not_, map(str.isalnum, words))) if not any(map(str.isalnum, w))]
     n = len(words) - len(symbols)
-    if n < cfg.min_words:
-        return Drop("gopher_quality/min_words", n, _under(cfg.min_words))
-    if n > cfg.max_words:
-        return Drop("gopher_quality/max_words", n, _over(cfg.max_words))
-    avg = (sum(map(len, words)) - sum(map(len, symbols))) / n
-    if avg < cfg.min_avg_word_length:
-        return Drop("gopher_quality/min_avg_word_length", avg, _under(cfg.min_avg_word_length))
-    if avg > cfg.max_avg_word_length:
-        return Drop("gopher_quality/max_avg_word_length", avg, _over(cfg.max_avg_word_length))
+    if n < cfg.min_words and v.fail("gopher_quality/min_words", n, _under(cfg.min_words)):
+        return
+    if n > cfg.max_words and v.fail("gopher_quality/max_words", n, _over(cfg.max_words)):
+        return
+    if n:
+        avg = (sum(map(len, words)) - sum(map(len, symbols))) / n
+        if avg < cfg.min_avg_word_length and v.fail(
+            "gopher_quality/min_avg_word_length", avg, _under(cfg.min_avg_word_length)
+        ):
+            return
+        if avg > cfg.max_avg_word_length and v.fail(
+            "gopher_quality/max_avg_word_length", avg, _over(cfg.max_avg_word_length)
+        ):
+            return
+    total = len(words)
+    if not total:
+        return  # no word and no line: nothing else to measure
 
-    text, total = doc.text, len(words)
+    text = doc.text
     ratio = text.count("#") / total
-    if ratio > cfg.max_symbol_word_ratio:
-        return Drop("gopher_quality/hash_ratio", ratio, _over(cfg.max_symbol_word_ratio))
+    if ratio > cfg.max_symbol_word_ratio and v.fail(
+        "gopher_quality/hash_ratio", ratio, _over(cfg.max_symbol_word_ratio)
+    ):
+        return
     ratio = (text.count("...") + text.count("…")) / total
-    if ratio > cfg.max_symbol_word_ratio:
-        return Drop("gopher_quality/ellipsis_ratio", ratio, _over(cfg.max_symbol_word_ratio))
+    if ratio > cfg.max_symbol_word_ratio and v.fail(
+        "gopher_quality/ellipsis_ratio", ratio, _over(cfg.max_symbol_word_ratio)
+    ):
+        return
 
     lines = doc.lines
     ratio = sum(1 for line in lines if line.lstrip().startswith(BULLETS)) / len(lines)
-    if ratio > cfg.max_bullet_lines_ratio:
-        return Drop("gopher_quality/bullet_lines_ratio", ratio, _over(cfg.max_bullet_lines_ratio))
+    if ratio > cfg.max_bullet_lines_ratio and v.fail(
+        "gopher_quality/bullet_lines_ratio", ratio, _over(cfg.max_bullet_lines_ratio)
+    ):
+        return
     ratio = sum(1 for line in lines if line.rstrip().endswith(ELLIPSES)) / len(lines)
-    if ratio > cfg.max_ellipsis_lines_ratio:
-        return Drop("gopher_quality/ellipsis_lines_ratio", ratio, _over(cfg.max_ellipsis_lines_ratio))
+    if ratio > cfg.max_ellipsis_lines_ratio and v.fail(
+        "gopher_quality/ellipsis_lines_ratio", ratio, _over(cfg.max_ellipsis_lines_ratio)
+    ):
+        return
 
     # Whitespace words, as in the paper. datatrove counts spaCy tokens, so every comma and bracket is
     # a non-alphabetic word there; on the sample's documentation pages that alone put clean text at
@@ -158,12 +222,14 @@ def gopher_quality(doc: DocumentText, cfg: GopherQualityConfig) -> Drop | None:
     alpha = sum(map(str.isalpha, words))
     alpha += sum(1 for w in compress(words, map(not_, map(str.isalpha, words))) if any(map(str.isalpha, w)))
     ratio = alpha / total
-    if ratio < cfg.min_alpha_words_ratio:
-        return Drop("gopher_quality/alpha_words_ratio", ratio, _under(cfg.min_alpha_words_ratio))
-    found = len(STOP_WORDS.intersection(words))
-    if found < cfg.min_stop_words:
-        return Drop("gopher_quality/stop_words", found, _under(cfg.min_stop_words))
-    return None
+    if ratio < cfg.min_alpha_words_ratio and v.fail(
+        "gopher_quality/alpha_words_ratio", ratio, _under(cfg.min_alpha_words_ratio)
+    ):
+        return
+    if stop_words is not None:
+        found = len(stop_words.intersection(words))
+        if found < cfg.min_stop_words:
+            v.fail("gopher_quality/stop_words", found, _under(cfg.min_stop_words))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,20 +361,25 @@ def duplicate_ngram_chars(grams: NGrams, n: int, limit: float) -> int:
     return chars
 
 
-def gopher_repetition(doc: DocumentText, cfg: GopherRepetitionConfig) -> Drop | None:
+@rule_family
+def gopher_repetition(v: Verdict, doc: DocumentText, cfg: GopherRepetitionConfig) -> None:
     text_len = max(1, len(doc.text))
     paragraphs = doc.paragraphs
     dup, chars = repeated(paragraphs)
-    if dup / len(paragraphs) > cfg.dup_para_frac:
-        return Drop("gopher_rep/dup_para_frac", dup / len(paragraphs), _over(cfg.dup_para_frac))
-    if chars / text_len > cfg.dup_para_char_frac:
-        return Drop("gopher_rep/dup_para_char_frac", chars / text_len, _over(cfg.dup_para_char_frac))
+    ratio = dup / len(paragraphs)
+    if ratio > cfg.dup_para_frac and v.fail("gopher_rep/dup_para_frac", ratio, _over(cfg.dup_para_frac)):
+        return
+    ratio = chars / text_len
+    if ratio > cfg.dup_para_char_frac and v.fail("gopher_rep/dup_para_char_frac", ratio, _over(cfg.dup_para_char_frac)):
+        return
     lines = doc.line_runs
     dup, chars = repeated(lines)
-    if dup / len(lines) > cfg.dup_line_frac:
-        return Drop("gopher_rep/dup_line_frac", dup / len(lines), _over(cfg.dup_line_frac))
-    if chars / text_len > cfg.dup_line_char_frac:
-        return Drop("gopher_rep/dup_line_char_frac", chars / text_len, _over(cfg.dup_line_char_frac))
+    ratio = dup / len(lines)
+    if ratio > cfg.dup_line_frac and v.fail("gopher_rep/dup_line_frac", ratio, _over(cfg.dup_line_frac)):
+        return
+    ratio = chars / text_len
+    if ratio > cfg.dup_line_char_frac and v.fail("gopher_rep/dup_line_char_frac", ratio, _over(cfg.dup_line_char_frac)):
+        return
 
     words = doc.token_keys
     grams = NGrams(words)
@@ -317,16 +388,15 @@ def gopher_repetition(doc: DocumentText, cfg: GopherRepetitionConfig) -> Drop | 
         if len(words) < n:
             continue
         ratio = top_ngram_chars(grams, n, frac * text_len) / text_len
-        if ratio > frac:
-            return Drop(f"gopher_rep/top_{n}_gram", ratio, _over(frac))
+        if ratio > frac and v.fail(f"gopher_rep/top_{n}_gram", ratio, _over(frac)):
+            return
     dup_rules = sorted((int(n), frac) for n, frac in cfg.dup_n_grams)
     for i, (n, frac) in enumerate(dup_rules):
         if len(words) < n or grams.repeat_bound(n) <= min(f for _, f in dup_rules[i:]) * text_len:
             break  # the bound only shrinks as n grows, so every remaining rule passes too
-        chars = duplicate_ngram_chars(grams, n, frac * text_len)
-        if chars / text_len > frac:
-            return Drop(f"gopher_rep/dup_{n}_gram", chars / text_len, _over(frac))
-    return None
+        ratio = duplicate_ngram_chars(grams, n, frac * text_len) / text_len
+        if ratio > frac and v.fail(f"gopher_rep/dup_{n}_gram", ratio, _over(frac)):
+            return
 
 
 # --------------------------------------------------------------------------------------------------
@@ -334,42 +404,69 @@ def gopher_repetition(doc: DocumentText, cfg: GopherRepetitionConfig) -> Drop | 
 # --------------------------------------------------------------------------------------------------
 
 
-def c4_lines(doc: DocumentText, cfg: C4Config, removed: Counter) -> tuple[str | None, Drop | None]:
-    """The text with C4's failing lines removed, or the drop; removed lines are counted by rule."""
+def c4_lines(
+    doc: DocumentText, cfg: C4Config, removed: Counter, verdict: Verdict | None = None
+) -> tuple[str | None, Drop | None, int | None]:
+    """(text with C4's failing lines removed, None, its word count) or (None, the drop, None);
+    removed lines are counted by rule. The word count is given only for a segmented document
+    (None: count the text's whitespace words), so FineWeb's rules need not segment again.
+
+    In explain mode (`verdict.every`) a document-level failure is recorded and the lines go on
+    being checked, so every failing rule is reported."""
+    v = Verdict() if verdict is None else verdict
+    start = len(v.drops)
+    off = v.off
+    max_len = cfg.max_word_length
+    check_long = "c4_lines/too_long_word" not in off
+    check_few = "c4_lines/too_few_words" not in off
+    check_js = cfg.filter_javascript and "c4_lines/javascript" not in off
+    check_policy = cfg.filter_policy and "c4_lines/policy" not in off
+    check_lorem, check_curly = cfg.filter_lorem_ipsum, cfg.filter_curly_bracket
+    line_words = doc.line_words if doc.segment is not None else None
     kept: list[str] = []
-    for raw_line in doc.lines:
+    kept_words = 0
+    for i, raw_line in enumerate(doc.lines):
         line = raw_line.strip()
+        segments = line_words[i] if line_words is not None else None
         # A line no longer than max_word_length cannot hold a longer word; most lines skip the check.
-        if len(line) > cfg.max_word_length and any(len(w) > cfg.max_word_length for w in line.split()):
+        if check_long and len(line) > max_len and any(len(w) > max_len for w in (segments or line.split())):
             removed["c4_lines/too_long_word"] += 1
             continue
-        words = len(line.split(None, cfg.min_words_per_line))
+        words = len(segments) if segments is not None else len(line.split(None, cfg.min_words_per_line))
         line = C4_CITATION.sub("", line) if "[" in line else line
         if cfg.filter_no_terminal_punct and (not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")):
             removed["c4_lines/no_terminal_punct"] += 1
             continue
-        if words < cfg.min_words_per_line:
+        if check_few and words < cfg.min_words_per_line:
             removed["c4_lines/too_few_words"] += 1
             continue
         lower = line.lower()
-        if cfg.filter_lorem_ipsum and "lorem ipsum" in lower:
-            return None, Drop("c4/lorem_ipsum", None, "'lorem ipsum' in a line")
-        if cfg.filter_javascript and "javascript" in lower:
+        if check_lorem and "lorem ipsum" in lower:
+            if v.fail("c4/lorem_ipsum", None, "'lorem ipsum' in a line"):
+                return None, v.drops[start], None
+            check_lorem = False
+        if check_js and "javascript" in lower:
             removed["c4_lines/javascript"] += 1
             continue
-        if cfg.filter_curly_bracket and "{" in line:
-            return None, Drop("c4/curly_bracket", None, "'{' in a line")
-        if cfg.filter_policy and any(p in lower for p in C4_POLICY_PHRASES):
+        if check_curly and "{" in line:
+            if v.fail("c4/curly_bracket", None, "'{' in a line"):
+                return None, v.drops[start], None
+            check_curly = False  # explain mode: reported once
+        if check_policy and any(p in lower for p in C4_POLICY_PHRASES):
             removed["c4_lines/policy"] += 1
             continue
         kept.append(line)
+        kept_words += words
     text = "\n".join(kept)
     # Every kept line holds at least one sentence, so counting is needed only for a few lines.
     if len(kept) < cfg.min_num_sentences:
         sentences = len(kept) + len(_SENTENCE_END.findall(text))
         if sentences < cfg.min_num_sentences:
-            return None, Drop("c4/too_few_sentences", sentences, _under(cfg.min_num_sentences))
-    return text.strip(), None
+            v.fail("c4/too_few_sentences", sentences, _under(cfg.min_num_sentences))
+    first = v.first_since(start)
+    if first is not None:
+        return None, first, None
+    return text.strip(), None, (kept_words if line_words is not None else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -377,25 +474,28 @@ def c4_lines(doc: DocumentText, cfg: C4Config, removed: Counter) -> tuple[str | 
 # --------------------------------------------------------------------------------------------------
 
 
-def fineweb_quality(text: str, cfg: FineWebQualityConfig) -> Drop | None:
+@rule_family
+def fineweb_quality(v: Verdict, text: str, cfg: FineWebQualityConfig, words: int | None = None) -> None:
+    """FineWeb's rules on C4's edited text; `words` is its word count when the caller has it (a
+    segmented document), else its whitespace words are counted."""
     lines = [line for line in text.split("\n") if line.strip()]
     if not lines:
-        return Drop("fineweb/empty", 0, "no non-blank line")
+        v.fail("fineweb/empty", 0, "no non-blank line")
+        return
     ratio = sum(1 for line in lines if line[-1] in TERMINAL_PUNCTUATION) / len(lines)
-    if ratio < cfg.line_punct_thr:
-        return Drop("fineweb/line_punct_ratio", ratio, _under(cfg.line_punct_thr))
+    if ratio < cfg.line_punct_thr and v.fail("fineweb/line_punct_ratio", ratio, _under(cfg.line_punct_thr)):
+        return
     ratio = sum(1 for line in lines if len(line) <= cfg.short_line_length) / len(lines)
-    if ratio > cfg.short_line_thr:
-        return Drop("fineweb/short_line_ratio", ratio, _over(cfg.short_line_thr))
+    if ratio > cfg.short_line_thr and v.fail("fineweb/short_line_ratio", ratio, _over(cfg.short_line_thr)):
+        return
     ratio = repeated(lines)[1] / max(1, len(text) - text.count("\n"))
-    if ratio > cfg.char_duplicates_ratio:
-        return Drop("fineweb/char_dup_ratio", ratio, _over(cfg.char_duplicates_ratio))
+    if ratio > cfg.char_duplicates_ratio and v.fail("fineweb/char_dup_ratio", ratio, _over(cfg.char_duplicates_ratio)):
+        return
     newlines = text.count("\n")
     if newlines:
-        ratio = newlines / max(1, len(text.split()))
+        ratio = newlines / max(1, len(text.split()) if words is None else words)
         if ratio > cfg.new_line_ratio:
-            return Drop("fineweb/list_ratio", ratio, _over(cfg.new_line_ratio))
-    return None
+            v.fail("fineweb/list_ratio", ratio, _over(cfg.new_line_ratio))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -403,38 +503,103 @@ def fineweb_quality(text: str, cfg: FineWebQualityConfig) -> Drop | None:
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LanguageRules:
+    """Everything the rules read for one language: its thresholds, stop words, word splitter, and
+    the rules switched off (stage-wide, for the source, and for the language)."""
+
+    language: str
+    gopher_quality: GopherQualityConfig
+    gopher_repetition: GopherRepetitionConfig
+    c4: C4Config
+    fineweb: FineWebQualityConfig
+    stop_words: frozenset[str] | None
+    segment: Segmenter | None
+    off: frozenset[str]
+
+    @classmethod
+    def resolve(cls, cfg: HeuristicConfig, language: str | None, source_off: frozenset[str]) -> "LanguageRules":
+        settings = cfg.language_heuristics(language)
+        language = language or "en"
+
+        def section(name: str, base: Any) -> Any:
+            override = getattr(settings, name)
+            return base.model_copy(update=override) if override else base
+
+        return cls(
+            language=language,
+            gopher_quality=section("gopher_quality", cfg.gopher_quality),
+            gopher_repetition=section("gopher_repetition", cfg.gopher_repetition),
+            c4=section("c4", cfg.c4),
+            fineweb=section("fineweb", cfg.fineweb),
+            stop_words=stop_words(language, settings.stop_words),
+            segment=None if settings.segmenter == "whitespace" else segmenter(settings.segmenter),
+            off=frozenset(cfg.rules_off) | source_off | frozenset(settings.rules_off),
+        )
+
+
 class HeuristicFilter(RecordStage):
-    """Every heuristic rule over each document; kept documents carry C4's line-filtered text."""
+    """Every heuristic rule over each document, read with the settings of the document's language
+    (the `language` column); kept documents carry C4's line-filtered text. `rules_off` names rules
+    switched off for this filter's source (SourceConfig.rules_off)."""
 
     name = STAGE
     family = "heuristic"
     skip_key = "heuristic"
     reads = ("text", "url")
+    optional_reads = ("language",)
     writes = {"text": pl.String()}
 
-    def __init__(self, cfg: HeuristicConfig):
+    def __init__(self, cfg: HeuristicConfig, rules_off: list[str] | tuple[str, ...] = ()):
+        cfg.check_rule_names(list(rules_off), "rules_off")
         self.cfg = cfg
+        self.rules_off = frozenset(rules_off)
         self.domains = frozenset(d.lower().strip(".") for d in cfg.url_blocklist)
         self.banned_words = frozenset(w.lower() for w in cfg.url_banned_words)
+        self._rules: dict[str | None, LanguageRules] = {}
 
-    def apply(self, text: str | None, url: str | None, removed: Counter) -> tuple[str | None, Drop | None]:
-        """(text to keep, None) or (None, the first rule that drops the document)."""
+    def rules_for(self, language: str | None) -> LanguageRules:
+        rules = self._rules.get(language)
+        if rules is None:
+            rules = self._rules[language] = LanguageRules.resolve(self.cfg, language, self.rules_off)
+        return rules
+
+    def _evaluate(self, text: str | None, url: str | None, removed: Counter, language: str | None,
+                  verdict: Verdict) -> str | None:
+        """The kept text, or None with the failures in `verdict`."""
         drop = url_rules(url, self.domains, self.banned_words)
-        if drop is not None:
-            return None, drop
-        doc = DocumentText(text or "")
-        drop = gopher_quality(doc, self.cfg.gopher_quality) or gopher_repetition(doc, self.cfg.gopher_repetition)
-        if drop is not None:
-            return None, drop
-        edited, drop = c4_lines(doc, self.cfg.c4, removed)
-        if drop is not None:
-            return None, drop
-        drop = fineweb_quality(edited, self.cfg.fineweb)
-        return (None, drop) if drop is not None else (edited, None)
+        if drop is not None and verdict.fail(drop.rule, drop.value, drop.detail):
+            return None
+        rules = self.rules_for(language)
+        doc = DocumentText(text or "", rules.segment)
+        if gopher_quality(doc, rules.gopher_quality, rules.stop_words, verdict=verdict) and not verdict.every:
+            return None
+        if gopher_repetition(doc, rules.gopher_repetition, verdict=verdict) and not verdict.every:
+            return None
+        edited, drop, words = c4_lines(doc, rules.c4, removed, verdict)
+        if drop is not None and not verdict.every:
+            return None
+        # In explain mode a document C4 drops is still measured by FineWeb, on its unedited text.
+        fineweb_quality(doc.text if edited is None else edited, rules.fineweb, words, verdict=verdict)
+        return edited if not verdict.drops else None
+
+    def apply(
+        self, text: str | None, url: str | None, removed: Counter, language: str | None = None
+    ) -> tuple[str | None, Drop | None]:
+        """(text to keep, None) or (None, the first rule that drops the document)."""
+        verdict = Verdict(self.rules_for(language).off)
+        edited = self._evaluate(text, url, removed, language, verdict)
+        return edited, verdict.first_since(0)
+
+    def explain(self, text: str | None, url: str | None, language: str | None = None) -> list[Drop]:
+        """Every rule the document fails, in the order the rules run (not only the first)."""
+        verdict = Verdict(self.rules_for(language).off, every=True)
+        self._evaluate(text, url, Counter(), language, verdict)
+        return verdict.drops
 
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
-        edited, drop = self.apply(record["text"], record["url"], counters)
+        edited, drop = self.apply(record["text"], record["url"], counters, record.get("language"))
         return drop if drop is not None else {"text": edited}
 
     def config_summary(self) -> dict[str, Any]:
-        return self.cfg.model_dump(mode="json")
+        return {**self.cfg.model_dump(mode="json"), "source_rules_off": sorted(self.rules_off)}

@@ -9,8 +9,8 @@ fasttext-predict's list API (`multilinePredict`) returns labels without probabil
 document is predicted alone through the model's C++ `predict`; the Python wrapper around it only
 adds a newline check that the newline replacement already guarantees.
 
-Adds `language` (ISO code) and `language_score`; a source that skips "language" keeps every
-document with both null. Rejects: `language/unwanted_language` (detail:
+`languages: all` keeps every language at or above min_score. Adds `language` (ISO code) and
+`language_score`. Rejects: `language/unwanted_language` (detail:
 the language, value: its score) and `language/low_score` (a wanted language below min_score;
 detail: the language, value: its score).
 """
@@ -88,7 +88,8 @@ class LanguageFilter(RecordStage):
     def __init__(self, cfg: LanguageConfig, model: LanguageModel):
         self.cfg = cfg
         self.model = model
-        self.allowed = frozenset(cfg.languages)
+        # None: `languages: all`, every language at or above min_score.
+        self.allowed = None if cfg.languages == "all" else frozenset(cfg.languages)
 
     @classmethod
     def from_config(cls, cfg: LanguageConfig, resolve: Callable[[str], str] = str) -> "LanguageFilter":
@@ -98,7 +99,7 @@ class LanguageFilter(RecordStage):
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
         lang, score = self.model.predict(record["text"] or "")
         counters[f"detected/{lang}"] += 1
-        if lang not in self.allowed:
+        if self.allowed is not None and lang not in self.allowed:
             return Drop("language/unwanted_language", score, lang)
         if score < self.cfg.min_score:
             return Drop("language/low_score", score, lang)

@@ -1,0 +1,65 @@
+"""Word segmentation for scripts written without spaces, loaded once per process.
+
+- `jieba` (Chinese): jieba's own dictionary, shipped inside the package, so nothing is downloaded;
+  punctuation comes out as separate tokens and whitespace tokens are dropped.
+- `script_runs` (Japanese, Thai, and other scripts without spaces): no offline segmenter installs
+  here as a wheel (PyICU's BreakIterator needs ICU built from source), so words are approximated
+  by runs of one character class: Han ideographs, hiragana, katakana (with the prolonged sound
+  mark), Thai-like scripts, other letters and digits, and punctuation. For Japanese this splits at most word
+  boundaries that change script (kanji stems, kana endings and particles, katakana loanwords);
+  runs of Thai letters are phrases, not words, which is why the Thai-script languages switch the
+  word-length and stop-word rules off (refinery/config.py, docs/languages.md).
+- `whitespace`: `str.split()`, the published rules' unit.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Callable
+
+Segmenter = Callable[[str], list[str]]
+
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3005\u3006\u3007"
+_HIRAGANA = "\u3040-\u309f"
+_KATAKANA = "\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f"
+# Thai, Lao, Tibetan, Myanmar and Khmer blocks whole: their vowel signs and tone marks are
+# combining marks, which `\w` does not match.
+_SOUTHEAST_ASIAN = "\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff"
+_SCRIPT_RUN = re.compile(
+    rf"[{_HAN}]+|[{_HIRAGANA}]+|[{_KATAKANA}]+|[{_SOUTHEAST_ASIAN}]+"
+    rf"|[^\W{_HAN}{_HIRAGANA}{_KATAKANA}{_SOUTHEAST_ASIAN}]+|[^\w\s{_SOUTHEAST_ASIAN}]+"
+)
+
+
+def split_script_runs(text: str) -> list[str]:
+    """Runs of one character class (see the module docstring), whitespace dropped."""
+    return _SCRIPT_RUN.findall(text)
+
+
+@lru_cache(maxsize=1)
+def _jieba() -> Segmenter:
+    try:
+        import jieba
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError("Chinese word segmentation needs jieba: pip install jieba") from err
+    jieba.setLogLevel(60)  # its dictionary-loading chatter goes to stderr on every process start
+    tokenizer = jieba.Tokenizer()
+    cut = tokenizer.lcut
+
+    def split_jieba(text: str) -> list[str]:
+        # HMM off: new-word discovery guesses on unseen character pairs, and costs a third more.
+        return [w for w in cut(text, HMM=False) if not w.isspace()]
+
+    return split_jieba
+
+
+def segmenter(name: str) -> Segmenter:
+    """The word splitter a language's settings name (LanguageHeuristics.segmenter)."""
+    if name == "whitespace":
+        return str.split
+    if name == "jieba":
+        return _jieba()
+    if name == "script_runs":
+        return split_script_runs
+    raise ValueError(f"unknown segmenter {name!r}; use whitespace, jieba or script_runs")
