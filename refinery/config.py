@@ -434,9 +434,23 @@ class BucketPolicy(Section):
     max_epochs: float = Field(default=1.0, gt=0.0)
 
 
+class RopeScalingConfig(Section):
+    """YaRN for a phase longer than the model was trained at (training/model.py: RopeScaling):
+    positions up to factor x original_seq_len."""
+
+    type: Literal["yarn"] = "yarn"
+    factor: float = Field(ge=1.0)
+    original_seq_len: int = Field(gt=0)
+    beta_fast: float = Field(default=32.0, gt=0.0)
+    beta_slow: float = Field(default=1.0, gt=0.0)
+
+
 class PhaseConfig(Section):
     """One curriculum phase (seed 000). Give `share` of total_tokens or `tokens`, the same kind
-    across the whole curriculum."""
+    across the whole curriculum. `rope_scaling` (seed 000: YaRN at the step where seq_len changes):
+    unset keeps the previous phase's RoPE, "none" plain RoPE, "auto" YaRN from the model's native
+    length (the first phase's, or the original_seq_len already scaled from) to this seq_len, or an
+    explicit {type: yarn, factor, original_seq_len}."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$")
     share: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -446,6 +460,7 @@ class PhaseConfig(Section):
     lr_scale: float = Field(default=1.0, gt=0.0)
     quality_top_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
     interpolation: float = Field(default=0.0, ge=0.0, lt=0.5)  # fraction of the schedule blended at its start
+    rope_scaling: RopeScalingConfig | Literal["auto", "none"] | None = None
 
 
 class CurriculumConfig(Section):
@@ -516,6 +531,15 @@ class TrainingConfig(Section):
     # manifests name in it for the whole run, so a run whose shards do not fit is refused at start.
     shard_cache_gb: float = Field(default=8.0, gt=0.0)
     record_consumption: bool = False  # write <run_dir>/consumption.jsonl: every entry piece each step read
+    # sdpa: dense T x T document mask, any device; flex: FlexAttention block mask, O(T) memory, compiled
+    # on CUDA; auto: flex on CUDA, sdpa elsewhere.
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    compile: bool = False  # torch.compile each transformer block
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    # Adam's state at the first step whose seq_len differs from the step before: "reset" starts the
+    # attention parameters' moments afresh, "renorm" rescales every second moment once to the new
+    # gradients' scale (training/length_jump.py).
+    length_jump_adam: Literal["none", "reset", "renorm"] = "none"
     # ---- run safety and the anneal playbook (training/lifeline.py, training/validation.py) ----
     # Seconds a rank whose launcher died may spend checkpointing before it exits regardless.
     orphan_grace_s: float = Field(default=60.0, gt=0.0)

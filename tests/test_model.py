@@ -1,16 +1,21 @@
-"""The GPT: shapes, loss, document-masked attention, and which parameters AdamW decays."""
+"""The GPT: shapes, loss, document-masked attention (sdpa and flex), checkpointing, compile, and which
+parameters AdamW decays."""
+
+import warnings
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from training.model import GPT, IGNORE, GPTConfig, apply_rope, rope_tables
+from training.model import (GPT, IGNORE, GPTConfig, apply_rope, dense_document_mask, document_block_mask,
+                            resolve_attention, rope_tables)
 
 torch.set_num_threads(1)
 
 
 def tiny_model(**kw):
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16, **kw)).eval()
+    return GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16), **kw).eval()
 
 
 def test_forward_returns_logits_and_mean_loss_over_counted_targets():
@@ -65,3 +70,103 @@ def test_weight_decay_only_on_matrices():
 def test_heads_must_split_the_width_into_even_halves():
     with pytest.raises(ValueError, match="heads of even size"):
         GPT(GPTConfig(vocab_size=8, n_head=3, n_embd=16))
+
+
+# ---- document masks: the flex block mask against the dense reference -----------------------------
+
+LAYOUTS = {
+    "one document": lambda T: [0] * T,
+    "every token its own document": lambda T: list(range(T)),
+    "documents spanning several blocks": lambda T: [0] * (T // 2 + 3) + [1] * (T - T // 2 - 3),
+    "random runs": lambda T: sorted(torch.randint(0, 5, (T,), generator=torch.Generator().manual_seed(T)).tolist()),
+}
+
+
+@pytest.mark.parametrize("T,block", [(64, 8), (37, 8), (5, 8), (48, 16)])
+def test_flex_block_mask_attends_exactly_like_the_dense_document_mask(T, block):
+    doc_ids = torch.tensor([make(T) for make in LAYOUTS.values()])
+    torch.manual_seed(T)
+    q, k, v = (torch.randn(len(LAYOUTS), 2, T, 8) for _ in range(3))
+    mask = document_block_mask(doc_ids, block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex warns that it is unfused
+        out = flex_attention(q, k, v, block_mask=mask)
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_document_mask(doc_ids))
+    assert torch.allclose(out, reference, atol=1e-5)
+    # the same block classification as torch's own builder, which evaluates every (q, kv) pair
+    padded = torch.nn.functional.pad(doc_ids, (0, -(-T // block) * block - T), value=-1)
+    theirs = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (padded[b, qi] == padded[b, ki]), len(LAYOUTS), None,
+                               T, T, device="cpu", BLOCK_SIZE=block)
+    assert torch.equal(mask.kv_num_blocks, theirs.kv_num_blocks)
+    assert torch.equal(mask.full_kv_num_blocks, theirs.full_kv_num_blocks)
+    assert torch.equal(mask.to_dense(), theirs.to_dense())
+
+
+def test_block_mask_skips_other_documents_blocks_and_marks_whole_document_blocks_full():
+    doc_ids = torch.tensor([[0] * 16 + [1] * 16 + [2] * 8])  # blocks of 8: docs 0,0,1,1,2
+    mask = document_block_mask(doc_ids, 8)
+    assert mask.kv_num_blocks[0, 0].tolist() == [1, 1, 1, 1, 1]  # the diagonal blocks, causal inside
+    assert mask.full_kv_num_blocks[0, 0].tolist() == [0, 1, 0, 1, 0]  # block 1 sees 0, block 3 sees 2, whole
+    assert mask.full_kv_indices[0, 0, 3, 0] == 2
+
+
+def test_flex_model_matches_sdpa_model_on_packed_rows():
+    sdpa = tiny_model()
+    flex = tiny_model(attention="flex", flex_block_size=8)
+    idx = torch.randint(0, 64, (2, 29))
+    doc_ids = torch.tensor([[0] * 29, [0] * 3 + [1] * 12 + [2] * 9 + [3] * 5])
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for ids in (doc_ids, None):
+            assert torch.allclose(flex(idx, doc_ids=ids)[0], sdpa(idx, doc_ids=ids)[0], atol=1e-5)
+
+
+def test_block_mask_refuses_doc_ids_that_go_back():
+    with pytest.raises(ValueError, match="must not decrease"):
+        document_block_mask(torch.tensor([[0, 0, 1, 0]]), 2)
+
+
+def test_attention_choice_is_flex_on_cuda_and_sdpa_on_cpu():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_attention("auto", cuda) == "flex" and resolve_attention("auto", cpu) == "sdpa"
+    assert resolve_attention("auto", cuda, dropout=0.1) == "sdpa"
+    assert resolve_attention("sdpa", cuda) == "sdpa" and resolve_attention("flex", cuda) == "flex"
+    with pytest.raises(ValueError, match="CUDA only"):
+        resolve_attention("flex", cpu)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        resolve_attention("flex", cuda, dropout=0.1)
+    with pytest.raises(ValueError, match="one of auto, sdpa, flex"):
+        resolve_attention("flash", cuda)
+
+
+# ---- activation checkpointing and torch.compile: same numbers ------------------------------------
+
+
+def loss_and_grads(model):
+    torch.manual_seed(5)
+    idx = torch.randint(0, 64, (2, 24))
+    doc_ids = torch.tensor([[0] * 10 + [1] * 14, [0] * 24])
+    model.train()
+    loss = model(idx, targets=idx, doc_ids=doc_ids)[1]
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    loss, grads = loss_and_grads(tiny_model())
+    model = tiny_model(checkpoint_activations=True)
+    recomputed = []
+    model.blocks[0].register_forward_pre_hook(lambda *a: recomputed.append(1))
+    loss_ckpt, grads_ckpt = loss_and_grads(model)
+    assert len(recomputed) == 2, "block 0 runs again in backward"
+    assert torch.allclose(loss, loss_ckpt) and all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads, grads_ckpt))
+
+
+def test_compiled_blocks_give_the_same_loss_gradients_and_state_dict_keys():
+    loss, grads = loss_and_grads(tiny_model())
+    model = tiny_model()
+    keys = list(model.state_dict())
+    model.compile_blocks()
+    loss_c, grads_c = loss_and_grads(model)
+    assert list(model.state_dict()) == keys
+    assert torch.allclose(loss, loss_c, atol=1e-6) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_c))

@@ -1,21 +1,36 @@
 """A small GPT with rotary position embeddings, in one file (nanoGPT's shape).
 
 `forward(idx, targets=None, doc_ids=None)` returns `(logits, loss)`. With `doc_ids`, attention is
-causal *within* each packed document only (a block-diagonal causal mask for SDPA). Positions stay
-continuous across packed documents (seed 003: RoPE is not reset at boundaries). Targets equal to
--100 are ignored. `reduction="none"` returns the per-token loss, which the trainer splits by bucket.
+causal *within* each packed document only. Positions stay continuous across packed documents (seed
+003: RoPE is not reset at boundaries). Targets equal to -100 are ignored. `reduction="none"` returns
+the per-token loss, which the trainer splits by bucket.
+
+Two attention paths compute the same thing:
+- "sdpa": a dense B x T x T document-causal mask for scaled_dot_product_attention. Runs anywhere
+  (CI on CPU), but the mask is O(T^2) and rules out the flash kernels: a 124M GPT does not fit 32K
+  tokens per row on an H100 this way.
+- "flex": FlexAttention with a BlockMask built from the doc ids' block boundaries, O((T/128)^2)
+  small integers and no T x T tensor; on CUDA the kernel is compiled (fused, flash-style memory).
+  On CPU torch runs it eagerly and forward only, which the tests use to check it against sdpa.
+
+`set_rope_scaling` switches RoPE to YaRN (Peng et al. 2023) when a phase extends the context.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.utils.checkpoint import checkpoint
 
 IGNORE = -100
+FLEX_BLOCK_SIZE = 128  # FlexAttention's tile on CUDA
+AttentionBackend = Literal["sdpa", "flex"]
 
 
 @dataclass
@@ -31,16 +46,147 @@ class GPTConfig:
         return asdict(self)
 
 
-def rope_tables(seq_len: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+# ---- rotary embeddings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """YaRN: positions up to `factor * original_seq_len` on a model trained at `original_seq_len`.
+    beta_fast/beta_slow bound the ramp in rotations over the original length (the paper's 32 and 1)."""
+
+    factor: float
+    original_seq_len: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self):
+        if self.factor < 1.0:
+            raise ValueError(f"rope scaling factor {self.factor} must be >= 1 (YaRN extends, never shrinks, the context)")
+        if self.original_seq_len < 1 or self.beta_fast <= self.beta_slow:
+            raise ValueError(f"rope scaling needs original_seq_len >= 1 and beta_fast > beta_slow, got {self}")
+
+
+def rope_inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+
+def yarn_frequencies(head_dim: int, base: float, scaling: RopeScaling) -> tuple[torch.Tensor, float]:
+    """YaRN's NTK-by-parts inverse frequencies and its attention temperature, as float64.
+
+    A pair whose wavelength fits more than beta_fast times into the original length keeps its
+    frequency (extrapolates), one that fits fewer than beta_slow times is divided by `factor`
+    (interpolates), and pairs in between blend linearly in the pair index. The returned mscale
+    multiplies cos and sin, so q.k logits grow by mscale^2 = 1/t with sqrt(1/t) = 0.1 ln(factor) + 1."""
+    inv_freq = rope_inv_freq(head_dim, base)
+
+    def pair_index_at(rotations: float) -> float:  # the pair that turns `rotations` times over the original length
+        return head_dim * math.log(scaling.original_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index_at(scaling.beta_fast)), 0)
+    high = min(math.ceil(pair_index_at(scaling.beta_slow)), head_dim // 2 - 1)
+    span = max(high - low, 1e-3)  # equal bounds: a step, not a division by zero
+    interpolated = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / span).clamp(0.0, 1.0)
+    blended = inv_freq * (1.0 - interpolated) + inv_freq / scaling.factor * interpolated
+    mscale = 0.1 * math.log(scaling.factor) + 1.0 if scaling.factor > 1.0 else 1.0
+    return blended, mscale
+
+
+def rope_tables(seq_len: int, head_dim: int, base: float, device: torch.device,
+                scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq, mscale = yarn_frequencies(head_dim, base, scaling) if scaling else (rope_inv_freq(head_dim, base), 1.0)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    return (angles.cos() * mscale).float().to(device), (angles.sin() * mscale).float().to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.flatten(-2).type_as(x)
+
+
+# ---- document masks ------------------------------------------------------------------------------
+
+
+def resolve_attention(choice: str, device: torch.device, dropout: float = 0.0) -> AttentionBackend:
+    """training.attention -> the backend to train with: `auto` is flex on CUDA (sdpa when attention
+    dropout is on, which FlexAttention lacks) and sdpa elsewhere; FlexAttention has no backward on CPU."""
+    if choice not in ("auto", "sdpa", "flex"):
+        raise ValueError(f"training.attention {choice!r}: one of auto, sdpa, flex")
+    if choice == "auto":
+        return "flex" if device.type == "cuda" and dropout == 0.0 else "sdpa"
+    if choice == "flex" and device.type != "cuda":
+        raise ValueError(f"training.attention flex trains on CUDA only (torch {torch.__version__} has no FlexAttention "
+                         f"backward on {device.type}); use auto or sdpa")
+    if choice == "flex" and dropout > 0.0:
+        raise ValueError(f"training.attention flex has no attention dropout; set training.model.dropout 0 "
+                         f"(now {dropout}) or training.attention sdpa")
+    return choice  # type: ignore[return-value]
+
+
+def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """B x 1 x T x T boolean: query i sees key j iff j <= i and both are in one document."""
+    T = doc_ids.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    return ((doc_ids[:, :, None] == doc_ids[:, None, :]) & causal)[:, None]
+
+
+def _check_row_order(doc_ids: torch.Tensor) -> None:
+    if doc_ids.size(1) > 1 and bool((doc_ids[:, 1:] < doc_ids[:, :-1]).any()):
+        raise ValueError("doc_ids must not decrease along a row (packed documents are contiguous runs); "
+                         "the block mask reads each block's documents from its first and last token")
+
+
+def document_block_mask(doc_ids: torch.Tensor, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
+    """The document-causal BlockMask of packed rows, from per-token doc ids that never decrease along
+    a row. Block pairs are classified from each block's first and last doc id: kv block j can reach
+    q block i iff j <= i and j's last document is i's first; it needs no mask at all (a full block)
+    iff j < i and both lie inside one document. Blocks holding padding past T are never full. Memory:
+    B x (T/block)^2, never T x T."""
+    _check_row_order(doc_ids)
+    B, T = doc_ids.shape
+    n = -(-T // block_size)
+    starts = torch.arange(n, device=doc_ids.device) * block_size
+    first = doc_ids[:, starts]  # (B, n)
+    last = doc_ids[:, (starts + block_size).clamp(max=T) - 1]
+    q_first, kv_last = first[:, :, None], last[:, None, :]
+    idx = torch.arange(n, device=doc_ids.device)
+    below = idx[None, :] <= idx[:, None]  # kv block j <= q block i
+    strictly_below = idx[None, :] < idx[:, None]
+    reachable = below & (kv_last >= q_first)
+    whole = torch.ones(n, dtype=torch.bool, device=doc_ids.device)
+    whole[-1] = T % block_size == 0
+    full = strictly_below & (first[:, None, :] == last[:, :, None]) & whole[:, None] & whole[None, :]
+    partial = reachable & ~full
+
+    def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = blocks.sum(-1, dtype=torch.int32)
+        indices = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts[:, None], indices[:, None]
+
+    padded = F.pad(doc_ids, (0, n * block_size - T), value=-1)  # mask_mod reads padded positions too
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (padded[b, q_idx] == padded[b, kv_idx])
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block_size,
+                                    mask_mod=same_document_causal, seq_lengths=(T, T))
+
+
+_compiled_flex = None
+
+
+def _flex_kernel(device: torch.device):
+    """Compiled FlexAttention on CUDA (eager flex materialises the scores, which is what the
+    block mask avoids); the eager reference elsewhere, for tests."""
+    global _compiled_flex
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+# ---- the network ---------------------------------------------------------------------------------
 
 
 class Attention(nn.Module):
@@ -51,13 +197,17 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | BlockMask | None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
-        )
+        if isinstance(mask, BlockMask):
+            y = _flex_kernel(x.device)(q, k, v, block_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
+            )
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -86,11 +236,25 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    """`attention`, `checkpoint_activations` (recompute each block in backward instead of keeping
+    its activations) and `flex_block_size` change how, not what, the model computes, so they are
+    not part of GPTConfig and a checkpoint resumes under any of them."""
+
+    def __init__(self, cfg: GPTConfig, attention: AttentionBackend = "sdpa", checkpoint_activations: bool = False,
+                 flex_block_size: int = FLEX_BLOCK_SIZE):
         super().__init__()
         if cfg.n_embd % cfg.n_head or (cfg.n_embd // cfg.n_head) % 2:
             raise ValueError(f"n_embd {cfg.n_embd} must split into {cfg.n_head} heads of even size (RoPE rotates pairs)")
         self.cfg = cfg
+        if attention not in ("sdpa", "flex"):
+            raise ValueError(f"attention {attention!r}: sdpa or flex (resolve_attention turns training.attention into one)")
+        if attention == "flex" and cfg.dropout > 0.0:
+            raise ValueError(f"flex attention has no attention dropout (dropout {cfg.dropout}); use sdpa")
+        self.attention = attention
+        self.checkpoint_activations = checkpoint_activations
+        self.flex_block_size = flex_block_size
+        self.rope_scaling: RopeScaling | None = None
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -107,17 +271,39 @@ class GPT(nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, 0.0, 0.02)
 
+    def set_rope_scaling(self, scaling: RopeScaling | None) -> None:
+        """RoPE as trained (None) or YaRN-scaled from the next forward on."""
+        self.rope_scaling = scaling
+
+    def compile_blocks(self) -> None:
+        """torch.compile each block in place (torchtitan's per-block compile): the state_dict keeps
+        its keys, and the mask is built outside the compiled graphs."""
+        for block in self.blocks:
+            block.compile()
+
+    def _rope(self, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (T, str(device), self.rope_scaling)
+        if key not in self._rope_cache:
+            self._rope_cache = {key: rope_tables(T, self.cfg.n_embd // self.cfg.n_head, self.cfg.rope_base, device,
+                                                 self.rope_scaling)}
+        return self._rope_cache[key]
+
+    def _mask(self, doc_ids: torch.Tensor | None, B: int, T: int, device: torch.device):
+        if self.attention == "flex":
+            if doc_ids is None:
+                doc_ids = torch.zeros(B, T, dtype=torch.int32, device=device)
+            return document_block_mask(doc_ids, self.flex_block_size)
+        return None if doc_ids is None else dense_document_mask(doc_ids)
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None,
                 reduction: str = "mean"):
         B, T = idx.shape
-        cos, sin = rope_tables(T, self.cfg.n_embd // self.cfg.n_head, self.cfg.rope_base, idx.device)
-        mask = None
-        if doc_ids is not None:
-            causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
-            mask = ((doc_ids[:, :, None] == doc_ids[:, None, :]) & causal)[:, None]
+        cos, sin = self._rope(T, idx.device)
+        mask = self._mask(doc_ids, B, T, idx.device)
         x = self.drop(self.wte(idx))
+        recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, cos, sin, mask)
+            x = checkpoint(block, x, cos, sin, mask, use_reentrant=False) if recompute else block(x, cos, sin, mask)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

@@ -38,6 +38,7 @@ class SyntheticPhase:
     lr_scale: float = 1.0
     interpolation: float = 0.0
     top_fraction: dict[str, float] = field(default_factory=dict)  # bucket -> kept fraction of its entries
+    rope_scaling: str | dict[str, Any] | None = None  # the config's curriculum.phases[].rope_scaling
 
 
 def write_bucket(root: LocalDataRoot, name: str, spec: SyntheticBucket, rng: np.random.Generator, vocab: int,
@@ -128,7 +129,8 @@ def synthetic_config(
             "buckets": {name: {"max_epochs": b.max_epochs} for name, b in sorted(buckets.items())},
             "phases": [
                 {"name": p.name, "tokens": p.tokens, "weights": p.weights, "seq_len": p.seq_len,
-                 "lr_scale": p.lr_scale, "interpolation": p.interpolation}
+                 "lr_scale": p.lr_scale, "interpolation": p.interpolation,
+                 **({"rope_scaling": p.rope_scaling} if p.rope_scaling is not None else {})}
                 for p in phases
             ],
         },

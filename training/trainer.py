@@ -39,7 +39,8 @@ from training.data import CurriculumData
 from training.lifeline import ParentWatch, worker_init
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink
-from training.model import GPT, GPTConfig, IGNORE
+from training.length_jump import LengthJump
+from training.model import GPT, GPTConfig, IGNORE, resolve_attention
 from training.run_lock import RunLock, RunLocked
 from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
@@ -93,8 +94,13 @@ class Trainer:
         self.model_args = GPTConfig(vocab_size=tc.model.vocab_size or cfg.tokenizer.vocab_size, n_layer=tc.model.n_layer,
                                     n_head=tc.model.n_head, n_embd=tc.model.n_embd, dropout=tc.model.dropout)
         torch.manual_seed(cfg.seed)
-        self.model = GPT(self.model_args).to(self.device)
+        self.model = GPT(self.model_args, resolve_attention(tc.attention, self.device, tc.model.dropout),
+                         tc.activation_checkpointing).to(self.device)
+        if tc.compile:
+            self.model.compile_blocks()
         self.optimizer = self.model.configure_optimizer(tc.lr, tc.weight_decay)
+        self.length_jump = LengthJump(self.model, self.optimizer, self.schedule,
+                                      {p.name: p.rope_scaling for p in cfg.curriculum.phases}, tc.length_jump_adam)
         self.ddp = self._wrap_ddp()
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", tc.keep_last)
         self.metrics = MetricsLogger(self.run_dir / "metrics.jsonl", self.opt.sinks if self.rank == 0 else [])
@@ -313,6 +319,7 @@ class Trainer:
 
     def train_step(self, batch: StepBatch, lr: float) -> dict[str, Any]:
         """Forward/backward over micro-batches, then one optimizer step unless the loss is non-finite."""
+        self.length_jump.enter(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         tokens = batch.tokens.to(self.device, non_blocking=True).long()
