@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,6 +73,10 @@ def entry_set_key(bucket: BucketSlice) -> str:
     return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
+def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
+    return np.empty(n, dtype=dtype)
+
+
 class CurriculumData:
     def __init__(self, schedule: StepSchedule, buckets: dict[str, BucketShards], sets_by_phase: list[dict[str, EntrySet]], seed: int):
         self.schedule = schedule
@@ -88,6 +92,7 @@ class CurriculumData:
         self._array_base = base
         # Global entry id -> position in `_arrays`, per bucket: one lookup per piece when gathering.
         self._entry_array = {name: base[name] + buckets[name].entry_shard for name in self.bucket_names}
+        self._allocations: dict = {}
 
     @classmethod
     def open(cls, cfg: RefineryConfig, root: DataRoot, global_batch: int) -> "CurriculumData":
@@ -131,7 +136,7 @@ class CurriculumData:
         return cls(schedule, buckets, sets_by_phase, cfg.seed)
 
     def sampler(self, allow_exhaustion: bool) -> CurriculumSampler:
-        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion)
+        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion, self._allocations)
 
     def rank_rows(self, rank: int, world_size: int) -> slice:
         G = self.schedule.global_batch
@@ -152,11 +157,16 @@ class CurriculumData:
             one["consumed"] = out["consumed"][0]
         return one
 
-    def gather_steps(self, chunk: ChunkPlan, rows: slice, steps: np.ndarray, record: bool = False) -> dict[str, Any]:
+    def gather_steps(self, chunk: ChunkPlan, rows: slice, steps: np.ndarray, record: bool = False,
+                     alloc: Callable[[str, int, Any], np.ndarray] | None = None) -> dict[str, Any]:
         """Rows `rows` of the chosen steps of `chunk` in one pass: tokens (steps, rows, L) int32 copied
         out of the memory-mapped shards by one np.concatenate, doc_ids int32 (the entry's ordinal
         within its row), target_mask bool (position i's target, token i+1, counts in the loss),
-        row_bucket int64; with `record`, `consumed` lists each step's pieces."""
+        row_bucket int64; with `record`, `consumed` lists each step's pieces.
+
+        `alloc(name, n, dtype)` gives the 1-D output arrays (default: fresh ones); a loader passes
+        reused buffers, because first touching fresh pages costs more than the copy."""
+        alloc = alloc or _fresh
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
         n_rows = len(steps) * per
@@ -171,7 +181,7 @@ class CurriculumData:
             start[m] = bs.entry_offset[e]
             overlap[m] = bs.overlaps[e]
         lo, hi = start + p.a, start + p.b
-        tokens = np.empty(n_rows * L, dtype=np.int32)
+        tokens = alloc("tokens", n_rows * L, np.int32)
         # One copy for the whole chunk. The piece bounds (tens per row, never tokens) become Python
         # ints because slicing a memmap with them is the cheapest view numpy offers.
         arrays = self._arrays
@@ -180,10 +190,12 @@ class CurriculumData:
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
         ordinal = np.arange(len(p.row)) - np.searchsorted(p.row, np.arange(n_rows))[p.row]
-        doc_ids = np.repeat(ordinal.astype(np.int32), lens)
+        doc_ids = alloc("doc_ids", n_rows * L, np.int32)
+        doc_ids[:] = np.repeat(ordinal.astype(np.int32), lens)
         # A target counts unless it starts another entry of the row, ends the row, or sits in an
         # entry's overlap prefix (already trained on as the end of the previous window).
-        target_mask = np.ones(n_rows * L, dtype=bool)
+        target_mask = alloc("target_mask", n_rows * L, np.bool_)
+        target_mask.fill(True)
         target_mask[pos[ordinal > 0] - 1] = False
         target_mask[L - 1 :: L] = False
         masked = np.minimum(np.maximum(overlap - p.a, 0), lens)

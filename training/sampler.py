@@ -305,6 +305,7 @@ class CurriculumSampler:
         sets_by_phase: list[dict[str, EntrySet]],
         seed: int,
         allow_exhaustion: bool,
+        allocations: dict[tuple, PhaseAllocation] | None = None,
     ):
         self.schedule = schedule
         self.sets_by_phase = sets_by_phase
@@ -314,7 +315,8 @@ class CurriculumSampler:
         self.step = 0
         self.cursors: dict[str, int] = {}
         self.dropped: list[tuple[str, int]] = []  # (bucket, first step without it)
-        self._allocations: dict[tuple, PhaseAllocation] = {}
+        # Allocations are pure functions of (phase, drops): samplers of one run may share the cache.
+        self._allocations = {} if allocations is None else allocations
 
     def done(self) -> bool:
         return self.step >= self.schedule.total_steps
