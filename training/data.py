@@ -164,8 +164,8 @@ class CurriculumData:
         within its row), target_mask bool (position i's target, token i+1, counts in the loss),
         row_bucket int64; with `record`, `consumed` lists each step's pieces.
 
-        `alloc(name, n, dtype)` gives the 1-D output arrays (default: fresh ones); a loader passes
-        reused buffers, because first touching fresh pages costs more than the copy."""
+        `alloc(name, n, dtype)` gives the 1-D tokens and target_mask arrays (default: fresh ones); a
+        loader passes reused buffers, because first touching fresh pages costs more than the copy."""
         alloc = alloc or _fresh
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
@@ -190,8 +190,7 @@ class CurriculumData:
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
         ordinal = np.arange(len(p.row)) - np.searchsorted(p.row, np.arange(n_rows))[p.row]
-        doc_ids = alloc("doc_ids", n_rows * L, np.int32)
-        doc_ids[:] = np.repeat(ordinal.astype(np.int32), lens)
+        doc_ids = np.repeat(ordinal.astype(np.int32), lens)
         # A target counts unless it starts another entry of the row, ends the row, or sits in an
         # entry's overlap prefix (already trained on as the end of the previous window).
         target_mask = alloc("target_mask", n_rows * L, np.bool_)

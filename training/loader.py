@@ -123,10 +123,9 @@ class StepStream(IterableDataset):
             steps = np.arange(plan.steps)
             arrays = self.data.gather_steps(plan, self.rows, steps, self.record, ring[c % RING_CHUNKS] if ring else None)
             tensors = {k: torch.from_numpy(arrays[k]) for k in BATCH_FIELDS}
-            if pin:
-                tensors["row_bucket"] = tensors["row_bucket"].pin_memory()
-            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors,
-                            [sampler.state_after(plan, i, self.world_size) for i in range(plan.steps)],
+            if pin:  # tokens and target_mask were gathered into pinned buffers
+                tensors["doc_ids"], tensors["row_bucket"] = tensors["doc_ids"].pin_memory(), tensors["row_bucket"].pin_memory()
+            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, sampler.states_after(plan, self.world_size),
                             plan.dropped, arrays.get("consumed"))
 
 

@@ -442,19 +442,30 @@ class CurriculumSampler:
     # ---- state -----------------------------------------------------------------------------------
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
-        return self.state_after(None, 0, world_size)
+        return self._state(self.step, dict(sorted(self.cursors.items())), world_size)
 
-    def state_after(self, chunk: ChunkPlan | None, i: int, world_size: int) -> dict[str, Any]:
-        """The state after step `i` of `chunk` (planned by this sampler), or the current state."""
-        step, cursors = self.step, self.cursors
-        if chunk is not None:
-            step = chunk.step + i + 1
-            cursors = {**chunk.cursors_before, **{es.key: c for es, c in zip(chunk.sets, chunk.cursors[i].tolist())}}
+    def state_after(self, chunk: ChunkPlan, i: int, world_size: int) -> dict[str, Any]:
+        """The state after step `i` of `chunk` (planned by this sampler)."""
+        return self.states_after(chunk, world_size, [i])[0]
+
+    def states_after(self, chunk: ChunkPlan, world_size: int, steps: list[int] | None = None) -> list[dict[str, Any]]:
+        """The state after each of the chosen steps of `chunk` (default all), built in one pass."""
+        steps = list(range(chunk.steps)) if steps is None else steps
+        own = {es.key: k for k, es in enumerate(chunk.sets)}
+        keys = sorted({*chunk.cursors_before, *own})
+        fixed = {k: chunk.cursors_before.get(k, 0) for k in keys if k not in own}
+        rows = chunk.cursors[steps].tolist()
+        return [
+            self._state(chunk.step + i + 1, {k: row[own[k]] if k in own else fixed[k] for k in keys}, world_size)
+            for i, row in zip(steps, rows)
+        ]
+
+    def _state(self, step: int, cursors: dict[str, int], world_size: int) -> dict[str, Any]:
         return {
             "version": SAMPLER_STATE_VERSION,
             "world_size": world_size,
             "step": step,
-            "cursors": dict(sorted(cursors.items())),
+            "cursors": cursors,
             "dropped": [[b, s] for b, s in self.dropped if s < step],
             "seed": self.seed,
             "global_batch": self.schedule.global_batch,
