@@ -2,8 +2,9 @@
 
 `CurriculumData.open` reads every phase manifest, memory-maps each bucket's final shards and checks
 their sha256 against the manifest before the first step. `gather` turns a planned step (see
-`training.sampler`) into whole-batch numpy arrays, one `np.concatenate` of memmap slices, handed to
-torch with `torch.from_numpy`: no per-item tensors and no Python lists of tokens.
+`training.sampler`) into whole-batch numpy arrays, and `gather_steps` does so for many planned steps at
+once: one `np.concatenate` of memmap slices, doc ids and target masks from vectorised piece bounds,
+handed to torch with `torch.from_numpy`: no per-item tensors and no Python lists of tokens.
 
 Sharding: every rank and DataLoader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from refinery.manifest import BucketSlice, read_manifest, read_selection
 from refinery.shard_format import ShardReader
 from refinery.storage import DataRoot
 from refinery.storage_s3 import ShardCache
-from training.sampler import CurriculumSampler, EntrySet, StepPlan
+from training.sampler import ChunkPlan, CurriculumSampler, EntrySet, StepPlan, ordinals
 from training.schedule import StepSchedule
 from training.validation import heldout_entries  # e-run-safety
 
@@ -73,6 +74,10 @@ def entry_set_key(bucket: BucketSlice) -> str:
     return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
+def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
+    return np.empty(n, dtype=dtype)
+
+
 class CurriculumData:
     def __init__(self, schedule: StepSchedule, buckets: dict[str, BucketShards], sets_by_phase: list[dict[str, EntrySet]], seed: int):
         self.schedule = schedule
@@ -86,6 +91,9 @@ class CurriculumData:
             arrays.extend(buckets[name].arrays)
         self._arrays = arrays
         self._array_base = base
+        # Global entry id -> position in `_arrays`, per bucket: one lookup per piece when gathering.
+        self._entry_array = {name: base[name] + buckets[name].entry_shard for name in self.bucket_names}
+        self._allocations: dict = {}
 
     @classmethod
     def open(cls, cfg: RefineryConfig, root: DataRoot, global_batch: int) -> "CurriculumData":
@@ -136,7 +144,7 @@ class CurriculumData:
         return data
 
     def sampler(self, allow_exhaustion: bool) -> CurriculumSampler:
-        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion)
+        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion, self._allocations)
 
     def rank_rows(self, rank: int, world_size: int) -> slice:
         G = self.schedule.global_batch
@@ -149,48 +157,70 @@ class CurriculumData:
         return slice(rank * per, (rank + 1) * per)
 
     def gather(self, plan: StepPlan, rows: slice, record: bool = False) -> dict[str, Any]:
-        """Numpy arrays of rows `rows` of `plan`: tokens, doc_ids, target_mask, row_bucket."""
-        p = plan.pieces(rows)
-        n_rows, L = rows.stop - rows.start, plan.seq_len
-        flat = np.empty(len(p.entry), dtype=np.int64)
+        """Numpy arrays of rows `rows` of one step: tokens, doc_ids, target_mask, row_bucket (and the
+        pieces read, as `consumed`, when recording)."""
+        out = self.gather_steps(plan.chunk, rows, np.array([plan.step - plan.chunk.step]), record)
+        one = {k: v[0] for k, v in out.items() if k != "consumed"}
+        if record:
+            one["consumed"] = out["consumed"][0]
+        return one
+
+    def gather_steps(self, chunk: ChunkPlan, rows: slice, steps: np.ndarray, record: bool = False,
+                     alloc: Callable[[str, int, Any], np.ndarray] | None = None) -> dict[str, Any]:
+        """Rows `rows` of the chosen steps of `chunk` in one pass: tokens (steps, rows, L) int32 copied
+        out of the memory-mapped shards by one np.concatenate, doc_ids int32 (the entry's ordinal
+        within its row), target_mask bool (position i's target, token i+1, counts in the loss),
+        row_bucket int64; with `record`, `consumed` lists each step's pieces.
+
+        `alloc(name, n, dtype)` gives the 1-D tokens and target_mask arrays (default: fresh ones); a
+        loader passes reused buffers, because first touching fresh pages costs more than the copy."""
+        alloc = alloc or _fresh
+        p = chunk.pieces(rows, steps)
+        per, L = rows.stop - rows.start, chunk.seq_len
+        n_rows = len(steps) * per
+        array = np.empty(len(p.entry), dtype=np.int64)
         start = np.empty(len(p.entry), dtype=np.int64)
         overlap = np.empty(len(p.entry), dtype=np.int64)
-        for si, es in enumerate(plan.sets):
-            m = p.set_index == si
-            if m.any():
-                bs = self.buckets[es.bucket]
-                e = p.entry[m]
-                flat[m] = self._array_base[es.bucket] + bs.entry_shard[e]
-                start[m] = bs.entry_offset[e]
-                overlap[m] = bs.overlaps[e]
+        bucket_index = np.array([self.bucket_names.index(es.bucket) for es in chunk.sets], dtype=np.int64)
+        for si, es in enumerate(chunk.sets):
+            m = p.set_index == si if len(chunk.sets) > 1 else slice(None)
+            bs, e = self.buckets[es.bucket], p.entry[m]
+            array[m] = self._entry_array[es.bucket][e]
+            start[m] = bs.entry_offset[e]
+            overlap[m] = bs.overlaps[e]
         lo, hi = start + p.a, start + p.b
-        tokens = np.empty(n_rows * L, dtype=np.int32)
-        np.concatenate([self._arrays[i][s:t] for i, s, t in zip(flat, lo, hi)], out=tokens, casting="same_kind")
+        tokens = alloc("tokens", n_rows * L, np.int32)
+        # One copy for the whole chunk. The piece bounds (tens per row, never tokens) become Python
+        # ints because slicing a memmap with them is the cheapest view numpy offers.
+        arrays = self._arrays
+        np.concatenate([arrays[i][s:t] for i, s, t in zip(array.tolist(), lo.tolist(), hi.tolist())], out=tokens,
+                       casting="same_kind")
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
-        in_overlap = np.zeros(n_rows * L, dtype=bool)
+        ordinal = np.arange(len(p.row)) - np.searchsorted(p.row, np.arange(n_rows))[p.row]
+        doc_ids = np.repeat(ordinal.astype(np.int32), lens)
+        # A target counts unless it starts another entry of the row, ends the row, or sits in an
+        # entry's overlap prefix (already trained on as the end of the previous window).
+        target_mask = alloc("target_mask", n_rows * L, np.bool_)
+        target_mask.fill(True)
+        target_mask[pos[ordinal > 0] - 1] = False
+        target_mask[L - 1 :: L] = False
         masked = np.minimum(np.maximum(overlap - p.a, 0), lens)
-        for i in np.flatnonzero(masked):
-            in_overlap[pos[i] : pos[i] + masked[i]] = True
-        first_piece = np.searchsorted(p.row, np.arange(n_rows))
-        ordinal = (np.arange(len(p.row)) - first_piece[p.row]).astype(np.int32)
-        doc_ids = np.repeat(ordinal, lens).reshape(n_rows, L)
-        target_mask = np.zeros((n_rows, L), dtype=bool)
-        np.logical_and(doc_ids[:, 1:] == doc_ids[:, :-1], ~in_overlap.reshape(n_rows, L)[:, 1:], out=target_mask[:, :-1])
-        bucket_index = np.array([self.bucket_names.index(es.bucket) for es in plan.sets], dtype=np.int64)
-        out = {
-            "tokens": tokens.reshape(n_rows, L),
-            "doc_ids": doc_ids,
-            "target_mask": target_mask,
-            "row_bucket": bucket_index[plan.row_set[rows]],
+        has = np.flatnonzero(masked)
+        if len(has):
+            at = np.repeat(pos[has], masked[has]) + ordinals(masked[has])
+            target_mask[at[at > 0] - 1] = False
+        shape = (len(steps), per, L)
+        out: dict[str, Any] = {
+            "tokens": tokens.reshape(shape),
+            "doc_ids": doc_ids.reshape(shape),
+            "target_mask": target_mask.reshape(shape),
+            "row_bucket": bucket_index[chunk.row_set[steps, rows]],
         }
         if record:
-            out["consumed"] = {
-                "row": p.row + rows.start,
-                "bucket": bucket_index[p.set_index],
-                "epoch": p.epoch,
-                "entry": p.entry,
-                "a": p.a,
-                "b": p.b,
-            }
+            cuts = np.searchsorted(p.row, np.arange(1, len(steps)) * per)
+            fields = {"row": p.row % per + rows.start, "bucket": bucket_index[p.set_index], "epoch": p.epoch,
+                      "entry": p.entry, "a": p.a, "b": p.b}
+            split = {k: np.split(v, cuts) for k, v in fields.items()}
+            out["consumed"] = [{k: split[k][i] for k in fields} for i in range(len(steps))]
         return out

@@ -13,7 +13,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from refinery.curriculum import Schedule, schedule_from_manifests
 from refinery.manifest import PhaseManifest
@@ -26,6 +28,7 @@ class StepSchedule:
     global_batch: int
     phase_starts: tuple[int, ...]  # first step of each phase; a final sentinel = total steps
     start_tokens: tuple[int, ...]  # tokens trained before each phase's first step, and in all
+    _fingerprints: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, manifests: list[PhaseManifest], global_batch: int) -> "StepSchedule":
@@ -72,6 +75,22 @@ class StepSchedule:
         mid = self.tokens_before(step) + self.global_batch * self.seq_len_at(step) // 2
         return min(mid, self.tokens.phases[self.phase_at(step)].end - 1)
 
+    def phase_steps(self, phase: int) -> range:
+        return range(self.phase_starts[phase], self.phase_starts[phase + 1])
+
+    def phase_weights(self, phase: int) -> np.ndarray:
+        """The mixture of every step of phase `phase`, (steps, buckets) aligned with `tokens.buckets`:
+        `weights_at` of each step, computed for the whole phase at once (the same float operations)."""
+        span, L = self.tokens.phases[phase], self.manifests[phase].seq_len
+        n = len(self.phase_steps(phase))
+        point = np.minimum(self.start_tokens[phase] + np.arange(n, dtype=np.int64) * (self.global_batch * L)
+                           + self.global_batch * L // 2, span.end - 1)
+        if phase == 0 or span.blend_tokens == 0:
+            return np.broadcast_to(span.weights, (n, len(span.weights))).astype(np.float64)
+        lam = (point - span.start) / span.blend_tokens
+        blended = (1.0 - lam)[:, None] * self.tokens.phases[phase - 1].weights + lam[:, None] * span.weights
+        return np.where((lam >= 1.0)[:, None], span.weights, blended)
+
     def weights_at(self, step: int) -> dict[str, float]:
         """The mixture of step `step`, blended at a phase's start as the curriculum says."""
         w = self.tokens.weights_at(self.read_point(step))
@@ -88,5 +107,8 @@ class StepSchedule:
         manifests of the phases those steps read. Later phases may change (an anneal variant
         branching off a finished main phase) without changing what was already consumed."""
         started = self.phase_at(step - 1) + 1 if step > 0 else 0
-        payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests[:started]]}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        # One serialisation per phase prefix, not per step: the manifests are immutable here.
+        if started not in self._fingerprints:
+            payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests[:started]]}
+            self._fingerprints[started] = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return self._fingerprints[started]

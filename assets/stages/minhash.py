@@ -25,8 +25,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from assets.stages.hashing import fmix64 as _fmix64
-from assets.stages.hashing import fmix64_int as _fmix64_int
+from refinery.hashing import fmix64 as _fmix64
+from refinery.hashing import fmix64_int as _fmix64_int
 from assets.stages.text import split_words
 
 MASK64 = (1 << 64) - 1

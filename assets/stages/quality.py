@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from assets.stages.base import Drop, Outcome, RecordStage, StageOutput, StageStats, count_in_out, rejects_frame
-from assets.stages.hashing import GOLDEN_GAMMA, splitmix64_finalizer
+from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
 from refinery.storage import DataRoot
 
 MODEL_FORMAT = 1

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from assets.stages.hashing import splitmix64
+from refinery.hashing import splitmix64
 from assets.stages.tokenize import (
     FINAL,
     TOKENIZED,
