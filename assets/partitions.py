@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import input_batches
 
@@ -84,7 +85,6 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     """With dynamic batches, the sensor that registers the batches of new input files."""
     if not cfg.partitions.dynamic:
         return dg.Definitions()
-    from orchestration.resources import RefineryResource
 
     @dg.sensor(name="input_batches_sensor", minimum_interval_seconds=SENSOR_INTERVAL_S,
                default_status=dg.DefaultSensorStatus.RUNNING,
