@@ -1,10 +1,10 @@
 """Global exact and near dedup, scaled out by hash range and LSH band.
 
-    heuristic_filtered[shard] -> dedup_signatures[shard]          hash, MinHash, band hashes per doc
+    heuristic_filtered[batch] -> dedup_signatures[batch]          hash, MinHash, band hashes per doc
     dedup_signatures[*]       -> exact_deduped[hash range]        drop list of the range
     dedup_signatures[*], exact_deduped[*] -> near_deduped[band]   verified candidate edges of the band
     near_deduped[*]           -> near_dup_clusters                union-find over the edges
-    heuristic_filtered[shard], exact_deduped[*], near_dup_clusters -> deduped[shard]
+    heuristic_filtered[batch], exact_deduped[*], near_dup_clusters -> deduped[batch]
 
 No step holds every document: the range and band steps read only small per-document columns
 (doc_key and a hash) of every shard, the cluster step reads only edges, and the shard steps read
@@ -15,20 +15,21 @@ their own shard. Files live under `dedup/` in the data root (see docs/dedup.md).
 import hashlib
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import dagster as dg
 import numpy as np
 import polars as pl
 
-from assets.factory import code_version, provenance_metadata
+from assets.factory import SAMPLE_ROWS, code_version, map_files, provenance_metadata
 from assets.stages import exact_dedup as ex
 from assets.stages import near_dedup as nd
 from assets.stages import minhash as mh
 from assets.stages.base import StageOutput, StageStats, skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import documents_key, input_shards, rejects_key, stats_key
+from refinery.documents import InputShard, batch_shards, documents_key, input_shards, rejects_key, stats_key
 from refinery.storage import DataRoot
 
 UPSTREAM = "heuristic_filtered"
@@ -199,6 +200,18 @@ def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[Sta
     return exact_out, near_out, hashes
 
 
+def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> tuple[str, int, int, str]:
+    """A file's signatures written; (file, documents, near-dedup documents, content hash)."""
+    table, digest = compute_signatures(refinery.config, refinery.root, shard.key)
+    return shard.key, table.height, int(table["near"].sum() or 0), digest
+
+
+def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> tuple[StageStats, StageStats, dict[str, str], pl.DataFrame]:
+    """A file's dedup decisions applied; its exact and near stats, hashes and a few sample rows."""
+    exact_out, near_out, hashes = apply_to_shard(refinery.config, refinery.root, shard.key)
+    return exact_out.stats, near_out.stats, hashes, near_out.documents.head(SAMPLE_ROWS)
+
+
 def combined_stats(exact: StageStats, near: StageStats) -> StageStats:
     """Both dedups as one stage, for the `deduped` asset's metadata."""
     return StageStats(
@@ -236,7 +249,8 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     @dg.asset(
         name="dedup_signatures",
         deps=[dg.AssetDep(UPSTREAM)],
-        partitions_def=parts.input_shards,
+        partitions_def=parts.input_batches,
+        backfill_policy=parts.batch_backfill,
         group_name="funnel",
         code_version=version,
         kinds={"numpy", "parquet"},
@@ -244,45 +258,53 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     )
     def dedup_signatures(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
         start = time.perf_counter()
-        table, digest = compute_signatures(refinery.config, refinery.root, context.partition_key)
+        files = map_files(refinery, batch_shards(refinery.config, context.partition_keys), signatures_of_file)
         wall = time.perf_counter() - start
-        counts = {"docs": table.height, "near_dedup_docs": int(table["near"].sum() or 0)}
-        md = _global_metadata(counts, settings, version, {signatures_key(context.partition_key): digest}, wall)
-        md["docs_per_s"] = dg.MetadataValue.float(round(table.height / wall, 1) if wall > 0 else 0.0)
+        docs = sum(f[1] for f in files)
+        counts = {"docs": docs, "near_dedup_docs": sum(f[2] for f in files), "input_files": len(files)}
+        md = _global_metadata(counts, settings, version, {signatures_key(f[0]): f[3] for f in files}, wall)
+        md["docs_per_s"] = dg.MetadataValue.float(round(docs / wall, 1) if wall > 0 else 0.0)
         return dg.MaterializeResult(metadata=md)
 
     @dg.asset(
         name="exact_deduped",
         deps=[dg.AssetDep("dedup_signatures", partition_mapping=every)],
         partitions_def=ranges,
+        backfill_policy=parts.split_backfill,
         group_name="funnel",
         code_version=version,
         kinds={"polars", "parquet"},
         description="Exact duplicates of one hash range: every copy but the first in (source, file, record) order.",
     )
     def exact_deduped(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        start = time.perf_counter()
-        drops, docs, digest = compute_exact_range(refinery.config, refinery.root, context.partition_key)
-        counts = {"docs_in_range": docs, "duplicates_dropped": drops.height,
-                  "duplicate_groups": drops["kept_key"].n_unique()}
+        start, counts, hashes = time.perf_counter(), Counter(), {}
+        for hash_range in context.partition_keys:
+            drops, docs, digest = compute_exact_range(refinery.config, refinery.root, hash_range)
+            counts.update(docs_in_range=docs, duplicates_dropped=drops.height,
+                          duplicate_groups=drops["kept_key"].n_unique())
+            hashes[exact_drops_key(hash_range)] = digest
         return dg.MaterializeResult(metadata=_global_metadata(
-            counts, settings, version, {exact_drops_key(context.partition_key): digest}, time.perf_counter() - start))
+            counts, settings, version, hashes, time.perf_counter() - start))
 
     @dg.asset(
         name="near_deduped",
         deps=[dg.AssetDep("dedup_signatures", partition_mapping=every),
               dg.AssetDep("exact_deduped", partition_mapping=every)],
         partitions_def=bands,
+        backfill_policy=parts.split_backfill,
         group_name="funnel",
         code_version=version,
         kinds={"numpy", "parquet"},
         description="MinHash LSH candidate pairs of one band, verified by signature similarity.",
     )
     def near_deduped(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        start = time.perf_counter()
-        _, counts, digest = compute_band_edges(refinery.config, refinery.root, context.partition_key)
+        start, counts, hashes = time.perf_counter(), Counter(), {}
+        for band in context.partition_keys:
+            _, band_counts, digest = compute_band_edges(refinery.config, refinery.root, band)
+            counts.update(band_counts)
+            hashes[edges_key(band)] = digest
         return dg.MaterializeResult(metadata=_global_metadata(
-            counts, settings, version, {edges_key(context.partition_key): digest}, time.perf_counter() - start))
+            counts, settings, version, hashes, time.perf_counter() - start))
 
     @dg.asset(
         name="near_dup_clusters",
@@ -307,18 +329,22 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         name=STAGE,
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("exact_deduped", partition_mapping=every),
               dg.AssetDep("near_dup_clusters")],
-        partitions_def=parts.input_shards,
+        partitions_def=parts.input_batches,
+        backfill_policy=parts.batch_backfill,
         group_name="funnel",
         code_version=version,
         kinds={"polars", "parquet"},
         description="heuristic_filtered minus exact and near duplicates, with dup_cluster and dup_cluster_size.",
     )
     def deduped(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        exact_out, near_out, hashes = apply_to_shard(refinery.config, refinery.root, context.partition_key)
-        stats = combined_stats(exact_out.stats, near_out.stats)
-        context.log.info(f"deduped[{context.partition_key}]: {stats.docs_in} -> {stats.docs_out} docs")
-        return dg.MaterializeResult(
-            metadata=provenance_metadata(stats, settings.summary(), version, hashes, near_out.documents)
-        )
+        files = map_files(refinery, batch_shards(refinery.config, context.partition_keys), dedup_file)
+        stats = sum((combined_stats(exact, near) for exact, near, _, _ in files), StageStats(stage=STAGE))
+        hashes = {k: v for _, _, h, _ in files for k, v in h.items()}
+        samples = [sample for *_, sample in files if sample.height]
+        sample = pl.concat(samples, how="diagonal_relaxed").head(SAMPLE_ROWS) if samples else None
+        context.log.info(f"deduped: {len(files)} file(s), {stats.docs_in} -> {stats.docs_out} docs")
+        md = provenance_metadata(stats, settings.summary(), version, hashes, sample)
+        md["input_files"] = dg.MetadataValue.int(len(files))
+        return dg.MaterializeResult(metadata=md)
 
     return dg.Definitions(assets=[dedup_signatures, exact_deduped, near_deduped, near_dup_clusters, deduped])

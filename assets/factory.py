@@ -1,8 +1,9 @@
-"""One thin factory for every per-input-shard funnel stage, and the provenance every asset attaches.
+"""One thin factory for every per-document funnel stage, and the provenance every asset attaches.
 
-An asset body reads its partition's input table, runs a pure stage from `assets.stages`, writes the
-kept documents, the rejects and the stats to the data root (each atomically), and returns a
-`MaterializeResult` whose metadata has the same keys for every stage.
+A partition is a batch of input files (assets/partitions.py). An asset body reads each file's input
+table, runs a pure stage from `assets.stages`, writes that file's kept documents, rejects and stats
+to the data root (each atomically), and returns one `MaterializeResult` for the run whose metadata
+has the same keys for every stage.
 
 No `from __future__ import annotations` here: Dagster inspects the `context` annotation of the
 asset functions defined below and rejects it as a string.
@@ -11,8 +12,13 @@ asset functions defined below and rejects it as a string.
 import base64
 import hashlib
 import inspect
+import json
 import sys
-from typing import Any, Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing import get_context
+from typing import Any, Callable, TypeVar
 
 import dagster as dg
 import polars as pl
@@ -20,7 +26,7 @@ import polars as pl
 from assets.stages.base import Stage, StageOutput, StageStats, skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, documents_key, input_shard, rejects_key, stats_key
+from refinery.documents import InputShard, batch_shards, documents_key, rejects_key, stats_key
 from refinery.storage import DataRoot
 
 SAMPLE_ROWS = 3
@@ -76,7 +82,7 @@ def provenance_metadata(
 
 
 def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageOutput) -> dict[str, str]:
-    """Write documents, rejects and stats for one partition; return content hashes by key."""
+    """Write documents, rejects and stats for one input file; return content hashes by key."""
     hashes = {
         documents_key(stage, partition): root.write_parquet(documents_key(stage, partition), out.documents),
         rejects_key(stage, partition): root.write_parquet(rejects_key(stage, partition), out.rejects),
@@ -85,7 +91,8 @@ def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageO
     return hashes
 
 
-StageBuilder = Callable[[RefineryConfig, InputShard], Stage]
+# Builds the stage for one source's files (built once per source and fan-out worker).
+StageBuilder = Callable[[RefineryConfig, str], Stage]
 
 
 def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.DataFrame) -> StageOutput:
@@ -100,25 +107,110 @@ def stage_config_summary(stage: Stage, cfg: RefineryConfig, shard: InputShard) -
     return {"skipped_by_source": shard.source} if skipped else stage.config_summary()
 
 
+# ---- fan-out over the files of a partition ---------------------------------------------------------
+
+
+@dataclass
+class FileResult:
+    """What one input file's step returns to the asset: its stats, the hashes of what it wrote, the
+    settings it ran with and a few sample rows (never the whole table, which stays in the data root)."""
+
+    shard: str
+    source: str
+    stats: StageStats
+    hashes: dict[str, str]
+    settings: dict[str, Any]
+    sample: pl.DataFrame | None = None
+
+
+# A file's step: (resource, file, cache) -> its result (a FileResult for the funnel stages). The
+# cache lives as long as the fan-out and holds what is expensive to build once per source (a stage
+# with its model). A module-level function (or a partial of one) so a worker process can unpickle it.
+T = TypeVar("T")
+FileTask = Callable[[RefineryResource, InputShard, dict], T]
+
+_worker: dict[str, Any] = {}  # in a pool worker process: its resource and cache
+
+
+def _init_worker(config_path: str) -> None:
+    from orchestration.resources import build_resources
+
+    _worker["refinery"] = build_resources(config_path)["refinery"]
+    _worker["cache"] = {}
+
+
+def _run_in_worker(task: FileTask[T], shard: InputShard) -> T:
+    return task(_worker["refinery"], shard, _worker["cache"])
+
+
+def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask[T]) -> list[T]:
+    """Run `task` on every file, in `partitions.workers` processes (in this one when 1), and return
+    the results in file order whatever order the workers finish in."""
+    workers = min(refinery.config.partitions.workers, len(shards))
+    if workers <= 1:
+        cache: dict = {}
+        return [task(refinery, shard, cache) for shard in shards]
+    # spawn, not fork: the run's process has Dagster's threads, which a fork would copy mid-lock.
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(refinery.config_path,)) as pool:
+        return list(pool.map(partial(_run_in_worker, task), shards))
+
+
+def merged_stats(stage: str, results: list[FileResult]) -> StageStats:
+    return sum((r.stats for r in results), StageStats(stage=stage))
+
+
+def batch_metadata(stage: str, results: list[FileResult], version: str, text_column: str = "text") -> dict[str, Any]:
+    """Provenance of a run over one or more batches: the files' stats merged, every hash, the
+    settings (one dict, or one per source when the sources' differ) and the first files' samples."""
+    settings = {r.source: r.settings for r in results}
+    distinct = {json.dumps(v, sort_keys=True) for v in settings.values()}
+    config = next(iter(settings.values())) if len(distinct) == 1 else {"by_source": settings}
+    samples = [r.sample for r in results if r.sample is not None and r.sample.height]
+    sample = pl.concat(samples, how="diagonal_relaxed").head(SAMPLE_ROWS) if samples else None
+    hashes = {k: v for r in results for k, v in r.hashes.items()}
+    md = provenance_metadata(merged_stats(stage, results), config, version, hashes, sample, text_column)
+    md["input_files"] = dg.MetadataValue.int(len(results))
+    return md
+
+
+def run_stage_on_file(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
+                      shard: InputShard, cache: dict) -> FileResult:
+    """One file through one stage: `upstream`'s table in, `name`'s documents, rejects and stats out."""
+    cfg, root = refinery.config, refinery.root
+    docs = root.read_parquet(documents_key(upstream, shard.key))
+    if (name, shard.source) not in cache:
+        cache[name, shard.source] = build(cfg, shard.source)
+    stage = cache[name, shard.source]
+    out = run_stage(stage, cfg, shard, docs)
+    hashes = publish_stage_output(root, name, shard.key, out)
+    return FileResult(shard.key, shard.source, out.stats, hashes, stage_config_summary(stage, cfg, shard),
+                      out.documents.head(SAMPLE_ROWS))
+
+
 def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
     """A PNG shown inline on the asset's metadata page (a data URI in markdown), with a caption."""
     return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
 
 
-def shard_stage_asset(
+def batch_stage_asset(
     name: str,
     upstream: str,
     build: StageBuilder,
     partitions_def: dg.PartitionsDefinition,
+    backfill_policy: dg.BackfillPolicy,
     description: str,
     version_of: Any,
     group: str = "funnel",
     kinds: set[str] | None = None,
-    extra_metadata: Callable[[DataRoot, str], dict[str, Any]] | None = None,
+    extra_metadata: Callable[[DataRoot, list[str]], dict[str, Any]] | None = None,
 ) -> dg.AssetsDefinition:
-    """A per-input-shard stage: `upstream`'s table in, `name`'s table out. `build` returns the
-    stage for a shard; a source whose `skip:` names the stage's `skip_key` gets the stage's
-    `skipped` output. `extra_metadata(root, partition)` adds entries once the output is published."""
+    """A per-document stage over input batches: for every file of the run's batches, `upstream`'s
+    table in, `name`'s table out, fanned out over `partitions.workers`. One run may cover many
+    batches (`backfill_policy`). `extra_metadata(root, file keys)` adds entries once
+    every file is published. `build(cfg, source)` returns the
+    stage for a source's files; a source whose `skip:` names the stage's `skip_key` gets the stage's
+    `skipped` output."""
 
     version = code_version(version_of)
 
@@ -126,26 +218,23 @@ def shard_stage_asset(
         name=name,
         deps=[dg.AssetDep(upstream)],
         partitions_def=partitions_def,
+        backfill_policy=backfill_policy,
         group_name=group,
         description=description,
         code_version=version,
         kinds=kinds or {"polars", "parquet"},
     )
     def _stage_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        cfg, root = refinery.config, refinery.root
-        shard = input_shard(cfg, context.partition_key)
-        docs = root.read_parquet(documents_key(upstream, shard.key))
-        stage = build(cfg, shard)
-        out = run_stage(stage, cfg, shard, docs)
-        outputs = publish_stage_output(root, name, shard.key, out)
+        shards = batch_shards(refinery.config, context.partition_keys)
+        results = map_files(refinery, shards, partial(run_stage_on_file, name, upstream, build))
+        stats = merged_stats(name, results)
         context.log.info(
-            f"{name}[{shard.key}]: {out.stats.docs_in} -> {out.stats.docs_out} docs "
-            f"({out.stats.retention:.1%}) in {out.stats.wall_s:.2f}s"
+            f"{name}: {len(context.partition_keys)} batch(es), {len(shards)} file(s), {stats.docs_in} -> "
+            f"{stats.docs_out} docs ({stats.retention:.1%}) in {stats.wall_s:.2f}s of stage time"
         )
-        summary = stage_config_summary(stage, cfg, shard)
-        metadata = provenance_metadata(out.stats, summary, version, outputs, out.documents)
+        metadata = batch_metadata(name, results, version)
         if extra_metadata is not None:
-            metadata.update(extra_metadata(root, shard.key))
+            metadata.update(extra_metadata(refinery.root, [r.shard for r in results]))
         return dg.MaterializeResult(metadata=metadata)
 
     return _stage_asset

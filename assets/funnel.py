@@ -1,31 +1,45 @@
-"""The per-document funnel, one partition per input shard: `raw_documents` -> `extracted_text` ->
+"""The per-document funnel, partitioned by input batch: `raw_documents` -> `extracted_text` ->
 `language_filtered` -> `heuristic_filtered`, group "funnel".
 
-raw_documents reads the shard's file (assets/stages/ingest.py); the other three are the factory's
-shard stages. A source that lists "language" or "heuristic" under `skip` passes its documents
+raw_documents reads each file of the batch (assets/stages/ingest.py); the other three are the
+factory's batch stages. A source that lists "language" or "heuristic" under `skip` passes its documents
 through that stage untouched (the factory applies `skip:` through each stage's `skip_key`;
-language columns are then null, so every partition of language_filtered has the same schema).
+language columns are then null, so every partition of
+language_filtered has the same schema).
 """
 
 import dagster as dg
 
-from assets.factory import code_version, provenance_metadata, publish_stage_output, shard_stage_asset
+from assets.factory import (
+    SAMPLE_ROWS, FileResult, batch_metadata, batch_stage_asset, code_version, map_files, merged_stats,
+    publish_stage_output,
+)
 from assets.stages import extract, heuristic, ingest, language
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, input_shard, input_shards
+from refinery.documents import InputShard, batch_shards, input_shards
 
 
-def _extractor(cfg: RefineryConfig, shard: InputShard) -> extract.Extractor:
+def _extractor(cfg: RefineryConfig, source: str) -> extract.Extractor:
     return extract.Extractor(cfg.stages.extract)
 
 
-def _language(cfg: RefineryConfig, shard: InputShard) -> language.LanguageFilter:
+def _language(cfg: RefineryConfig, source: str) -> language.LanguageFilter:
     return language.LanguageFilter.from_config(cfg.stages.language, cfg.resolve)
 
 
-def _heuristic(cfg: RefineryConfig, shard: InputShard) -> heuristic.HeuristicFilter:
-    return heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(shard.source).rules_off)
+def _heuristic(cfg: RefineryConfig, source: str) -> heuristic.HeuristicFilter:
+    return heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(source).rules_off)
+
+
+def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
+    """One input file read into raw_documents, with its ingest rejects and stats."""
+    cfg = refinery.config
+    source = cfg.source(shard.source)
+    out = ingest.read_input_shard(shard, source, cfg.stages.extract, cfg.stages.record_timeout_s)
+    hashes = publish_stage_output(refinery.root, ingest.STAGE, shard.key, out)
+    settings = {"source": source.model_dump(mode="json"), "extract": cfg.stages.extract.model_dump(mode="json")}
+    return FileResult(shard.key, shard.source, out.stats, hashes, settings, out.documents.head(SAMPLE_ROWS))
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
@@ -33,26 +47,23 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name=ingest.STAGE,
-        partitions_def=parts.input_shards,
+        partitions_def=parts.input_batches,
+        backfill_policy=parts.batch_backfill,
         group_name="funnel",
         code_version=ingest_version,
         kinds={"polars", "parquet"},
-        description="One row per WARC record or JSONL line of the shard's file, with provenance; "
+        description="One row per WARC record or JSONL line of each file of the batch, with provenance; "
         "bad records become ingest/* rejects.",
     )
     def raw_documents(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        cfg, root = refinery.config, refinery.root
+        cfg = refinery.config
         if not input_shards(cfg):
             raise dg.Failure("no input files match any source path in the config; fix sources[].path")
-        shard = input_shard(cfg, context.partition_key)
-        source = cfg.source(shard.source)
-        out = ingest.read_input_shard(shard, source, cfg.stages.extract, cfg.stages.record_timeout_s)
-        outputs = publish_stage_output(root, ingest.STAGE, shard.key, out)
-        context.log.info(f"raw_documents[{shard.key}]: {out.stats.docs_in} records -> {out.stats.docs_out} documents")
-        settings = {"source": source.model_dump(mode="json"), "extract": cfg.stages.extract.model_dump(mode="json")}
-        return dg.MaterializeResult(
-            metadata=provenance_metadata(out.stats, settings, ingest_version, outputs, out.documents, "raw")
-        )
+        shards = batch_shards(cfg, context.partition_keys)
+        results = map_files(refinery, shards, ingest_file)
+        stats = merged_stats(ingest.STAGE, results)
+        context.log.info(f"raw_documents: {len(shards)} file(s), {stats.docs_in} records -> {stats.docs_out} documents")
+        return dg.MaterializeResult(metadata=batch_metadata(ingest.STAGE, results, ingest_version, "raw"))
 
     stages = [
         (extract.STAGE, ingest.STAGE, _extractor, extract, "HTML to text with resiliparse (main content); "
@@ -63,11 +74,12 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
          "repetition, C4 line rules and FineWeb quality rules, each rule named and counted."),
     ]
     assets = [raw_documents] + [
-        shard_stage_asset(
+        batch_stage_asset(
             name=name,
             upstream=upstream,
             build=build,
-            partitions_def=parts.input_shards,
+            partitions_def=parts.input_batches,
+            backfill_policy=parts.batch_backfill,
             description=description,
             version_of=module,
         )

@@ -1,32 +1,103 @@
-"""Partition definitions, all derived from the config so keys are stable for a given config."""
+"""Partition definitions, all derived from the config so keys are stable for a given config.
+
+The per-document stages are partitioned by input batch (`partitions:` in the config, see
+refinery/documents.py:batch_key). Static batch keys are read from the input files when the
+definitions load; dynamic ones (`partitions.dynamic: true`) live in the Dagster instance, where
+`register_input_batches` (the demo, and the `input_batches_sensor`) adds the keys of new input.
+"""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import dagster as dg
 
+from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import input_shards
+from refinery.documents import input_batches
+
+# Dagster marks `backfill_policy` beta; every per-batch asset sets it, and the warning would
+# repeat for each of them whenever the definitions load.
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
+
+INPUT_BATCHES = "input_batches"  # the DynamicPartitionsDefinition's name in the instance
 
 
 @dataclass(frozen=True)
 class Partitions:
-    input_shards: dg.StaticPartitionsDefinition  # one per input file
+    input_batches: dg.PartitionsDefinition  # a batch of input files (one file with partitions.by: file)
     buckets: dg.StaticPartitionsDefinition  # web, code, math, ...
     phases: dg.StaticPartitionsDefinition | None  # curriculum phases, when a curriculum is declared
+    batch_backfill: dg.BackfillPolicy  # how a backfill splits the input batches into runs
+    split_backfill: dg.BackfillPolicy  # the same for hash ranges and LSH bands
 
     @classmethod
     def from_config(cls, cfg: RefineryConfig) -> "Partitions":
-        shards = [s.key for s in input_shards(cfg)]
-        if not shards:
-            # Dagster needs at least one key; an empty input set is reported by raw_documents.
-            shards = ["no-input-files"]
         phases = (
             dg.StaticPartitionsDefinition([p.name for p in cfg.curriculum.phases]) if cfg.curriculum else None
         )
         return cls(
-            input_shards=dg.StaticPartitionsDefinition(shards),
+            input_batches=_input_batches_definition(cfg),
             buckets=dg.StaticPartitionsDefinition(list(cfg.buckets)),
             phases=phases,
+            batch_backfill=_backfill_policy(cfg.partitions.batches_per_run),
+            split_backfill=_backfill_policy(None if cfg.partitions.batches_per_run is None else 1),
         )
+
+
+def _backfill_policy(partitions_per_run: int | None) -> dg.BackfillPolicy:
+    if partitions_per_run is None:
+        return dg.BackfillPolicy.single_run()
+    return dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run)
+
+
+def _input_batches_definition(cfg: RefineryConfig) -> dg.PartitionsDefinition:
+    if cfg.partitions.dynamic:
+        return dg.DynamicPartitionsDefinition(name=INPUT_BATCHES)
+    # Dagster needs at least one key; an empty input set is reported by raw_documents.
+    return dg.StaticPartitionsDefinition([b.key for b in input_batches(cfg)] or ["no-input-files"])
+
+
+def unregistered_batches(cfg: RefineryConfig, instance: dg.DynamicPartitionsStore) -> list[str]:
+    """Batch keys of the current input that the instance does not hold yet, in input order."""
+    known = set(instance.get_dynamic_partitions(INPUT_BATCHES))
+    return [b.key for b in input_batches(cfg) if b.key not in known]
+
+
+def register_input_batches(cfg: RefineryConfig, instance: dg.DagsterInstance) -> int:
+    """Add the new batch keys to the instance, `partitions.register_chunk` at a time (one large
+    insert is what makes SQLite fail at tens of thousands of keys); returns how many were added."""
+    new = unregistered_batches(cfg, instance)
+    for chunk in _chunks(new, cfg.partitions.register_chunk):
+        instance.add_dynamic_partitions(INPUT_BATCHES, chunk)
+    return len(new)
+
+
+def _chunks(keys: list[str], size: int) -> list[list[str]]:
+    return [keys[i : i + size] for i in range(0, len(keys), size)]
+
+
+SENSOR_INTERVAL_S = 300
+
+
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
+    """With dynamic batches, the sensor that registers the batches of new input files."""
+    if not cfg.partitions.dynamic:
+        return dg.Definitions()
+
+    @dg.sensor(name="input_batches_sensor", minimum_interval_seconds=SENSOR_INTERVAL_S,
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Adds the batch keys of new input files to the input_batches partitions, "
+                           f"{cfg.partitions.register_chunk} keys per request")
+    def input_batches_sensor(context: dg.SensorEvaluationContext, refinery: RefineryResource):
+        new = unregistered_batches(refinery.config, context.instance)
+        if not new:
+            return dg.SkipReason("every input batch is registered")
+        context.log.info(f"input_batches_sensor: registering {len(new)} new batch(es)")
+        return dg.SensorResult(dynamic_partitions_requests=[
+            dg.AddDynamicPartitionsRequest(INPUT_BATCHES, chunk)
+            for chunk in _chunks(new, refinery.config.partitions.register_chunk)
+        ])
+
+    return dg.Definitions(sensors=[input_batches_sensor])

@@ -1,4 +1,4 @@
-"""`quality_model` (global), `quality_scored` and `pii_redacted` (per input shard).
+"""`quality_model` (global), `quality_scored` and `pii_redacted` (per input batch, outputs per file).
 
 quality_model reads every `deduped` partition of the positive and negative buckets, trains the
 classifier of `assets.stages.quality`, and publishes `models/quality/quality-<hash>.pt` plus the
@@ -11,20 +11,16 @@ import dagster as dg
 import polars as pl
 
 from assets.factory import (
-    code_version,
-    image_markdown,
-    provenance_metadata,
-    publish_stage_output,
-    run_stage,
-    shard_stage_asset,
+    SAMPLE_ROWS, FileResult, batch_metadata, batch_stage_asset, code_version, image_markdown, map_files,
+    publish_stage_output, run_stage,
 )
 from assets.stages import pii as pii_stage
 from assets.stages import quality as q
 from assets.stages.base import skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import documents_key, input_shard, input_shards
-from refinery.funnel_report import funnel_chart_png, partition_stage_stats
+from refinery.documents import InputShard, batch_shards, documents_key, input_shards
+from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.storage import DataRoot
 
 UPSTREAM = "deduped"
@@ -69,11 +65,35 @@ def _metric(value: float | None) -> dg.MetadataValue:
     return dg.MetadataValue.float(round(value, 6)) if value is not None else dg.MetadataValue.text("n/a")
 
 
-def funnel_chart_metadata(root: DataRoot, partition: str) -> dict:
-    """The input shard's whole funnel, raw records to clean documents, as a chart on its last stage."""
-    stats = partition_stage_stats(root, partition)
-    png = funnel_chart_png(stats, f"funnel of {partition}")
-    return {"funnel_chart": image_markdown(png, f"funnel of {partition}", "documents left after each stage")}
+def funnel_chart_metadata(root: DataRoot, files: list[str]) -> dict:
+    """The run's whole funnel, raw records to clean documents over all its files, as one chart on
+    its last stage (one drawing per materialization, however many files and batches it covers)."""
+    title = f"funnel of {files[0]}" if len(files) == 1 else f"funnel of {len(files)} input files"
+    png = funnel_chart_png(files_stage_stats(root, files), title)
+    return {"funnel_chart": image_markdown(png, title, "documents left after each stage")}
+
+
+def score_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
+    """One file's deduped documents scored (and, unless its source skips quality, thresholded)."""
+    cfg, root = refinery.config, refinery.root
+    docs = root.read_parquet(documents_key(UPSTREAM, shard.key))
+    if not cfg.stages.quality.enabled:
+        out = q.unscored(docs)
+        hashes = publish_stage_output(root, q.QualityScorer.name, shard.key, out)
+        return FileResult(shard.key, shard.source, out.stats, hashes, {"enabled": False}, out.documents.head(SAMPLE_ROWS))
+    if "model" not in cache:
+        cache["model"] = q.load_published_model(root)
+    model, pointer = cache["model"]
+    stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
+    enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
+    out = run_stage(stage, cfg, shard, docs)
+    hashes = publish_stage_output(root, stage.name, shard.key, out)
+    settings = {**stage.config_summary(), "threshold_enforced": enforce}
+    return FileResult(shard.key, shard.source, out.stats, hashes, settings, out.documents.head(SAMPLE_ROWS))
+
+
+def _safety_then_redact(cfg: RefineryConfig, source: str) -> pii_stage.SafetyThenRedact:
+    return pii_stage.SafetyThenRedact.from_config(cfg.stages)
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
@@ -116,7 +136,8 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     @dg.asset(
         name="quality_scored",
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")],
-        partitions_def=parts.input_shards,
+        partitions_def=parts.input_batches,
+        backfill_policy=parts.batch_backfill,
         group_name="funnel",
         code_version=model_version,
         kinds={"torch", "polars", "parquet"},
@@ -124,40 +145,33 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     )
     def quality_scored(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
         cfg, root = refinery.config, refinery.root
-        shard = input_shard(cfg, context.partition_key)
-        docs = root.read_parquet(documents_key(UPSTREAM, shard.key))
+        shards = batch_shards(cfg, context.partition_keys)
+        results = map_files(refinery, shards, score_file)
+        md = batch_metadata(q.QualityScorer.name, results, model_version)
         if not cfg.stages.quality.enabled:
-            out = q.unscored(docs)
-            outputs = publish_stage_output(root, q.QualityScorer.name, shard.key, out)
-            return dg.MaterializeResult(
-                metadata=provenance_metadata(out.stats, {"enabled": False}, model_version, outputs, out.documents)
-            )
-        model, pointer = q.load_published_model(root)
-        stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
-        enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
-        out = run_stage(stage, cfg, shard, docs)
-        outputs = publish_stage_output(root, stage.name, shard.key, out)
-        context.log.info(f"quality_scored[{shard.key}]: {out.stats.docs_in} -> {out.stats.docs_out} docs")
-        md = provenance_metadata(out.stats, {**stage.config_summary(), "threshold_enforced": enforce}, model_version,
-                                 outputs, out.documents)
-        md["quality_model"] = dg.MetadataValue.text(pointer["model_hash"])
-        md["threshold_enforced"] = dg.MetadataValue.bool(enforce)
-        if not enforce:
+            return dg.MaterializeResult(metadata=md)
+        skipping = sorted({s.source for s in shards if skips(cfg.source(s.source).skip, q.QualityScorer.skip_key)})
+        md["quality_model"] = dg.MetadataValue.text(q.load_published_model(root)[1]["model_hash"])
+        md["threshold_enforced"] = dg.MetadataValue.bool(not skipping)
+        if skipping:
             md["note"] = dg.MetadataValue.text(
-                f"source {shard.source!r} skips quality: documents are scored but never dropped on score"
+                f"source(s) {', '.join(map(repr, skipping))} skip quality: their documents are scored but never "
+                f"dropped on score"
             )
-        scores = out.documents["quality_score"].drop_nulls()
+        scores = pl.concat([root.read_parquet(documents_key(q.QualityScorer.name, s.key), columns=["quality_score"])
+                            for s in shards])["quality_score"].drop_nulls()
         if len(scores):
             md["score_quantiles"] = dg.MetadataValue.json(
                 {f"p{p}": round(float(scores.quantile(p / 100, "nearest")), 6) for p in (10, 50, 90)}
             )
         return dg.MaterializeResult(metadata=md)
 
-    pii_redacted = shard_stage_asset(
+    pii_redacted = batch_stage_asset(
         name="pii_redacted",
         upstream="quality_scored",
-        build=lambda cfg, shard: pii_stage.SafetyThenRedact.from_config(cfg.stages),
-        partitions_def=parts.input_shards,
+        build=_safety_then_redact,
+        partitions_def=parts.input_batches,
+        backfill_policy=parts.batch_backfill,
         description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
         version_of=pii_stage,
         extra_metadata=funnel_chart_metadata,

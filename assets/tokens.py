@@ -13,7 +13,7 @@ from assets.stages import tokenize as tk
 from orchestration.resources import RefineryResource
 from refinery import lineage as lin
 from refinery.config import RefineryConfig
-from refinery.documents import CLEAN_STAGE, input_shards, rejects_key, stats_key
+from refinery.documents import CLEAN_STAGE, input_batches, rejects_key, stats_key
 
 GROUP = "tokens"
 
@@ -35,7 +35,8 @@ def _shard_metadata(index: dict) -> dict:
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
-    to_bucket = {s.key: s.bucket for s in input_shards(cfg)}
+    # A batch holds one source's files, so it feeds one bucket; dynamic batches are unknown here.
+    to_bucket = {} if cfg.partitions.dynamic else {b.key: cfg.source(b.source).bucket for b in input_batches(cfg)}
     clean_by_bucket = dg.AssetDep(
         CLEAN_STAGE, partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping()
     )

@@ -1,7 +1,7 @@
 """The Definitions that workspace.yaml loads: every asset group, job, schedule, sensor and resource.
 
 The graph is built from the config named by REFINERY_CONFIG (default configs/demo.yaml), because
-partition keys (input files, buckets, phases) come from it. Each asset module contributes a
+partition keys (input batches, buckets, phases) come from it. Each asset module contributes a
 `build_definitions(cfg, partitions)`; this file only merges them.
 """
 
@@ -15,6 +15,7 @@ from refinery.config import load_config
 
 # Modules (the asset groups, then schedules and sensors) that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
 DEFINITION_MODULES: list[str] = [
+    "assets.partitions",
     "assets.funnel",
     "assets.contamination",
     "assets.curriculum",

@@ -2,10 +2,13 @@
 Dagster instance (so `make ui` shows every run afterwards), then print the funnel table, the
 curriculum contract and the training summary.
 
-The graph mixes partition schemes (input shards, hash ranges, LSH bands, buckets, phases), so it is
-run level by level in dependency order: each group of assets that shares a partitions definition is
-materialized once per partition key. The in-process executor is used on purpose: the multiprocess
-one spends 7-10 s starting every step.
+The graph mixes partition schemes (input batches, hash ranges, LSH bands, buckets, phases), so it
+is run step by step in dependency order: consecutive assets that share a partitions definition and a
+single-run backfill policy (the per-batch funnel, ranges, bands) are one run over all their
+partitions, as a backfill in the UI makes them; the others run once per partition key. Every run
+has its own SQLite bookkeeping (a run database, an event per step), which is why fewer runs is the
+cheapest orchestration. The in-process executor is used on purpose: the multiprocess one spends
+7-10 s starting every step.
 """
 
 from __future__ import annotations
@@ -13,29 +16,68 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     import dagster as dg
 
 
-def execution_plan(defs: dg.Definitions, selection: list[dg.AssetKey] | None = None) -> list[tuple[list[dg.AssetKey], dg.PartitionsDefinition | None]]:
-    """Groups of asset keys in dependency order, each group sharing one partitions definition."""
+@dataclass
+class PlanStep:
+    """Assets that run together over one partitions definition (and unpartitioned assets, in a step
+    that covers every partition in one run), in runs of `per_run` partition keys (None: all)."""
+
+    keys: list[dg.AssetKey]
+    partitions_def: dg.PartitionsDefinition | None
+    per_run: int | None
+
+
+def _per_run(node) -> int | None:
+    """Partition keys one run of this asset may take, from its backfill policy (none: one key)."""
+    if node.partitions_def is None:
+        return None
+    policy = node.backfill_policy
+    return 1 if policy is None else policy.max_partitions_per_run
+
+
+def _joins(step: PlanStep, node, per_run: int | None, graph) -> bool:
+    """Whether `node` can run in `step`'s runs: an unpartitioned asset when the step takes every
+    partition in one run; otherwise the same partitions and run size, and, when runs take a few
+    keys each, only identity dependencies on the step's assets (each run then holds its parents)."""
+    import dagster as dg
+
+    if node.partitions_def is None:
+        return step.per_run is None
+    if step.partitions_def not in (None, node.partitions_def) or per_run != step.per_run:
+        return False
+    return per_run is None or all(
+        isinstance(graph.get_partition_mapping(node.key, parent), dg.IdentityPartitionMapping)
+        for parent in node.parent_keys if parent in step.keys
+    )
+
+
+def execution_plan(defs: dg.Definitions, selection: list[dg.AssetKey] | None = None) -> list[PlanStep]:
+    """Steps in dependency order; each asset joins the step before it when `_joins` allows."""
     graph = defs.resolve_asset_graph()
     wanted = set(selection) if selection is not None else None
-    plan: list[tuple[list[dg.AssetKey], dg.PartitionsDefinition | None]] = []
+    steps: list[PlanStep] = []
     for level in graph.toposorted_asset_keys_by_level:
-        groups: dict[int, tuple[list[dg.AssetKey], dg.PartitionsDefinition | None]] = {}
         for key in sorted(level, key=lambda k: k.to_user_string()):
             node = graph.get(key)
             if not node.is_materializable or (wanted is not None and key not in wanted):
                 continue
-            groups.setdefault(id(node.partitions_def), ([], node.partitions_def))[0].append(key)
-        plan.extend(groups.values())
-    return plan
+            per_run = _per_run(node)
+            if steps and _joins(steps[-1], node, per_run, graph):
+                steps[-1].keys.append(key)
+                steps[-1].partitions_def = steps[-1].partitions_def or node.partitions_def
+            else:
+                steps.append(PlanStep([key], node.partitions_def, per_run))
+    return steps
 
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 def materialize_graph(
@@ -44,24 +86,33 @@ def materialize_graph(
     selection: list[dg.AssetKey] | None = None,
     log: Callable[[str], None] = print,
     run_config: dict | None = None,
-) -> None:
-    """Materialize every (selected) asset and partition, raising on the first failure."""
+) -> int:
+    """Materialize every (selected) asset and partition, raising on the first failure; returns the
+    number of Dagster runs it took. A step whose assets take many partitions per run gets one run
+    per partition range, tagged as a backfill's ranged run is."""
     import dagster as dg
 
     assets = list(defs.assets or []) + list(defs.asset_checks or [])
     resources = defs.resources or {}
-    for keys, partitions_def in execution_plan(defs, selection):
-        partition_keys = partitions_def.get_partition_keys(dynamic_partitions_store=instance) if partitions_def else [None]
-        names = ", ".join(k.to_user_string() for k in keys)
+    runs = 0
+    for step in execution_plan(defs, selection):
+        keys = step.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if step.partitions_def else []
+        per_run = step.per_run or max(len(keys), 1)
+        chunks = [keys[i : i + per_run] for i in range(0, len(keys), per_run)] if keys else [[]]
+        names = ", ".join(k.to_user_string() for k in step.keys)
         start = time.perf_counter()
-        for pk in partition_keys:
+        for chunk in chunks:
+            single = chunk[0] if len(chunk) == 1 else None
+            tags = {RANGE_START: chunk[0], RANGE_END: chunk[-1]} if len(chunk) > 1 else None
             result = dg.materialize(
-                assets, selection=keys, partition_key=pk, instance=instance, resources=resources,
-                run_config=run_config, raise_on_error=True,
+                assets, selection=step.keys, partition_key=single, instance=instance, resources=resources,
+                run_config=run_config, tags=tags, raise_on_error=True,
             )
             if not result.success:
-                raise RuntimeError(f"materializing {names} [{pk}] failed")
-        log(f"  {names}: {len(partition_keys)} partition(s) in {time.perf_counter() - start:.1f}s")
+                raise RuntimeError(f"materializing {names} [{chunk[0]}..{chunk[-1]}] failed")
+        runs += len(chunks)
+        log(f"  {names}: {len(keys) or 1} partition(s) in {len(chunks)} run(s), {time.perf_counter() - start:.1f}s")
+    return runs
 
 
 def demo_summary(config_path: str) -> str:
@@ -101,8 +152,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
+    from assets.partitions import register_input_batches
     from assets.training import POOL
     from orchestration.definitions import build_definitions
+    from refinery.config import load_config
 
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     home = os.environ.setdefault("DAGSTER_HOME", os.path.abspath(".dagster_home"))
@@ -116,9 +169,12 @@ def run_demo(args: argparse.Namespace) -> int:
     # The UI then shows the pool that keeps two training runs off one accelerator.
     instance.event_log_storage.set_concurrency_slots(POOL, 1)
     print(f"Materializing the asset graph from {args.config} into the Dagster instance at {instance.root_directory}")
+    cfg = load_config(args.config)
+    if cfg.partitions.dynamic:
+        print(f"Registered {register_input_batches(cfg, instance)} new input batch(es)")
     start = time.perf_counter()
-    materialize_graph(defs, instance, run_config=None if args.verbose else QUIET_RUN_CONFIG)
-    print(f"Graph materialized in {time.perf_counter() - start:.0f}s\n")
+    runs = materialize_graph(defs, instance, run_config=None if args.verbose else QUIET_RUN_CONFIG)
+    print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
     print(demo_summary(args.config))
     print("\nOpen the UI on these runs with `make ui` (http://127.0.0.1:3000).")
     return 0

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +53,47 @@ class SourceConfig(Section):
     # for documentation and code, whose shell and config snippets hold braces); checked against
     # HeuristicConfig.rule_names() when the whole config loads.
     rules_off: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------
+# Partitions
+# --------------------------------------------------------------------------------------------------
+
+
+class PartitionsConfig(Section):
+    """How input files are grouped into the partitions of the per-document stages.
+
+    `by: file` makes every input file its own partition. `by: hash` puts a file in batch
+    `blake2b(file key) mod count` of its group, where the group is the source, or the source plus
+    the crawl snapshot that `snapshot_pattern` (a regex with one capture group, searched in the
+    file's path) names. A file's batch never depends on which other files exist, so new files join
+    batches without moving old ones, and a new crawl snapshot makes new batches. `workers` is the
+    pool that a partition's files fan out over (1: in the run's own process). `dynamic: true` keeps
+    the batch keys in the Dagster instance (a DynamicPartitionsDefinition) instead of the code,
+    registered `register_chunk` at a time by the `input_batches_sensor`. A backfill runs
+    `batches_per_run` batches per run, and the hash-range and band stages one partition per run,
+    so runs spread over machines; left unset, a backfill is one run per asset group (one machine)."""
+
+    by: Literal["file", "hash"] = "file"
+    count: int = Field(default=16, ge=1, le=100_000)
+    snapshot_pattern: str | None = None
+    workers: int = Field(default=1, ge=1, le=256)
+    dynamic: bool = False
+    register_chunk: int = Field(default=1000, ge=1, le=10_000)
+    batches_per_run: int | None = Field(default=None, ge=1)
+
+    @field_validator("snapshot_pattern")
+    @classmethod
+    def _one_group(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            groups = re.compile(v).groups
+        except re.error as err:
+            raise ValueError(f"not a regular expression ({err})") from None
+        if groups != 1:
+            raise ValueError(f"needs exactly one capture group (the snapshot name), has {groups}")
+        return v
 
 
 # --------------------------------------------------------------------------------------------------
@@ -591,6 +633,7 @@ class RefineryConfig(Section):
     data_root: str
     buckets: list[str] = Field(min_length=1)
     sources: list[SourceConfig] = Field(min_length=1)
+    partitions: PartitionsConfig = PartitionsConfig()
     stages: StagesConfig = StagesConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     shards: ShardsConfig = ShardsConfig()
@@ -659,8 +702,9 @@ class RefineryConfig(Section):
         raise KeyError(name)
 
     def fingerprint(self) -> str:
-        """A short hash of everything that shapes outputs (not where they are written)."""
-        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir"})
+        """A short hash of everything that shapes outputs (not where they are written, nor how the
+        work is partitioned: a document's outputs are per input file whatever the batch)."""
+        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir", "partitions"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

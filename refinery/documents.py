@@ -7,13 +7,14 @@ never dropped. Removed documents go to a rejects table of a fixed schema.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
 
 import polars as pl
 
-from refinery.config import RefineryConfig, input_files
+from refinery.config import PartitionsConfig, RefineryConfig, input_files
 
 # Provenance columns, present in every document table from raw_documents on.
 PROVENANCE_SCHEMA: dict[str, pl.DataType] = {
@@ -105,6 +106,50 @@ def input_shard(cfg: RefineryConfig, key: str) -> InputShard:
         if shard.key == key:
             return shard
     raise KeyError(f"no input shard {key!r}; known: {[s.key for s in input_shards(cfg)][:10]}")
+
+
+@dataclass(frozen=True)
+class InputBatch:
+    """A batch of input files of one source: the partition of the per-document stages. Outputs,
+    rejects and stats stay per file (keyed by `InputShard.key`) inside it."""
+
+    key: str  # the Dagster partition key
+    source: str
+    shards: tuple[InputShard, ...]
+
+
+def batch_key(shard: InputShard, settings: PartitionsConfig) -> str:
+    """The batch a file belongs to. It depends only on the file's own key and path, never on the
+    other files, so adding input never moves a file to another batch."""
+    if settings.by == "file":
+        return shard.key
+    group = shard.source
+    if settings.snapshot_pattern is not None:
+        found = re.search(settings.snapshot_pattern, shard.path)
+        if found is not None:
+            group = f"{group}-{_UNSAFE.sub('_', found.group(1))}"
+    digest = hashlib.blake2b(shard.key.encode(), digest_size=8).digest()
+    width = len(str(settings.count - 1))
+    return f"{group}-b{int.from_bytes(digest, 'big') % settings.count:0{width}d}"
+
+
+def input_batches(cfg: RefineryConfig) -> list[InputBatch]:
+    """The non-empty batches of the current input files, ordered by their first file."""
+    members: dict[str, list[InputShard]] = {}
+    for shard in input_shards(cfg):
+        members.setdefault(batch_key(shard, cfg.partitions), []).append(shard)
+    return [InputBatch(key, shards[0].source, tuple(shards)) for key, shards in members.items()]
+
+
+def batch_shards(cfg: RefineryConfig, keys: list[str]) -> list[InputShard]:
+    """The files of the named batches, in input order: what a run over those partitions reads."""
+    wanted = set(keys)
+    known = {b.key for b in input_batches(cfg)}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise KeyError(f"no input batch {unknown[0]!r} (partitions.by: {cfg.partitions.by}); "
+                       f"known: {sorted(known)[:10]}")
+    return [s for b in input_batches(cfg) if b.key in wanted for s in b.shards]
 
 
 def make_doc_id(partition: str, record_index: int) -> str:

@@ -86,11 +86,21 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
 
 
 def partition_stage_stats(root: DataRoot, partition: str) -> list[StageStats]:
-    """One input shard's stats for every funnel stage materialized for it, in funnel order."""
+    """One input file's stats for every funnel stage materialized for it, in funnel order."""
+    return files_stage_stats(root, [partition])
+
+
+def files_stage_stats(root: DataRoot, files: list[str]) -> list[StageStats]:
+    """The named input files' stats merged per funnel stage, for the stages materialized for any of
+    them, in funnel order: what one funnel chart over a run's files draws."""
     from refinery.documents import stats_key
 
-    return [StageStats.from_dict(root.read_json(stats_key(stage, partition)))
-            for stage in FUNNEL_ORDER if root.exists(stats_key(stage, partition))]
+    merged = []
+    for stage in FUNNEL_ORDER:
+        keys = [stats_key(stage, f) for f in files if root.exists(stats_key(stage, f))]
+        if keys:
+            merged.append(sum((StageStats.from_dict(root.read_json(k)) for k in keys), StageStats(stage=stage)))
+    return merged
 
 
 def funnel_chart_png(stats: list[StageStats], title: str) -> bytes:
