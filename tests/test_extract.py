@@ -97,3 +97,18 @@ def test_empty_table():
     out = Extractor(ExtractConfig()).run(raw_table([]))
     assert out.documents.height == 0 and out.documents.columns == PROVENANCE_COLUMNS + ["text"]
     assert out.stats.docs_in == 0
+
+
+def test_tag_depth_counts_only_elements_that_must_be_closed():
+    from assets.stages.html import tag_depth
+
+    assert tag_depth("<html><body>" + "<DIV>" * 5000 + "x" + "</div>" * 5000 + "</body></html>", 10) == 5000
+    # Void elements, optional end tags and self-closed tags are no level; names are whole words.
+    flat = "<p>" + "<br><img src=x><input/><li>x<b>x</b><Optgroup><colgroup x>" * 500 + "</p>"
+    assert tag_depth(flat + "<div>" * 3 + "<divx>", 10) == 4
+    # Stray closing tags never take the depth below zero, so a deep nest after them still counts.
+    assert tag_depth("</div>" * 50 + "<span>" * 20, 10) == 20
+    # `a<b` in a script has no ">" before the next "<": not a tag.
+    assert tag_depth("<script>" + "for(i=0;i<n;i++){}" * 200 + "</script>", 10) == 1
+    # A page with no more "<" than the limit is not scanned at all.
+    assert tag_depth("<div>" * 10, 10) == 0
