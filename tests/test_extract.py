@@ -112,3 +112,16 @@ def test_tag_depth_counts_only_elements_that_must_be_closed():
     assert tag_depth("<script>" + "for(i=0;i<n;i++){}" * 200 + "</script>", 10) == 1
     # A page with no more "<" than the limit is not scanned at all.
     assert tag_depth("<div>" * 10, 10) == 0
+
+
+def test_pages_fall_back_to_this_process_when_the_worker_cannot_start(monkeypatch):
+    import assets.stages.extract as extract
+
+    def no_worker(fn, budget):
+        raise RuntimeError("the isolated worker did not start")
+
+    monkeypatch.setattr(extract, "shared_worker", no_worker)
+    out = Extractor(ExtractConfig()).run(raw_table([("text/html", PAGE), ("text/plain", "plain text")]))
+    assert "The harbour town wakes slowly" in out.documents["text"][0]
+    assert out.documents["text"][1] == "plain text"
+    assert out.rejects.height == 0
