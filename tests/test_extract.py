@@ -97,3 +97,31 @@ def test_empty_table():
     out = Extractor(ExtractConfig()).run(raw_table([]))
     assert out.documents.height == 0 and out.documents.columns == PROVENANCE_COLUMNS + ["text"]
     assert out.stats.docs_in == 0
+
+
+def test_tag_depth_counts_only_elements_that_must_be_closed():
+    from assets.stages.html import tag_depth
+
+    assert tag_depth("<html><body>" + "<DIV>" * 5000 + "x" + "</div>" * 5000 + "</body></html>", 10) == 5000
+    # Void elements, optional end tags and self-closed tags are no level; names are whole words.
+    flat = "<p>" + "<br><img src=x><input/><li>x<b>x</b><Optgroup><colgroup x>" * 500 + "</p>"
+    assert tag_depth(flat + "<div>" * 3 + "<divx>", 10) == 4
+    # Stray closing tags never take the depth below zero, so a deep nest after them still counts.
+    assert tag_depth("</div>" * 50 + "<span>" * 20, 10) == 20
+    # `a<b` in a script has no ">" before the next "<": not a tag.
+    assert tag_depth("<script>" + "for(i=0;i<n;i++){}" * 200 + "</script>", 10) == 1
+    # A page with no more "<" than the limit is not scanned at all.
+    assert tag_depth("<div>" * 10, 10) == 0
+
+
+def test_pages_fall_back_to_this_process_when_the_worker_cannot_start(monkeypatch):
+    import assets.stages.extract as extract
+
+    def no_worker(fn, budget):
+        raise RuntimeError("the isolated worker did not start")
+
+    monkeypatch.setattr(extract, "shared_worker", no_worker)
+    out = Extractor(ExtractConfig()).run(raw_table([("text/html", PAGE), ("text/plain", "plain text")]))
+    assert "The harbour town wakes slowly" in out.documents["text"][0]
+    assert out.documents["text"][1] == "plain text"
+    assert out.rejects.height == 0

@@ -196,7 +196,7 @@ def test_deeply_nested_page_is_rejected_before_parsing(tmp_path):
     assert time.perf_counter() - start < 10
     assert out.rejects["rule"].to_list() == ["extract/too_deep"]
     assert out.rejects["doc_id"].to_list() == ["s-f/0000001"]
-    assert out.rejects["value"][0] == 1001  # the scan stops once past the limit
+    assert out.rejects["value"][0] == 40_000  # the measured depth
     assert out.documents["doc_id"].to_list() == ["s-f/0000000", "s-f/0000002"]
 
 
@@ -289,3 +289,57 @@ def test_funnel_partition_over_hostile_records_finishes_within_its_budget(tmp_pa
     }
     kept = pl.read_parquet(out / documents_key("heuristic_filtered", "web-crawl-0"))
     assert sorted(kept["url"].to_list()) == sorted(f"https://ok.example/{i}" for i in range(9))
+
+
+# --------------------------------------------------------------------------------------------------
+# Isolation inside ingest: a record whose handling raises or overruns
+# --------------------------------------------------------------------------------------------------
+
+
+def test_jsonl_line_whose_handling_raises_or_overruns_is_one_reject(tmp_path, monkeypatch):
+    import assets.stages.ingest as ingest
+
+    parse = ingest._parse_json_line
+
+    def hostile_parse(rec, line, source, result):
+        if b"explode" in line:
+            raise MemoryError("the parser ran out of memory")
+        if b"spin" in line:
+            deadline = time.perf_counter() + 30
+            while time.perf_counter() < deadline:
+                pass
+        return parse(rec, line, source, result)
+
+    monkeypatch.setattr(ingest, "_parse_json_line", hostile_parse)
+    lines = [json.dumps({"text": t}).encode() for t in ("a", "explode", "b", "spin", "c")]
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    source = SourceConfig(name="s", path="in/*", format="jsonl", bucket="web")
+    start = time.perf_counter()
+    out = read_input_shard(InputShard("s-f", "s", "web", str(path)), source, ExtractConfig(), record_timeout_s=0.5)
+    assert time.perf_counter() - start < 10
+    assert out.documents["raw"].to_list() == ["a", "b", "c"]
+    assert out.rejects.select("doc_id", "rule").rows() == [
+        (make_doc_id("s-f", 1), "ingest/error"), (make_doc_id("s-f", 3), "ingest/timeout")
+    ]
+    assert out.rejects["detail"][0] == "MemoryError: the parser ran out of memory"
+
+
+def test_warc_record_whose_handling_raises_is_one_reject(tmp_path, monkeypatch):
+    import assets.stages.ingest as ingest
+
+    row = ingest._warc_row
+
+    def hostile_row(record, index, extract, result):
+        if record.headers.get("WARC-Target-URI") == "https://ok.example/2":
+            raise RuntimeError("charset sniffing fell over")
+        return row(record, index, extract, result)
+
+    monkeypatch.setattr(ingest, "_warc_row", hostile_row)
+    path = tmp_path / "odd.warc"
+    write_warc(path, [valid(i) for i in range(5)], compress=True)
+    out = read(path)
+    assert out.documents["url"].to_list() == [f"https://ok.example/{i}" for i in (0, 1, 3, 4)]
+    assert out.rejects.select("doc_id", "url", "rule", "detail").rows() == [
+        (make_doc_id("s-f", 2), "https://ok.example/2", "ingest/error", "RuntimeError: charset sniffing fell over")
+    ]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import Drop, Outcome, RecordStage, error_drop, timeout_drop
+from assets.stages.base import ERROR_DETAIL_CHARS, Drop, Outcome, RecordStage, timeout_drop
 from assets.stages.html import full_text, main_content_text, tag_depth
 from assets.stages.isolation import shared_worker
 from refinery.config import ExtractConfig
@@ -94,19 +94,18 @@ class Extractor(RecordStage):
                 elif status == "timeout":
                     outcomes[i] = timeout_drop(self.family, value, budget)
                 else:
-                    outcomes[i] = Drop(f"{self.family}/error", None, value[:300])
+                    outcomes[i] = Drop(f"{self.family}/error", None, value[:ERROR_DETAIL_CHARS])
             if worker.restarts > restarts:
                 counters["extract/worker_restarts"] += worker.restarts - restarts
         return outcomes
 
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
+        """One page in this process: the path the loop falls back to when a batch fails outside
+        the worker (the worker cannot start, say). A parse here is timed, not killed."""
         screened = self.screen(record["raw"], record["content_type"])
         if isinstance(screened, Drop):
             return screened
-        try:
-            return self.finish(screened if screened is not None else self.html_to_text(record["raw"]))
-        except Exception as err:  # noqa: BLE001
-            return error_drop(self.family, err)
+        return self.finish(screened if screened is not None else self.html_to_text(record["raw"]))
 
     def config_summary(self) -> dict[str, Any]:
         return {**self.cfg.model_dump(mode="json"), "record_timeout_s": self.record_timeout_s}

@@ -9,38 +9,62 @@ levels) is rejected before it is parsed; the worker's time budget is the hard se
 
 from __future__ import annotations
 
-import re
+import numpy as np
 
 # Elements that never take an end tag, and elements whose end tag may be left out (HTML's
 # "optional end tag" list, the ones that hold content): neither may count as a level, or an
 # unclosed <p> or <li> per paragraph would drift the depth up through a long page.
-_NOT_NESTING = frozenset(
+NOT_NESTING = (
     "area base br col embed hr img input link meta param source track wbr "
-    "p li dt dd tr td th thead tbody tfoot option optgroup rb rt rtc rp colgroup caption html head body".split()
-)
-_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]{0,31})[^<>]*?(/?)>")
+    "p li dt dd tr td th thead tbody tfoot option optgroup rb rt rtc rp colgroup caption html head body"
+).split()
+_KEY_BYTES = 8  # every name above fits in 8 bytes, so a name is one uint64 key
+_NOT_NESTING_KEYS = np.sort(np.array(
+    [int.from_bytes(n.encode().ljust(_KEY_BYTES, b"\0"), "little") for n in NOT_NESTING], dtype=np.uint64
+))
+_LT, _GT, _SLASH = ord("<"), ord(">"), ord("/")
+
+
+def _name_chars(b: np.ndarray) -> np.ndarray:
+    """Lower-case letters, digits and "-": what a tag name is made of (after lower-casing)."""
+    return ((b >= ord("a")) & (b <= ord("z"))) | ((b >= ord("0")) & (b <= ord("9"))) | (b == ord("-"))
 
 
 def tag_depth(html: str, limit: int) -> int:
-    """The deepest nesting of elements in `html`, counting only elements that must be closed;
-    stops counting (and returns) as soon as the depth passes `limit`. A page with fewer tags than
-    `limit` cannot pass it and is not scanned."""
+    """The deepest nesting of elements in `html`, counting only elements that must be closed: the
+    running count of opening tags minus closing tags, never below zero. A tag is `<name` or
+    `</name` closed by a `>` before the next `<` (so `a<b` in a script is not one). A page with
+    no more `<` than `limit` cannot pass it and is not scanned; the scan itself is vectorised
+    over the page's bytes, so it costs a small part of the page's extraction."""
     if html.count("<") <= limit:
         return 0
-    depth = deepest = 0
-    for closing, name, self_closing in _TAG.findall(html):
-        name = name.lower()
-        if self_closing or name in _NOT_NESTING:
-            continue
-        if closing:
-            depth = max(0, depth - 1)
-        else:
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    break
-    return deepest
+    b = np.frombuffer(html.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    lt = np.flatnonzero(b == _LT)
+    gt = np.flatnonzero(b == _GT)
+    padded = np.concatenate((b, np.zeros(_KEY_BYTES + 3, dtype=np.uint8)))
+    closing = padded[lt + 1] == _SLASH
+    name_at = lt + 1 + closing
+    # A tag ends at a ">" that comes before the next "<".
+    next_gt = np.searchsorted(gt, lt)
+    ends = np.where(next_gt < len(gt), gt[np.minimum(next_gt, len(gt) - 1)], len(b))
+    next_lt = np.append(lt[1:], len(b))
+    window = padded[name_at[:, None] + np.arange(_KEY_BYTES + 1)]
+    window = np.where((window >= ord("A")) & (window <= ord("Z")), window | 0x20, window)
+    first = window[:, 0]
+    is_tag = (first >= ord("a")) & (first <= ord("z")) & (ends < next_lt)
+    in_name = np.logical_and.accumulate(_name_chars(window), axis=1)
+    key_bytes = np.where(in_name[:, :_KEY_BYTES], window[:, :_KEY_BYTES], 0).astype(np.uint8)
+    keys = np.ascontiguousarray(key_bytes).view("<u8").ravel()
+    short = ~in_name[:, _KEY_BYTES]  # names of 9 bytes or more are none of the listed ones
+    at = np.minimum(np.searchsorted(_NOT_NESTING_KEYS, keys), len(_NOT_NESTING_KEYS) - 1)
+    counted = is_tag & ~(short & (_NOT_NESTING_KEYS[at] == keys))
+    steps = np.where(closing, -1, 1)[counted]
+    if steps.size == 0:
+        return 0
+    running = np.cumsum(steps)
+    # Closing tags with nothing open do not take the depth below zero.
+    floor = np.minimum(np.minimum.accumulate(running), 0)
+    return int((running - floor).max())
 
 
 def _extract(html: str, main_content: bool) -> str:

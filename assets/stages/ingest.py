@@ -270,7 +270,9 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, extract: Ext
                     continue
                 rec = guarded("ingest", budget, armed, _warc_row, record, seg.index, extract, result)
                 if isinstance(rec, Drop):  # this record's own handling failed: a reject of its own
-                    rec = _Record(seg.index, record.stream_pos, None, None, None, drop=rec)
+                    headers = record.headers
+                    rec = _Record(seg.index, record.stream_pos, headers.get("WARC-Target-URI"),
+                                  headers.get("WARC-Date"), None, drop=rec)
                 if rec is None:
                     seg.cut_at = record.stream_pos
                     break
