@@ -4,7 +4,14 @@ quality rules, with the published thresholds as defaults (see the sections of re
 Each document is split into words, lines and paragraphs once (`assets.stages.text.DocumentText`)
 and every rule reads those splits. Rules run cheapest-to-reject first: URL, Gopher quality (which
 also bounds document length before the n-gram work), Gopher repetition, C4, FineWeb. A document
-failing several rules is reported under the first. Gopher rules see the text as extracted; FineWeb
+failing several rules is reported under the first; `HeuristicFilter.explain` lists every rule it
+fails (`refinery funnel --explain`).
+
+Each document is read with the settings of its language (the `language` column of
+language_filtered; none reads as English): its word segmenter (assets/stages/segment.py), its
+stop words (assets/stages/stopwords.py), its thresholds, and the rules switched off for it, for
+its source, or stage-wide (`LanguageRules`; the table and the reasons are in docs/languages.md).
+English keeps the published values. Gopher rules see the text as extracted; FineWeb
 rules see the text after C4's line removal, as in the FineWeb pipeline.
 
 C4 removes lines, not only documents (as datatrove's C4QualityFilter and FineWeb do): lines with a
