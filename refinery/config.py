@@ -82,6 +82,8 @@ class LanguageConfig(Section):
     def _yaml_booleans(cls, v: Any) -> Any:
         # YAML 1.1 reads an unquoted no/yes/on/off as a boolean: Norwegian (`no`) arrives as False.
         if isinstance(v, list):
+            if "all" in v:
+                raise ValueError("write `languages: all` (not a list) to keep every language")
             for item in v:
                 if isinstance(item, bool):
                     raise ValueError(

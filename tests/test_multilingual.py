@@ -211,6 +211,11 @@ def test_cjk_sentences_end_without_a_space():
 def test_a_document_without_a_language_reads_as_english():
     assert _rules(None).stop_words == _rules("en").stop_words
     assert len(_rules(None).stop_words) == 8
+    # A table without a language column (a source that skips language ID) reads as English too.
+    out = HeuristicFilter(HeuristicConfig()).run(_frame([{"url": "a", "text": RO}]))
+    assert dict(out.stats.dropped) == {"gopher_quality/stop_words": 1}
+    labelled = _frame([{"url": "a", "text": RO}]).with_columns(pl.lit("ro").alias("language"))
+    assert dict(HeuristicFilter(HeuristicConfig()).run(labelled).stats.dropped) == {"c4/too_few_sentences": 1}
 
 
 # ---- rule switches and explain mode --------------------------------------------------------------
@@ -275,6 +280,8 @@ def test_languages_all_keeps_every_language_above_the_score():
     out = LanguageFilter(cfg.stages.language, load_language_model(None)).run(docs)
     assert out.documents["language"].to_list() == ["ro", "ko"]
     assert out.rejects["rule"].to_list() == ["language/low_score"]
+    with pytest.raises(ConfigError, match="write `languages: all`"):
+        parse_config(_config({"language": {"languages": ["en", "all"]}}))
 
 
 def test_unquoted_norwegian_is_a_config_error_that_says_to_quote_it():

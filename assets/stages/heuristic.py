@@ -528,7 +528,7 @@ class LanguageRules:
 
         def section(name: str, base: Any) -> Any:
             override = getattr(settings, name)
-            return base.model_copy(update=override) if override else base
+            return type(base).model_validate({**base.model_dump(), **override}) if override else base
 
         return cls(
             language=language,
