@@ -601,8 +601,8 @@ class HeuristicFilter(Stage):
         stats = StageStats(stage=self.name)
         drops: dict[int, Drop] = {}
         texts: list[str | None] = []
-        languages = docs["language"] if "language" in docs.columns else pl.repeat(None, docs.height, dtype=pl.String, eager=True)
-        for i, (text, url, language) in enumerate(zip(docs["text"], docs["url"], languages)):
+        languages = docs["language"].to_list() if "language" in docs.columns else [None] * docs.height
+        for i, (text, url, language) in enumerate(zip(docs["text"].to_list(), docs["url"].to_list(), languages)):
             edited, drop = self.apply(text, url, stats.counters, language)
             texts.append(edited)
             if drop is not None:
