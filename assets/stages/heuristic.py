@@ -578,8 +578,11 @@ class HeuristicFilter(Stage):
         edited, drop, words = c4_lines(doc, rules.c4, removed, verdict)
         if drop is not None and not verdict.every:
             return None
-        # In explain mode a document C4 drops is still measured by FineWeb, on its unedited text.
-        fineweb_quality(doc.text if edited is None else edited, rules.fineweb, words, verdict=verdict)
+        if edited is None:  # explain mode: a document C4 drops is still measured by FineWeb, unedited
+            edited, words = doc.text, (len(doc.words) if doc.segment is not None else None)
+            fineweb_quality(edited, rules.fineweb, words, verdict=verdict)
+            return None
+        fineweb_quality(edited, rules.fineweb, words, verdict=verdict)
         return edited if not verdict.drops else None
 
     def apply(
