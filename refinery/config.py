@@ -126,6 +126,8 @@ class LanguageConfig(Section):
     def _yaml_booleans(cls, v: Any) -> Any:
         # YAML 1.1 reads an unquoted no/yes/on/off as a boolean: Norwegian (`no`) arrives as False.
         if isinstance(v, list):
+            if "all" in v:
+                raise ValueError("write `languages: all` (not a list) to keep every language")
             for item in v:
                 if isinstance(item, bool):
                     raise ValueError(
@@ -318,7 +320,8 @@ class HeuristicConfig(Section):
             sections.append(settings.gopher_repetition)
         top = sorted({int(n) for rep in sections for n, _ in rep.get("top_n_grams", [])})
         dup = sorted({int(n) for rep in sections for n, _ in rep.get("dup_n_grams", [])})
-        return [*HEURISTIC_RULES, *(f"gopher_rep/top_{n}_gram" for n in top), *(f"gopher_rep/dup_{n}_gram" for n in dup)]
+        return [*HEURISTIC_RULES, *(f"gopher_rep/top_{n}_gram" for n in top),
+                *(f"gopher_rep/dup_{n}_gram" for n in dup)]
 
     def check_rule_names(self, names: list[str], where: str) -> None:
         valid = self.rule_names()

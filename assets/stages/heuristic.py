@@ -4,7 +4,14 @@ quality rules, with the published thresholds as defaults (see the sections of re
 Each document is split into words, lines and paragraphs once (`assets.stages.text.DocumentText`)
 and every rule reads those splits. Rules run cheapest-to-reject first: URL, Gopher quality (which
 also bounds document length before the n-gram work), Gopher repetition, C4, FineWeb. A document
-failing several rules is reported under the first. Gopher rules see the text as extracted; FineWeb
+failing several rules is reported under the first; `HeuristicFilter.explain` lists every rule it
+fails (`refinery funnel --explain`).
+
+Each document is read with the settings of its language (the `language` column of
+language_filtered; none reads as English): its word segmenter (assets/stages/segment.py), its
+stop words (assets/stages/stopwords.py), its thresholds, and the rules switched off for it, for
+its source, or stage-wide (`LanguageRules`; the table and the reasons are in docs/languages.md).
+English keeps the published values. Gopher rules see the text as extracted; FineWeb
 rules see the text after C4's line removal, as in the FineWeb pipeline.
 
 C4 removes lines, not only documents (as datatrove's C4QualityFilter and FineWeb do): lines with a
@@ -524,7 +531,7 @@ class LanguageRules:
 
         def section(name: str, base: Any) -> Any:
             override = getattr(settings, name)
-            return base.model_copy(update=override) if override else base
+            return type(base).model_validate({**base.model_dump(), **override}) if override else base
 
         return cls(
             language=language,
@@ -579,8 +586,11 @@ class HeuristicFilter(RecordStage):
         edited, drop, words = c4_lines(doc, rules.c4, removed, verdict)
         if drop is not None and not verdict.every:
             return None
-        # In explain mode a document C4 drops is still measured by FineWeb, on its unedited text.
-        fineweb_quality(doc.text if edited is None else edited, rules.fineweb, words, verdict=verdict)
+        if edited is None:  # explain mode: a document C4 drops is still measured by FineWeb, unedited
+            edited, words = doc.text, (len(doc.words) if doc.segment is not None else None)
+            fineweb_quality(edited, rules.fineweb, words, verdict=verdict)
+            return None
+        fineweb_quality(edited, rules.fineweb, words, verdict=verdict)
         return edited if not verdict.drops else None
 
     def apply(

@@ -216,7 +216,8 @@ def spam_pages(clean: list[dict], seed: int = SEED) -> list[dict]:
                 body = [line] * rng.randint(15, 30)
             elif kind == "link_list":
                 # Menu items are short whatever the script: each token is cut to eight characters.
-                body = [" ".join(w[:8] for w in rng.sample(tokens, rng.randint(1, 3))) for _ in range(rng.randint(40, 70))]
+                body = [" ".join(w[:8] for w in rng.sample(tokens, rng.randint(1, 3)))
+                        for _ in range(rng.randint(40, 70))]
             elif kind == "repeated_paragraph":
                 paragraph = "\n".join(rng.sample(lines, 3))
                 body = [paragraph] * rng.randint(6, 10)
