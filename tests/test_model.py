@@ -170,3 +170,14 @@ def test_compiled_blocks_give_the_same_loss_gradients_and_state_dict_keys():
     loss_c, grads_c = loss_and_grads(model)
     assert list(model.state_dict()) == keys
     assert torch.allclose(loss, loss_c, atol=1e-6) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_c))
+
+
+def test_compiled_flex_kernel_with_the_block_mask_matches_the_dense_reference():
+    """The kernel CUDA runs: torch.compile'd flex_attention at the 128-token block, here on CPU (forward)."""
+    T = 300  # three blocks, the last one partial
+    doc_ids = torch.tensor([[0] * T, [0] * 40 + [1] * 150 + [2] * 110])
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, T, 16) for _ in range(3))
+    out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=document_block_mask(doc_ids))
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_document_mask(doc_ids))
+    assert torch.allclose(out, reference, atol=1e-5)
