@@ -177,9 +177,10 @@ _compiled_flex = None
 
 def _flex_kernel(device: torch.device):
     """Compiled FlexAttention on CUDA (eager flex materialises the scores, which is what the
-    block mask avoids); the eager reference elsewhere, for tests."""
+    block mask avoids); inside a compiled block, plain flex_attention, which that compile fuses;
+    the eager reference on CPU, for tests."""
     global _compiled_flex
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.compiler.is_compiling():
         return flex_attention
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
