@@ -31,6 +31,7 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -83,7 +84,9 @@ def flops_per_token(trainer: Trainer, seq_len: int) -> float:
 
 def run_shape(workdir: Path, seq_len: int, micro: int, args, training: dict) -> dict:
     config = write_run(workdir, seq_len, micro, args.steps, MODELS[args.model], training)
+    gc.collect()  # the previous shape's trainer (the optimizer hook makes a reference cycle)
     if torch.cuda.is_available():
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(load_config(config), RunOptions(resume="never", num_workers=args.workers))
     status = trainer.train()

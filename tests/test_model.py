@@ -204,3 +204,16 @@ def test_flex_block_mask_passes_through_compiled_blocks():
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         assert torch.allclose(flex(idx, doc_ids=doc_ids)[0], sdpa(idx, doc_ids=doc_ids)[0], atol=1e-5)
+
+
+def test_the_trainer_hands_its_switches_to_the_model(tmp_path):
+    from refinery.config import load_config
+    from training.synthetic import tiny_run
+    from training.trainer import Trainer
+
+    config = tiny_run(tmp_path, training={"compile": True, "activation_checkpointing": True, "attention": "sdpa"})
+    model = Trainer(load_config(config)).model
+    assert model.checkpoint_activations and model.attention == "sdpa"
+    assert all(block._compiled_call_impl is not None for block in model.blocks)
+    with pytest.raises(ValueError, match="CUDA only"):
+        Trainer(load_config(tiny_run(tmp_path / "flex", training={"attention": "flex"})))
