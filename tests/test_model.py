@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from training.model import (GPT, IGNORE, GPTConfig, apply_rope, dense_document_mask, document_block_mask,
+from training.model import (GPT, IGNORE, GPTConfig, _flex_kernel, apply_rope, dense_document_mask, document_block_mask,
                             resolve_attention, rope_tables)
 
 torch.set_num_threads(1)
@@ -170,3 +170,50 @@ def test_compiled_blocks_give_the_same_loss_gradients_and_state_dict_keys():
     loss_c, grads_c = loss_and_grads(model)
     assert list(model.state_dict()) == keys
     assert torch.allclose(loss, loss_c, atol=1e-6) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_c))
+
+
+def test_compiled_flex_kernel_with_the_block_mask_matches_the_dense_reference():
+    """The kernel CUDA runs: torch.compile'd flex_attention at the 128-token block, here on CPU (forward)."""
+    T = 300  # three blocks, the last one partial
+    doc_ids = torch.tensor([[0] * T, [0] * 40 + [1] * 150 + [2] * 110])
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, T, 16) for _ in range(3))
+    out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=document_block_mask(doc_ids))
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_document_mask(doc_ids))
+    assert torch.allclose(out, reference, atol=1e-5)
+
+
+def test_flex_kernel_is_compiled_once_on_cuda_and_left_to_an_enclosing_compile(monkeypatch):
+    cuda = torch.device("cuda", 0)  # torch.compile is lazy: nothing runs on the device here
+    assert _flex_kernel(torch.device("cpu")) is flex_attention
+    compiled = _flex_kernel(cuda)
+    assert compiled is not flex_attention and _flex_kernel(cuda) is compiled
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _flex_kernel(cuda) is flex_attention
+
+
+def test_flex_block_mask_passes_through_compiled_blocks():
+    """Dynamo traces each block with the BlockMask as an input (aot_eager: inductor's CPU flex template
+    cannot lower a query that is a view, which the CUDA template can)."""
+    sdpa = tiny_model()
+    flex = tiny_model(attention="flex")
+    for block in flex.blocks:
+        block.compile(backend="aot_eager")
+    idx = torch.randint(0, 64, (2, 200))
+    doc_ids = torch.tensor([[0] * 200, [0] * 50 + [1] * 150])
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        assert torch.allclose(flex(idx, doc_ids=doc_ids)[0], sdpa(idx, doc_ids=doc_ids)[0], atol=1e-5)
+
+
+def test_the_trainer_hands_its_switches_to_the_model(tmp_path):
+    from refinery.config import load_config
+    from training.synthetic import tiny_run
+    from training.trainer import Trainer
+
+    config = tiny_run(tmp_path, training={"compile": True, "activation_checkpointing": True, "attention": "sdpa"})
+    model = Trainer(load_config(config)).model
+    assert model.checkpoint_activations and model.attention == "sdpa"
+    assert all(block._compiled_call_impl is not None for block in model.blocks)
+    with pytest.raises(ValueError, match="CUDA only"):
+        Trainer(load_config(tiny_run(tmp_path / "flex", training={"attention": "flex"})))

@@ -89,7 +89,7 @@ def renorm_second_moments(optimizer: torch.optim.Optimizer) -> None:
 class LengthJump:
     """Called at the start of every step: sets the step's phase's RoPE scaling on the model, and at
     the first step of a new seq_len arms the Adam treatment, which an optimizer step pre-hook applies
-    in that step's (finite) optimizer step."""
+    in the next optimizer step that runs (that step's, unless its loss was non-finite and skipped)."""
 
     def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, schedule: StepSchedule, rope_specs: dict[str, Any],
                  adam_mode: str = "none"):

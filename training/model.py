@@ -139,8 +139,9 @@ def _check_row_order(doc_ids: torch.Tensor) -> None:
 def document_block_mask(doc_ids: torch.Tensor, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
     """The document-causal BlockMask of packed rows, from per-token doc ids that never decrease along
     a row. Block pairs are classified from each block's first and last doc id: kv block j can reach
-    q block i iff j <= i and j's last document is i's first; it needs no mask at all (a full block)
-    iff j < i and both lie inside one document. Blocks holding padding past T are never full. Memory:
+    q block i iff j <= i and j's last document is not before i's first (ids only grow, so for j < i
+    it is i's first); it needs no mask at all (a full block) iff j < i and j's first document is
+    i's last, so that both blocks lie inside one document. Blocks holding padding past T are never full. Memory:
     B x (T/block)^2, never T x T."""
     _check_row_order(doc_ids)
     B, T = doc_ids.shape
@@ -177,9 +178,10 @@ _compiled_flex = None
 
 def _flex_kernel(device: torch.device):
     """Compiled FlexAttention on CUDA (eager flex materialises the scores, which is what the
-    block mask avoids); the eager reference elsewhere, for tests."""
+    block mask avoids); inside a compiled block, plain flex_attention, which that compile fuses;
+    the eager reference on CPU, for tests."""
     global _compiled_flex
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.compiler.is_compiling():
         return flex_attention
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
