@@ -233,7 +233,6 @@ class Prefetcher:
             if self.on_list is not None:
                 self.on_list(None)
             thread.join()
-            del source
 
 
 class _WorkerChunks(IterableDataset):
