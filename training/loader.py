@@ -200,6 +200,9 @@ class Prefetcher:
             while not stop.is_set():
                 try:
                     items.put(item, timeout=0.1)
+                    # Hand the GIL over now: a consumer woken by the put would otherwise wait out
+                    # the interpreter's switch interval (5 ms) while this thread gathers on.
+                    time.sleep(0)
                     return True
                 except queue.Full:
                     continue
