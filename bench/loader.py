@@ -1,9 +1,9 @@
 """Trainer data loading: tokens/s of the curriculum sampler behind a torch DataLoader, against a bare
 memmap gather of the same windows, in the same run.
 
-    python bench/loader.py [--steps 1000] [--seq-len 4096] [--batch 8] [--repeats 3]
+    python bench/loader.py [--steps 2000] [--seq-len 4096] [--batch 8] [--repeats 3]
 
-A synthetic curriculum (two buckets of 60M and 20M tokens in documents of 800 tokens on average, uint16 shards,
+A synthetic curriculum (two buckets of 72M and 24M tokens in documents of 800 tokens on average, uint16 shards,
 one phase at `--seq-len`) is written under `--workdir`. Then, each a median of `--repeats`:
 
 - bare gather: the windows every row of every step reads, as (shard array, start, end) computed
@@ -11,9 +11,10 @@ one phase at `--seq-len`) is written under `--workdir`. Then, each a median of `
   planning, no masks, no tensors. The upper bound a loader can reach.
 - ours, num_workers=0 and 2: `StepStream` behind `make_loader`, the trainer's own path: planning
   steps in bulk, gathering their rows, building the target masks and doc ids, handing torch tensors
-  over through the prefetch thread. "cold" counts from creating the loader (worker start-up, the
-  first chunk's planning and gather with nothing to overlap); "warm" is the rate after the first
-  chunk arrived, scaled to the same step count: the pipeline a trainer reads from its second chunk on.
+  over through the prefetch thread. "cold" counts from creating the loader (worker start-up, first
+  touches of the reused gather buffers, nothing to overlap); "warm" is the rate once every buffer
+  has been filled once (RING_CHUNKS chunks per producer), scaled to the same step count: what a long
+  run reads at.
 
 - litdata (`--peers-python`, an interpreter with litdata installed, outside .venv): the same
   tokens, the same shards' `.bin` files concatenated, written by `litdata.optimize` with its
@@ -43,7 +44,7 @@ import numpy as np  # noqa: E402
 from refinery.config import load_config  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 from training.data import CurriculumData  # noqa: E402
-from training.loader import CHUNK_TOKENS, StepStream, make_loader  # noqa: E402
+from training.loader import CHUNK_TOKENS, RING_CHUNKS, StepStream, make_loader  # noqa: E402
 from training.synthetic import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
 
 
@@ -92,7 +93,7 @@ def litdata_times(python: str, shard_dir: Path, workdir: Path, seq_len: int, bat
 
 
 def build_corpus(workdir: Path, seq_len: int, batch: int, steps: int) -> Path:
-    buckets = {"web": SyntheticBucket(75_000, 800, shards=8), "code": SyntheticBucket(25_000, 800, shards=4)}
+    buckets = {"web": SyntheticBucket(90_000, 800, shards=8), "code": SyntheticBucket(30_000, 800, shards=4)}
     phases = [SyntheticPhase("main", steps * batch * seq_len, {"web": 0.7, "code": 0.3}, seq_len=seq_len)]
     config = workdir / "loader.yaml"
     if not config.exists():
@@ -129,15 +130,19 @@ def bare_gather(data: CurriculumData, windows, tokens_per_step: int) -> float:
 
 
 def ours(data: CurriculumData, steps: int, workers: int) -> tuple[float, float]:
-    """(seconds for all `steps` from creating the loader, seconds for the steps after the first
-    chunk arrived: the pipeline warm, as a trainer sees it from its second chunk on)."""
+    """(seconds for all `steps` from creating the loader, seconds for the same number of steps at the
+    rate after warm-up: once every gather buffer of the ring has been filled, RING_CHUNKS chunks per
+    producer, the pipeline a long run reads from)."""
     start = time.perf_counter()
     loader = make_loader(StepStream(data, None, False, 0, 1), workers)
-    warm_at, warm_steps = None, 0
+    warm_at, warm_steps = None, RING_CHUNKS * max(workers, 1) * max(1, CHUNK_TOKENS // data.schedule.global_batch
+                                                                    // data.schedule.seq_len_at(0))
+    if warm_steps >= steps:
+        raise SystemExit(f"--steps {steps} ends before the loader is warm ({warm_steps} steps); raise it")
     for i, batch in enumerate(loader):
         _ = batch.tokens.numel()
-        if warm_at is None and i + 1 == CHUNK_TOKENS // batch.tokens.numel():
-            warm_at, warm_steps = time.perf_counter(), i + 1
+        if i + 1 == warm_steps:
+            warm_at = time.perf_counter()
         if i + 1 == steps:
             break
     end = time.perf_counter()
@@ -146,7 +151,7 @@ def ours(data: CurriculumData, steps: int, workers: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)

@@ -14,7 +14,7 @@ from refinery.curriculum import build_schedule
 from refinery.manifest import PhaseManifest
 from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
-from training.sampler import PLAN_SCALE, CurriculumSampler, SamplerStateError, allocate_rows, quantize_rows
+from training.sampler import CurriculumSampler, SamplerStateError, allocate_rows, quantize_rows
 from training.schedule import StepSchedule
 from training.synthetic import SyntheticBucket, SyntheticPhase, tiny_run
 

@@ -78,6 +78,11 @@ def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
     return np.empty(n, dtype=dtype)
 
 
+def _filled(out: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out[:] = values
+    return out
+
+
 class CurriculumData:
     def __init__(self, schedule: StepSchedule, buckets: dict[str, BucketShards], sets_by_phase: list[dict[str, EntrySet]], seed: int):
         self.schedule = schedule
@@ -172,8 +177,8 @@ class CurriculumData:
         within its row), target_mask bool (position i's target, token i+1, counts in the loss),
         row_bucket int64; with `record`, `consumed` lists each step's pieces.
 
-        `alloc(name, n, dtype)` gives the 1-D tokens and target_mask arrays (default: fresh ones); a
-        loader passes reused buffers, because first touching fresh pages costs more than the copy."""
+        `alloc(name, n, dtype)` gives the 1-D output arrays (default: fresh ones); a loader passes
+        reused buffers, because first touching fresh pages costs more than the copy."""
         alloc = alloc or _fresh
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
@@ -198,7 +203,8 @@ class CurriculumData:
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
         ordinal = np.arange(len(p.row)) - np.searchsorted(p.row, np.arange(n_rows))[p.row]
-        doc_ids = np.repeat(ordinal.astype(np.int32), lens)
+        doc_ids = alloc("doc_ids", n_rows * L, np.int32)
+        doc_ids[:] = np.repeat(ordinal.astype(np.int32), lens)
         # A target counts unless it starts another entry of the row, ends the row, or sits in an
         # entry's overlap prefix (already trained on as the end of the previous window).
         target_mask = alloc("target_mask", n_rows * L, np.bool_)
@@ -215,7 +221,8 @@ class CurriculumData:
             "tokens": tokens.reshape(shape),
             "doc_ids": doc_ids.reshape(shape),
             "target_mask": target_mask.reshape(shape),
-            "row_bucket": bucket_index[chunk.row_set[steps, rows]],
+            "row_bucket": _filled(alloc("row_bucket", n_rows, np.int64), bucket_index[chunk.row_set[steps, rows]].reshape(-1))
+            .reshape(shape[:2]),
         }
         if record:
             cuts = np.searchsorted(p.row, np.arange(1, len(steps)) * per)

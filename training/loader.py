@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -27,9 +28,7 @@ from training.sampler import BucketExhausted
 
 CHUNK_TOKENS = 1 << 20
 PREFETCH_CHUNKS = 2
-# Without workers, gather outputs are reused round-robin: the producer may fill one chunk while
-# PREFETCH_CHUNKS wait in the queue, the consumer reads one and may still hold the one before it.
-RING_CHUNKS = PREFETCH_CHUNKS + 3
+RING_CHUNKS = PREFETCH_CHUNKS + 3  # buffers per producer: see _Ring
 BATCH_FIELDS = ("tokens", "doc_ids", "target_mask", "row_bucket")
 
 
@@ -97,61 +96,100 @@ class StepStream(IterableDataset):
         for chunk in self.chunks():
             yield from chunk.batches() if isinstance(chunk, StepChunk) else [chunk]
 
-    def chunks(self, reuse_buffers: bool = False, pin: bool = False) -> Iterator[StepChunk | Exhausted]:
-        """This worker's chunks. With `reuse_buffers`, a chunk's arrays are a buffer filled again
-        RING_CHUNKS chunks later (pinned with `pin`), so a consumer holds at most the chunk before the
-        one it reads; without, every chunk gets fresh arrays (what crosses a process boundary)."""
+    def chunks(self, ring: "_Ring | None" = None) -> Iterator[StepChunk | Exhausted]:
+        """This worker's chunks, numbered from the stream's start. With a `ring`, chunk arrays are
+        buffers the ring hands out again once its consumer has moved on (see `_Ring`); without,
+        every chunk gets fresh arrays."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         sampler = self.data.sampler(self.allow)
         if self.state is not None:
             sampler.load_state_dict(self.state, self.world_size)
         per = self.rows.stop - self.rows.start
-        ring = [_Buffers(pin) for _ in range(RING_CHUNKS)] if reuse_buffers else None
-        c = 0
+        index = 0
         while not sampler.done():
             L = self.data.schedule.seq_len_at(sampler.step)
             try:
                 plan = sampler.plan_steps(max(1, CHUNK_TOKENS // (per * L)))
             except BucketExhausted as err:
-                if c % workers == worker:
+                if index % workers == worker:
                     yield Exhausted(err.bucket, err.step, str(err))
                 return
-            c += 1
-            if (c - 1) % workers != worker:
+            index += 1
+            if (index - 1) % workers != worker:
                 continue
-            steps = np.arange(plan.steps)
-            arrays = self.data.gather_steps(plan, self.rows, steps, self.record, ring[c % RING_CHUNKS] if ring else None)
-            tensors = {k: torch.from_numpy(arrays[k]) for k in BATCH_FIELDS}
-            if pin:  # tokens and target_mask were gathered into pinned buffers
-                tensors["doc_ids"], tensors["row_bucket"] = tensors["doc_ids"].pin_memory(), tensors["row_bucket"].pin_memory()
+            buffers = ring.slot(index - 1, workers) if ring is not None else None
+            arrays = self.data.gather_steps(plan, self.rows, np.arange(plan.steps), self.record, buffers)
+            tensors = {k: buffers.tensor(k, arrays[k]) if buffers else torch.from_numpy(arrays[k]) for k in BATCH_FIELDS}
             yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, sampler.states_after(plan, self.world_size),
                             plan.dropped, arrays.get("consumed"))
 
 
 class _Buffers:
-    """One ring slot of gather outputs, grown when a phase needs more; pinned when asked."""
+    """One ring slot of gather outputs, grown when a phase needs more; pinned or in shared memory."""
 
-    def __init__(self, pin: bool):
-        self.pin = pin
-        self.arrays: dict[str, np.ndarray] = {}
+    def __init__(self, pin: bool, shared: bool):
+        self.pin, self.shared = pin, shared
+        self.held: dict[str, torch.Tensor] = {}
 
     def __call__(self, name: str, n: int, dtype: Any) -> np.ndarray:
-        held = self.arrays.get(name)
+        held = self.held.get(name)
         if held is None or len(held) < n:
-            fresh = torch.from_numpy(np.empty(n, dtype=dtype))
-            held = self.arrays[name] = (fresh.pin_memory() if self.pin else fresh).numpy()
-        return held[:n]
+            held = torch.from_numpy(np.empty(n, dtype=dtype))
+            if self.pin:
+                held = held.pin_memory()
+            elif self.shared:
+                held.share_memory_()
+            self.held[name] = held
+        return held[:n].numpy()
+
+    def tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
+        """`array` (given out by this slot as `name`) as a view of the slot's own tensor: a tensor
+        made from the numpy array would not know its memory is pinned or shared."""
+        return self.held[name][: array.size].view(array.shape)
+
+
+class _Ring:
+    """Gather buffers reused round-robin, because first touching fresh pages costs more than the copy
+    (on a VM, ten times more). Chunk g of the stream fills slot g // workers % RING_CHUNKS of its
+    worker's ring, and waits until the consumer has started chunk g - RING_CHUNKS * workers + 2: the
+    consumer reads one chunk and may still hold a batch of the chunk before it. `consumer_at` is
+    shared memory, so DataLoader workers (whose buffers are shared memory, sent without a copy) see
+    the consumer's progress; without workers the queue's bound already keeps the producer within
+    PREFETCH_CHUNKS + 1 chunks of the consumer."""
+
+    def __init__(self, pin: bool, shared: bool):
+        self.pin, self.shared = pin, shared
+        self.consumer_at = torch.zeros(1, dtype=torch.int64)
+        if shared:
+            self.consumer_at.share_memory_()
+        self.slots: list[_Buffers] = []
+
+    def slot(self, chunk: int, workers: int) -> _Buffers:
+        if not self.slots:
+            self.slots = [_Buffers(self.pin, self.shared) for _ in range(RING_CHUNKS)]
+        while int(self.consumer_at[0]) < chunk - RING_CHUNKS * workers + 2:
+            time.sleep(0.0005)
+        return self.slots[chunk // workers % RING_CHUNKS]
+
+    def consumer_started(self, chunk: int) -> None:
+        self.consumer_at[0] = max(int(self.consumer_at[0]), chunk)
+
+    def release_all(self) -> None:
+        """The consumer is gone: no buffer is read any more."""
+        self.consumer_at[0] = 1 << 62
 
 
 class Prefetcher:
     """Iterates `source`, an iterable of lists of items, on a background thread, `depth` lists ahead,
-    and yields their items; an error in the source is raised to the consumer where it happened."""
+    and yields their items; an error in the source is raised to the consumer where it happened.
+    `on_list(n)` is called as the consumer starts the n-th list, and with None when it stops."""
 
     _END = object()
 
-    def __init__(self, source: Iterable[list[Any]], depth: int = PREFETCH_CHUNKS):
-        self.source, self.depth = source, depth
+    def __init__(self, source: Iterable[list[Any]], depth: int = PREFETCH_CHUNKS,
+                 on_list: Callable[[int | None], None] | None = None):
+        self.source, self.depth, self.on_list = source, depth, on_list
 
     def __iter__(self) -> Iterator[Any]:
         items: queue.Queue = queue.Queue(self.depth)
@@ -162,6 +200,9 @@ class Prefetcher:
             while not stop.is_set():
                 try:
                     items.put(item, timeout=0.1)
+                    # Hand the GIL over now: a consumer woken by the put would otherwise wait out
+                    # the interpreter's switch interval (5 ms) while this thread gathers on.
+                    time.sleep(0)
                     return True
                 except queue.Full:
                     continue
@@ -179,27 +220,32 @@ class Prefetcher:
         thread = threading.Thread(target=produce, name="refinery-prefetch", daemon=True)
         thread.start()
         try:
+            n = 0
             while True:
                 item = items.get()
                 if item is self._END:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if self.on_list is not None:
+                    self.on_list(n)
+                n += 1
                 yield from item
         finally:
             stop.set()
+            if self.on_list is not None:
+                self.on_list(None)
             thread.join()
-            del source
 
 
 class _WorkerChunks(IterableDataset):
-    """A stream's chunks for DataLoader workers: fresh arrays, one message per chunk."""
+    """A stream's chunks for DataLoader workers, one message per chunk, in shared-memory buffers."""
 
-    def __init__(self, stream: StepStream):
-        self.stream = stream
+    def __init__(self, stream: StepStream, ring: _Ring):
+        self.stream, self.ring = stream, ring
 
     def __iter__(self) -> Iterator[StepChunk | Exhausted]:
-        return self.stream.chunks()
+        return self.stream.chunks(self.ring)
 
 
 def _keep(item: Any) -> Any:
@@ -214,12 +260,13 @@ class _StepLists:
     stream: StepStream
     workers: int
     pin: bool
+    ring: _Ring
 
     def __iter__(self) -> Iterator[list[StepBatch | Exhausted]]:
         if self.workers == 0:
-            chunks: Iterable[StepChunk | Exhausted] = self.stream.chunks(reuse_buffers=True, pin=self.pin)
+            chunks: Iterable[StepChunk | Exhausted] = self.stream.chunks(self.ring)
         else:
-            chunks = DataLoader(_WorkerChunks(self.stream), batch_size=None, num_workers=self.workers,
+            chunks = DataLoader(_WorkerChunks(self.stream, self.ring), batch_size=None, num_workers=self.workers,
                                 collate_fn=_keep, prefetch_factor=PREFETCH_CHUNKS)
         return map(self._steps, chunks)
 
@@ -228,9 +275,16 @@ class _StepLists:
             return [chunk]
         return (chunk.pin_memory() if self.pin else chunk).batches()
 
+    def consumer_at(self, n: int | None) -> None:
+        self.ring.release_all() if n is None else self.ring.consumer_started(n)
+
 
 def make_loader(stream: StepStream, num_workers: int, pin: bool | None = None) -> Prefetcher:
     """The rank's steps, prefetched on a background thread (pinned when CUDA is available): chunks of
     the stream itself with num_workers=0, else of a DataLoader whose workers take whole chunks
     round-robin."""
-    return Prefetcher(_StepLists(stream, num_workers, torch.cuda.is_available() if pin is None else pin))
+    pin = torch.cuda.is_available() if pin is None else pin
+    # Workers' buffers live in shared memory; a chunk from a worker is pinned by a copy on arrival.
+    ring = _Ring(pin=pin and num_workers == 0, shared=num_workers > 0)
+    lists = _StepLists(stream, num_workers, pin, ring)
+    return Prefetcher(lists, on_list=lists.consumer_at)

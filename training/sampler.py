@@ -137,6 +137,9 @@ class PhaseAllocation:
     counts: np.ndarray  # int64 (steps of the phase, buckets)
     plan: np.ndarray  # int64 (steps, buckets): planned rows after each step, in 1/PLAN_SCALE units
 
+    def __post_init__(self) -> None:
+        self.used = np.flatnonzero(self.counts.any(axis=0))  # buckets the phase serves at all
+
 
 # --------------------------------------------------------------------------------------------------
 # Entry sets and pieces
@@ -341,9 +344,9 @@ class CurriculumSampler:
                     if s - steps.start == lo:
                         weights[:, self.buckets.index(b)] = 0.0
                 empty = np.flatnonzero(weights[lo:hi].sum(axis=1) <= 0)
-                if len(empty):
-                    raise BucketExhausted(sorted(before + tuple(b for _, b in within))[-1], steps.start + lo + int(empty[0]),
-                                          G * self.schedule.manifests[phase].seq_len, 0)
+                if len(empty):  # every bucket the step weights is dropped: the last one dropped ran dry
+                    last = max(dropped, key=lambda d: d[1])[0]
+                    raise BucketExhausted(last, steps.start + lo + int(empty[0]), G * self.schedule.manifests[phase].seq_len, 0)
                 quota = quantize_rows(weights[lo:hi], G)
                 served = counts[:lo].sum(axis=0)
                 counts[lo:hi] = allocate_rows(quota, G, served)
@@ -369,7 +372,7 @@ class CurriculumSampler:
             lo = step - phase_start
             hi = min(lo + max_steps, len(alloc.counts))
             counts = alloc.counts[lo:hi]
-            used = np.flatnonzero(alloc.counts.any(axis=0))
+            used = alloc.used
             sets = [self._set_for(phase, self.buckets[b]) for b in used]
             base = np.array([self.cursors.get(es.key, 0) for es in sets], dtype=np.int64)
             cursors = base + np.cumsum(counts[:, used], axis=0) * L
