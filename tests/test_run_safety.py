@@ -213,6 +213,80 @@ def test_a_torn_line_is_dropped_with_everything_after_it(tmp_path):
     assert json.loads(log.path.read_text().splitlines()[-1]) == {"step": 2}
 
 
+
+# ---- torchrun: two CPU ranks over gloo -----------------------------------------------------------------
+
+# `refinery train` with a pause per step on rank 0 (the others wait for it in the all-reduce).
+TORCHRUN_ENTRY = textwrap.dedent("""
+    import argparse, sys, time
+    from training.cli import register, run_train
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    sys.exit(run_train(parser.parse_args(["train", *sys.argv[2:]]), sinks=[lambda r: time.sleep(float(sys.argv[1]))]))
+""")
+
+
+def start_torchrun(tmp_path: Path, config: Path, pause: float, **env: str) -> subprocess.Popen:
+    entry = tmp_path / "entry.py"
+    entry.write_text(TORCHRUN_ENTRY)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(entry), str(pause),
+         "--config", str(config)],
+        env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def rank_pids(agent: int) -> dict[int, int]:
+    """rank -> pid of the agent's worker processes."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout.split():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next(int(e[5:]) for e in environ if e.startswith(b"RANK="))
+        out[rank] = int(pid)
+    return out
+
+
+def pieces(records: list[dict]) -> list[tuple]:
+    return sorted((r["step"], *piece) for r in records
+                  for piece in zip(r["row"], r["bucket"], r["epoch"], r["entry"], r["a"], r["b"]))
+
+
+@pytest.mark.slow
+def test_torchrun_sigterm_on_rank_1_alone_checkpoints_every_rank_at_one_step(tmp_path):
+    config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 1000})
+    run_dir = tmp_path / "root/runs/demo"
+    agent = start_torchrun(tmp_path, config, pause=0.2)
+    try:
+        wait_for_steps(run_dir, 3, timeout=120)
+        os.kill(rank_pids(agent.pid)[1], signal.SIGTERM)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    status = read_status(run_dir)
+    assert status["state"] == "failed" and status["reason"].startswith("preempted: SIGTERM"), out
+    stopped = status["step"]
+    assert Path(status["checkpoint"]).name == f"step-{stopped:08d}.pt" and stopped < status["total_steps"]
+    for rank in (0, 1):
+        assert JsonLines(run_dir / f"consumption-rank{rank}.jsonl").read()[-1]["step"] == stopped
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_killed_mid_run_then_one_rank_resumes_exactly_once(tmp_path, uninterrupted):
+    """Both ranks log steps 5 and 6 past the step-4 checkpoint and die; a world of 1 resumes: rank 1's
+    log is cut back to step 4, and the two logs together name exactly what an uninterrupted run reads."""
+    config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 4})
+    run_dir = tmp_path / "root/runs/demo"
+    agent = start_torchrun(tmp_path, config, pause=0.0, REFINERY_TRAIN_KILL_AT_STEP="6")
+    out, _ = agent.communicate(timeout=180)
+    assert agent.returncode != 0 and read_status(run_dir)["state"] == "running", out
+    assert JsonLines(run_dir / "consumption-rank1.jsonl").read()[-1]["step"] == 6
+
+    assert Trainer(load_config(config)).train()["state"] == "completed"
+    rank1 = JsonLines(run_dir / "consumption-rank1.jsonl").read()
+    assert [r["step"] for r in rank1] == [1, 2, 3, 4]
+    assert pieces(consumption(run_dir) + rank1) == pieces(uninterrupted)
+
+
 # ---- refinery train refuses a curriculum it would not follow ----------------------------------------
 
 

@@ -41,19 +41,21 @@ def launched_by_torchrun() -> bool:
 
 
 class ParentWatch:
-    """Watches the process that was this one's parent when `start()` ran."""
+    """Watches the process that was this one's parent when it was made (make it early: a parent that
+    dies before is never seen). Under torchrun it also arms PR_SET_PDEATHSIG at once, so a rank whose
+    agent dies while it is still setting up (rendezvous, loading data) is terminated then and there."""
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.parent = os.getppid()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="refinery-parent-watch", daemon=True)
-
-    def start(self) -> "ParentWatch":
         if launched_by_torchrun():
             set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != self.parent:  # died between fork and here: prctl would never fire
-            self.parent = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "ParentWatch":
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="refinery-parent-watch", daemon=True)
         self._thread.start()
         return self
 
@@ -71,7 +73,9 @@ class ParentWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def worker_init(worker_id: int) -> None:

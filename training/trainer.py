@@ -73,6 +73,7 @@ def run_dir_of(cfg: RefineryConfig, options: RunOptions) -> Path:
 class Trainer:
     def __init__(self, cfg: RefineryConfig, options: RunOptions | None = None):
         self.cfg, self.opt, tc = cfg, options or RunOptions(), cfg.training
+        self.parent_watch = ParentWatch(tc.orphan_grace_s)  # before anything that can block on the launcher
         self.rank, self.world = self._init_distributed()
         if self.world > 1 and self.opt.simulate_world_size != 1:
             raise ValueError("simulate_world_size is for single-process runs; under torchrun the world size is real")
@@ -261,11 +262,11 @@ class Trainer:
                   f"{lock.previous.get('host')}, started {lock.previous.get('started')})", file=sys.stderr)
         # Set explicitly: a process may inherit SIGTERM ignored, and then a preemption would go unseen.
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        watch = ParentWatch(self.cfg.training.orphan_grace_s).start()
+        self.parent_watch.start()
         try:
             return self._train()
         finally:
-            watch.stop()
+            self.parent_watch.stop()
             signal.signal(signal.SIGTERM, previous)
             lock.release()
 
