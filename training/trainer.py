@@ -43,7 +43,7 @@ from training.model import GPT, GPTConfig, IGNORE
 from training.run_lock import RunLock, RunLocked
 from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
-from training.validation import EvalRows, heldout_fingerprint, pack_eval_rows, rising_buckets
+from training.validation import EvalRows, heldout_fingerprints, pack_eval_rows, rising_buckets
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
 
@@ -147,7 +147,7 @@ class Trainer:
                 "step": self.step, "tokens": self.tokens, "phase": self.schedule.phase_at(max(0, self.step - 1)),
                 "nonfinite_streak": self.nonfinite_streak, "bucket_tokens": dict(self.bucket_tokens),
                 "summary": self.summary, "val_history": self.val_history, "val_last": self.val_last,
-                "heldout": heldout_fingerprint(self.data.heldout),
+                "heldout": heldout_fingerprints(self.data.heldout),
             },
             "rng": rng_state(),
         }
@@ -161,11 +161,14 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         train = state["train"]
-        if train.get("heldout", "") != heldout_fingerprint(self.data.heldout):
+        now = heldout_fingerprints(self.data.heldout)
+        saved = train.get("heldout") or dict.fromkeys(now, "")  # a checkpoint from before held-out entries
+        changed = sorted(b for b in saved.keys() & now.keys() if saved[b] != now[b])
+        if changed:
             raise ResumeRefused(
-                "the held-out validation entries differ from the checkpoint's (training.eval_entries_per_bucket or the "
-                "seed changed), so the entry sets the sampler's cursors point into differ too; restore "
-                "training.eval_entries_per_bucket or start a new run_dir"
+                f"the held-out validation entries of bucket(s) {changed} differ from the checkpoint's "
+                "(training.eval_entries_per_bucket or the seed changed), so the entry sets the sampler's cursors point "
+                "into differ too; restore training.eval_entries_per_bucket or start a new run_dir"
             )
         self.step, self.tokens, self.nonfinite_streak = train["step"], train["tokens"], train["nonfinite_streak"]
         self.bucket_tokens = defaultdict(int, train["bucket_tokens"])
