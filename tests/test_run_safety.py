@@ -362,3 +362,14 @@ def test_training_without_manifests_says_to_build_them(tmp_path, capsys):
         manifest.unlink()
     assert main(["train", "--config", str(config)]) == 2
     assert "root/manifests: no phase manifests; materialize phase_manifests first" in capsys.readouterr().err
+
+
+def test_validate_says_whether_the_manifests_were_built_from_this_curriculum(tmp_path, capsys):
+    config = tiny_run(tmp_path)
+    main(["validate", "--config", str(config), "--plot", str(tmp_path / "s.png")])
+    assert "phase manifests: built from this curriculum" in capsys.readouterr().out
+    edit_curriculum(config, lambda c: c["phases"][2].update(seq_len=32))
+    main(["validate", "--config", str(config), "--json", "--plot", str(tmp_path / "s.png")])
+    out = json.loads(capsys.readouterr().out)
+    assert out["manifests"] == {"match": False, "differences": [
+        "curriculum.phases[2] (anneal).seq_len: the config says 32, the manifest 64"]}
