@@ -156,6 +156,23 @@ def test_a_trainer_exits_with_a_checkpoint_when_its_launcher_is_killed(tmp_path,
     assert 0 < status["step"] < status["total_steps"]
 
 
+def test_exit_with_parent_0_keeps_an_orphaned_trainer_training(tmp_path):
+    """`nohup refinery train ... &`: the shell that started it exits, the run goes on."""
+    config = tiny_run(tmp_path)
+    run_dir = tmp_path / "root/runs/demo"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TRAINER_CHILD, str(config), "0", "0.02"],
+                                env=child_env(REFINERY_EXIT_WITH_PARENT="0"), stdout=subprocess.PIPE, text=True)
+    trainer_pid = int(launcher.stdout.readline())
+    wait_for_steps(run_dir, 2)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while alive(trainer_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = read_status(run_dir)
+    assert status["state"] == "completed" and status["finished"]
+
+
 def test_sigterm_to_the_process_group_with_two_workers_checkpoints_and_resumes_exactly(tmp_path, uninterrupted):
     config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 1000})
     run_dir = tmp_path / "root/runs/demo"
