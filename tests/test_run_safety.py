@@ -288,6 +288,22 @@ def test_torchrun_sigterm_on_rank_1_alone_checkpoints_every_rank_at_one_step(tmp
 
 
 @pytest.mark.slow
+def test_torchrun_every_rank_is_refused_when_one_rank_lock_is_held(tmp_path):
+    config = tiny_run(tmp_path)
+    run_dir = tmp_path / "root/runs/demo"
+    held = RunLock(run_dir, rank=1).acquire()  # a one-rank trainer of another job would hold rank 0's; this is rank 1's
+    try:
+        agent = start_torchrun(tmp_path, config, pause=0.0)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        held.release()
+    assert agent.returncode != 0
+    assert f"in use by another trainer: pid {os.getpid()}" in out
+    assert "another rank's lock is held by another trainer" in out
+    assert not (run_dir / "metrics.jsonl").exists() and read_status(run_dir) is None
+
+
+@pytest.mark.slow
 def test_torchrun_ranks_killed_mid_run_then_one_rank_resumes_exactly_once(tmp_path, uninterrupted):
     """Both ranks log steps 5 and 6 past the step-4 checkpoint and die; a world of 1 resumes: rank 1's
     log is cut back to step 4, and the two logs together name exactly what an uninterrupted run reads."""

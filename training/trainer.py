@@ -256,10 +256,7 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        try:
-            lock = RunLock(self.run_dir, self.rank).acquire()
-        except RunLocked as err:
-            raise RunDirBusy(str(err)) from None
+        lock = self._lock_run_dir()
         if lock.previous:
             print(f"refinery train: took over the lock of a trainer that is gone (pid {lock.previous.get('pid')} on "
                   f"{lock.previous.get('host')}, started {lock.previous.get('started')})", file=sys.stderr)
@@ -272,6 +269,24 @@ class Trainer:
             self.parent_watch.stop()
             signal.signal(signal.SIGTERM, previous)
             lock.release()
+
+    def _lock_run_dir(self) -> RunLock:
+        """This rank's lock on the run directory; every rank is refused when any one is, so none is
+        left waiting in a collective for a rank that gave up."""
+        lock, refusal = RunLock(self.run_dir, self.rank), None
+        try:
+            lock.acquire()
+        except RunLocked as err:
+            refusal = str(err)
+        if self.world > 1:
+            refused = torch.tensor([int(refusal is not None)], device=self.device)
+            dist.all_reduce(refused, op=dist.ReduceOp.MAX)
+            if refused.item() and refusal is None:
+                lock.release()
+                refusal = f"{self.run_dir}: another rank's lock is held by another trainer (see its message)"
+        if refusal is not None:
+            raise RunDirBusy(refusal)
+        return lock
 
     def _train(self) -> dict[str, Any]:
         self.resume()  # a refusal leaves status.json as it was: the halt stays on record
