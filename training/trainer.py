@@ -2,7 +2,8 @@
 
 `Trainer(cfg, options).train()` resumes if asked, then runs steps until the curriculum ends, a
 phase named by `stop_after_phase` closes, a bucket runs dry (`halted`), the loss stays non-finite
-for `max_consecutive_nonfinite` steps (`halted`), or SIGTERM arrives (checkpoint, then `failed`
+for `max_consecutive_nonfinite` steps (`halted`), a bucket's validation loss rises during the phase
+`training.anneal_halt_on_val_rise` watches (`halted`), or SIGTERM arrives (checkpoint, then `failed`
 so an orchestrator resumes it). It returns the final status dict.
 
 Run safety: `train()` holds the run directory's lock (`training.run_lock`) from before resume to the
