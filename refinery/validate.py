@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from refinery.config import RefineryConfig, load_config
-from refinery.curriculum import CurriculumError, Schedule, ValidationReport, build_schedule, validate, validate_data_root, warmup_tokens
+from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, build_schedule, manifest_differences, stored_manifests,
+                                 validate, validate_data_root, warmup_tokens)
 from refinery.shard_format import ShardFormatError
 from refinery.storage import DataRoot, atomic_path, open_data_root
 
@@ -175,16 +176,32 @@ def run_validate(args: argparse.Namespace) -> int:
             else:
                 write_schedule_plot(cfg, root, schedule)
                 plot = root.display(SCHEDULE_PLOT_KEY)
+        manifests = manifest_check(cfg, root) if report.contract is not None else None
     except (CurriculumError, ShardFormatError) as err:
         print(f"refinery validate: {err}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({**report.to_json(), "plot": plot}, indent=1, sort_keys=True))
+        print(json.dumps({**report.to_json(), "plot": plot, "manifests": manifests}, indent=1, sort_keys=True))
     else:
         print(render_text(report))
         if plot:
             print(f"schedule plot: {plot}")
+        if manifests is not None:
+            print("phase manifests: built from this curriculum" if manifests["match"] else
+                  "phase manifests: built from another curriculum; `refinery train` refuses until phase_manifests is "
+                  "rematerialized:\n" + "\n".join(f"  {d}" for d in manifests["differences"]))
     return 0 if report.ok else 1
+
+
+def manifest_check(cfg: RefineryConfig, root: DataRoot) -> dict[str, Any] | None:
+    """Whether the data root's phase manifests were built from this curriculum (what `refinery train`
+    checks before it starts); None when there are none yet."""
+    assert cfg.curriculum is not None
+    manifests = stored_manifests(root, {p.name for p in cfg.curriculum.phases})
+    if not manifests:
+        return None
+    differences = manifest_differences(cfg, manifests)
+    return {"match": not differences, "differences": differences}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -156,6 +156,23 @@ def test_a_trainer_exits_with_a_checkpoint_when_its_launcher_is_killed(tmp_path,
     assert 0 < status["step"] < status["total_steps"]
 
 
+def test_exit_with_parent_0_keeps_an_orphaned_trainer_training(tmp_path):
+    """`nohup refinery train ... &`: the shell that started it exits, the run goes on."""
+    config = tiny_run(tmp_path)
+    run_dir = tmp_path / "root/runs/demo"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TRAINER_CHILD, str(config), "0", "0.02"],
+                                env=child_env(REFINERY_EXIT_WITH_PARENT="0"), stdout=subprocess.PIPE, text=True)
+    trainer_pid = int(launcher.stdout.readline())
+    wait_for_steps(run_dir, 2)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while alive(trainer_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = read_status(run_dir)
+    assert status["state"] == "completed" and status["finished"]
+
+
 def test_sigterm_to_the_process_group_with_two_workers_checkpoints_and_resumes_exactly(tmp_path, uninterrupted):
     config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 1000})
     run_dir = tmp_path / "root/runs/demo"
@@ -211,6 +228,96 @@ def test_a_torn_line_is_dropped_with_everything_after_it(tmp_path):
     assert [r["step"] for r in log.read()] == [1, 2]
     assert log.truncate_after(10) == 2
     assert json.loads(log.path.read_text().splitlines()[-1]) == {"step": 2}
+
+
+
+# ---- torchrun: two CPU ranks over gloo -----------------------------------------------------------------
+
+# `refinery train` with a pause per step on rank 0 (the others wait for it in the all-reduce).
+TORCHRUN_ENTRY = textwrap.dedent("""
+    import argparse, sys, time
+    from training.cli import register, run_train
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    sys.exit(run_train(parser.parse_args(["train", *sys.argv[2:]]), sinks=[lambda r: time.sleep(float(sys.argv[1]))]))
+""")
+
+
+def start_torchrun(tmp_path: Path, config: Path, pause: float, **env: str) -> subprocess.Popen:
+    entry = tmp_path / "entry.py"
+    entry.write_text(TORCHRUN_ENTRY)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(entry), str(pause),
+         "--config", str(config)],
+        env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def rank_pids(agent: int) -> dict[int, int]:
+    """rank -> pid of the agent's worker processes."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout.split():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next(int(e[5:]) for e in environ if e.startswith(b"RANK="))
+        out[rank] = int(pid)
+    return out
+
+
+def pieces(records: list[dict]) -> list[tuple]:
+    return sorted((r["step"], *piece) for r in records
+                  for piece in zip(r["row"], r["bucket"], r["epoch"], r["entry"], r["a"], r["b"]))
+
+
+@pytest.mark.slow
+def test_torchrun_sigterm_on_rank_1_alone_checkpoints_every_rank_at_one_step(tmp_path):
+    config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 1000})
+    run_dir = tmp_path / "root/runs/demo"
+    agent = start_torchrun(tmp_path, config, pause=0.2)
+    try:
+        wait_for_steps(run_dir, 3, timeout=120)
+        os.kill(rank_pids(agent.pid)[1], signal.SIGTERM)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    status = read_status(run_dir)
+    assert status["state"] == "failed" and status["reason"].startswith("preempted: SIGTERM"), out
+    stopped = status["step"]
+    assert Path(status["checkpoint"]).name == f"step-{stopped:08d}.pt" and stopped < status["total_steps"]
+    for rank in (0, 1):
+        assert JsonLines(run_dir / f"consumption-rank{rank}.jsonl").read()[-1]["step"] == stopped
+
+
+@pytest.mark.slow
+def test_torchrun_every_rank_is_refused_when_one_rank_lock_is_held(tmp_path):
+    config = tiny_run(tmp_path)
+    run_dir = tmp_path / "root/runs/demo"
+    held = RunLock(run_dir, rank=1).acquire()  # a one-rank trainer of another job would hold rank 0's; this is rank 1's
+    try:
+        agent = start_torchrun(tmp_path, config, pause=0.0)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        held.release()
+    assert agent.returncode != 0
+    assert f"in use by another trainer: pid {os.getpid()}" in out
+    assert "another rank's lock is held by another trainer" in out
+    assert not (run_dir / "metrics.jsonl").exists() and read_status(run_dir) is None
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_killed_mid_run_then_one_rank_resumes_exactly_once(tmp_path, uninterrupted):
+    """Both ranks log steps 5 and 6 past the step-4 checkpoint and die; a world of 1 resumes: rank 1's
+    log is cut back to step 4, and the two logs together name exactly what an uninterrupted run reads."""
+    config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 4})
+    run_dir = tmp_path / "root/runs/demo"
+    agent = start_torchrun(tmp_path, config, pause=0.0, REFINERY_TRAIN_KILL_AT_STEP="6")
+    out, _ = agent.communicate(timeout=180)
+    assert agent.returncode != 0 and read_status(run_dir)["state"] == "running", out
+    assert JsonLines(run_dir / "consumption-rank1.jsonl").read()[-1]["step"] == 6
+
+    assert Trainer(load_config(config)).train()["state"] == "completed"
+    rank1 = JsonLines(run_dir / "consumption-rank1.jsonl").read()
+    assert [r["step"] for r in rank1] == [1, 2, 3, 4]
+    assert pieces(consumption(run_dir) + rank1) == pieces(uninterrupted)
 
 
 # ---- refinery train refuses a curriculum it would not follow ----------------------------------------
@@ -288,3 +395,14 @@ def test_training_without_manifests_says_to_build_them(tmp_path, capsys):
         manifest.unlink()
     assert main(["train", "--config", str(config)]) == 2
     assert "root/manifests: no phase manifests; materialize phase_manifests first" in capsys.readouterr().err
+
+
+def test_validate_says_whether_the_manifests_were_built_from_this_curriculum(tmp_path, capsys):
+    config = tiny_run(tmp_path)
+    main(["validate", "--config", str(config), "--plot", str(tmp_path / "s.png")])
+    assert "phase manifests: built from this curriculum" in capsys.readouterr().out
+    edit_curriculum(config, lambda c: c["phases"][2].update(seq_len=32))
+    main(["validate", "--config", str(config), "--json", "--plot", str(tmp_path / "s.png")])
+    out = json.loads(capsys.readouterr().out)
+    assert out["manifests"] == {"match": False, "differences": [
+        "curriculum.phases[2] (anneal).seq_len: the config says 32, the manifest 64"]}

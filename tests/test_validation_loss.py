@@ -152,7 +152,7 @@ def test_changing_the_heldout_entries_refuses_resume(tmp_path):
     data = yaml.safe_load(config.read_text())
     data["training"]["eval_entries_per_bucket"] = 4
     config.write_text(yaml.safe_dump(data))
-    with pytest.raises(ResumeRefused, match="held-out validation entries differ from the checkpoint's"):
+    with pytest.raises(ResumeRefused, match=r"held-out validation entries of bucket\(s\) \[.math., .web.\] differ from the checkpoint's"):
         Trainer(load_config(config)).train()
 
 
@@ -167,3 +167,18 @@ def test_eval_settings_are_checked_at_load(tmp_path):
         config.write_text(yaml.safe_dump({**data, "training": {**data["training"], **training}}))
         with pytest.raises(ConfigError, match=message):
             load_config(config)
+
+
+def test_a_resumed_run_evaluates_at_the_same_steps_with_the_same_losses(tmp_path, evaluated):
+    config = tiny_run(tmp_path, training=EVAL)
+    Trainer(load_config(config), RunOptions(stop_after_phase="main")).train()
+    resumed = Trainer(load_config(config))
+    assert resumed.train()["state"] == "completed"
+    def losses(metrics):
+        return {(m["step"], b): m[f"val_loss/{b}"] for m in metrics if "val_loss/web" in m for b in ("web", "math")}
+
+    whole, again = losses(evaluated[1].metrics.read()), losses(resumed.metrics.read())
+    assert again.keys() == whole.keys()
+    assert [again[k] for k in sorted(again)] == pytest.approx([whole[k] for k in sorted(whole)], rel=1e-5)
+    assert {p: {b: len(v) for b, v in h.items()} for p, h in resumed.val_history.items()} == \
+        {p: {b: len(v) for b, v in h.items()} for p, h in evaluated[1].val_history.items()}

@@ -1,5 +1,7 @@
 """`refinery train`: run (or resume) the curriculum trainer and print per-phase, per-bucket loss and
-tokens. Exit status: 0 completed, 3 halted or refused (status.json says why), 1 failed."""
+tokens served against tokens planned. Exit status: 0 completed, 2 an invalid curriculum or one that
+differs from the phase manifests (nothing trained), 3 halted or refused (status.json says why, or
+another trainer holds the run directory), 1 failed."""
 
 from __future__ import annotations
 
@@ -30,21 +32,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_train)
 
 
-def summary_rows(summary: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+def summary_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per phase and bucket: tokens planned by the curriculum, tokens served, mean loss."""
+    mixture = status.get("mixture") or {}
     rows = []
-    for phase, buckets in summary.items():
+    for phase, buckets in (status.get("summary") or {}).items():
         for bucket, acc in sorted(buckets.items()):
             loss = acc["loss_sum"] / acc["targets"] if acc["targets"] else None
-            rows.append({"phase": phase, "bucket": bucket, "tokens": int(acc["tokens"]), "loss": loss})
+            planned = mixture.get(phase, {}).get(bucket, {}).get("planned")
+            rows.append({"phase": phase, "bucket": bucket, "tokens": int(acc["tokens"]), "planned": planned, "loss": loss})
     return rows
 
 
 def format_table(status: dict[str, Any]) -> str:
-    rows = summary_rows(status.get("summary") or {})
-    lines = [f"{'phase':<12} {'bucket':<10} {'tokens':>12} {'loss':>8}"]
+    rows = summary_rows(status)
+    lines = [f"{'phase':<12} {'bucket':<10} {'tokens':>12} {'planned':>12} {'loss':>8}"]
     for r in rows:
         loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
-        lines.append(f"{r['phase']:<12} {r['bucket']:<10} {r['tokens']:>12,} {loss:>8}")
+        planned = f"{r['planned']:,.0f}" if r["planned"] is not None else "-"
+        lines.append(f"{r['phase']:<12} {r['bucket']:<10} {r['tokens']:>12,} {planned:>12} {loss:>8}")
     lines.append(f"state: {status['state']} at step {status.get('step')} of {status.get('total_steps')}"
                  f"{' (' + status['reason'] + ')' if status.get('reason') else ''}")
     return "\n".join(lines)
@@ -74,7 +80,7 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
         trainer.close()
     if trainer.rank == 0:
         if args.json:
-            print(json.dumps({**status, "phases": summary_rows(status.get("summary") or {})}, sort_keys=True))
+            print(json.dumps({**status, "phases": summary_rows(status)}, sort_keys=True))
         else:
             print(format_table(status))
     return {"completed": 0, "halted": EXIT_HALTED}.get(status["state"], 1)

@@ -9,6 +9,8 @@ guards, both ending in the trainer's SIGTERM path (finish the step, checkpoint, 
 - `ParentWatch`: a daemon thread that polls `os.getppid()` and, once the parent is gone (the
   process was re-parented), sends SIGTERM to this process; if the process is still alive
   `grace_s` later (a collective waiting for a dead peer), it exits hard with `ORPHAN_EXIT`.
+  A trainer meant to outlive its shell (`nohup refinery train ... &`) sets
+  `REFINERY_EXIT_WITH_PARENT=0`, which turns both guards off.
 
 DataLoader workers get `worker_init`: they ignore SIGTERM (torch's worker handler dies on a SIGTERM
 from anyone but its parent, which fails the main process before it can checkpoint; a process group
@@ -24,6 +26,7 @@ import sys
 import threading
 
 PR_SET_PDEATHSIG = 1
+EXIT_WITH_PARENT_ENV = "REFINERY_EXIT_WITH_PARENT"  # "0": keep training when the launcher exits
 ORPHAN_EXIT = 75  # EX_TEMPFAIL: the launcher died; the run resumes from its checkpoint
 POLL_S = 0.2
 
@@ -41,27 +44,32 @@ def launched_by_torchrun() -> bool:
 
 
 class ParentWatch:
-    """Watches the process that was this one's parent when `start()` ran."""
+    """Watches the process that was this one's parent when it was made (make it early: a parent that
+    dies before is never seen). Under torchrun it also arms PR_SET_PDEATHSIG at once, so a rank whose
+    agent dies while it is still setting up (rendezvous, loading data) is terminated then and there."""
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.parent = os.getppid()
+        self.enabled = os.environ.get(EXIT_WITH_PARENT_ENV, "1") != "0"
+        if self.enabled and launched_by_torchrun():
+            set_parent_death_signal(signal.SIGTERM)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="refinery-parent-watch", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> "ParentWatch":
-        if launched_by_torchrun():
-            set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != self.parent:  # died between fork and here: prctl would never fire
-            self.parent = -1
+        if not self.enabled:
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="refinery-parent-watch", daemon=True)
         self._thread.start()
         return self
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
             if os.getppid() != self.parent:
-                print(f"refinery train: the launcher (pid {self.parent}) died; checkpointing and exiting",
-                      file=sys.stderr, flush=True)
+                print(f"refinery train: the launcher (pid {self.parent}) died; checkpointing and exiting "
+                      f"({EXIT_WITH_PARENT_ENV}=0 keeps training)", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGTERM)
                 if not self._stop.wait(self.grace_s):
                     print(f"refinery train: still running {self.grace_s:g}s after the launcher died; exiting",
@@ -71,7 +79,9 @@ class ParentWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def worker_init(worker_id: int) -> None:

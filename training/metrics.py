@@ -4,7 +4,9 @@ Pipes) without this package knowing how.
 
 Keys are stable: `step`, `phase`, `phase_name`, `tokens`, `lr`, `loss/total`, `loss/<bucket>`,
 `tokens/<bucket>` (cumulative tokens served), `time/data_wait_s`, `time/step_s`, `grad_norm`,
-`nonfinite`, `world_size`, and `event/bucket_dropped` when exhaustion drops a bucket.
+`nonfinite`, `world_size`, and `event/bucket_dropped` when exhaustion drops a bucket; at an
+evaluation (every `training.eval_every_tokens`), `val_loss/<bucket>` (held-out entries) and
+`time/eval_s`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The run status file, `<run_dir>/status.json`: what an orchestrator reads to decide whether to
-resume. `halted` is terminal for auto-resume (gpt-simple's rule): a bucket ran dry or the loss went
-non-finite, and resubmitting the same run would only do it again.
+resume. `halted` is terminal for auto-resume (gpt-simple's rule): a bucket ran dry, the loss went
+non-finite, or a validation loss rose during anneal, and resubmitting the same run would only do it
+again. Besides state and reason, the trainer records `mixture` (tokens planned and served per phase
+and bucket) and `validation` (the latest per-bucket validation loss).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `Trainer(cfg, options).train()` resumes if asked, then runs steps until the curriculum ends, a
 phase named by `stop_after_phase` closes, a bucket runs dry (`halted`), the loss stays non-finite
-for `max_consecutive_nonfinite` steps (`halted`), or SIGTERM arrives (checkpoint, then `failed`
+for `max_consecutive_nonfinite` steps (`halted`), a bucket's validation loss rises during the phase
+`training.anneal_halt_on_val_rise` watches (`halted`), or SIGTERM arrives (checkpoint, then `failed`
 so an orchestrator resumes it). It returns the final status dict.
 
 Run safety: `train()` holds the run directory's lock (`training.run_lock`) from before resume to the
@@ -44,7 +45,7 @@ from training.model import GPT, GPTConfig, IGNORE, resolve_attention
 from training.run_lock import RunLock, RunLocked
 from training.run_store import RunMirror, run_base
 from training.status import read_status, write_status
-from training.validation import EvalRows, heldout_fingerprint, pack_eval_rows, rising_buckets
+from training.validation import EvalRows, heldout_fingerprints, pack_eval_rows, rising_buckets
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
 
@@ -74,6 +75,7 @@ def run_dir_of(cfg: RefineryConfig, options: RunOptions) -> Path:
 class Trainer:
     def __init__(self, cfg: RefineryConfig, options: RunOptions | None = None):
         self.cfg, self.opt, tc = cfg, options or RunOptions(), cfg.training
+        self.parent_watch = ParentWatch(tc.orphan_grace_s)  # before anything that can block on the launcher
         self.rank, self.world = self._init_distributed()
         if self.world > 1 and self.opt.simulate_world_size != 1:
             raise ValueError("simulate_world_size is for single-process runs; under torchrun the world size is real")
@@ -152,7 +154,7 @@ class Trainer:
                 "step": self.step, "tokens": self.tokens, "phase": self.schedule.phase_at(max(0, self.step - 1)),
                 "nonfinite_streak": self.nonfinite_streak, "bucket_tokens": dict(self.bucket_tokens),
                 "summary": self.summary, "val_history": self.val_history, "val_last": self.val_last,
-                "heldout": heldout_fingerprint(self.data.heldout),
+                "heldout": heldout_fingerprints(self.data.heldout),
             },
             "rng": rng_state(),
         }
@@ -166,11 +168,14 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         train = state["train"]
-        if train.get("heldout", "") != heldout_fingerprint(self.data.heldout):
+        now = heldout_fingerprints(self.data.heldout)
+        saved = train.get("heldout") or dict.fromkeys(now, "")  # a checkpoint from before held-out entries
+        changed = sorted(b for b in saved.keys() & now.keys() if saved[b] != now[b])
+        if changed:
             raise ResumeRefused(
-                "the held-out validation entries differ from the checkpoint's (training.eval_entries_per_bucket or the "
-                "seed changed), so the entry sets the sampler's cursors point into differ too; restore "
-                "training.eval_entries_per_bucket or start a new run_dir"
+                f"the held-out validation entries of bucket(s) {changed} differ from the checkpoint's "
+                "(training.eval_entries_per_bucket or the seed changed), so the entry sets the sampler's cursors point "
+                "into differ too; restore training.eval_entries_per_bucket or start a new run_dir"
             )
         self.step, self.tokens, self.nonfinite_streak = train["step"], train["tokens"], train["nonfinite_streak"]
         self.bucket_tokens = defaultdict(int, train["bucket_tokens"])
@@ -258,22 +263,37 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        try:
-            lock = RunLock(self.run_dir, self.rank).acquire()
-        except RunLocked as err:
-            raise RunDirBusy(str(err)) from None
+        lock = self._lock_run_dir()
         if lock.previous:
             print(f"refinery train: took over the lock of a trainer that is gone (pid {lock.previous.get('pid')} on "
                   f"{lock.previous.get('host')}, started {lock.previous.get('started')})", file=sys.stderr)
         # Set explicitly: a process may inherit SIGTERM ignored, and then a preemption would go unseen.
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        watch = ParentWatch(self.cfg.training.orphan_grace_s).start()
+        self.parent_watch.start()
         try:
             return self._train()
         finally:
-            watch.stop()
+            self.parent_watch.stop()
             signal.signal(signal.SIGTERM, previous)
             lock.release()
+
+    def _lock_run_dir(self) -> RunLock:
+        """This rank's lock on the run directory; every rank is refused when any one is, so none is
+        left waiting in a collective for a rank that gave up."""
+        lock, refusal = RunLock(self.run_dir, self.rank), None
+        try:
+            lock.acquire()
+        except RunLocked as err:
+            refusal = str(err)
+        if self.world > 1:
+            refused = torch.tensor([int(refusal is not None)], device=self.device)
+            dist.all_reduce(refused, op=dist.ReduceOp.MAX)
+            if refused.item() and refusal is None:
+                lock.release()
+                refusal = f"{self.run_dir}: another rank's lock is held by another trainer (see its message)"
+        if refusal is not None:
+            raise RunDirBusy(refusal)
+        return lock
 
     def _train(self) -> dict[str, Any]:
         self.resume()  # a refusal leaves status.json as it was: the halt stays on record

@@ -55,15 +55,13 @@ def heldout_entries(root: "DataRoot", manifests: list["PhaseManifest"], k: int, 
     return {name: choose_heldout(bucket_entry_docs(root, bs) if k > 0 else [], k, seed) for name, bs in sorted(slices.items())}
 
 
-def heldout_fingerprint(heldout: dict[str, np.ndarray]) -> str:
-    """Identifies the held-out sets ("" when none); a checkpoint refuses to resume under others (the
-    entry sets differ)."""
-    if not any(ids.size for ids in heldout.values()):
-        return ""
-    h = hashlib.sha256()
-    for name, ids in sorted(heldout.items()):
-        h.update(name.encode() + b":" + np.ascontiguousarray(ids, dtype=np.int64).tobytes() + b"|")
-    return h.hexdigest()[:16]
+def heldout_fingerprints(heldout: dict[str, np.ndarray]) -> dict[str, str]:
+    """Per bucket, what identifies its held-out entries ("" when none). A checkpoint refuses to
+    resume when a bucket it shares with the run holds out other entries: its entry sets, and so the
+    sampler's cursors into them, would mean something else. A bucket only one side knows is fine (an
+    anneal variant may add one)."""
+    return {name: hashlib.sha256(np.ascontiguousarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16] if ids.size else ""
+            for name, ids in sorted(heldout.items())}
 
 
 @dataclass
