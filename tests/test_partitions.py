@@ -130,7 +130,7 @@ def test_one_run_over_every_batch_writes_the_same_per_file_bytes_as_runs_per_fil
     write_files(tmp_path / "code", ["d", "e"])
     per_file = write_config(tmp_path, {"batches_per_run": 1}, "per_file.yaml")
     batched = write_config(tmp_path, {"by": "hash", "count": 2}, "batched.yaml")
-    assert run_funnel(per_file) == 5, "one run per input file"
+    assert run_funnel(per_file) == len(FUNNEL) * 5, "one run per asset and input file"
     assert run_funnel(batched) == 1, "every batch of the funnel in one run"
     files = [s.key for s in input_shards(load_config(batched))]
     expected = {k for f in files for name in FUNNEL for k in (documents_key(name, f), rejects_key(name, f))}
