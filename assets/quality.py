@@ -151,7 +151,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         if not cfg.stages.quality.enabled:
             return dg.MaterializeResult(metadata=md)
         skipping = sorted({s.source for s in shards if skips(cfg.source(s.source).skip, q.QualityScorer.skip_key)})
-        md["quality_model"] = dg.MetadataValue.text(q.load_published_model(root)[1]["model_hash"])
+        md["quality_model"] = dg.MetadataValue.text(root.read_json(q.LATEST_KEY)["model_hash"])
         md["threshold_enforced"] = dg.MetadataValue.bool(not skipping)
         if skipping:
             md["note"] = dg.MetadataValue.text(

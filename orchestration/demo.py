@@ -41,20 +41,14 @@ def _per_run(node) -> int | None:
     return 1 if policy is None else policy.max_partitions_per_run
 
 
-def _joins(step: PlanStep, node, per_run: int | None, graph) -> bool:
-    """Whether `node` can run in `step`'s runs: an unpartitioned asset when the step takes every
-    partition in one run; otherwise the same partitions and run size, and, when runs take a few
-    keys each, only identity dependencies on the step's assets (each run then holds its parents)."""
-    import dagster as dg
-
-    if node.partitions_def is None:
-        return step.per_run is None
-    if step.partitions_def not in (None, node.partitions_def) or per_run != step.per_run:
+def _joins(step: PlanStep, node, per_run: int | None) -> bool:
+    """Whether `node` can run in `step`'s runs: only when both take every partition in one run (an
+    unpartitioned asset, or one with a single-run backfill policy over the same partitions). Steps
+    of one run per key stay apart, since an asset may need every key of the one before it in ways
+    Dagster does not see (the trainer reads every phase's manifest)."""
+    if step.per_run is not None or per_run is not None:
         return False
-    return per_run is None or all(
-        isinstance(graph.get_partition_mapping(node.key, parent), dg.IdentityPartitionMapping)
-        for parent in node.parent_keys if parent in step.keys
-    )
+    return node.partitions_def is None or step.partitions_def in (None, node.partitions_def)
 
 
 def execution_plan(defs: dg.Definitions, selection: list[dg.AssetKey] | None = None) -> list[PlanStep]:
@@ -68,7 +62,7 @@ def execution_plan(defs: dg.Definitions, selection: list[dg.AssetKey] | None = N
             if not node.is_materializable or (wanted is not None and key not in wanted):
                 continue
             per_run = _per_run(node)
-            if steps and _joins(steps[-1], node, per_run, graph):
+            if steps and _joins(steps[-1], node, per_run):
                 steps[-1].keys.append(key)
                 steps[-1].partitions_def = steps[-1].partitions_def or node.partitions_def
             else:

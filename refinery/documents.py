@@ -1,4 +1,5 @@
-"""Document tables: where they live in the data root, their provenance columns, and input shards.
+"""Document tables: where they live in the data root, their provenance columns, input files (shards)
+and the batches of them that partition the per-document stages.
 
 A document table is one Parquet file per partition. Every stage carries the provenance columns
 through unchanged and may add its own (language, scores, cluster ids); `doc_id` and `url` are
@@ -64,7 +65,7 @@ def empty_rejects() -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class InputShard:
-    """One input file: the unit of partitioning for the per-document stages."""
+    """One input file: the unit of every per-document table, rejects table and stats file."""
 
     key: str  # the Dagster partition key
     source: str
@@ -99,13 +100,6 @@ def input_shards(cfg: RefineryConfig) -> list[InputShard]:
             seen.add(key)
             shards.append(InputShard(key=key, source=src.name, bucket=src.bucket, path=path))
     return shards
-
-
-def input_shard(cfg: RefineryConfig, key: str) -> InputShard:
-    for shard in input_shards(cfg):
-        if shard.key == key:
-            return shard
-    raise KeyError(f"no input shard {key!r}; known: {[s.key for s in input_shards(cfg)][:10]}")
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,6 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
     return totals
 
 
-def partition_stage_stats(root: DataRoot, partition: str) -> list[StageStats]:
-    """One input file's stats for every funnel stage materialized for it, in funnel order."""
-    return files_stage_stats(root, [partition])
-
-
 def files_stage_stats(root: DataRoot, files: list[str]) -> list[StageStats]:
     """The named input files' stats merged per funnel stage, for the stages materialized for any of
     them, in funnel order: what one funnel chart over a run's files draws."""

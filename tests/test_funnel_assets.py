@@ -13,7 +13,7 @@ import yaml
 from assets.partitions import Partitions
 from orchestration.resources import RefineryResource
 from refinery.config import load_config
-from refinery.documents import documents_key, input_shards, make_doc_id, rejects_key, stats_key
+from refinery.documents import documents_key, input_batches, input_shards, make_doc_id, rejects_key, stats_key
 from refinery.storage import LocalDataRoot
 from refinery.synth import gzip_member, http_response, warc_record
 
@@ -200,11 +200,12 @@ def test_funnel_on_the_sample_meets_the_ground_truth(tmp_path):
     cfg = load_config(config_path)
     root = LocalDataRoot(tmp_path / "out")
     assets = funnel_assets(config_path)
-    for shard in input_shards(cfg):
-        result = materialize_shard(assets, config_path, shard.key)
+    for batch in input_batches(cfg):  # the demo's partitions: batches of files, outputs per file
+        result = materialize_shard(assets, config_path, batch.key)
         assert result.success
         for name, md in metadata_by_asset(result).items():
-            assert PROVENANCE_KEYS <= set(md), f"{name}[{shard.key}]"
+            assert PROVENANCE_KEYS <= set(md), f"{name}[{batch.key}]"
+            assert md["input_files"].value == len(batch.shards)
 
     def table(kind: str, stage: str) -> pl.DataFrame:
         return pl.concat(root.read_parquet(k) for k in root.list(f"{kind}/{stage}"))

@@ -1,7 +1,9 @@
 """Input batches: stable keys, the per-file outputs they keep, the fan-out pool, dynamic
 registration, and how few runs the demo's plan makes."""
 
+import base64
 import json
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -9,10 +11,12 @@ import pytest
 import yaml
 
 from assets.partitions import INPUT_BATCHES, Partitions, register_input_batches
+from assets.quality import funnel_chart_metadata
 from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, execution_plan, materialize_graph
 from refinery.config import ConfigError, load_config
 from refinery.documents import documents_key, input_batches, input_shards, rejects_key, stats_key
+from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.storage import LocalDataRoot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,7 +130,7 @@ def test_one_run_over_every_batch_writes_the_same_per_file_bytes_as_runs_per_fil
     write_files(tmp_path / "code", ["d", "e"])
     per_file = write_config(tmp_path, {"batches_per_run": 1}, "per_file.yaml")
     batched = write_config(tmp_path, {"by": "hash", "count": 2}, "batched.yaml")
-    assert run_funnel(per_file) == 5, "one run per input file"
+    assert run_funnel(per_file) == len(FUNNEL) * 5, "one run per asset and input file"
     assert run_funnel(batched) == 1, "every batch of the funnel in one run"
     files = [s.key for s in input_shards(load_config(batched))]
     expected = {k for f in files for name in FUNNEL for k in (documents_key(name, f), rejects_key(name, f))}
@@ -135,6 +139,14 @@ def test_one_run_over_every_batch_writes_the_same_per_file_bytes_as_runs_per_fil
     root = LocalDataRoot(tmp_path / "out-batched")
     rejected = sum(root.read_json(stats_key("raw_documents", f))["dropped"].get("ingest/bad_json", 0) for f in files)
     assert rejected == 5, "rejects and stats stay per file: one broken line in each"
+
+    # One funnel chart for a run over many files: the files' stats merged per stage, drawn once.
+    merged = files_stage_stats(root, files)
+    assert [st.stage for st in merged] == FUNNEL
+    assert merged[0].docs_in == sum(root.read_json(stats_key("raw_documents", f))["docs_in"] for f in files) == 20
+    chart = funnel_chart_metadata(root, files)["funnel_chart"].value
+    png = base64.b64decode(re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", chart).group(1))
+    assert png == funnel_chart_png(merged, "funnel of 5 input files")
 
 
 @pytest.mark.slow
@@ -179,4 +191,6 @@ def test_the_demo_plan_runs_the_funnel_in_a_handful_of_runs():
     assert all(plan[i].per_run is None for i in range(len(funnel_steps))), "each one run over every partition"
     cfg = load_config(REPO / "configs" / "demo.yaml")
     runs = sum(1 if s.per_run is None else len(s.partitions_def.get_partition_keys()) for s in plan)
-    assert runs == len(funnel_steps) + len(cfg.buckets) + 1 + len(cfg.curriculum.phases)
+    # then one run per bucket for tokenized_shards and shuffled_shards, lineage_index, and one run per
+    # phase for each of phase_manifests, contamination_scan and training_run
+    assert runs == len(funnel_steps) + 2 * len(cfg.buckets) + 1 + 3 * len(cfg.curriculum.phases) == 27

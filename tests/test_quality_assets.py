@@ -175,14 +175,14 @@ def test_pii_redacted_carries_the_shards_funnel_chart(run):
     import base64
     import re
 
-    from refinery.funnel_report import funnel_chart_png, partition_stage_stats
+    from refinery.funnel_report import files_stage_stats, funnel_chart_png
 
     cfg, root, results = run
     shard = input_shards(cfg)[0]
     md = metadata(results[f"pii_redacted[{shard.key}]"], "pii_redacted")["funnel_chart"]
     png = base64.b64decode(re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", md).group(1))
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5_000
-    stats = partition_stage_stats(root, shard.key)
+    stats = files_stage_stats(root, [shard.key])
     assert [st.stage for st in stats] == ["quality_scored", "pii_redacted"], "the stages this shard went through"
     assert funnel_chart_png(stats, f"funnel of {shard.key}") == png, "the chart is drawn from the stored stats, byte for byte"
 

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
 METADATA_ASSET = "heuristic_filtered"
-METADATA_PARTITION = "web-web-00"  # a web file the heuristics remove pages from
+METADATA_PARTITION = "web-b0"  # the batch of web files (demo: one per source); the heuristics remove pages from it
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-quic",
