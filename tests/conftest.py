@@ -110,6 +110,11 @@ class SeaweedServer:
                 # Ready means the bucket exists and accepts a write, not just that the port is open.
                 client.put_object(Bucket=self.bucket, Key=".ready", Body=b"")
                 client.delete_object(Bucket=self.bucket, Key=".ready")
+                # After a restart, writes work before the old volumes are loaded: ready also means
+                # every object stored before the restart reads back.
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+                    for obj in page.get("Contents", []):
+                        client.get_object(Bucket=self.bucket, Key=obj["Key"])["Body"].read()
                 return
             except Exception as e:  # any failure before the deadline means "not yet"
                 last_error = e
