@@ -8,8 +8,8 @@ handed to torch with `torch.from_numpy`: no per-item tensors and no Python lists
 
 Sharding: every rank and DataLoader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
-`num_workers=k` whole steps go round-robin to the workers (step i to worker i % k), so the order a
-rank sees depends on neither W nor k (`training.loader` runs this in DataLoader workers).
+`num_workers=k` whole chunks of steps go round-robin to the workers (chunk c to worker c % k), so the
+order a rank sees depends on neither W nor k (`training.loader` runs this in DataLoader workers).
 """
 
 from __future__ import annotations

@@ -316,7 +316,8 @@ class _StepLists:
 def make_loader(stream: StepStream, num_workers: int, pin: bool | None = None) -> Prefetcher:
     """The rank's steps, prefetched on a background thread (pinned when CUDA is available): chunks of
     the stream itself with num_workers=0, else of a DataLoader whose workers take whole chunks
-    round-robin."""
+    round-robin. A batch's tensors are views of a reused buffer: valid while the consumer reads the
+    next batch, so a consumer that keeps batches longer (beyond its step) clones them."""
     pin = torch.cuda.is_available() if pin is None else pin
     # Workers' buffers live in shared memory; a chunk from a worker is pinned by a copy on arrival.
     ring = _Ring(pin and num_workers == 0, num_workers, stream.chunk_sizes() if num_workers else None)
