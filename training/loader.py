@@ -161,7 +161,11 @@ class _Buffers:
         self.held[name] = held
         return held
 
-    def __call__(self, name: str, n: int, dtype: Any) -> np.ndarray:
+    def __call__(self, name: str, n: int, dtype: Any, fresh: np.ndarray | None = None) -> np.ndarray:
+        if fresh is not None and not (self.pin or self.shared):
+            # Already computed into new memory that glibc recycles chunk after chunk: a copy costs more.
+            self.held.pop(name, None)
+            return fresh
         held = self.held.get(name)
         if held is None or len(held) < n:
             if self.shared:
@@ -175,7 +179,8 @@ class _Buffers:
     def tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
         """`array` (given out by this slot as `name`) as a view of the slot's own tensor: a tensor
         made from the numpy array would not know its memory is pinned or shared."""
-        return self.held[name][: array.size].view(array.shape)
+        held = self.held.get(name)
+        return torch.from_numpy(array) if held is None else held[: array.size].view(array.shape)
 
 
 class _Ring:
