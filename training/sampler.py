@@ -442,6 +442,15 @@ class CurriculumSampler:
             out[name] = {b: int(r) * L for b, r in zip(self.buckets, rows.tolist()) if r}
         return out
 
+    def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
+        """phase -> bucket -> {"planned": tokens the mixture plans for the whole phase, "served": tokens
+        served before `self.step`}: what a run's status shows (restore the run's sampler state first)."""
+        served = self.served_tokens()
+        return {
+            phase: {b: {"planned": planned, "served": served.get(phase, {}).get(b, 0)} for b, planned in by_bucket.items()}
+            for phase, by_bucket in self.planned_tokens().items()
+        }
+
     # ---- state -----------------------------------------------------------------------------------
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
