@@ -121,6 +121,16 @@ def test_sampler_serves_the_allocation_and_reports_planned_and_served(tmp_path):
         assert sum(by_bucket.values()) == pytest.approx(sum(reported[phase].values()))
         for bucket, tokens in by_bucket.items():
             assert abs(reported[phase].get(bucket, 0) - tokens) <= L, (phase, bucket)
+    midway = data.sampler(False)
+    for _ in range(data.schedule.phase_starts[1] + 3):
+        midway.plan_next()
+    resumed = data.sampler(False)
+    resumed.load_state_dict(midway.state_dict(1), 1)
+    report = resumed.mixture_report()
+    assert {p: {b: v["planned"] for b, v in by.items()} for p, by in report.items()} == planned
+    assert sum(v["served"] for v in report[names[1]].values()) == 3 * 4 * data.schedule.manifests[1].seq_len
+    assert sum(v["served"] for v in report[names[2]].values()) == 0
+    assert {b: v["served"] for b, v in report[names[0]].items()} == reported[names[0]]
 
 
 def test_states_inside_a_bulk_plan_equal_step_by_step_states(tmp_path):

@@ -8,8 +8,8 @@ handed to torch with `torch.from_numpy`: no per-item tensors and no Python lists
 
 Sharding: every rank and DataLoader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
-`num_workers=k` whole steps go round-robin to the workers (step i to worker i % k), so the order a
-rank sees depends on neither W nor k (`training.loader` runs this in DataLoader workers).
+`num_workers=k` whole chunks of steps go round-robin to the workers (chunk c to worker c % k), so the
+order a rank sees depends on neither W nor k (`training.loader` runs this in DataLoader workers).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def entry_set_key(bucket: BucketSlice) -> str:
     return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
-def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
-    return np.empty(n, dtype=dtype)
+def _fresh(name: str, n: int, dtype: Any, fresh: np.ndarray | None = None) -> np.ndarray:
+    return np.empty(n, dtype=dtype) if fresh is None else fresh
 
 
 def _filled(out: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -177,8 +177,10 @@ class CurriculumData:
         within its row), target_mask bool (position i's target, token i+1, counts in the loss),
         row_bucket int64; with `record`, `consumed` lists each step's pieces.
 
-        `alloc(name, n, dtype)` gives the 1-D output arrays (default: fresh ones); a loader passes
-        reused buffers, because first touching fresh pages costs more than the copy."""
+        `alloc(name, n, dtype, fresh=None)` gives the 1-D output arrays (default: new ones, or `fresh`,
+        an array already computed, kept as it is); a loader passes reused buffers, because first
+        touching new pages costs more than the copy, and may keep `fresh` where memory need not be
+        pinned or shared."""
         alloc = alloc or _fresh
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
@@ -203,8 +205,11 @@ class CurriculumData:
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
         ordinal = np.arange(len(p.row)) - np.searchsorted(p.row, np.arange(n_rows))[p.row]
-        doc_ids = alloc("doc_ids", n_rows * L, np.int32)
-        doc_ids[:] = np.repeat(ordinal.astype(np.int32), lens)
+        doc_ids = np.repeat(ordinal.astype(np.int32), lens)
+        kept = alloc("doc_ids", n_rows * L, np.int32, fresh=doc_ids)
+        if kept is not doc_ids:
+            kept[:] = doc_ids
+            doc_ids = kept
         # A target counts unless it starts another entry of the row, ends the row, or sits in an
         # entry's overlap prefix (already trained on as the end of the previous window).
         target_mask = alloc("target_mask", n_rows * L, np.bool_)

@@ -30,6 +30,7 @@ CHUNK_TOKENS = 1 << 20
 PREFETCH_CHUNKS = 2
 RING_CHUNKS = PREFETCH_CHUNKS + 3  # buffers per producer: see _Ring
 BATCH_FIELDS = ("tokens", "doc_ids", "target_mask", "row_bucket")
+_DTYPES = {"tokens": np.int32, "doc_ids": np.int32, "target_mask": np.bool_, "row_bucket": np.int64}
 
 
 @dataclass
@@ -64,10 +65,13 @@ class StepChunk:
     first_step: int
     phase: int
     seq_len: int
-    arrays: dict[str, torch.Tensor]  # BATCH_FIELDS, each (steps, rows, ...)
+    arrays: dict[str, torch.Tensor] | None  # BATCH_FIELDS, each (steps, rows, ...)
     states: list[dict[str, Any]]  # the sampler state after each step
     dropped: list[str]  # buckets dropped at the first step
     consumed: list[dict[str, np.ndarray]] | None
+    # From a DataLoader worker: the arrays stay in the ring slot they were gathered into, and only
+    # (slot, shapes) cross the process boundary; the main process views the same shared memory.
+    slot: tuple[int, dict[str, tuple[int, ...]]] | None = None
 
     def pin_memory(self) -> "StepChunk":
         self.arrays = {k: v if v.is_pinned() else v.pin_memory() for k, v in self.arrays.items()}
@@ -92,6 +96,16 @@ class StepStream(IterableDataset):
         self.rank, self.world_size, self.record = rank, world_size, record
         self.rows = data.rank_rows(rank, world_size)
 
+    def chunk_steps(self, seq_len: int) -> int:
+        return max(1, CHUNK_TOKENS // ((self.rows.stop - self.rows.start) * seq_len))
+
+    def chunk_sizes(self) -> dict[str, int]:
+        """The most elements of each gather output one chunk of any phase needs."""
+        per = self.rows.stop - self.rows.start
+        rows = max(self.chunk_steps(m.seq_len) * per for m in self.data.schedule.manifests)
+        tokens = max(self.chunk_steps(m.seq_len) * per * m.seq_len for m in self.data.schedule.manifests)
+        return {"tokens": tokens, "doc_ids": tokens, "target_mask": tokens, "row_bucket": rows}
+
     def __iter__(self) -> Iterator[StepBatch | Exhausted]:
         for chunk in self.chunks():
             yield from chunk.batches() if isinstance(chunk, StepChunk) else [chunk]
@@ -105,12 +119,10 @@ class StepStream(IterableDataset):
         sampler = self.data.sampler(self.allow)
         if self.state is not None:
             sampler.load_state_dict(self.state, self.world_size)
-        per = self.rows.stop - self.rows.start
         index = 0
         while not sampler.done():
-            L = self.data.schedule.seq_len_at(sampler.step)
             try:
-                plan = sampler.plan_steps(max(1, CHUNK_TOKENS // (per * L)))
+                plan = sampler.plan_steps(self.chunk_steps(self.data.schedule.seq_len_at(sampler.step)))
             except BucketExhausted as err:
                 if index % workers == worker:
                     yield Exhausted(err.bucket, err.step, str(err))
@@ -118,59 +130,83 @@ class StepStream(IterableDataset):
             index += 1
             if (index - 1) % workers != worker:
                 continue
-            buffers = ring.slot(index - 1, workers) if ring is not None else None
+            slot = ring.slot_of(index - 1, workers) if ring is not None else None
+            buffers = ring.acquire(index - 1, workers) if ring is not None else None
             arrays = self.data.gather_steps(plan, self.rows, np.arange(plan.steps), self.record, buffers)
+            states = sampler.states_after(plan, self.world_size)
+            if info is not None and ring is not None:
+                shapes = {k: tuple(arrays[k].shape) for k in BATCH_FIELDS}
+                yield StepChunk(plan.step, plan.phase, plan.seq_len, None, states, plan.dropped, arrays.get("consumed"),
+                                (slot, shapes))
+                continue
             tensors = {k: buffers.tensor(k, arrays[k]) if buffers else torch.from_numpy(arrays[k]) for k in BATCH_FIELDS}
-            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, sampler.states_after(plan, self.world_size),
-                            plan.dropped, arrays.get("consumed"))
+            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, states, plan.dropped, arrays.get("consumed"))
 
 
 class _Buffers:
     """One ring slot of gather outputs, grown when a phase needs more; pinned or in shared memory."""
 
-    def __init__(self, pin: bool, shared: bool):
+    def __init__(self, pin: bool, shared: bool, sizes: dict[str, int] | None = None):
         self.pin, self.shared = pin, shared
         self.held: dict[str, torch.Tensor] = {}
+        for name, n in (sizes or {}).items():
+            self._grow(name, n, _DTYPES[name])
 
-    def __call__(self, name: str, n: int, dtype: Any) -> np.ndarray:
+    def _grow(self, name: str, n: int, dtype: Any) -> torch.Tensor:
+        held = torch.from_numpy(np.empty(n, dtype=dtype))
+        if self.pin:
+            held = held.pin_memory()
+        elif self.shared:
+            held.share_memory_()
+        self.held[name] = held
+        return held
+
+    def __call__(self, name: str, n: int, dtype: Any, fresh: np.ndarray | None = None) -> np.ndarray:
+        if fresh is not None and not (self.pin or self.shared):
+            # Already computed into new memory that glibc recycles chunk after chunk: a copy costs more.
+            self.held.pop(name, None)
+            return fresh
         held = self.held.get(name)
         if held is None or len(held) < n:
-            held = torch.from_numpy(np.empty(n, dtype=dtype))
-            if self.pin:
-                held = held.pin_memory()
-            elif self.shared:
-                held.share_memory_()
-            self.held[name] = held
+            if self.shared:
+                raise AssertionError(f"a shared ring slot holds {len(held) if held is not None else 0} {name}, {n} asked")
+            held = self._grow(name, n, dtype)
         return held[:n].numpy()
+
+    def views(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        return {k: self.held[k][: int(np.prod(shape))].view(shape) for k, shape in shapes.items()}
 
     def tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
         """`array` (given out by this slot as `name`) as a view of the slot's own tensor: a tensor
         made from the numpy array would not know its memory is pinned or shared."""
-        return self.held[name][: array.size].view(array.shape)
+        held = self.held.get(name)
+        return torch.from_numpy(array) if held is None else held[: array.size].view(array.shape)
 
 
 class _Ring:
     """Gather buffers reused round-robin, because first touching fresh pages costs more than the copy
-    (on a VM, ten times more). Chunk g of the stream fills slot g // workers % RING_CHUNKS of its
-    worker's ring, and waits until the consumer has started chunk g - RING_CHUNKS * workers + 2: the
-    consumer reads one chunk and may still hold a batch of the chunk before it. `consumer_at` is
-    shared memory, so DataLoader workers (whose buffers are shared memory, sent without a copy) see
-    the consumer's progress; without workers the queue's bound already keeps the producer within
-    PREFETCH_CHUNKS + 1 chunks of the consumer."""
+    (on a VM, ten times more). Each producer (the stream, or each DataLoader worker) owns RING_CHUNKS
+    slots; chunk g of the stream fills its worker's slot g // workers % RING_CHUNKS once the consumer
+    has started chunk g - RING_CHUNKS * workers + 2 (the consumer reads one chunk and may still hold a
+    batch of the one before). With workers, the slots and `consumer_at` are shared memory allocated
+    before the workers start: a worker sends only the slot number and shapes, and sees the consumer's
+    progress; the consumer reads the slot through its own mapping."""
 
-    def __init__(self, pin: bool, shared: bool):
-        self.pin, self.shared = pin, shared
+    def __init__(self, pin: bool, workers: int = 0, sizes: dict[str, int] | None = None):
+        self.pin, self.shared = pin, workers > 0
         self.consumer_at = torch.zeros(1, dtype=torch.int64)
-        if shared:
+        if self.shared:  # allocated before the workers start, so every process maps the same memory
             self.consumer_at.share_memory_()
-        self.slots: list[_Buffers] = []
+        self.slots = [_Buffers(pin, self.shared, sizes) for _ in range(RING_CHUNKS * max(workers, 1))]
 
-    def slot(self, chunk: int, workers: int) -> _Buffers:
-        if not self.slots:
-            self.slots = [_Buffers(self.pin, self.shared) for _ in range(RING_CHUNKS)]
+    def slot_of(self, chunk: int, workers: int) -> int:
+        return chunk % workers * RING_CHUNKS + chunk // workers % RING_CHUNKS
+
+    def acquire(self, chunk: int, workers: int) -> _Buffers:
+        """Chunk `chunk`'s slot, once the consumer no longer reads what it held before."""
         while int(self.consumer_at[0]) < chunk - RING_CHUNKS * workers + 2:
             time.sleep(0.0005)
-        return self.slots[chunk // workers % RING_CHUNKS]
+        return self.slots[self.slot_of(chunk, workers)]
 
     def consumer_started(self, chunk: int) -> None:
         self.consumer_at[0] = max(int(self.consumer_at[0]), chunk)
@@ -273,6 +309,9 @@ class _StepLists:
     def _steps(self, chunk: StepChunk | Exhausted) -> list[StepBatch | Exhausted]:
         if isinstance(chunk, Exhausted):
             return [chunk]
+        if chunk.slot is not None:
+            slot, shapes = chunk.slot
+            chunk.arrays = self.ring.slots[slot].views(shapes)
         return (chunk.pin_memory() if self.pin else chunk).batches()
 
     def consumer_at(self, n: int | None) -> None:
@@ -282,9 +321,10 @@ class _StepLists:
 def make_loader(stream: StepStream, num_workers: int, pin: bool | None = None) -> Prefetcher:
     """The rank's steps, prefetched on a background thread (pinned when CUDA is available): chunks of
     the stream itself with num_workers=0, else of a DataLoader whose workers take whole chunks
-    round-robin."""
+    round-robin. A batch's tensors are views of a reused buffer: valid while the consumer reads the
+    next batch, so a consumer that keeps batches longer (beyond its step) clones them."""
     pin = torch.cuda.is_available() if pin is None else pin
     # Workers' buffers live in shared memory; a chunk from a worker is pinned by a copy on arrival.
-    ring = _Ring(pin=pin and num_workers == 0, shared=num_workers > 0)
+    ring = _Ring(pin and num_workers == 0, num_workers, stream.chunk_sizes() if num_workers else None)
     lists = _StepLists(stream, num_workers, pin, ring)
     return Prefetcher(lists, on_list=lists.consumer_at)

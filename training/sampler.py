@@ -185,15 +185,20 @@ class EntrySet:
 
     def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(entry ids in pass `epoch`'s order, cumulative token starts with a final total)."""
-        if epoch not in self._orders:
-            if len(self._orders) >= 4:
-                self._orders.pop(min(self._orders))
+        # Samplers of several simulated ranks share entry sets from their own prefetch threads: the
+        # cache is read and trimmed so that a racing thread at worst recomputes a permutation.
+        cached = self._orders.get(epoch)
+        if cached is None:
             rng = np.random.default_rng([self.seed, stable_hash(self.key), epoch])
             perm = rng.permutation(self.ids)
             cum = np.zeros(len(perm) + 1, dtype=np.int64)
             np.cumsum(self.lengths[perm], out=cum[1:])
-            self._orders[epoch] = (perm, cum)
-        return self._orders[epoch]
+            cached = (perm, cum)
+            held = list(self._orders)
+            if len(held) >= 4:
+                self._orders.pop(min(held), None)
+            self._orders[epoch] = cached
+        return cached
 
     def locate(self, starts: np.ndarray, length: int, set_index: int, rows: np.ndarray) -> Pieces:
         """The pieces of rows that read `length` tokens from stream positions `starts`, in row order
@@ -433,6 +438,15 @@ class CurriculumSampler:
             L = self.schedule.manifests[j].seq_len
             out[name] = {b: int(r) * L for b, r in zip(self.buckets, rows.tolist()) if r}
         return out
+
+    def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
+        """phase -> bucket -> {"planned": tokens the mixture plans for the whole phase, "served": tokens
+        served before `self.step`}: what a run's status shows (restore the run's sampler state first)."""
+        served = self.served_tokens()
+        return {
+            phase: {b: {"planned": planned, "served": served.get(phase, {}).get(b, 0)} for b, planned in by_bucket.items()}
+            for phase, by_bucket in self.planned_tokens().items()
+        }
 
     # ---- state -----------------------------------------------------------------------------------
 
