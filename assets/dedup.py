@@ -16,7 +16,7 @@ import hashlib
 import sys
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import dagster as dg
 import numpy as np
@@ -200,10 +200,17 @@ def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[Sta
     return exact_out, near_out, hashes
 
 
-def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> tuple[str, int, int, str]:
-    """A file's signatures written; (file, documents, near-dedup documents, content hash)."""
+class FileSignatures(NamedTuple):
+    file: str
+    docs: int
+    near_docs: int  # documents of sources that near dedup applies to
+    digest: str
+
+
+def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileSignatures:
+    """A file's signatures, written to the data root."""
     table, digest = compute_signatures(refinery.config, refinery.root, shard.key)
-    return shard.key, table.height, int(table["near"].sum() or 0), digest
+    return FileSignatures(shard.key, table.height, int(table["near"].sum() or 0), digest)
 
 
 def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> tuple[StageStats, StageStats, dict[str, str], pl.DataFrame]:
@@ -260,9 +267,9 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         start = time.perf_counter()
         files = map_files(refinery, batch_shards(refinery.config, context.partition_keys), signatures_of_file)
         wall = time.perf_counter() - start
-        docs = sum(f[1] for f in files)
-        counts = {"docs": docs, "near_dedup_docs": sum(f[2] for f in files), "input_files": len(files)}
-        md = _global_metadata(counts, settings, version, {signatures_key(f[0]): f[3] for f in files}, wall)
+        docs = sum(f.docs for f in files)
+        counts = {"docs": docs, "near_dedup_docs": sum(f.near_docs for f in files), "input_files": len(files)}
+        md = _global_metadata(counts, settings, version, {signatures_key(f.file): f.digest for f in files}, wall)
         md["docs_per_s"] = dg.MetadataValue.float(round(docs / wall, 1) if wall > 0 else 0.0)
         return dg.MaterializeResult(metadata=md)
 

@@ -180,6 +180,13 @@ def test_dynamic_batches_are_registered_in_chunks_and_only_once(tmp_path):
         assert register_input_batches(load_config(config), instance) <= 1
         assert len(instance.get_dynamic_partitions(INPUT_BATCHES)) == len(input_batches(load_config(config)))
 
+        # The registered keys are what a run covers: every file of every batch, in one run.
+        assert materialize_graph(build_definitions(str(config)), instance, [dg.AssetKey("raw_documents")],
+                                 log=lambda _: None, run_config=QUIET_RUN_CONFIG) == 1
+        root = LocalDataRoot(tmp_path / "out-refinery")
+        assert sorted(root.list("documents/raw_documents")) == sorted(
+            documents_key("raw_documents", s.key) for s in input_shards(load_config(config)))
+
 
 def test_the_demo_plan_runs_the_funnel_in_a_handful_of_runs():
     defs = build_definitions(str(REPO / "configs" / "demo.yaml"))
