@@ -1,0 +1,171 @@
+"""The funnel and the global dedup stages backfilled on a real multi-process instance: Postgres
+storage, the QueuedRunCoordinator, a `dagster-daemon run` process, runs launched by the code server
+and executed by the multiprocess executor (fixtures in conftest.py, machinery in pg_instance.py).
+
+One test, because every check needs the same slow backfill: at least two runs overlap in time,
+every run succeeds, the outputs are byte-identical to the in-process demo path on a second data
+root, and a run killed mid-way (SIGKILL of its run worker and step processes) re-executes from
+failure to the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pg_instance import BackfillDriver, descendants, run_groups, started_pid
+
+REPO = Path(__file__).resolve().parents[1]
+# Two of the sample's web files: cross-file duplicates exist, and two partitions can run at once.
+INPUT_FILES = "../data/sample/web/web-0[01].warc.gz"
+# The last asset of the backfill; the selection is it and everything upstream.
+THROUGH = "near_dup_clusters"
+BACKFILL_TIMEOUT_S = 300
+# Timing fields are the only thing allowed to differ between two runs of the same config.
+TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def sample_config(tmp_path: Path, name: str) -> str:
+    """configs/demo.yaml reading two sample files into its own data root under tmp_path."""
+    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    data["data_root"] = f"../out/{name}"
+    data["sources"] = [{**data["sources"][0], "path": INPUT_FILES}]
+    assert data["sources"][0]["name"] == "web"
+    configs = tmp_path / "configs"
+    configs.mkdir(exist_ok=True)
+    if not (tmp_path / "data").exists():
+        (tmp_path / "data").symlink_to(REPO / "data")
+    path = configs / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def _strip_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
+    if isinstance(obj, list):
+        return [_strip_timing(v) for v in obj]
+    return obj
+
+
+def content_digests(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under root; JSON compared without its timing fields."""
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.suffix == ".json":
+            data = json.dumps(_strip_timing(json.loads(data)), sort_keys=True).encode()
+        out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def backfill_selection(defs):
+    import dagster as dg
+
+    return list(dg.AssetSelection.assets(THROUGH).upstream().resolve(defs.resolve_asset_graph()))
+
+
+def max_overlap(runs, instance) -> int:
+    """The most runs that were in STARTED at one moment, from their run records' start/end times."""
+    edges = []
+    for run in runs:
+        record = instance.get_run_record_by_id(run.run_id)
+        edges += [(record.start_time, 1), (record.end_time, -1)]
+    # At equal times an end sorts before a start, so back-to-back runs do not count as overlapping.
+    level = best = 0
+    for _, step in sorted(edges):
+        level += step
+        best = max(best, level)
+    return best
+
+
+def kill_run_at_step(instance, run, step_key: str) -> bool:
+    """SIGKILL the run worker and every process below it once the executor is launching `step_key`
+    (its upstream steps are done): the node running it died. False until then."""
+    if run.is_finished:
+        return False
+    launching = any(e.step_key == step_key for e in instance.all_logs(run.run_id))
+    worker = started_pid(instance, run.run_id, "Started process for run")
+    if not launching or worker is None:
+        return False
+    for pid in [worker, *descendants(worker)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return True
+
+
+@pytest.mark.slow
+def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import materialize_graph
+
+    # Reference: the in-process demo path, on its own data root and a throwaway SQLite instance.
+    reference_config = sample_config(tmp_path, "in_process")
+    reference_defs = build_definitions(reference_config)
+    (tmp_path / "reference_home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "reference_home")) as reference:
+        materialize_graph(reference_defs, reference, backfill_selection(reference_defs), log=lambda line: None,
+                          run_config=QUIET)
+    expected = content_digests(tmp_path / "out" / "in_process")
+
+    config = sample_config(tmp_path, "backfill")
+    defs = build_definitions(config)
+    selection = backfill_selection(defs)
+    groups = run_groups(defs, selection)
+    first_group_keys = {k.to_user_string() for k in groups[0][0]}
+    assert {"raw_documents", "heuristic_filtered"} <= first_group_keys, groups
+    # Hash ranges and bands each get a run per partition, as the global stages are meant to scale.
+    by_name = {k.to_user_string(): pdef for keys, pdef in groups for k in keys}
+    assert len(by_name["exact_deduped"].get_partition_keys()) >= 2
+    assert len(by_name["near_deduped"].get_partition_keys()) >= 2
+
+    local = local_instance_factory(config, max_concurrent_runs=2)
+    instance = local.instance()
+    driver = BackfillDriver(local, instance, run_config={
+        **QUIET, "execution": {"config": {"multiprocess": {"max_concurrent": 2}}}})
+    try:
+        # The first funnel run dies as its second stage starts.
+        killed: list[str] = []
+        second_step = groups[0][0][1].to_python_identifier()
+
+        def kill_first_funnel_run(runs):
+            if not killed and kill_run_at_step(instance, runs[0], second_step):
+                killed.append(runs[0].run_id)
+                # Nothing reports a SIGKILLed worker under the default launcher; an operator marks it.
+                instance.report_run_failed(instance.get_run_by_id(runs[0].run_id), "run worker SIGKILLed by the test")
+
+        runs = []
+        for i, (keys, pdef) in enumerate(groups):
+            ids = [driver.submit(keys, pk) for pk in (pdef.get_partition_keys() if pdef else [None])]
+            finished = driver.wait(ids, BACKFILL_TIMEOUT_S, kill_first_funnel_run if i == 0 else None)
+            failed = [r for r in finished if r.status != dg.DagsterRunStatus.SUCCESS]
+            if i == 0:
+                assert [r.run_id for r in failed] == killed, [(r.run_id, r.status) for r in finished]
+                retried = driver.wait([driver.reexecute_from_failure(r.run_id) for r in failed], BACKFILL_TIMEOUT_S)
+                finished = [r for r in finished if r.status == dg.DagsterRunStatus.SUCCESS] + retried
+            assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in finished), [
+                (r.run_id, r.status, r.tags.get("dagster/partition")) for r in finished]
+            runs += finished
+    finally:
+        driver.close()
+
+    assert killed, "the first funnel run finished before the test could kill it"
+    retries = [r for r in runs if r.tags.get("dagster/parent_run_id") == killed[0]]
+    assert len(retries) == 1 and retries[0].tags.get("dagster/partition") == \
+        instance.get_run_by_id(killed[0]).tags.get("dagster/partition")
+    assert max_overlap(runs, instance) >= 2
+    # Every step ran in its own process: the multiprocess executor, not the in-process one.
+    assert started_pid(instance, runs[-1].run_id, "Executing steps using multiprocess executor") is not None
+
+    assert content_digests(tmp_path / "out" / "backfill") == expected
