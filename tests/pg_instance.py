@@ -24,10 +24,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from orchestration.demo import QUIET_RUN_CONFIG
+
 REPO = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO / "deploy" / "local" / "dagster.yaml"
 LOCATION = "refinery"
 START_TIMEOUT_S = 120
+# Two of the sample's web files: cross-file duplicates exist, and two partitions can run at once.
+INPUT_FILES = "../data/sample/web/web-0[01].warc.gz"
+# The last asset of the backfill; the selection is it and everything upstream.
+THROUGH = "near_dup_clusters"
+# Every run: the multiprocess executor, its step processes forked from a server that imported the
+# Definitions once per run instead of each importing them again (7-10 s a step on this machine).
+RUN_CONFIG = {**QUIET_RUN_CONFIG, "execution": {"config": {"multiprocess": {
+    "max_concurrent": 2, "start_method": {"forkserver": {"preload_modules": ["orchestration.definitions"]}}}}}}
 
 
 class MissingPostgres(RuntimeError):
@@ -374,6 +386,45 @@ class BackfillDriver:
             ids = [self.submit(keys, pk) for pk in partition_keys]
             done += self.wait(ids, timeout_s, on_poll)
         return done
+
+
+def sample_config(workdir: Path, name: str) -> str:
+    """configs/demo.yaml reading two sample files into its own data root, `workdir/out/<name>`."""
+    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    data["data_root"] = f"../out/{name}"
+    data["sources"] = [{**data["sources"][0], "path": INPUT_FILES}]
+    assert data["sources"][0]["name"] == "web"
+    # Every range and band is a run of its own; fewer of them than the demo keeps the test to a few
+    # minutes. 4 bands of 8 rows still put the LSH threshold near the configured 0.8.
+    data["stages"]["exact_dedup"]["hash_ranges"] = 2
+    data["stages"]["near_dedup"].update(bands=4, rows=8)
+    configs = workdir / "configs"
+    configs.mkdir(exist_ok=True)
+    if not (workdir / "data").exists():
+        (workdir / "data").symlink_to(REPO / "data")
+    path = configs / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def backfill_selection(defs):
+    import dagster as dg
+
+    return list(dg.AssetSelection.assets(THROUGH).upstream().resolve(defs.resolve_asset_graph()))
+
+
+def max_overlap(runs, instance) -> int:
+    """The most runs that were in STARTED at one moment, from their run records' start/end times."""
+    edges = []
+    for run in runs:
+        record = instance.get_run_record_by_id(run.run_id)
+        edges += [(record.start_time, 1), (record.end_time, -1)]
+    # At equal times an end sorts before a start, so back-to-back runs do not count as overlapping.
+    level = best = 0
+    for _, step in sorted(edges):
+        level += step
+        best = max(best, level)
+    return best
 
 
 def started_pid(instance, run_id: str, message_prefix: str) -> int | None:

@@ -18,42 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from pg_instance import BackfillDriver, descendants, run_groups, started_pid
+from orchestration.demo import QUIET_RUN_CONFIG
+from pg_instance import (
+    RUN_CONFIG, BackfillDriver, backfill_selection, descendants, max_overlap, run_groups, sample_config,
+    started_pid,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-# Two of the sample's web files: cross-file duplicates exist, and two partitions can run at once.
-INPUT_FILES = "../data/sample/web/web-0[01].warc.gz"
-# The last asset of the backfill; the selection is it and everything upstream.
-THROUGH = "near_dup_clusters"
 BACKFILL_TIMEOUT_S = 300
 # Timing fields are the only thing allowed to differ between two runs of the same config.
 TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-# Step processes fork from a server that imported the Definitions once per run, instead of each
-# importing them again (7-10 s a step on this machine).
-MULTIPROCESS = {"execution": {"config": {"multiprocess": {
-    "max_concurrent": 2, "start_method": {"forkserver": {"preload_modules": ["orchestration.definitions"]}}}}}}
-
-
-def sample_config(tmp_path: Path, name: str) -> str:
-    """configs/demo.yaml reading two sample files into its own data root under tmp_path."""
-    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    data["data_root"] = f"../out/{name}"
-    data["sources"] = [{**data["sources"][0], "path": INPUT_FILES}]
-    assert data["sources"][0]["name"] == "web"
-    # Every range and band is a run of its own; fewer of them than the demo keeps the test to a few
-    # minutes. 4 bands of 8 rows still put the LSH threshold near the configured 0.8.
-    data["stages"]["exact_dedup"]["hash_ranges"] = 2
-    data["stages"]["near_dedup"].update(bands=4, rows=8)
-    configs = tmp_path / "configs"
-    configs.mkdir(exist_ok=True)
-    if not (tmp_path / "data").exists():
-        (tmp_path / "data").symlink_to(REPO / "data")
-    path = configs / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
 
 
 def _strip_timing(obj):
@@ -73,26 +48,6 @@ def content_digests(root: Path) -> dict[str, str]:
             data = json.dumps(_strip_timing(json.loads(data)), sort_keys=True).encode()
         out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
     return out
-
-
-def backfill_selection(defs):
-    import dagster as dg
-
-    return list(dg.AssetSelection.assets(THROUGH).upstream().resolve(defs.resolve_asset_graph()))
-
-
-def max_overlap(runs, instance) -> int:
-    """The most runs that were in STARTED at one moment, from their run records' start/end times."""
-    edges = []
-    for run in runs:
-        record = instance.get_run_record_by_id(run.run_id)
-        edges += [(record.start_time, 1), (record.end_time, -1)]
-    # At equal times an end sorts before a start, so back-to-back runs do not count as overlapping.
-    level = best = 0
-    for _, step in sorted(edges):
-        level += step
-        best = max(best, level)
-    return best
 
 
 def kill_run_at_step(instance, run, step_key: str) -> bool:
@@ -125,7 +80,7 @@ def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
     (tmp_path / "reference_home").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "reference_home")) as reference:
         materialize_graph(reference_defs, reference, backfill_selection(reference_defs), log=lambda line: None,
-                          run_config=QUIET)
+                          run_config=QUIET_RUN_CONFIG)
     expected = content_digests(tmp_path / "out" / "in_process")
 
     config = sample_config(tmp_path, "backfill")
@@ -141,7 +96,7 @@ def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
 
     local = local_instance_factory(config, max_concurrent_runs=2)
     instance = local.instance()
-    driver = BackfillDriver(local, instance, run_config={**QUIET, **MULTIPROCESS})
+    driver = BackfillDriver(local, instance, run_config=RUN_CONFIG)
     try:
         # The first funnel run dies as its second stage starts.
         killed: list[str] = []
