@@ -1,0 +1,136 @@
+"""The funnel and the global dedup stages backfilled on a real multi-process instance: Postgres
+storage, the QueuedRunCoordinator, a `dagster-daemon run` process, runs launched by the code server
+and executed by the multiprocess executor (fixtures in conftest.py, machinery in pg_instance.py).
+
+One test, because every check needs the same slow backfill: at least two runs overlap in time,
+every run succeeds, the outputs are byte-identical to the in-process demo path on a second data
+root, and a run killed mid-way (SIGKILL of its run worker and step processes) re-executes from
+failure to the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestration.demo import QUIET_RUN_CONFIG
+from pg_instance import (
+    RUN_CONFIG, BackfillDriver, backfill_selection, descendants, max_overlap, run_groups, sample_config,
+    started_pid,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+BACKFILL_TIMEOUT_S = 300
+# Timing fields are the only thing allowed to differ between two runs of the same config.
+TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
+
+
+def _strip_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
+    if isinstance(obj, list):
+        return [_strip_timing(v) for v in obj]
+    return obj
+
+
+def content_digests(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under root; JSON compared without its timing fields."""
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.suffix == ".json":
+            data = json.dumps(_strip_timing(json.loads(data)), sort_keys=True).encode()
+        out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def kill_run_at_step(instance, run, step_key: str) -> bool:
+    """SIGKILL the run worker and every process below it once the executor is launching `step_key`
+    (its upstream steps are done): the node running it died. False until then."""
+    if run.is_finished:
+        return False
+    launching = any(e.step_key == step_key for e in instance.all_logs(run.run_id))
+    worker = started_pid(instance, run.run_id, "Started process for run")
+    if not launching or worker is None:
+        return False
+    for pid in [worker, *descendants(worker)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return True
+
+
+@pytest.mark.slow
+def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import materialize_graph
+
+    # Reference: the in-process demo path, on its own data root and a throwaway SQLite instance.
+    reference_config = sample_config(tmp_path, "in_process")
+    reference_defs = build_definitions(reference_config)
+    (tmp_path / "reference_home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "reference_home")) as reference:
+        materialize_graph(reference_defs, reference, backfill_selection(reference_defs), log=lambda line: None,
+                          run_config=QUIET_RUN_CONFIG)
+    expected = content_digests(tmp_path / "out" / "in_process")
+
+    config = sample_config(tmp_path, "backfill")
+    defs = build_definitions(config)
+    selection = backfill_selection(defs)
+    groups = run_groups(defs, selection)
+    first_group_keys = {k.to_user_string() for k in groups[0][0]}
+    assert {"raw_documents", "heuristic_filtered"} <= first_group_keys, groups
+    # Hash ranges and bands each get a run per partition, as the global stages are meant to scale.
+    by_name = {k.to_user_string(): pdef for keys, pdef in groups for k in keys}
+    assert len(by_name["exact_deduped"].get_partition_keys()) >= 2
+    assert len(by_name["near_deduped"].get_partition_keys()) >= 2
+
+    local = local_instance_factory(config, max_concurrent_runs=2)
+    instance = local.instance()
+    driver = BackfillDriver(local, instance, run_config=RUN_CONFIG)
+    try:
+        # The first funnel run dies as its second stage starts.
+        killed: list[str] = []
+        second_step = groups[0][0][1].to_python_identifier()
+
+        def kill_first_funnel_run(runs):
+            if not killed and kill_run_at_step(instance, runs[0], second_step):
+                killed.append(runs[0].run_id)
+                # Nothing reports a SIGKILLed worker under the default launcher; an operator marks it.
+                instance.report_run_failed(instance.get_run_by_id(runs[0].run_id), "run worker SIGKILLed by the test")
+
+        runs = []
+        start = time.monotonic()
+        for i, (keys, pdef) in enumerate(groups):
+            ids = [driver.submit(keys, pk) for pk in (pdef.get_partition_keys() if pdef else [None])]
+            finished = driver.wait(ids, BACKFILL_TIMEOUT_S, kill_first_funnel_run if i == 0 else None)
+            failed = [r for r in finished if r.status != dg.DagsterRunStatus.SUCCESS]
+            if i == 0:
+                assert [r.run_id for r in failed] == killed, [(r.run_id, r.status) for r in finished]
+                retried = driver.wait([driver.reexecute_from_failure(r.run_id) for r in failed], BACKFILL_TIMEOUT_S)
+                finished = [r for r in finished if r.status == dg.DagsterRunStatus.SUCCESS] + retried
+            assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in finished), [
+                (r.run_id, r.status, r.tags.get("dagster/partition")) for r in finished]
+            runs += finished
+            print(f"{[k.to_user_string() for k in keys]}: {len(finished)} run(s), {time.monotonic() - start:.0f}s since start")
+    finally:
+        driver.close()
+
+    assert killed, "the first funnel run finished before the test could kill it"
+    retries = [r for r in runs if r.tags.get("dagster/parent_run_id") == killed[0]]
+    assert len(retries) == 1 and retries[0].tags.get("dagster/partition") == \
+        instance.get_run_by_id(killed[0]).tags.get("dagster/partition")
+    assert max_overlap(runs, instance) >= 2
+    # Every step ran in its own process: the multiprocess executor, not the in-process one.
+    assert started_pid(instance, runs[-1].run_id, "Executing steps using multiprocess executor") is not None
+
+    assert content_digests(tmp_path / "out" / "backfill") == expected
