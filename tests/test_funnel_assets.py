@@ -16,6 +16,7 @@ from refinery.config import load_config
 from refinery.documents import documents_key, input_batches, input_shards, make_doc_id, rejects_key, stats_key
 from refinery.storage import LocalDataRoot
 from refinery.synth import gzip_member, http_response, warc_record
+from texts import PROSE
 
 REPO = Path(__file__).resolve().parents[1]
 FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
@@ -24,14 +25,6 @@ PROVENANCE_KEYS = {
     "wall_s", "docs_per_s", "config", "code_version", "content_hashes", "sample_rows",
 }
 
-PROSE = (
-    "The harbour town wakes slowly when the fishing boats return with the morning tide. "
-    "Traders set out their stalls along the quay and argue about the price of fresh mackerel. "
-    "Children run between the nets while their parents count the catch and mend the torn ropes. "
-    "By noon the market is loud with voices, and the smell of salt and smoke drifts over the water. "
-    "Visitors who come for a single day often stay for a week, charmed by the narrow streets. "
-    "In the evening the lamps are lit and the old sailors tell stories that grow longer every year."
-)
 FRENCH = (
     "La ville portuaire se réveille lentement quand les bateaux de pêche rentrent avec la marée du matin. "
     "Les marchands installent leurs étals le long du quai et discutent du prix du maquereau frais. "

@@ -18,15 +18,8 @@ from assets.stages.ingest import read_input_shard
 from refinery.config import ExtractConfig, HeuristicConfig, SourceConfig, load_config
 from refinery.documents import InputShard, documents_key, make_doc_id, rejects_key
 from refinery.synth import gzip_member, http_response, warc_record
+from texts import PROSE
 
-PROSE = (
-    "The harbour town wakes slowly when the fishing boats return with the morning tide. "
-    "Traders set out their stalls along the quay and argue about the price of fresh mackerel. "
-    "Children run between the nets while their parents count the catch and mend the torn ropes. "
-    "By noon the market is loud with voices, and the smell of salt and smoke drifts over the water. "
-    "Visitors who come for a single day often stay for a week, charmed by the narrow streets. "
-    "In the evening the lamps are lit and the old sailors tell stories that grow longer every year."
-)
 
 
 def page(i: int) -> bytes:

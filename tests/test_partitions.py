@@ -18,17 +18,10 @@ from refinery.config import ConfigError, load_config
 from refinery.documents import documents_key, input_batches, input_shards, rejects_key, stats_key
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.storage import LocalDataRoot
+from texts import PROSE
 
 REPO = Path(__file__).resolve().parents[1]
 FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
-PROSE = (
-    "The harbour town wakes slowly when the fishing boats return with the morning tide. "
-    "Traders set out their stalls along the quay and argue about the price of fresh mackerel. "
-    "Children run between the nets while their parents count the catch and mend the torn ropes. "
-    "By noon the market is loud with voices, and the smell of salt and smoke drifts over the water. "
-    "Visitors who come for a single day often stay for a week, charmed by the narrow streets. "
-    "In the evening the lamps are lit and the old sailors tell stories that grow longer every year."
-)
 
 
 def write_files(folder: Path, names: list[str]) -> None:
