@@ -371,22 +371,12 @@ def duplicate_ngram_chars(grams: NGrams, n: int, limit: float) -> int:
 @rule_family
 def gopher_repetition(v: Verdict, doc: DocumentText, cfg: GopherRepetitionConfig) -> None:
     text_len = max(1, len(doc.text))
-    paragraphs = doc.paragraphs
-    dup, chars = repeated(paragraphs)
-    ratio = dup / len(paragraphs)
-    if ratio > cfg.dup_para_frac and v.fail("gopher_rep/dup_para_frac", ratio, _over(cfg.dup_para_frac)):
-        return
-    ratio = chars / text_len
-    if ratio > cfg.dup_para_char_frac and v.fail("gopher_rep/dup_para_char_frac", ratio, _over(cfg.dup_para_char_frac)):
-        return
-    lines = doc.line_runs
-    dup, chars = repeated(lines)
-    ratio = dup / len(lines)
-    if ratio > cfg.dup_line_frac and v.fail("gopher_rep/dup_line_frac", ratio, _over(cfg.dup_line_frac)):
-        return
-    ratio = chars / text_len
-    if ratio > cfg.dup_line_char_frac and v.fail("gopher_rep/dup_line_char_frac", ratio, _over(cfg.dup_line_char_frac)):
-        return
+    for unit, items in (("para", doc.paragraphs), ("line", doc.line_runs)):
+        dup, chars = repeated(items)
+        for rule, ratio in ((f"dup_{unit}_frac", dup / len(items)), (f"dup_{unit}_char_frac", chars / text_len)):
+            limit = getattr(cfg, rule)
+            if ratio > limit and v.fail(f"gopher_rep/{rule}", ratio, _over(limit)):
+                return
 
     words = doc.token_keys
     grams = NGrams(words)
