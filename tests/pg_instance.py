@@ -67,25 +67,24 @@ def postgres_bin_dir() -> Path:
 
 
 def stop_process_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, grace_s: float = 20) -> None:
-    """Signal the process's whole session, then SIGKILL what is left after `grace_s`."""
+    """Send `sig` to the process's session, SIGKILL it when the leader outlives `grace_s`, and
+    SIGKILL whatever of the group is left (children that outlived their parent)."""
     if proc is None:
         return
-    for s in (sig, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, s)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace_s)
-            # The leader is gone; children that ignored the signal still hold the group.
-            os.killpg(proc.pid, signal.SIGKILL)
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            pass
-        break
-    if proc.poll() is None:
+    _signal_group(proc.pid, sig)
+    try:
         proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace_s)
+    _signal_group(proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def descendants(pid: int) -> list[int]:
