@@ -2,7 +2,7 @@
 
     python -m bench.backfill_concurrency --repeats 3
 
-The same backfill as tests/test_postgres_backfill.py (two sample web files through raw_documents
+The same backfill as tests/test_postgres_backfill.py (the sample's three whole web files through raw_documents
 ... dedup_signatures, 2 exact-dedup hash ranges, 4 LSH bands, near_dup_clusters: one run per
 partition, multiprocess executor) on Postgres with `dagster-daemon run` and the QueuedRunCoordinator
 at max_concurrent_runs 1 and 2. Settings alternate within each repeat so both see the same load;

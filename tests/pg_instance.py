@@ -32,8 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO / "deploy" / "local" / "dagster.yaml"
 LOCATION = "refinery"
 START_TIMEOUT_S = 120
-# Two of the sample's web files: cross-file duplicates exist, and two partitions can run at once.
-INPUT_FILES = "../data/sample/web/web-0[01].warc.gz"
+# The sample's three whole web files: exact copies and near duplicates (Jaccard 0.88 and 0.95)
+# cross them, and there are partitions enough for runs to overlap.
+INPUT_FILES = "../data/sample/web/web-0[0-9].warc.gz"
 # The last asset of the backfill; the selection is it and everything upstream.
 THROUGH = "near_dup_clusters"
 # Every run: the multiprocess executor, its step processes forked from a server that imported the
@@ -66,25 +67,24 @@ def postgres_bin_dir() -> Path:
 
 
 def stop_process_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, grace_s: float = 20) -> None:
-    """Signal the process's whole session, then SIGKILL what is left after `grace_s`."""
+    """Send `sig` to the process's session, SIGKILL it when the leader outlives `grace_s`, and
+    SIGKILL whatever of the group is left (children that outlived their parent)."""
     if proc is None:
         return
-    for s in (sig, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, s)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace_s)
-            # The leader is gone; children that ignored the signal still hold the group.
-            os.killpg(proc.pid, signal.SIGKILL)
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            pass
-        break
-    if proc.poll() is None:
+    _signal_group(proc.pid, sig)
+    try:
         proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace_s)
+    _signal_group(proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def descendants(pid: int) -> list[int]:
@@ -195,6 +195,7 @@ class LocalInstance:
     max_concurrent_runs: int
     grpc_port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _saved_env: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def env(self) -> dict[str, str]:
@@ -251,16 +252,25 @@ class LocalInstance:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; log:\n{self.log_tail(name)}")
 
     def instance(self):
+        """The instance as this process sees it. Dagster reads the yaml's variables whenever it
+        builds a part (the run coordinator at the first submission), so they stay set until stop()."""
         import dagster as dg
 
-        os.environ["DAGSTER_PG_URL"] = self.postgres_url
-        os.environ["REFINERY_MAX_CONCURRENT_RUNS"] = str(self.max_concurrent_runs)
+        names = {"DAGSTER_PG_URL": self.postgres_url, "REFINERY_MAX_CONCURRENT_RUNS": str(self.max_concurrent_runs)}
+        self._saved_env = {name: os.environ.get(name) for name in names}
+        os.environ.update(names)
         return dg.DagsterInstance.from_config(str(self.home))
 
     def stop(self) -> None:
         # The daemon first, so it launches nothing more; then the code server and the runs below it.
         for name in ("daemon", "code-server"):
             stop_process_group(self.processes.pop(name, None))
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
 
 
 LAUNCH_RUN = """
@@ -389,7 +399,7 @@ class BackfillDriver:
 
 
 def sample_config(workdir: Path, name: str) -> str:
-    """configs/demo.yaml reading two sample files into its own data root, `workdir/out/<name>`."""
+    """configs/demo.yaml reading three sample files into its own data root, `workdir/out/<name>`."""
     data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     data["data_root"] = f"../out/{name}"
     data["sources"] = [{**data["sources"][0], "path": INPUT_FILES}]

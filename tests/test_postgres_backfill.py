@@ -17,7 +17,9 @@ import signal
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
+from dagster import job, op
 
 from orchestration.demo import QUIET_RUN_CONFIG
 from pg_instance import (
@@ -55,7 +57,11 @@ def kill_run_at_step(instance, run, step_key: str) -> bool:
     (its upstream steps are done): the node running it died. False until then."""
     if run.is_finished:
         return False
-    launching = any(e.step_key == step_key for e in instance.all_logs(run.run_id))
+    # STEP_WORKER_STARTING is the executor launching the step's process (planned-materialization
+    # events carry the step key too, but come at run start).
+    launching = any(e.step_key == step_key and e.dagster_event is not None
+                    and e.dagster_event.event_type_value == "STEP_WORKER_STARTING"
+                    for e in instance.all_logs(run.run_id))
     worker = started_pid(instance, run.run_id, "Started process for run")
     if not launching or worker is None:
         return False
@@ -82,6 +88,12 @@ def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
         materialize_graph(reference_defs, reference, backfill_selection(reference_defs), log=lambda line: None,
                           run_config=QUIET_RUN_CONFIG)
     expected = content_digests(tmp_path / "out" / "in_process")
+    # Every global stage wrote its files, and near dedup found clusters: the comparison below has teeth.
+    for prefix in ("dedup/signatures/", "dedup/exact/", "dedup/near/edges/", "dedup/near/clusters"):
+        assert any(k.startswith(prefix) for k in expected), (prefix, sorted(expected))
+    dedup = tmp_path / "out" / "in_process" / "dedup"
+    assert pl.read_parquet(dedup / "near" / "clusters.parquet").height > 0
+    assert pl.read_parquet(dedup / "exact" / "*.parquet").height > 0
 
     config = sample_config(tmp_path, "backfill")
     defs = build_definitions(config)
@@ -96,7 +108,8 @@ def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
 
     local = local_instance_factory(config, max_concurrent_runs=2)
     instance = local.instance()
-    driver = BackfillDriver(local, instance, run_config=RUN_CONFIG)
+    # Polled often, so the kill below lands while the first funnel run is still going on a fast machine.
+    driver = BackfillDriver(local, instance, run_config=RUN_CONFIG, poll_s=0.2)
     try:
         # The first funnel run dies as its second stage starts.
         killed: list[str] = []
@@ -129,8 +142,63 @@ def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
     retries = [r for r in runs if r.tags.get("dagster/parent_run_id") == killed[0]]
     assert len(retries) == 1 and retries[0].tags.get("dagster/partition") == \
         instance.get_run_by_id(killed[0]).tags.get("dagster/partition")
+    # From failure: the step that had finished before the kill is not run again.
+    assert groups[0][0][0].to_python_identifier() not in retries[0].step_keys_to_execute
     assert max_overlap(runs, instance) >= 2
     # Every step ran in its own process: the multiprocess executor, not the in-process one.
     assert started_pid(instance, runs[-1].run_id, "Executing steps using multiprocess executor") is not None
 
     assert content_digests(tmp_path / "out" / "backfill") == expected
+
+
+@op
+def noop() -> None:
+    pass
+
+
+@job
+def noop_job() -> None:
+    noop()
+
+
+def test_local_instance_yaml_on_postgres(postgres_server, tmp_path, monkeypatch):
+    """deploy/local/dagster.yaml opens on the fixture's Postgres with the queue in front of the
+    launcher and its limit from the environment; a run's record and events round-trip through Postgres."""
+    import dagster as dg
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
+
+    from pg_instance import INSTANCE_YAML
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(INSTANCE_YAML.read_text())
+    monkeypatch.setenv("DAGSTER_PG_URL", postgres_server.url)
+    monkeypatch.setenv("REFINERY_MAX_CONCURRENT_RUNS", "3")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
+        assert isinstance(instance.schedule_storage, PostgresScheduleStorage)
+        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == 3
+        result = noop_job.execute_in_process(instance=instance)
+        assert result.success
+        stored = instance.get_run_by_id(result.run_id)
+        assert stored.status == dg.DagsterRunStatus.SUCCESS
+        steps = [e.dagster_event.event_type_value for e in instance.all_logs(result.run_id) if e.step_key == "noop"]
+        assert "STEP_START" in steps and steps[-1] == "STEP_SUCCESS"
+
+
+def test_run_groups_follow_the_partitioning(tmp_path):
+    """One group per change of partitions definition, in dependency order; a run of the first
+    group covers the funnel chain of one input partition."""
+    from orchestration.definitions import build_definitions
+
+    defs = build_definitions(sample_config(tmp_path, "groups"))
+    groups = run_groups(defs, backfill_selection(defs))
+    names = [[k.to_user_string() for k in keys] for keys, _ in groups]
+    assert names == [
+        ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered", "dedup_signatures"],
+        ["exact_deduped"], ["near_deduped"], ["near_dup_clusters"],
+    ]
+    assert [len(pdef.get_partition_keys()) if pdef else 1 for _, pdef in groups][1:] == [2, 4, 1]
