@@ -10,8 +10,6 @@ failure to the same bytes.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import signal
 import time
@@ -22,6 +20,7 @@ import pytest
 from dagster import job, op
 
 from orchestration.demo import QUIET_RUN_CONFIG
+from digests import digests
 from pg_instance import (
     RUN_CONFIG, BackfillDriver, backfill_selection, descendants, max_overlap, run_groups, sample_config,
     started_pid,
@@ -29,27 +28,10 @@ from pg_instance import (
 
 REPO = Path(__file__).resolve().parents[1]
 BACKFILL_TIMEOUT_S = 300
-# Timing fields are the only thing allowed to differ between two runs of the same config.
-TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
-
-
-def _strip_timing(obj):
-    if isinstance(obj, dict):
-        return {k: _strip_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
-    if isinstance(obj, list):
-        return [_strip_timing(v) for v in obj]
-    return obj
-
-
 def content_digests(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under root; JSON compared without its timing fields."""
-    out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        if path.suffix == ".json":
-            data = json.dumps(_strip_timing(json.loads(data)), sort_keys=True).encode()
-        out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
-    return out
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return digests((str(p.relative_to(root)), p.read_bytes()) for p in files)
 
 
 def kill_run_at_step(instance, run, step_key: str) -> bool:

@@ -5,8 +5,6 @@ Round trips and atomicity run fast; the whole graph on S3 and the outage test ar
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -18,6 +16,7 @@ import yaml
 
 from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter
 from refinery.storage_s3 import S3DataRoot, S3StorageError, ShardCache
+from digests import digests
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,27 +87,9 @@ def s3_config(tmp_path: Path, prefix: str) -> str:
     return str(path)
 
 
-# Timing fields are the only thing allowed to differ between two runs of the same config.
-TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
-
-
-def _strip_timing(obj):
-    if isinstance(obj, dict):
-        return {k: _strip_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
-    if isinstance(obj, list):
-        return [_strip_timing(v) for v in obj]
-    return obj
-
-
 def content_digests(root: S3DataRoot) -> dict[str, str]:
     """key -> sha256 of every object, JSON compared with its timing fields removed."""
-    out = {}
-    for key in root.list(""):
-        data = root.read_bytes(key)
-        if key.endswith(".json"):
-            data = json.dumps(_strip_timing(json.loads(data)), sort_keys=True).encode()
-        out[key] = hashlib.sha256(data).hexdigest()
-    return out
+    return digests((key, root.read_bytes(key)) for key in root.list(""))
 
 
 def run_graph(config_path: str, instance, log=lambda line: None, through: str | None = None) -> None:

@@ -33,7 +33,7 @@ from assets.stages.base import Drop, StageStats, rejects_frame
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, documents_key, empty_rejects, input_shards
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
-from refinery.storage import DataRoot, LocalDataRoot, dumps_json
+from refinery.storage import DataRoot, LocalDataRoot
 
 TOKENIZER_KEY = "tokenizer/tokenizer.json"
 TOKENIZER_INFO_KEY = "tokenizer/info.json"
