@@ -137,32 +137,15 @@ def compute_band_edges(cfg: RefineryConfig, root: DataRoot, band_key: str) -> tu
     keys_of_bands = nd.band_keys(settings.bands)
     if band_key not in keys_of_bands:
         raise KeyError(f"no LSH band {band_key!r} for {settings.bands} bands")
-    column = nd.band_column(keys_of_bands.index(band_key))
     sigs = scan_signatures(cfg, root)
-    counts = {"docs": 0, "candidates": 0, "edges": 0}
-    edges = pl.DataFrame(schema=nd.EDGES_SCHEMA)
-    if sigs is not None:
+    if sigs is None:
+        edges, counts = pl.DataFrame(schema=nd.EDGES_SCHEMA), {"docs": 0, "candidates": 0, "edges": 0, "splits": 1, "largest_split_docs": 0}
+    else:
+        near = cfg.stages.near_dedup
+        near_docs = sigs.filter(pl.col("near")).select(pl.len()).collect().item()
+        splits = nd.band_splits(near_docs, near.max_memory_mb, near.band_splits)
         dropped = scan_exact_drops(cfg, root).select("doc_key")
-        docs = (
-            sigs.filter(pl.col("near")).select("doc_key", column)
-            .join(dropped, on="doc_key", how="anti")
-            .collect(engine="streaming")
-        )
-        members, buckets = nd.bucket_members(docs["doc_key"].to_numpy(), docs[column].to_numpy())
-        counts["docs"], counts["candidates"] = docs.height, int(members.size)
-        if members.size:
-            found = (
-                sigs.select("doc_key", "bottom")
-                .filter(pl.col("doc_key").is_in(pl.Series(members).implode()))
-                .collect(engine="streaming")
-                .sort("doc_key")
-            )
-            sketches = [s.to_numpy() for s in found["bottom"]]
-            rows = np.searchsorted(found["doc_key"].to_numpy(), members)
-            edges = nd.verified_edges(
-                members, buckets, [sketches[r] for r in rows], settings.threshold, settings.bottom_k
-            )
-        counts["edges"] = edges.height
+        edges, counts = nd.band_edges(sigs, dropped, keys_of_bands.index(band_key), settings, splits)
     return edges, counts, root.write_parquet(edges_key(band_key), edges)
 
 
