@@ -170,14 +170,13 @@ def _ascii_word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _unicode_word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The same for any text: tokens are found on the code points (UTF-32), classified by table,
-    and hashed over the UTF-8 bytes, whose offsets follow from each code point's encoded length."""
+    and hashed over the UTF-8 bytes; code point i starts at the i-th byte that is not a
+    continuation byte (10xxxxxx)."""
     joined = " ".join(texts)
     points = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
     starts, ends = _runs(_code_point_classes()[points])
-    widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
-    offsets = np.zeros(points.size + 1, dtype=np.int64)
-    np.cumsum(widths, out=offsets[1:])
     buf = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+    offsets = np.append(np.flatnonzero((buf & np.uint8(0xC0)) != np.uint8(0x80)), buf.size)
     return _token_hashes(buf, offsets[starts], offsets[ends]), _tokens_per_doc(texts, starts)
 
 
