@@ -1,6 +1,7 @@
-"""Peak memory and wall time of exact + near dedup on 1M synthetic documents, run partitioned.
+"""Peak memory and wall time of exact + near dedup on synthetic documents, run partitioned.
 
     python -m bench.dedup_memory --docs 1000000 --shards 16 --workdir /tmp/dedup-1m
+    python -m bench.dedup_memory --synthetic-signatures --docs 10000000 --max-memory-mb 64 --workdir /tmp/dedup-10m
 
 Generates `--docs` short documents (60 words from a 50k vocabulary) over `--shards` input shards,
 with 5% exact copies (case and spacing changed) and 5% near copies (one word replaced, shingle
@@ -8,15 +9,24 @@ Jaccard about 0.84) of random earlier documents, written as `heuristic_filtered`
 every dedup step the way the Dagster graph partitions it, each partition in its own process
 (dedup_signatures per shard, exact_deduped per hash range, near_deduped per band,
 near_dup_clusters once, deduped per shard), and reports per step the largest peak RSS of any of its
-partitions (from wait4) and the summed wall time. `import` is the RSS of a process that only imports
-the dedup module (dagster, polars, numpy): the floor under every step.
+partitions and the summed wall time. A partition's peak is its own process's VmHWM, read from
+/proc/self/status by the child as it ends (wait4's ru_maxrss would report the driver's peak, which a
+forked child inherits). `import` is the peak of a process that only imports the dedup steps
+(polars, numpy; no Dagster): the floor under every step.
+
+`--synthetic-signatures` skips the text: it writes the `dedup_signatures` files directly (numpy,
+vectorised; 16 permutations, 8 bands x 2 rows, 8-value bottom sketches) with 1% exact copies, 1% near
+copies (one band differs, same sketch: an edge in the other 7 bands) and 1% false candidates (one
+band differs, a sketch of their own: rejected by verification), and runs only the global steps
+(exact_deduped, near_deduped, near_dup_clusters), whose state grows with the corpus; the per-shard
+steps hold one shard. `--hash-ranges` defaults to one range per 250k documents (at least 4), and
+`--max-memory-mb` or `--band-splits` set the near-dedup bound (docs/dedup.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -64,13 +74,8 @@ def shard_texts(first: int, count: int) -> list[str]:
     return texts
 
 
-def generate(workdir: Path, docs: int, shards: int) -> Path:
-    import polars as pl
+def write_config(workdir: Path, shards: int, stages: dict) -> Path:
     import yaml
-
-    from refinery.config import load_config
-    from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
-    from refinery.storage import LocalDataRoot
 
     (workdir / "in").mkdir(parents=True, exist_ok=True)
     for s in range(shards):
@@ -79,7 +84,19 @@ def generate(workdir: Path, docs: int, shards: int) -> Path:
     config.write_text(yaml.safe_dump({
         "data_root": "out", "buckets": ["web"],
         "sources": [{"name": "web", "path": "in/*.jsonl", "format": "jsonl", "bucket": "web"}],
+        "stages": stages,
     }))
+    return config
+
+
+def generate(workdir: Path, docs: int, shards: int, stages: dict) -> Path:
+    import polars as pl
+
+    from refinery.config import load_config
+    from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
+    from refinery.storage import LocalDataRoot
+
+    config = write_config(workdir, shards, stages)
     cfg = load_config(config)
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     per = -(-docs // shards)
@@ -97,9 +114,67 @@ def generate(workdir: Path, docs: int, shards: int) -> Path:
     return config
 
 
+SYNTH_PERM, SYNTH_BANDS, SYNTH_ROWS, SYNTH_BOTTOM = 16, 8, 2, 8
+
+
+def synthetic_sources(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per global document number: its kind (0 exact copy, 1 near copy, 2 false candidate, else
+    original) and the earlier document it copies (itself for originals)."""
+    kind = np.where(g > 0, g % np.uint64(100), np.uint64(99))
+    source = np.where(kind <= 2, _mix(g + np.uint64(7)) % np.maximum(g, np.uint64(1)), g)
+    return kind, source
+
+
+def _values(ids: np.ndarray, salt: int, width: int) -> np.ndarray:
+    grid = ids[:, None] * np.uint64(1_000_003) + np.uint64(salt) + np.arange(width, dtype=np.uint64)
+    return (_mix(grid) >> np.uint64(32)).astype(np.uint32)
+
+
+def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: dict) -> Path:
+    """`dedup_signatures` files of `docs` documents, without text (see the module docstring)."""
+    import polars as pl
+
+    from assets.stages import dedup_compute as dc
+    from assets.stages import exact_dedup as ex
+    from assets.stages import near_dedup as nd
+    from refinery.config import load_config
+    from refinery.documents import input_shards
+    from refinery.storage import LocalDataRoot
+
+    stages["near_dedup"].update(num_perm=SYNTH_PERM, bands=SYNTH_BANDS, rows=SYNTH_ROWS)
+    config = write_config(workdir, shards, stages)
+    cfg = load_config(config)
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    per = -(-docs // shards)
+    for ordinal, shard in enumerate(input_shards(cfg)):
+        n = max(0, min(per, docs - ordinal * per))
+        g = np.arange(ordinal * per, ordinal * per + n, dtype=np.uint64)
+        kind, source = synthetic_sources(g)
+        sigs = _values(source, 0, SYNTH_PERM)
+        # Near copies and false candidates differ from their source in the first band only.
+        sigs[kind == 1, 0] ^= np.uint32(1)
+        sigs[kind == 2, 0] ^= np.uint32(2)
+        bottom = np.sort(_values(np.where(kind <= 1, source, g), 1 << 40, SYNTH_BOTTOM), axis=1)
+        hashed = np.where(kind == 0, source, g)
+        bands = nd.band_hashes(sigs, SYNTH_BANDS, SYNTH_ROWS)
+        columns = {
+            "doc_key": pl.Series(ex.doc_keys(ordinal, n), dtype=pl.UInt64),
+            "doc_id": pl.select(pl.format("{}/{}", pl.lit(shard.key), pl.int_range(n).cast(pl.String).str.zfill(7))).to_series(),
+            "hash_hi": pl.Series(_mix(hashed * np.uint64(2) + np.uint64(1)), dtype=pl.UInt64),
+            "hash_lo": pl.Series(_mix(hashed * np.uint64(2) + np.uint64(2)), dtype=pl.UInt64),
+            "near": pl.Series(np.ones(n, dtype=bool)),
+            "sig": pl.Series(sigs, dtype=pl.Array(pl.UInt32, SYNTH_PERM)),
+            "bottom": pl.Series(bottom, dtype=pl.Array(pl.UInt32, SYNTH_BOTTOM)).cast(pl.List(pl.UInt32)),
+        }
+        for band in range(SYNTH_BANDS):
+            columns[nd.band_column(band)] = pl.Series(bands[:, band], dtype=pl.UInt64)
+        root.write_parquet(dc.signatures_key(shard.key), pl.DataFrame(columns))
+    return config
+
+
 def run_step(config: str, step: str, key: str) -> None:
     """One partition of one step, in this process (the child side of `measure`)."""
-    from assets import dedup
+    from assets.stages import dedup_compute as dedup
     from refinery.config import load_config
     from refinery.storage import LocalDataRoot
 
@@ -121,14 +196,28 @@ def run_step(config: str, step: str, key: str) -> None:
         raise ValueError(f"unknown step {step!r}")
 
 
+PEAK_PREFIX = "peak-bytes "
+
+
+def own_peak_bytes() -> int:
+    """This process's own high-water RSS (VmHWM), which a fork does not inherit from its parent."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def measure(config: Path, step: str, key: str) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of one partition run in a fresh process."""
+    """(wall seconds, the child's own peak RSS bytes) of one partition run in a fresh process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.dedup_memory", "--child", str(config), step, key], cwd=REPO)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"{step}[{key}] failed with status {status}")
-    return time.perf_counter() - start, usage.ru_maxrss * 1024
+    proc = subprocess.run([sys.executable, "-m", "bench.dedup_memory", "--child", str(config), step, key],
+                          cwd=REPO, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{step}[{key}] failed with status {proc.returncode}")
+    peaks = [int(line[len(PEAK_PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(PEAK_PREFIX)]
+    if not peaks:
+        raise RuntimeError(f"{step}[{key}] reported no peak")
+    return time.perf_counter() - start, peaks[-1]
 
 
 def main() -> int:
@@ -136,11 +225,16 @@ def main() -> int:
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--workdir", default="/tmp/dedup-1m")
+    p.add_argument("--synthetic-signatures", action="store_true", help="write signatures directly; global steps only")
+    p.add_argument("--hash-ranges", type=int, help="exact_dedup.hash_ranges (default: one per 250k documents, at least 4)")
+    p.add_argument("--max-memory-mb", type=int, help="near_dedup.max_memory_mb")
+    p.add_argument("--band-splits", type=int, help="near_dedup.band_splits")
     p.add_argument("--child", nargs=3, metavar=("CONFIG", "STEP", "KEY"), help=argparse.SUPPRESS)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     if args.child:
         run_step(*args.child)
+        print(f"{PEAK_PREFIX}{own_peak_bytes()}", flush=True)
         return 0
 
     from assets.stages import exact_dedup as ex
@@ -151,7 +245,10 @@ def main() -> int:
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     start = time.perf_counter()
-    config = generate(workdir, args.docs, args.shards)
+    near = {k: v for k, v in (("max_memory_mb", args.max_memory_mb), ("band_splits", args.band_splits)) if v is not None}
+    stages = {"exact_dedup": {"hash_ranges": args.hash_ranges or max(4, -(-args.docs // 250_000))}, "near_dedup": near}
+    write = write_synthetic_signatures if args.synthetic_signatures else generate
+    config = write(workdir, args.docs, args.shards, stages)
     print(f"generated {args.docs:,} documents in {args.shards} shards in {time.perf_counter() - start:.0f}s", flush=True)
     cfg = load_config(config)
     settings = nd.DedupSettings.from_config(cfg)
@@ -164,30 +261,31 @@ def main() -> int:
         ("near_dup_clusters", ["-"]),
         ("deduped", shards),
     ]
+    if args.synthetic_signatures:
+        plan = [(step, keys) for step, keys in plan if step not in ("dedup_signatures", "deduped")]
     results = {}
     for step, keys in plan:
         runs = [measure(config, step, k) for k in keys]
         results[step] = {"partitions": len(keys), "wall_s": sum(w for w, _ in runs), "peak_rss_mib": max(r for _, r in runs) / 2**20}
-        print(f"{step}: {len(keys)} partition(s), {results[step]['wall_s']:.1f}s, peak RSS {results[step]['peak_rss_mib']:.0f} MiB", flush=True)
+        print(f"{step}: {len(keys)} partition(s), {results[step]['wall_s']:.1f}s, peak VmHWM {results[step]['peak_rss_mib']:.0f} MiB", flush=True)
 
     import polars as pl
 
     out = workdir / "out"
-    kept = sum(pl.scan_parquet(str(f)).select(pl.len()).collect().item() for f in (out / "documents/deduped").glob("*.parquet"))
-    stats = [json.loads(f.read_text()) for f in (out / "stats").rglob("*.json")]
-    dropped: dict[str, int] = {}
-    for s in stats:
-        for rule, n in s["dropped"].items():
-            dropped[rule] = dropped.get(rule, 0) + n
+    clusters = pl.read_parquet(out / "dedup/near/clusters.parquet")
+    dropped = {
+        "exact_dedup/duplicate": pl.scan_parquet(str(out / "dedup/exact/*.parquet")).select(pl.len()).collect().item(),
+        "near_dedup/duplicate": clusters.filter(pl.col("doc_key") != pl.col("keeper_key")).height,
+    }
     sig_bytes = sum(f.stat().st_size for f in (out / "dedup/signatures").glob("*.parquet"))
     summary = {
         "docs": args.docs,
-        "kept": kept,
         "dropped": dropped,
         "signature_bytes_per_doc_on_disk": round(sig_bytes / args.docs, 1),
         "edges_bytes": sum(f.stat().st_size for f in (out / "dedup/near/edges").glob("*.parquet")),
         "total_wall_s": round(sum(r["wall_s"] for k, r in results.items() if k != "import"), 1),
         "max_peak_rss_mib": round(max(r["peak_rss_mib"] for r in results.values()), 1),
+        "config": stages,
         "steps": {k: {kk: round(v, 1) if isinstance(v, float) else v for kk, v in r.items()} for k, r in results.items()},
     }
     print(json.dumps(summary, indent=1))

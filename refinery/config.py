@@ -366,6 +366,10 @@ class NearDedupConfig(Section):
     bands: int | None = None
     rows: int | None = None
     seed: int = 1
+    # Bounded state of a band's step (docs/dedup.md): it works on 1/band_splits of the band-hash
+    # space at a time; without band_splits, enough splits to keep its working set under max_memory_mb.
+    band_splits: int | None = Field(default=None, ge=1)
+    max_memory_mb: int | None = Field(default=None, ge=16)
 
     @model_validator(mode="after")
     def _bands_rows(self) -> "NearDedupConfig":

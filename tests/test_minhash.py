@@ -115,3 +115,49 @@ def test_lsh_params_for_the_default_threshold():
 def test_constructor_rejects_nonsense():
     with pytest.raises(ValueError, match="must be positive"):
         mh.MinHasher(0, 1, 5)
+
+
+UNICODE_TEXTS = [
+    "Der Straße entlang, über Brücken: ÄÖÜ!",
+    "日本語のテキストです。東京都、2024年。",
+    "中文文本，没有空格；数字１２３和ｆｕｌｌｗｉｄｔｈ。",
+    "한국어 문장입니다. 공백이 있습니다!",
+    "Ελληνικά κείμενα, με τόνους· και ερωτηματικό;",
+    "Română: știință și țară — «ghilimele» …",
+    "emoji 😀😀 mixed\u2003em-space\u00a0nbsp\u2028line sep x\u00b2 \u0661\u0662 snake_case_ß",
+    "  \t\n ",
+    "",
+    "plain ascii, in the same batch.",
+]
+
+
+def test_unicode_path_gives_the_split_words_tokens_and_their_hashes():
+    fw, counts = mh.document_word_hashes(UNICODE_TEXTS)
+    expected = [mh.shingle_words(t) for t in UNICODE_TEXTS]
+    assert counts.tolist() == [len(w) for w in expected]
+    assert np.array_equal(fw, np.array([mh.word_hash64(w) for ws in expected for w in ws], dtype=np.uint64))
+
+
+def test_every_code_point_class_matches_the_regex():
+    classes = mh._code_point_classes()
+    rng = np.random.default_rng(0)
+    sample = np.concatenate((np.arange(0x3000), rng.integers(0x3000, 0x110000, 20_000)))
+    for code in sample.tolist():
+        if 0xD800 <= code < 0xE000:
+            continue
+        char = chr(code)
+        if not split_words(char):
+            expected = mh.WHITESPACE
+        else:
+            expected = mh.WORD_CHAR if split_words(char + "a") == [char + "a"] else mh.PUNCTUATION
+        assert classes[code] == expected, hex(code)
+
+
+def test_unicode_signatures_match_datasketch_with_the_reference_hash():
+    rng = random.Random(3)
+    alphabet = "日本語中文한국어ελληνικάștiință" + "abc,.!、。"
+    texts = ["".join(rng.choice(alphabet + "  ") for _ in range(rng.randrange(1, 400))) for _ in range(30)]
+    hasher = mh.MinHasher(128, 1, 5)
+    sigs = hasher.signatures(texts + UNICODE_TEXTS)
+    for text, sig in zip(texts + UNICODE_TEXTS, sigs):
+        assert np.array_equal(sig, datasketch_signature(text, 128, 1, 5))

@@ -192,3 +192,43 @@ def test_apply_decisions_writes_reasons_and_cluster_columns():
     assert exact_out.stats.dropped == {"exact_dedup/duplicate": 1, "exact_dedup/null_text": 1}
     assert near_out.stats.dropped == {"near_dedup/duplicate": 1}
     assert exact_out.stats.by_bucket["web"].docs_in == 6
+
+
+def _band_edges_all(table: pl.DataFrame, splits: int, dropped: pl.LazyFrame | None = None) -> tuple[pl.DataFrame, list]:
+    per_band = [nd.band_edges(table.lazy(), dropped, band, SETTINGS, splits) for band in range(SETTINGS.bands)]
+    return pl.concat([edges for edges, _ in per_band]), [counts for _, counts in per_band]
+
+
+def test_band_splits_give_the_same_edges_and_clusters_holding_a_slice_each():
+    texts, _ = variants_corpus(seed=11, bases=120)
+    table = nd.signature_table(_docs(texts), 0, SETTINGS, near_enabled=True)
+    whole, whole_counts = _band_edges_all(table, 1)
+    split, split_counts = _band_edges_all(table, 4)
+    assert whole.height > 50
+    assert whole.equals(split)  # same rows, same order, same similarities
+    assert [c["docs"] for c in whole_counts] == [c["docs"] for c in split_counts] == [table.height] * SETTINGS.bands
+    assert all(c["largest_split_docs"] < 0.4 * table.height for c in split_counts)
+    def cluster_table(edges: pl.DataFrame) -> pl.DataFrame:
+        return nd.clusters(edges["src"].to_numpy(), edges["dst"].to_numpy())
+    assert cluster_table(whole).equals(cluster_table(split))
+    assert (cluster_table(whole)["doc_key"] != cluster_table(whole)["keeper_key"]).sum() > 20
+
+    # Documents exact dedup dropped take no part, in every split.
+    dropped_keys = whole["dst"].unique().head(10)
+    dropped = pl.DataFrame({"doc_key": dropped_keys}, schema={"doc_key": pl.UInt64}).lazy()
+    for splits in (1, 4):
+        edges, _ = _band_edges_all(table, splits, dropped)
+        assert not edges["dst"].is_in(dropped_keys.implode()).any()
+        assert not edges["src"].is_in(dropped_keys.implode()).any()
+    assert _band_edges_all(table, 1, dropped)[0].equals(_band_edges_all(table, 4, dropped)[0])
+
+
+def test_band_split_count_from_memory_budget():
+    assert nd.band_splits(10_000_000, None) == 1
+    assert nd.band_splits(10_000_000, 64, fixed=3) == 3
+    fits = 64 * 2**20 // nd.BAND_BYTES_PER_DOC
+    assert nd.band_splits(fits, 64) == 1
+    assert nd.band_splits(fits + 1, 64) == 2
+    assert nd.band_splits(10_000_000, 100) == -(-10_000_000 * nd.BAND_BYTES_PER_DOC // (100 * 2**20))
+    with pytest.raises(ValueError, match="at least 1"):
+        nd.band_edges(pl.LazyFrame(), None, 0, SETTINGS, 0)

@@ -20,6 +20,12 @@ doc_key leads, members similar to it get an edge to it, the rest form the next r
 their own smallest member. A bucket of k copies costs k comparisons, not k^2, and a false bucket
 still links its true duplicates to each other.
 
+Bounded state. A band's step holds every near-dedup document's (doc_key, band hash) at once unless
+it is split: with `splits` = K, it takes the documents whose band hash falls in each 1/K of the hash
+space in turn (`exact_dedup.hash_range_expr`). Equal band hashes share a split, so every bucket is whole in exactly one
+split, and the edges, sorted at the end, are the same bytes whatever K is. K comes from
+`near_dedup.band_splits`, or from `near_dedup.max_memory_mb` and the document count (`band_splits`).
+
 Clusters. Union-find over the edges of every band; each connected component keeps its member with
 the smallest doc_key (the same order as exact dedup: first source, first file, first record).
 """
@@ -47,6 +53,10 @@ NEAR_SKIP_KEY = "near_dedup"
 FALSE_POSITIVE_WEIGHT = 0.05
 FALSE_NEGATIVE_WEIGHT = 0.95
 VERIFY_BOTTOM_K = 1024
+# Working set of a band split per document it holds: doc_key and band hash (16 B) as read, the lexsort
+# order, run ids and the sorted copies `bucket_members` makes (about 48 B), and Polars' read buffers.
+# bench/dedup_memory.py measures about 60-70 B; 96 leaves room for buckets' sketches.
+BAND_BYTES_PER_DOC = 96
 
 EDGES_SCHEMA = {"src": pl.UInt64, "dst": pl.UInt64, "similarity": pl.Float32}
 CLUSTERS_SCHEMA = {"doc_key": pl.UInt64, "keeper_key": pl.UInt64, "cluster_size": pl.Int64}
@@ -80,6 +90,54 @@ def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     acc *= np.uint64(0xFF51AFD7ED558CCD)
     acc ^= acc >> np.uint64(33)
     return acc
+
+
+def band_splits(near_docs: int, max_memory_mb: int | None, fixed: int | None = None) -> int:
+    """How many hash-prefix splits a band's step takes: `fixed` when given, else as many as keep
+    `near_docs * BAND_BYTES_PER_DOC / splits` under `max_memory_mb`, else 1."""
+    if fixed is not None:
+        return fixed
+    if max_memory_mb is None:
+        return 1
+    return max(1, -(-near_docs * BAND_BYTES_PER_DOC // (max_memory_mb * 2**20)))
+
+
+def band_edges(
+    signatures: pl.LazyFrame, dropped: pl.LazyFrame | None, band: int, settings: "DedupSettings", splits: int
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Verified candidate edges of one band among the near-dedup rows of `signatures` whose doc_key
+    is not in `dropped`, taken one hash-prefix split at a time; edges sorted by (src, dst), and the
+    counts docs, candidates, edges, splits and the documents held by the largest split."""
+    if splits < 1:
+        raise ValueError(f"band splits must be at least 1, got {splits}")
+    column = band_column(band)
+    counts = {"docs": 0, "candidates": 0, "edges": 0, "splits": splits, "largest_split_docs": 0}
+    parts = [pl.DataFrame(schema=EDGES_SCHEMA)]
+    for part in range(splits):
+        in_split = signatures.filter(pl.col("near") & (ex.hash_range_expr(pl.col(column), splits) == part))
+        docs = in_split.select("doc_key", column)
+        if dropped is not None:
+            docs = docs.join(dropped, on="doc_key", how="anti")
+        docs = docs.collect(engine="streaming")
+        members, buckets = bucket_members(docs["doc_key"].to_numpy(), docs[column].to_numpy())
+        counts["docs"] += docs.height
+        counts["largest_split_docs"] = max(counts["largest_split_docs"], docs.height)
+        counts["candidates"] += int(members.size)
+        del docs
+        if not members.size:
+            continue
+        found = (
+            in_split.select("doc_key", "bottom")
+            .filter(pl.col("doc_key").is_in(pl.Series(members).implode()))
+            .collect(engine="streaming")
+            .sort("doc_key")
+        )
+        sketches = [s.to_numpy() for s in found["bottom"]]
+        rows = np.searchsorted(found["doc_key"].to_numpy(), members)
+        parts.append(verified_edges(members, buckets, [sketches[r] for r in rows], settings.threshold, settings.bottom_k))
+    edges = pl.concat(parts).sort("src", "dst")
+    counts["edges"] = edges.height
+    return edges, counts
 
 
 def bucket_members(keys: np.ndarray, band: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
