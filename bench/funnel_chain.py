@@ -3,9 +3,14 @@ datatrove's comparable chain on the same documents, in the same run.
 
     python bench/funnel_chain.py --docs 20000 --datatrove-docs 2000 \\
         --datatrove-python /tmp/dtvenv/bin/python
+    python bench/funnel_chain.py --corpus multilingual --datatrove-python /tmp/dtvenv/bin/python
 
-The corpus is `refinery.synth.write_corpus` JSONL (real English sentences, about 3.6 KB per
-document, 5% exact and 5% near copies). Both chains start from its text (extraction is timed
+The `synth` corpus is `refinery.synth.write_corpus` JSONL (real English sentences, about 3.6 KB per
+document, 5% exact and 5% near copies). The `multilingual` corpus is the project's own:
+data/multilingual (documentation pages in 22 languages and planted spam) and the JSONL sources of
+data/sample (wiki, books, math, code; the deliberately broken `-9x` files left out), every
+language kept (`languages: all`, datatrove's `languages=None`) at score 0.65; `--docs` and
+`--datatrove-docs` are then its size. Both chains start from its text (extraction is timed
 separately, in bench/funnel.py) and end with the surviving documents written out:
 
 - ours, in one process, as the graph runs it for one input shard: `read_input_shard`,
@@ -52,11 +57,11 @@ DATATROVE_CHAIN = textwrap.dedent(
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.lid import FT176LID
 
-    data, work, model = sys.argv[1], sys.argv[2], sys.argv[3]
+    data, work, model, languages = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     FT176LID.MODEL_URL = "file://" + model  # the local lid.176 file, not a download
     minhash = MinhashConfig()  # FineWeb's: 14 buckets x 8 hashes, 5-grams
     stages = [
-        [JsonlReader(data), LanguageFilter(languages=["en"], language_threshold=0.65), GopherRepetitionFilter(),
+        [JsonlReader(data), LanguageFilter(languages=None if languages == "all" else languages.split(","), language_threshold=0.65), GopherRepetitionFilter(),
          GopherQualityFilter(), C4QualityFilter(filter_no_terminal_punct=False), FineWebQualityFilter(),
          PIIFormatter(), JsonlWriter(f"{work}/filtered")],
         [JsonlReader(f"{work}/filtered"), MinhashDedupSignature(output_folder=f"{work}/sigs", config=minhash)],
@@ -86,14 +91,14 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def ours(jsonl: Path, work: Path) -> dict:
+def ours(jsonl: Path, work: Path, languages: str | list[str]) -> dict:
     """Our chain over one input shard, as the graph's assets run it, in a fresh process."""
     script = textwrap.dedent(
         f"""
         import json, resource, sys
         sys.path[0] = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}
         from bench.funnel_chain import run_our_chain
-        print(json.dumps(run_our_chain({str(jsonl)!r}, {str(work)!r})))
+        print(json.dumps(run_our_chain({str(jsonl)!r}, {str(work)!r}, {languages!r})))
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -102,7 +107,33 @@ def ours(jsonl: Path, work: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_our_chain(jsonl: str, work: str) -> dict:
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_multilingual_corpus(path: Path) -> int:
+    """data/multilingual plus the sample's JSONL sources as one JSONL of {id, url, text}; the count."""
+    import gzip
+
+    files = sorted((REPO / "data/multilingual").glob("*.jsonl.gz"))
+    files += [f for f in sorted((REPO / "data/sample").glob("*/*.jsonl*")) if "-9" not in f.name]
+    n = 0
+    with path.open("w") as out:
+        for f in files:
+            with (gzip.open(f, "rt", errors="replace") if f.suffix == ".gz" else f.open(errors="replace")) as lines:
+                for line in lines:
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        record = None
+                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                        continue  # the sample's planted bad records; the ingest tests cover them
+                    out.write(json.dumps({"id": f"{f.stem}-{n}", "url": record.get("url", f"file://{f.name}/{n}"),
+                                          "text": record["text"]}) + "\n")
+                    n += 1
+    return n
+
+
+def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -> dict:
     from assets import dedup
     from assets.factory import publish_stage_output
     from assets.stages import exact_dedup as ex
@@ -120,7 +151,7 @@ def run_our_chain(jsonl: str, work: str) -> dict:
     config.write_text(yaml.safe_dump({
         "seed": 1, "data_root": str(Path(work) / "root"), "buckets": ["web"],
         "sources": [{"name": "web", "path": jsonl, "format": "jsonl", "bucket": "web"}],
-        "stages": {"language": {"languages": ["en"], "min_score": 0.65}},
+        "stages": {"language": {"languages": languages if languages == "all" else list(languages), "min_score": 0.65}},
     }))
     start = cpu_seconds()
     cfg = load_config(str(config))
@@ -155,11 +186,17 @@ def main() -> None:
     ap.add_argument("--datatrove-docs", type=int, default=2_000)
     ap.add_argument("--datatrove-python", help="an interpreter with datatrove[processing] and spaCy installed")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--corpus", choices=("synth", "multilingual"), default="synth")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         full = tmp / "corpus.jsonl"
-        write_corpus(full, args.docs, args.seed, fmt="jsonl")
+        if args.corpus == "multilingual":
+            languages: str | list[str] = "all"
+            args.docs = args.datatrove_docs = write_multilingual_corpus(full)
+        else:
+            languages = ["en"]
+            write_corpus(full, args.docs, args.seed, fmt="jsonl")
         subset = tmp / "subset" / "corpus.jsonl"
         subset.parent.mkdir()
         subset.write_text("".join(full.read_text().splitlines(keepends=True)[: args.datatrove_docs]))
@@ -167,14 +204,15 @@ def main() -> None:
         for name, path, n in (("ours, whole corpus", full, args.docs), ("ours, subset", subset, args.datatrove_docs)):
             work = tmp / name.replace(", ", "-").replace(" ", "_")
             work.mkdir()
-            r = ours(path, work)
+            r = ours(path, work, languages)
             rows[name] = {**r, "docs": n, "docs_per_cpu_s": n / r["cpu_s"]}
             print(json.dumps({name: rows[name]}), flush=True)
         if args.datatrove_python:
             script = tmp / "datatrove_chain.py"
             script.write_text(DATATROVE_CHAIN)
             proc = subprocess.run([args.datatrove_python, str(script), str(subset.parent), str(tmp / "dt"),
-                                   bundled_model_path()], capture_output=True, text=True)
+                                   bundled_model_path(), languages if languages == "all" else ",".join(languages)],
+                                  capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"datatrove chain failed:\n{proc.stderr[-3000:]}")
             dt = json.loads(proc.stdout.strip().splitlines()[-1])

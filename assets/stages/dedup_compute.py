@@ -118,8 +118,9 @@ def compute_band_edges(cfg: RefineryConfig, root: DataRoot, band_key: str) -> tu
         edges, counts = pl.DataFrame(schema=nd.EDGES_SCHEMA), {"docs": 0, "candidates": 0, "edges": 0, "splits": 1, "largest_split_docs": 0}
     else:
         near = cfg.stages.near_dedup
-        near_docs = sigs.filter(pl.col("near")).select(pl.len()).collect().item()
-        splits = nd.band_splits(near_docs, near.max_memory_mb, near.band_splits)
+        splits = near.band_splits or 1
+        if near.band_splits is None and near.max_memory_mb is not None:
+            splits = nd.band_splits(sigs.filter(pl.col("near")).select(pl.len()).collect().item(), near.max_memory_mb)
         dropped = scan_exact_drops(cfg, root).select("doc_key")
         edges, counts = nd.band_edges(sigs, dropped, keys_of_bands.index(band_key), settings, splits)
     return edges, counts, root.write_parquet(edges_key(band_key), edges)
