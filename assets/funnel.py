@@ -14,7 +14,8 @@ from assets.factory import (
     SAMPLE_ROWS, FileResult, batch_metadata, batch_stage_asset, code_version, map_files, merged_stats,
     publish_stage_output,
 )
-from assets.stages import extract, heuristic, ingest, language
+from assets.stages import custom, extract, heuristic, ingest, language
+from assets.stages.base import Stage
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, batch_shards, input_shards
@@ -28,8 +29,8 @@ def _language(cfg: RefineryConfig, source: str) -> language.LanguageFilter:
     return language.LanguageFilter.from_config(cfg.stages.language, cfg.resolve)
 
 
-def _heuristic(cfg: RefineryConfig, source: str) -> heuristic.HeuristicFilter:
-    return heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(source).rules_off)
+def _heuristic(cfg: RefineryConfig, source: str) -> Stage:
+    return custom.with_custom_filters(heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(source).rules_off), cfg)
 
 
 def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
@@ -71,7 +72,8 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         (language.STAGE, extract.STAGE, _language, language, "fastText lid.176 on the whole text; keeps "
          "the configured languages at or above min_score."),
         (heuristic.STAGE, language.STAGE, _heuristic, heuristic, "URL blocklist, Gopher quality and "
-         "repetition, C4 line rules and FineWeb quality rules, each rule named and counted."),
+         "repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
+         "config's custom filters."),
     ]
     assets = [raw_documents] + [
         batch_stage_asset(

@@ -41,18 +41,35 @@ class SourceConfig(Section):
     """One input corpus: files matched by `path` (a glob, relative to the config file), all in one
     format, all feeding one bucket. Curated sources (code, math) usually skip the web heuristics."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$")
-    path: str
-    format: Literal["warc", "jsonl"]
-    bucket: str
-    text_field: str = "text"
-    url_field: str = "url"
-    id_field: str | None = None
-    skip: list[Literal["language", "heuristic", "quality", "near_dedup"]] = Field(default_factory=list)
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$",
+                      description="Names the source in partition keys, doc ids and reports.")
+    path: str = Field(description="A glob relative to the config file's folder. `warc`, `jsonl` and `parquet` "
+                      "match files; `hf_dataset` matches `save_to_disk` directories (a DatasetDict's "
+                      "directory stands for each of its splits).")
+    format: Literal["warc", "jsonl", "parquet", "hf_dataset"] = Field(
+        description="`warc` (WARC or WARC.gz; the HTTP payload, HTML or text), `jsonl` (one JSON object a line, "
+        "gzip or not), `parquet` (any Parquet file), `hf_dataset` (a Hugging Face `datasets` "
+        "`save_to_disk` directory: Arrow stream files, read without the `datasets` package).")
+    bucket: str = Field(description="The curriculum bucket every document of the source feeds; one of `buckets`.")
+    text_field: str = Field(default="text", description="JSONL, Parquet and HF datasets: the field (column) holding "
+                            "the document's text. A record whose value is null or not a string is one "
+                            "`ingest/missing_text` reject; a Parquet or Arrow file without the column is an "
+                            "error naming the columns it has.")
+    url_field: str = Field(default="url", description="JSONL, Parquet and HF datasets: the field holding the "
+                           "document's URL (the `url` column: URL rules, blocked domains, lineage). Absent or "
+                           "empty: no URL.")
+    id_field: str | None = Field(default=None, description="JSONL, Parquet and HF datasets: a field holding the "
+                                 "record's own id in its source. A record without a URL is named by it: the "
+                                 "`url` column gets the id, so rejects and lineage show which record it was. "
+                                 "Parquet and Arrow files must have the column when it is set.")
+    skip: list[Literal["language", "heuristic", "quality", "near_dedup"]] = Field(
+        default_factory=list, description="Stages this source's documents pass through untouched "
+        "(`heuristic` also skips `stages.custom_filters`).")
     # Heuristic rules that do not fit this source's documents, by reason name (e.g. c4/curly_bracket
     # for documentation and code, whose shell and config snippets hold braces); checked against
     # HeuristicConfig.rule_names() when the whole config loads.
-    rules_off: list[str] = Field(default_factory=list)
+    rules_off: list[str] = Field(default_factory=list, description="Heuristic rules switched off for this "
+                                 "source, by reason name (e.g. `c4/curly_bracket` for code).")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,6 +444,34 @@ class SafetyConfig(Section):
     max_blocked_word_hits: int = Field(default=0, ge=0)
 
 
+# Reason families the built-in stages use: a custom filter may not take one, so every reason names
+# one rule of one stage.
+BUILTIN_FAMILIES = ("ingest", "extract", "language", "heuristic", "url", "gopher_quality", "gopher_rep", "c4",
+                    "c4_lines", "fineweb", "exact_dedup", "near_dedup", "quality", "pii", "safety", "tokenize")
+
+
+class CustomFilterConfig(Section):
+    """A filter of your own (docs/custom_filters.md): a subclass of `assets.stages.base.Filter` (or
+    `RecordStage`), imported by `path` when the config loads and built with `params` as keyword
+    arguments. Custom filters run inside `heuristic_filtered`, after the built-in rules, in the
+    order listed, on the documents those rules kept; a source that skips `heuristic` skips them."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="The filter's reason family: its rejects read "
+                      "`<name>/<reason>` and its counters `dropped/<name>/<reason>`.")
+    path: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                      description="`package.module:ClassName`, importable from PYTHONPATH or from the config "
+                      "file's folder.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class.")
+
+    @field_validator("name")
+    @classmethod
+    def _own_family(cls, v: str) -> str:
+        if v in BUILTIN_FAMILIES:
+            raise ValueError(f"{v!r} is a built-in stage's reason family; pick another name "
+                             f"(taken: {list(BUILTIN_FAMILIES)})")
+        return v
+
+
 class StagesConfig(Section):
     # Seconds one record may take in any per-document stage before it is rejected <stage>/timeout.
     record_timeout_s: float = Field(default=5.0, gt=0)
@@ -438,6 +483,8 @@ class StagesConfig(Section):
     quality: QualityConfig = QualityConfig()
     pii: PiiConfig = PiiConfig()
     safety: SafetyConfig = SafetyConfig()
+    custom_filters: list[CustomFilterConfig] = Field(default_factory=list, description="Filters of your own, run "
+                                                     "inside heuristic_filtered after the built-in rules.")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -671,6 +718,7 @@ class RefineryConfig(Section):
                     f"sources[{i}].bucket: unknown bucket {src.bucket!r}; declare it under `buckets:` "
                     f"(now {sorted(known)}) or use one of those"
                 )
+        self._check_custom_filters()
         q = self.stages.quality
         for field, buckets in (("positive_buckets", q.positive_buckets), ("negative_buckets", q.negative_buckets)):
             if field not in q.model_fields_set:
@@ -693,6 +741,20 @@ class RefineryConfig(Section):
                         f"curriculum.buckets.{name}: unknown bucket {name!r}; use one of {sorted(known)}"
                     )
         return self
+
+    def _check_custom_filters(self) -> None:
+        """Import and build every custom filter now, so a wrong path, a class on another base or bad
+        params fail at load time naming the field, not in the middle of a run."""
+        from assets.stages.custom import CustomFilterError, build_custom_filter
+
+        names = [f.name for f in self.stages.custom_filters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stages.custom_filters: names repeat: {names}")
+        for i, spec in enumerate(self.stages.custom_filters):
+            try:
+                build_custom_filter(spec, self.base_dir)
+            except CustomFilterError as err:
+                raise ValueError(f"stages.custom_filters[{i}].{err.field}: {err}") from None
 
     # ---- derived values -------------------------------------------------------------------------
 
