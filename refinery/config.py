@@ -778,10 +778,29 @@ class RefineryConfig(Section):
 
 
 def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
-    """Every source's files, sorted so partition keys are stable."""
+    """Every source's inputs (files; directories for `hf_dataset`), sorted so partition keys are stable."""
     out: dict[str, list[str]] = {}
     for src in cfg.sources:
-        out[src.name] = sorted(glob.glob(cfg.resolve(src.path)))
+        matched = sorted(glob.glob(cfg.resolve(src.path)))
+        out[src.name] = hf_dataset_dirs(matched) if src.format == "hf_dataset" else matched
+    return out
+
+
+HF_DATASET_DICT = "dataset_dict.json"
+
+
+def hf_dataset_dirs(paths: list[str]) -> list[str]:
+    """The `save_to_disk` Dataset directories among `paths`: a DatasetDict's directory stands for its
+    splits, in the order its dataset_dict.json lists them. Anything else stays, to be refused by
+    name when it is read."""
+    out: list[str] = []
+    for path in paths:
+        index = os.path.join(path, HF_DATASET_DICT)
+        if os.path.isfile(index):
+            with open(index) as f:
+                out += [os.path.join(path, split) for split in json.load(f).get("splits", [])]
+        else:
+            out.append(path)
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from refinery.config import PartitionsConfig, RefineryConfig, input_files
+from refinery.config import HF_DATASET_DICT, PartitionsConfig, RefineryConfig, input_files
 
 # Provenance columns, present in every document table from raw_documents on.
 PROVENANCE_SCHEMA: dict[str, pl.DataType] = {
@@ -74,11 +74,14 @@ class InputShard:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_EXTENSIONS = (".warc.gz", ".warc", ".jsonl.gz", ".jsonl", ".json.gz", ".json", ".gz")
+_EXTENSIONS = (".warc.gz", ".warc", ".jsonl.gz", ".jsonl", ".json.gz", ".json", ".gz", ".parquet", ".arrow")
 
 
 def _stem(path: str) -> str:
-    name = os.path.basename(path)
+    name = os.path.basename(path.rstrip("/"))
+    parent = os.path.dirname(path.rstrip("/"))
+    if os.path.isfile(os.path.join(parent, HF_DATASET_DICT)):
+        name = f"{os.path.basename(parent)}_{name}"  # a DatasetDict's split: the dataset and the split
     for ext in _EXTENSIONS:
         if name.endswith(ext):
             name = name[: -len(ext)]

@@ -1,9 +1,11 @@
-"""Reading one input shard (a WARC or JSONL file, gzip or not) into the `raw_documents` table.
+"""Reading one input shard (a WARC or JSONL file, gzip or not; a Parquet file; a Hugging Face
+dataset saved to disk) into the `raw_documents` table.
 
-One row per response/resource WARC record or per JSONL line, with the provenance columns of
+One row per response/resource WARC record, JSONL line or table row, with the provenance columns of
 `refinery.documents` and `raw`, the decoded payload (HTML for WARC responses, the text field for
-JSONL). Hostile input never stops the file: a bad record becomes one reject row `ingest/<reason>`
-and reading goes on. Only a missing file raises.
+JSONL and tables). Hostile input never stops the file: a bad record becomes one reject row
+`ingest/<reason>` and reading goes on. Only a missing file, and a table without the source's
+text (or id) column, raise.
 
 - JSONL: every line is parsed on its own, so a bad line is one reject: `ingest/bad_json` (not
   JSON, not an object, or nested past the parser's recursion limit), `ingest/missing_text`,
@@ -18,12 +20,18 @@ and reading goes on. Only a missing file raises.
   after it), and its detail names the byte range skipped. Damage with no record after it is one
   `ingest/truncated_file` with the range lost. A WARC compressed as one gzip member has no
   boundaries to resume at, so damage inside it ends reading there.
+- Parquet and HF datasets (Arrow stream files listed in state.json; no `datasets` import): a row
+  is a record, its fields read as a JSONL object's (`ingest/missing_text` for a null or non-string
+  text; a binary column is decoded as UTF-8, `ingest/bad_utf8`). A row group that cannot be read
+  is one `ingest/bad_rows` naming its rows, and the next is read; a file whose footer is gone, or
+  an Arrow file cut short, is one `ingest/truncated_file` after the rows read before it.
 - Handling one record (decoding, parsing) that raises or runs past `record_timeout_s` is that
   record's reject, `ingest/error` or `ingest/timeout` (assets/stages/base.py).
 
 Offsets: WARC `record_offset` is the record's byte offset in the file as stored (for a per-record
 gzip WARC, the offset of its gzip member, so a reader can seek straight to it); JSONL
-`record_offset` is the line's byte offset in the decompressed stream.
+`record_offset` is the line's byte offset in the decompressed stream; a table's is the row's number
+(across a dataset's Arrow files, a damaged file counting as one row).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 import polars as pl
 
@@ -584,28 +592,164 @@ def _parse_json_line(rec: _Record, line: bytes, source: SourceConfig, result: _R
         rec.drop = Drop("ingest/bad_json", None, f"a JSON {type(obj).__name__}, not an object")
         rec.excerpt = text[:EXCERPT_CHARS]
         return
-    url = obj.get(source.url_field)
-    rec.url = url if isinstance(url, str) and url else None
-    body = obj.get(source.text_field)
-    if not isinstance(body, str):
-        kind = "missing" if body is None else f"a {type(body).__name__}"
-        rec.drop = Drop("ingest/missing_text", None, f"field {source.text_field!r} is {kind}")
-        rec.excerpt = text[:EXCERPT_CHARS]
-        return
-    if "\x00" in body:
-        rec.drop = Drop("ingest/binary_payload", None, "NUL characters in the text field")
+    if not _take_fields(rec, obj, source, extract=None, result=result, excerpt=text):
         return
     # A JSON escape such as "\ud800" gives a lone surrogate, which no UTF-8 writer (Parquet's) accepts.
     if _SURROGATE_ESCAPE.search(text):
-        for field_name, value in ((source.text_field, body), (source.url_field, rec.url)):
+        for field_name, value in ((source.text_field, rec.raw), (source.url_field, rec.url)):
             try:
                 (value or "").encode("utf-8")
             except UnicodeEncodeError as err:
-                rec.url = None
+                rec.url, rec.raw = None, None
                 rec.drop = Drop("ingest/lone_surrogate", float(err.start), f"field {field_name!r}: {err.reason} at {err.start}")
                 rec.excerpt = text[:EXCERPT_CHARS]
                 return
+
+
+def _take_fields(rec: _Record, obj: dict, source: SourceConfig, extract: ExtractConfig | None,
+                 result: _ReadResult, excerpt: str) -> bool:
+    """A record's url and text from its fields (a JSON object, a table row) into `rec`; False with
+    the drop set when the text cannot be a document. `extract` bounds the text's size where nothing
+    bounded the record before (a row of a table)."""
+    url = obj.get(source.url_field)
+    rec.url = url if isinstance(url, str) and url else None
+    if rec.url is None and source.id_field is not None:
+        ident = obj.get(source.id_field)
+        # A record without a URL is named by its own id, so rejects and lineage can point at it.
+        rec.url = str(ident) if isinstance(ident, (str, int)) and not isinstance(ident, bool) and ident != "" else None
+    body = obj.get(source.text_field)
+    if isinstance(body, bytes):  # a binary column: its bytes are meant to be UTF-8 text
+        rec.payload_bytes = len(body)
+        body = _utf8_or_drop(rec, body, result)
+        if body is None:
+            return False
+    if not isinstance(body, str):
+        kind = "missing" if body is None else f"a {type(body).__name__}"
+        rec.drop = Drop("ingest/missing_text", None, f"field {source.text_field!r} is {kind}")
+        rec.excerpt = excerpt[:EXCERPT_CHARS]
+        return False
+    if extract is not None:
+        size = len(body.encode("utf-8", "surrogatepass")) if len(body) * 4 > extract.max_record_bytes else len(body)
+        rec.payload_bytes = size
+        if size > extract.max_record_bytes:
+            rec.drop = Drop("ingest/too_large", float(size), f"{size} bytes > max_record_bytes {extract.max_record_bytes}")
+            rec.excerpt = body[:EXCERPT_CHARS]
+            return False
+    if "\x00" in body:
+        rec.drop = Drop("ingest/binary_payload", None, "NUL characters in the text field")
+        return False
     rec.raw = body
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables: Parquet files and Hugging Face datasets saved to disk
+# --------------------------------------------------------------------------------------------------
+
+_TABLE_BATCH_ROWS = 1024
+
+
+class InputColumnError(ValueError):
+    """A Parquet or Arrow input without a column its source names: no row of it can be read."""
+
+
+def _table_columns(names: list[str], source: SourceConfig, path: str) -> list[str]:
+    """The columns to read from a table with columns `names`; raises naming the missing field."""
+    required = [("text_field", source.text_field)]
+    if source.id_field is not None:
+        required.append(("id_field", source.id_field))
+    for field_name, column in required:
+        if column not in names:
+            raise InputColumnError(
+                f"source {source.name!r}: {path} has no column {column!r} (the source's {field_name}); "
+                f"its columns are {names}; set {field_name} to one of them"
+            )
+    wanted = [source.text_field, source.url_field, source.id_field]
+    return [c for c in dict.fromkeys(wanted) if c is not None and c in names]
+
+
+@dataclass
+class _TableDamage:
+    """Rows of a table that cannot be read, from where reading got to: `rows` of them (None: the
+    rest of the file)."""
+
+    rows: int | None
+    detail: str
+
+
+def _parquet_batches(path: str, source: SourceConfig) -> Iterator[Any]:
+    """Record batches of the source's columns, row group by row group; a row group that cannot be
+    read is one `_TableDamage` and reading goes on with the next."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a broken footer
+        yield _TableDamage(None, f"not a readable Parquet file: {err}")
+        return
+    columns = _table_columns(pf.schema_arrow.names, source, path)
+    for group in range(pf.num_row_groups):
+        rows = pf.metadata.row_group(group).num_rows
+        try:
+            batches = list(pf.iter_batches(batch_size=_TABLE_BATCH_ROWS, row_groups=[group], columns=columns))
+        except Exception as err:  # noqa: BLE001 - a corrupt page or column chunk
+            yield _TableDamage(rows, f"row group {group} unreadable: {err}")
+        else:
+            yield from batches
+
+
+def _hf_dataset_batches(path: str, source: SourceConfig) -> Iterator[Any]:
+    """Record batches of a `save_to_disk` directory's Arrow stream files, in the order its
+    state.json lists them; a file cut short or corrupt ends that file with one `_TableDamage`."""
+    import pyarrow as pa
+
+    state = os.path.join(path, "state.json")
+    if not os.path.isfile(state):
+        raise InputColumnError(f"source {source.name!r}: {path} is not a Hugging Face dataset saved with "
+                               f"save_to_disk (no state.json); point the source's path at such a directory")
+    with open(state) as f:
+        files = [entry["filename"] for entry in json.load(f).get("_data_files", [])]
+    for name in files:
+        try:
+            with pa.memory_map(os.path.join(path, name)) as source_file:
+                reader = pa.ipc.open_stream(source_file)
+                columns = _table_columns(reader.schema.names, source, f"{path}/{name}")
+                for batch in reader:
+                    yield batch.select(columns)
+        except InputColumnError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a missing, cut-short or corrupt Arrow stream
+            yield _TableDamage(None, f"{name}: {err}")
+
+
+def _read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: _ReadResult,
+                budget: float | None) -> None:
+    """One row per record: the text column as the document, url and id columns as for JSONL;
+    `record_offset` is the row's number in the file (in the dataset, for a Hugging Face dataset)."""
+    batches = _parquet_batches(path, source) if source.format == "parquet" else _hf_dataset_batches(path, source)
+    row = 0  # the next row's number; a damaged stretch is one reject numbered by its first row
+    with record_alarm(budget) as armed:
+        for batch in batches:
+            if isinstance(batch, _TableDamage):
+                span = f"rows {row}..{row + batch.rows}" if batch.rows is not None else f"rows from {row}"
+                result.records.append(_Record(row, row, None, None, None, drop=Drop(
+                    "ingest/bad_rows" if batch.rows is not None else "ingest/truncated_file", float(row),
+                    f"{span} unreadable: {batch.detail}"[:ERROR_DETAIL_CHARS])))
+                row += batch.rows or 1
+                continue
+            for obj in batch.to_pylist():
+                rec = _Record(index=row, offset=row, url=None, fetch_time=None, content_type="text/plain")
+                row += 1
+                result.records.append(rec)
+                failed = guarded("ingest", budget, armed, _take_row, rec, obj, source, extract, result)
+                if failed is not None:
+                    rec.raw, rec.drop = None, failed
+    if not result.records:
+        result.count("empty_file")
+
+
+def _take_row(rec: _Record, obj: dict, source: SourceConfig, extract: ExtractConfig, result: _ReadResult) -> None:
+    _take_fields(rec, obj, source, extract, result, excerpt=str(obj))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -636,16 +780,19 @@ def read_input_shard(
     record (decoding, parsing its JSON) that raises or runs past `record_timeout_s` is that
     record's reject, `ingest/error` or `ingest/timeout`."""
     start = time.perf_counter()
-    if not os.path.isfile(shard.path):
+    exists = os.path.isdir if source.format == "hf_dataset" else os.path.isfile
+    if not exists(shard.path):
         raise FileNotFoundError(
-            f"input file {shard.path} of source {source.name!r} (path {source.path!r}) does not exist; "
+            f"input {shard.path} of source {source.name!r} (path {source.path!r}) does not exist; "
             f"fix the source's path or restore the file"
         )
     result = _ReadResult()
     if source.format == "warc":
         _read_warc(shard.path, extract, result, record_timeout_s)
-    else:
+    elif source.format == "jsonl":
         _read_jsonl(shard.path, source, extract, result, record_timeout_s)
+    else:
+        _read_table(shard.path, source, extract, result, record_timeout_s)
 
     records = result.records
     file_label = config_relative_file(shard.path, source.path)
