@@ -53,7 +53,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         group_name="funnel",
         code_version=ingest_version,
         kinds={"polars", "parquet"},
-        description="One row per WARC record or JSONL line of each file of the batch, with provenance; "
+        description="One row per WARC record, JSONL line or table row of each file of the batch, with provenance; "
         "bad records become ingest/* rejects.",
     )
     def raw_documents(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:

@@ -1,0 +1,122 @@
+"""stages.custom_filters: filters of your own by dotted path, on the built-in filters' base."""
+
+import textwrap
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from assets.funnel import _heuristic
+from refinery.config import ConfigError, load_config
+from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA
+from texts import PROSE
+
+EXAMPLE = {"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 3}}
+
+
+def write_config(tmp_path: Path, custom_filters: list[dict], skip: list[str] | None = None) -> Path:
+    cfg = {
+        "data_root": "out",
+        "buckets": ["web"],
+        "sources": [{"name": "web", "path": "in/*.jsonl", "format": "jsonl", "bucket": "web", "skip": skip or []}],
+        "stages": {"custom_filters": custom_filters},
+    }
+    path = tmp_path / "refinery.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def docs(texts: list[str]) -> pl.DataFrame:
+    n = len(texts)
+    return pl.DataFrame(
+        {"doc_id": [f"web-a/{i:07d}" for i in range(n)], "url": [f"https://harbour.example/{i}" for i in range(n)],
+         "source": ["web"] * n, "bucket": ["web"] * n, "file": ["a.jsonl"] * n, "record_index": list(range(n)),
+         "record_offset": [i * 100 for i in range(n)], "fetch_time": [None] * n, "content_type": ["text/plain"] * n,
+         "text": texts, "language": ["en"] * n},
+        schema_overrides={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String},
+    )
+
+
+def test_example_filter_removes_exactly_the_documents_without_enough_digits(tmp_path):
+    cfg = load_config(write_config(tmp_path, [EXAMPLE]))
+    texts = [
+        PROSE,                                              # no digits: the example drops it
+        PROSE + " The harbour wall was built in 1887.",     # four digits: kept
+        "Too short.",                                       # the built-in rules drop it first
+        PROSE + " Two boats, 12 nets.",                     # two digits: dropped
+    ]
+    stage = _heuristic(cfg, "web")
+    stage.record_timeout_s = cfg.stages.record_timeout_s
+    out = stage.run(docs(texts))
+    assert out.documents["doc_id"].to_list() == ["web-a/0000001"]
+    assert out.documents.columns == docs(texts).columns
+    assert dict(out.rejects.schema) == REJECTS_SCHEMA
+    assert out.rejects.select("doc_id", "stage", "rule", "value").rows() == [
+        ("web-a/0000002", "heuristic_filtered", "gopher_quality/min_words", 2.0),
+        ("web-a/0000000", "heuristic_filtered", "digits/too_few_digits", 0.0),
+        ("web-a/0000003", "heuristic_filtered", "digits/too_few_digits", 2.0),
+    ]
+    assert out.rejects["detail"][2] == "2 digits < min_digits 3"
+    assert dict(out.stats.dropped) == {"gopher_quality/min_words": 1, "digits/too_few_digits": 2}
+    assert (out.stats.docs_in, out.stats.docs_out) == (4, 1)
+    assert out.stats.by_bucket["web"].docs_out == 1
+    assert stage.config_summary()["custom_filters"] == [EXAMPLE]
+
+
+def test_a_source_that_skips_heuristic_skips_its_custom_filters(tmp_path):
+    cfg = load_config(write_config(tmp_path, [EXAMPLE], skip=["heuristic"]))
+    stage = _heuristic(cfg, "web")
+    out = stage.run_for_source(docs([PROSE, "Too short."]), cfg.source("web").skip)
+    assert out.documents.height == 2 and out.rejects.height == 0
+    assert out.stats.counters["skipped_by_source"] == 2
+
+
+def test_module_beside_the_config_is_isolated_per_record_and_its_reasons_get_the_family(tmp_path):
+    module = f"shouting_{uuid.uuid4().hex[:8]}"  # a fresh name: the import cache holds no other
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
+        from assets.stages.base import Drop, Filter
+
+        class Shouting(Filter):
+            reads = ("text",)
+
+            def check(self, record):
+                if "boom" in record["text"]:
+                    raise RuntimeError("exploded")
+                return Drop("too_loud", 1.0) if "!!!" in record["text"] else None
+    """))
+    cfg = load_config(write_config(tmp_path, [{"name": "shout", "path": f"{module}:Shouting"}]))
+    out = _heuristic(cfg, "web").run(docs([PROSE + " Hooray!!!", PROSE + " boom.", PROSE]))
+    assert out.documents["doc_id"].to_list() == ["web-a/0000002"]
+    assert out.rejects["rule"].to_list() == ["shout/too_loud", "shout/error"]
+    assert out.rejects["detail"][1] == "RuntimeError: exploded"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"name": "digits", "path": "no_such_pkg.filters:MinDigits"},
+     "stages.custom_filters[0].path: cannot import 'no_such_pkg.filters': No module named 'no_such_pkg'"),
+    ({"name": "digits", "path": "docs.examples.min_digits:MaxDigits"},
+     "stages.custom_filters[0].path: module 'docs.examples.min_digits' has no attribute 'MaxDigits'"),
+    ({"name": "digits", "path": "refinery.config:SourceConfig"},
+     "stages.custom_filters[0].path: refinery.config:SourceConfig is not a subclass of assets.stages.base.Filter"),
+    ({"name": "digits", "path": "assets.stages.base:Filter"},
+     "stages.custom_filters[0].path: assets.stages.base:Filter does not implement ['check']"),
+    ({"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digit": 3}},
+     "stages.custom_filters[0].params: MinDigits(**params) raised TypeError"),
+    ({"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 0}},
+     "stages.custom_filters[0].params: MinDigits(**params) raised ValueError: min_digits must be at least 1"),
+    ({"name": "c4", "path": "docs.examples.min_digits:MinDigits"},
+     "stages.custom_filters[0].name: 'c4' is a built-in stage's reason family"),
+    ({"name": "digits", "path": "docs/examples/min_digits.py"},
+     "stages.custom_filters[0].path: String should match pattern"),
+])
+def test_bad_custom_filters_are_config_errors_naming_the_field(tmp_path, spec, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_config(tmp_path, [spec]))
+    assert message in str(err.value)
+
+
+def test_custom_filter_names_must_differ(tmp_path):
+    with pytest.raises(ConfigError, match=r"stages.custom_filters: names repeat: \['digits', 'digits'\]"):
+        load_config(write_config(tmp_path, [EXAMPLE, EXAMPLE]))
