@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "refinery.lineage",
     "refinery.funnel_report",
     "refinery.validate",
+    "refinery.init",
     "training.cli",
 ]
 

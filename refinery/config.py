@@ -473,6 +473,8 @@ class CustomFilterConfig(Section):
 
 
 class StagesConfig(Section):
+    """Settings of the funnel's stages, one section each, in the order documents meet them."""
+
     # Seconds one record may take in any per-document stage before it is rejected <stage>/timeout.
     record_timeout_s: float = Field(default=5.0, gt=0)
     extract: ExtractConfig = ExtractConfig()
@@ -662,11 +664,16 @@ class TrainingConfig(Section):
 
 
 class EvalSetConfig(Section):
+    """One eval set whose text must not leak into training data."""
+
     name: str
-    path: str  # JSONL of {"id": ..., "text": ...}
+    path: str  # JSONL of {"id": ..., "text": ...}, relative to the config file
 
 
 class ContaminationConfig(Section):
+    """The contamination gate: every phase's manifest documents are scanned for word n-grams of the eval
+    sets before that phase may train (docs/curriculum.md)."""
+
     eval_sets: list[EvalSetConfig] = Field(default_factory=list)
     ngram: int = Field(default=13, ge=3)
     max_contaminated_docs: int = Field(default=0, ge=0)
@@ -683,15 +690,19 @@ class ContaminationConfig(Section):
 
 
 class RefineryConfig(Section):
-    seed: int = 0
+    """The whole run: where outputs go, the inputs, every stage's settings, the curriculum and the trainer."""
+
+    seed: int = 0  # every sampled choice (shuffles, holdouts, tokenizer sample) derives from it
+    # A local folder or s3://bucket/prefix: every table, shard, manifest and checkpoint of the run.
     data_root: str
+    # The curriculum's buckets; every source feeds one. Names become folder names under the data root.
     buckets: list[str] = Field(min_length=1)
     sources: list[SourceConfig] = Field(min_length=1)
     partitions: PartitionsConfig = PartitionsConfig()
     stages: StagesConfig = StagesConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     shards: ShardsConfig = ShardsConfig()
-    curriculum: CurriculumConfig | None = None
+    curriculum: CurriculumConfig | None = None  # none: the graph stops at the shards; training needs one
     training: TrainingConfig = TrainingConfig()
     contamination: ContaminationConfig = ContaminationConfig()
 
