@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from refinery.config import HF_DATASET_DICT, ConfigError, load_config
+from refinery.config import HF_DATASET_DICT, ConfigError, hf_dataset_dirs, load_config
 
 # Bytes of clean text per token of the demo's tokenizer (byte-level BPE, vocab 4096, trained on the
 # sample's clean text by the `tokenizer` asset): 3.37 on data/sample's JSONL text.
@@ -41,7 +41,8 @@ ROOT_BUCKET = "web"
 MIN_LANGUAGE_SHARE = 0.1
 TEXT_FIELDS = ("text", "content", "body", "document", "raw_content", "article", "markdown", "passage", "code")
 URL_FIELDS = ("url", "link", "source_url", "uri", "href")
-ID_FIELDS = ("id", "doc_id", "document_id", "uuid", "_id", "guid")
+ID_FIELDS = ("id", "doc_id", "document_id", "uid", "uuid", "_id", "guid")
+MIN_TEXT_CHARS = 40  # mean characters of a field that is not called text-like but is taken as the text
 SAMPLE_RECORDS = 200  # records read per table to find its fields
 # The trainer's step is micro_batch_size (4) x seq_len tokens; phases are whole steps.
 MICRO_BATCH_SIZE = 4
@@ -228,9 +229,10 @@ def detect_fields(src: Found) -> None:
     columns = [c for c in schemas[0] if all(c in s for s in schemas)]
     src.columns = columns
     text = _pick(TEXT_FIELDS, columns, records, (str, bytes))
-    if text is None:  # the string field with the longest values
+    if text is None:  # the string field with the longest values, if they are long enough to be text
         lengths = {c: sum(len(r[c]) for r in records if isinstance(r.get(c), str)) for c in columns}
-        text = max((c for c in lengths if lengths[c] > 0), key=lambda c: lengths[c], default=None)
+        text = max((c for c in lengths if lengths[c] >= MIN_TEXT_CHARS * len(records)), key=lambda c: lengths[c],
+                   default=None)
     if text is None:
         src.problem = f"no text field found (fields: {columns})"
         return
@@ -264,7 +266,8 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
     extract_cfg = ExtractConfig()
     lid = language.LanguageFilter.from_config(LanguageConfig(languages="all"))
     rules = heuristic.HeuristicFilter(HeuristicConfig())
-    for i, path in enumerate(_evenly(src.paths, SAMPLE_FILES)):
+    inputs = hf_dataset_dirs(src.paths) if src.fmt == "hf_dataset" else src.paths  # a DatasetDict's splits
+    for i, path in enumerate(_evenly(inputs, SAMPLE_FILES)):
         shard = InputShard(key=f"{src.name}-sample{i}", source=src.name, bucket=src.bucket, path=path)
         docs = ingest.read_input_shard(shard, source_cfg, extract_cfg).documents
         docs = extract.Extractor(extract_cfg).run(docs).documents
