@@ -55,7 +55,7 @@ def test_formats_buckets_and_fields_are_found(tmp_path):
     # A table with no text column is written commented out, with the reason.
     assert "tables" not in by_name
     assert "# NOT USED: no text field found (fields: ['n', 'label'])" in text
-    assert "#   - {name: tables, path: ../My Data/tables/*.parquet" in text.replace("  # - ", "#   - ")
+    assert "  # - {name: tables, path: ../My Data/tables/*.parquet, format: parquet, bucket: tables}" in text
     cfg = load_config(config)
     assert sorted(cfg.buckets) == ["stories_2024", "tables", "web"]
     # The curated stories are the quality classifier's positive class, the web its negative.
