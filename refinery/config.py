@@ -824,7 +824,10 @@ def _format_validation_error(err: ValidationError) -> str:
             msg = "unknown field; check the spelling against configs/demo.yaml"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"  {loc or '(top level)'}: {msg}")
+        if not loc and re.match(r"^[\w.\[\]*]+: ", msg):
+            lines.append(f"  {msg}")  # a check across sections names its own field
+        else:
+            lines.append(f"  {loc or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 
