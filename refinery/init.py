@@ -81,10 +81,8 @@ class Found:
     input_bytes: int = 0
     sampled: int = 0
     sample_bytes: int = 0  # input bytes of the sampled files
-    sample_clean: int = 0  # clean text bytes they gave
-    sample_docs: int = 0
-    languages: Counter = field(default_factory=Counter)
-    clean_docs_by_language: Counter = field(default_factory=Counter)
+    sample_docs: int = 0  # clean documents they gave
+    languages: Counter = field(default_factory=Counter)  # language -> sampled documents, before the heuristics
     clean_bytes_by_language: Counter = field(default_factory=Counter)
 
     def pattern(self, prefix: str = "") -> str:
@@ -103,8 +101,8 @@ def _glob_name(path: str, fmt: str) -> str:
 
 
 def bucket_name(folder: str) -> str:
-    name = re.sub(r"[^a-z0-9_]+", "_", folder.lower()).strip("_")
-    return name if name and name[0].isalnum() else f"b_{name}" if name else ROOT_BUCKET
+    """A folder's name as a bucket name (lower case letters, digits and underscores: safe in paths)."""
+    return re.sub(r"[^a-z0-9]+", "_", folder.lower()).strip("_") or ROOT_BUCKET
 
 
 def _size(path: str) -> int:
@@ -113,13 +111,16 @@ def _size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def scan(root: str) -> tuple[list[Found], list[str]]:
-    """The sources under `root` and the files it cannot read. A top-level directory is a bucket
+def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found], list[str]]:
+    """The sources under `root` and the files it cannot read, leaving out the paths in `exclude`
+    (the config and data root, when they live inside `root`). A top-level directory is a bucket
     (everything under it, at any depth, feeds it); files directly in `root` go to `web`."""
-    found: dict[tuple[str, str, str], Found] = {}
+    found: dict[tuple[str, str, str, str], Found] = {}
     ignored: list[str] = []
 
     def visit(path: str, bucket: str) -> None:
+        if os.path.abspath(path) in exclude:
+            return
         fmt = detect_format(path)
         if fmt is None and os.path.isdir(path):
             for name in sorted(os.listdir(path)):
@@ -172,7 +173,8 @@ def _name_sources(sources: list[Found]) -> None:
 def _sample_records(path: str, fmt: str) -> tuple[list[str], list[dict]]:
     """The columns (tables: every file's schema; JSONL: the keys seen) and some records."""
     if fmt == "jsonl":
-        opener = gzip.open if open(path, "rb").read(2) == b"\x1f\x8b" else open
+        with open(path, "rb") as f:
+            opener = gzip.open if f.read(2) == b"\x1f\x8b" else open
         records = []
         with opener(path, "rb") as f:
             for line in f:
@@ -281,7 +283,6 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
         src.sample_docs += docs.height
         langs = docs["language"].to_list() if "language" in docs.columns else [None] * docs.height
         for lang, size in zip(langs, docs["text"].str.len_bytes().fill_null(0).to_list()):
-            src.clean_docs_by_language[lang] += 1
             src.clean_bytes_by_language[lang] += size
 
 
@@ -472,7 +473,8 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
         raise ConfigError(f"{config_path} exists; pass --force to overwrite it, or --config to write elsewhere")
     root = os.path.abspath(root)
     config_dir = os.path.dirname(os.path.abspath(config_path))
-    sources, ignored = scan(root)
+    out = os.path.abspath(data_root) if data_root else os.path.join(config_dir, "refinery-out")
+    sources, ignored = scan(root, frozenset({out, os.path.abspath(config_path)}))
     if not sources:
         raise ConfigError(f"{root}: no WARC, JSONL, Parquet or Hugging Face dataset inputs found"
                           + (f" (not read: {', '.join(ignored[:5])})" if ignored else ""))
@@ -493,7 +495,6 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
     # Curated prose is the classifier's positive class; code and maths (which skip the prose rules) are not prose.
     curated = sorted({s.bucket for s in usable if not s.skip and s.bucket != ROOT_BUCKET} & set(plan.weights))
     quality = (curated, [ROOT_BUCKET]) if ROOT_BUCKET in plan.weights and curated else None
-    out = os.path.abspath(data_root) if data_root else os.path.join(config_dir, "refinery-out")
     text = render(root, config_dir, os.path.relpath(config_path), os.path.relpath(out, config_dir), sources, ignored,
                   languages, bucket_tokens, plan, quality)
     os.makedirs(config_dir, exist_ok=True)

@@ -95,3 +95,16 @@ def test_budget_is_whole_steps_within_the_margin_and_weights_follow_the_estimate
     # rounded down to 0.001, the biggest bucket takes the rest; a bucket with no text gets no weight
     assert plan.weights == {"web": 0.607, "books": 0.303, "wiki": 0.09}
     assert sum(plan.weights.values()) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_config_and_data_root_inside_the_folder_are_not_inputs(tmp_path, monkeypatch):
+    data = tmp_path / "d"
+    write_jsonl_gz(data / "books" / "b.jsonl.gz", [{"text": t} for _, t in DOCS])
+    (data / "refinery-out" / "documents").mkdir(parents=True)  # a previous run's tables
+    pq.write_table(pa.table({"text": ["an earlier run's output " * 10]}), data / "refinery-out" / "documents" / "t.parquet")
+    monkeypatch.chdir(data)
+    assert refinery(["init", "."]) == 0
+    assert refinery(["init", ".", "--force"]) == 0
+    cfg = load_config(data / "refinery.yaml")
+    assert cfg.buckets == ["books"] and [(s.name, s.path) for s in cfg.sources] == [("books", "books/*.jsonl.gz")]
+    assert "Not read" not in (data / "refinery.yaml").read_text()  # nor is the config itself listed
