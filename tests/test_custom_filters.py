@@ -120,3 +120,47 @@ def test_bad_custom_filters_are_config_errors_naming_the_field(tmp_path, spec, m
 def test_custom_filter_names_must_differ(tmp_path):
     with pytest.raises(ConfigError, match=r"stages.custom_filters: names repeat: \['digits', 'digits'\]"):
         load_config(write_config(tmp_path, [EXAMPLE, EXAMPLE]))
+
+
+@pytest.mark.slow  # two spawned workers each import Dagster and the stages: about 30 s
+def test_custom_filter_in_the_materialized_funnel_with_worker_processes(tmp_path):
+    """heuristic_filtered through Dagster, its files fanned out over two spawned workers: each worker
+    imports the filter from the config and its rejects and counts reach the tables and metadata."""
+    import json
+
+    import dagster as dg
+
+    from assets.funnel import build_definitions
+    from assets.partitions import Partitions
+    from orchestration.resources import RefineryResource
+    from refinery.documents import documents_key, input_batches, rejects_key, stats_key
+    from refinery.storage import LocalDataRoot
+
+    (tmp_path / "in").mkdir()
+    for part, extra in enumerate(["The harbour wall was built in 1887.", "Two boats, 12 nets."]):
+        lines = [{"text": PROSE, "url": f"https://harbour.example/{part}/plain"},
+                 {"text": f"{PROSE} {extra}", "url": f"https://harbour.example/{part}/numbers"}]
+        (tmp_path / "in" / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    config = write_config(tmp_path, [EXAMPLE])
+    raw = yaml.safe_load(config.read_text())
+    raw["partitions"] = {"by": "hash", "count": 1, "workers": 2}
+    config.write_text(yaml.safe_dump(raw))
+    cfg = load_config(config)
+    [batch] = input_batches(cfg)
+    assets = list(build_definitions(cfg, Partitions.from_config(cfg)).assets)
+    result = dg.materialize(assets, resources={"refinery": RefineryResource(config_path=str(config))},
+                            partition_key=batch.key)
+    root = LocalDataRoot(tmp_path / "out")
+    kept = pl.concat([root.read_parquet(documents_key("heuristic_filtered", s.key)) for s in batch.shards])
+    assert kept["url"].to_list() == ["https://harbour.example/0/numbers"]
+    rejects = pl.concat([root.read_parquet(rejects_key("heuristic_filtered", s.key)) for s in batch.shards])
+    assert sorted(zip(rejects["url"], rejects["rule"], rejects["value"])) == [
+        ("https://harbour.example/0/plain", "digits/too_few_digits", 0.0),
+        ("https://harbour.example/1/numbers", "digits/too_few_digits", 2.0),
+        ("https://harbour.example/1/plain", "digits/too_few_digits", 0.0),
+    ]
+    assert root.read_json(stats_key("heuristic_filtered", batch.shards[1].key))["dropped"] == {"digits/too_few_digits": 2}
+    [md] = [e.materialization.metadata for e in result.get_asset_materialization_events()
+            if e.asset_key.to_user_string() == "heuristic_filtered"]
+    assert md["removed_by_rule"].data == {"digits/too_few_digits": 3}
+    assert md["config"].data["custom_filters"] == [EXAMPLE]
