@@ -236,7 +236,10 @@ def detect_fields(src: Found) -> None:
         text = max((c for c in lengths if lengths[c] >= MIN_TEXT_CHARS * len(records)), key=lambda c: lengths[c],
                    default=None)
     if text is None:
-        src.problem = f"no text field found (fields: {columns})"
+        differ = len({tuple(c) for c in schemas}) > 1
+        src.problem = ("no text column that every file has (" + "; ".join(
+            f"{os.path.basename(p)}: {c}" for p, c in list(zip(paths, schemas))[:3]) + ")") if differ \
+            else f"no text field found (fields: {columns})"
         return
     src.fields["text_field"] = text
     url = _pick(URL_FIELDS, columns, records, str)
@@ -482,7 +485,10 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
         detect_fields(s)
         if s.problem is None:
             log(f"sampling {s.name}: {min(len(s.paths), SAMPLE_FILES)} of {len(s.paths)} input(s) through the funnel")
-            sample_funnel(s, SourceConfig(name=s.name, path=s.glob_name, format=s.fmt, bucket=s.bucket, **s.fields))
+            try:
+                sample_funnel(s, SourceConfig(name=s.name, path=s.glob_name, format=s.fmt, bucket=s.bucket, **s.fields))
+            except (ValueError, OSError) as err:  # an input the run would refuse too (a missing column, a bad dataset)
+                s.problem = f"reading a sample failed: {err}"
     usable = [s for s in sources if s.problem is None]
     if not usable:
         raise ConfigError(f"{root}: no input has a text field: " + "; ".join(f"{s.name}: {s.problem}" for s in sources))

@@ -108,3 +108,21 @@ def test_config_and_data_root_inside_the_folder_are_not_inputs(tmp_path, monkeyp
     cfg = load_config(data / "refinery.yaml")
     assert cfg.buckets == ["books"] and [(s.name, s.path) for s in cfg.sources] == [("books", "books/*.jsonl.gz")]
     assert "Not read" not in (data / "refinery.yaml").read_text()  # nor is the config itself listed
+
+
+def test_a_source_the_run_would_refuse_is_written_commented_out(tmp_path):
+    """Parquet files whose text column is missing from one of them: init finds the column the files
+    share, or says why the source is left out, and the config still loads."""
+    data = tmp_path / "data"
+    write_jsonl_gz(data / "books" / "b.jsonl.gz", [{"text": t} for _, t in DOCS])
+    (data / "wiki").mkdir()
+    pq.write_table(pa.table({"body": [t for _, t in DOCS[:4]]}), data / "wiki" / "a.parquet")
+    pq.write_table(pa.table({"content": [t for _, t in DOCS[4:8]]}), data / "wiki" / "b.parquet")
+    (data / "broken").mkdir()
+    (data / "broken" / "x.parquet").write_bytes(b"PAR1 not really")
+    config = tmp_path / "refinery.yaml"
+    assert refinery(["init", str(data), "--config", str(config)]) == 0
+    text = config.read_text()
+    assert "# NOT USED: no text column that every file has (a.parquet: ['body']; b.parquet: ['content'])" in text
+    assert "# NOT USED: x.parquet could not be read" in text
+    assert [s.name for s in load_config(config).sources] == ["books"]
