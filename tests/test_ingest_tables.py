@@ -162,3 +162,12 @@ def test_hf_dataset_arrow_file_cut_short_keeps_the_rows_before_the_cut(tmp_path)
     assert 0 < kept < 3000 and out.documents["raw"].to_list() == [r["text"] for r in rows[:kept]]
     assert out.rejects["rule"].to_list() == ["ingest/truncated_file"]
     assert out.rejects["detail"][0].startswith(f"rows from {kept} unreadable")
+
+
+def test_jsonl_record_without_url_is_named_by_its_id_field(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_text('{"content": "one", "link": "https://a.example/1", "uid": "r1"}\n'
+                    '{"content": "two", "uid": 42}\n{"content": "three", "uid": true}\n')
+    out = read(path, SourceConfig(name="curated", path="*", format="jsonl", bucket="books",
+                                  text_field="content", url_field="link", id_field="uid"))
+    assert out.documents["url"].to_list() == ["https://a.example/1", "42", None]  # a boolean is no id
