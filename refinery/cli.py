@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import textwrap
 
 from refinery.config import ConfigError
 
@@ -44,11 +45,23 @@ examples:
 2 a config or input problem (nothing was run), 3 training halted."""
 
 
-class HelpParser(argparse.ArgumentParser):
-    """Keeps the paragraphs and examples of descriptions and epilogs as written."""
+class HelpFormatter(argparse.HelpFormatter):
+    """Prose paragraphs wrap to the terminal; a paragraph with indented lines (examples) stays as written."""
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
+class HelpParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
 

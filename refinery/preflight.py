@@ -29,18 +29,21 @@ from refinery.config import ConfigError, RefineryConfig, parse_config, read_yaml
 
 @dataclass(frozen=True)
 class Needs:
-    """What the command about to run will touch. `sources`: it reads the input files (a graph run,
-    or the config check itself); `eval_sets`: it scans for contamination; `curriculum`: it trains or
-    checks the curriculum; `writes`: it writes under the data root."""
+    """What the command about to run will touch. `sources`: it reads the input files (a graph run);
+    `eval_sets`: it scans for contamination; `curriculum`: it trains on or checks the curriculum;
+    `schedule`: it builds phase manifests, so the curriculum's blocking errors that need no corpus
+    (weights, shares, phase names: what `refinery train` refuses) stop it too; `writes`: it writes
+    under the data root."""
 
     sources: bool = False
     eval_sets: bool = False
     curriculum: bool = False
+    schedule: bool = False
     writes: bool = False
 
 
 # The whole graph: ingest, scans, manifests and training.
-GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, writes=True)
+GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, schedule=True, writes=True)
 # The Dagster definitions: a config without a curriculum loads (the graph just has no phases).
 DEFINITIONS = Needs(sources=True, eval_sets=True, writes=True)
 READ_ONLY = Needs()
@@ -82,16 +85,15 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
         for i, src in enumerate(_items(data, "sources")):
             path = src.get("path") if isinstance(src, dict) else None
             if isinstance(path, str) and "://" not in path and not glob.glob(_resolve(base_dir, path)):
-                problems.append(
-                    f"sources[{i}].path: glob {path!r} matches no file (looked for {_resolve(base_dir, path)}; "
-                    f"relative paths start at the config's folder {base_dir})"
-                )
+                where = "" if os.path.isabs(path) else f" (relative to the config's folder: {_resolve(base_dir, path)})"
+                problems.append(f"sources[{i}].path: glob {path!r} matches no file{where}")
     if needs.eval_sets:
         for i, es in enumerate(_items(data, "contamination", "eval_sets")):
             path = es.get("path") if isinstance(es, dict) else None
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"contamination.eval_sets[{i}].path: {_resolve(base_dir, path)} is not a file; "
-                                f"give a JSONL file of {{\"id\", \"text\"}} lines (relative to {base_dir})")
+                                f"give a JSONL file of {{\"id\", \"text\"}} lines (a relative path starts at the "
+                                f"config's folder)")
     if needs.sources:
         for field, keys in (("tokenizer.path", ("tokenizer", "path")),
                             ("stages.language.model_path", ("stages", "language", "model_path"))):
@@ -123,8 +125,13 @@ def data_root_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
 
 
 def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
-    """What this command needs of a config that is valid on its own."""
+    """What this command needs of a config that is valid on its own: a quality classifier with data,
+    a curriculum that phase manifests can be built from."""
+    from refinery.curriculum import structure_findings
+
     problems: list[str] = []
+    if needs.schedule and cfg.curriculum is not None:
+        problems += [str(f) for f in structure_findings(cfg)]
     q = cfg.stages.quality
     fed = {s.bucket for s in cfg.sources}
     if q.enabled and needs.sources:
@@ -137,9 +144,6 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
                     f"{sorted(fed)}); set stages.quality.{field} to buckets of your sources, or stages.quality.enabled: "
                     f"false to run without a quality classifier"
                 )
-    if needs.curriculum and cfg.curriculum is None:
-        problems.append("curriculum: no curriculum declared; add a `curriculum:` section with total_tokens and phases "
-                        "(see configs/demo.yaml): this command trains on it or checks it")
     return problems
 
 
@@ -158,6 +162,9 @@ def check(path: str | os.PathLike, needs: Needs = READ_ONLY) -> tuple[RefineryCo
         problems.extend(err.problems)
     problems += path_problems(data, base_dir, needs)
     problems += data_root_problems(data, base_dir, needs)
+    if needs.curriculum and _value(data, "curriculum") is None:
+        problems.append("curriculum: no curriculum declared; add a `curriculum:` section with total_tokens and phases "
+                        "(see configs/demo.yaml): this command trains on it or checks it")
     if cfg is not None:
         problems += needs_problems(cfg, needs)
     return cfg, problems

@@ -22,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train the GPT through the curriculum's phases (resumable)",
         description="Train the GPT of training.model through the curriculum's phases, reading the phase manifests "
-                    "and final shards the graph wrote under the data root; every token is served exactly once per "
-                    "planned epoch. Checkpoints every training.checkpoint_interval steps and at each phase boundary, "
+                    "and final shards the graph wrote under the data root, never replaying or "
+                    "skipping a token. Checkpoints every training.checkpoint_interval steps and at each phase boundary, "
                     "resumes from the latest good one, halts with a reason when a bucket runs dry. Prints tokens "
                     "served against planned and the loss per phase and bucket. Exit 0 completed, 2 an invalid "
                     "config or curriculum (nothing trained), 3 halted or refused, 1 failed.",
