@@ -344,10 +344,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"refinery funnel: {err}", file=sys.stderr)
         return 1
     if not totals:
+        # `refinery demo` trains too, so it needs a curriculum; the UI materializes the funnel alone.
+        demo = f"`refinery demo --config {args.config}` (every asset), or " if cfg.curriculum is not None else ""
         print(
             f"refinery funnel: nothing materialized yet under {root.display('stats')}; materialize the graph on "
-            f"this config first: `refinery demo --config {args.config}` (every asset), or "
-            f"`make ui CONFIG={args.config}` and materialize the funnel group from the UI",
+            f"this config first: {demo}`make ui CONFIG={args.config}` and materialize the funnel group from the UI",
             file=sys.stderr,
         )
         return 1

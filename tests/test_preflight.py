@@ -78,7 +78,9 @@ def test_no_curriculum_is_fine_for_the_funnel_report(tmp_path, capsys):
     del data["curriculum"]
     assert preflight.check(write(tmp_path, data), preflight.DEFINITIONS)[1] == []
     assert main(["funnel", "--config", str(tmp_path / "refinery.yaml")]) == 1  # past the preflight: nothing made yet
-    assert "nothing materialized yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nothing materialized yet" in err and "make ui CONFIG=" in err
+    assert "refinery demo" not in err  # the demo trains, so it would refuse a config without a curriculum
 
 
 @pytest.mark.parametrize("command", ["demo", "validate", "scan"])
