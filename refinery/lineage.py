@@ -443,6 +443,9 @@ def run_lineage(args: argparse.Namespace) -> int:
     if offset is None:
         print("refinery lineage: --shard needs --offset N (a token offset inside the shard)", file=sys.stderr)
         return 2
+    if args.context < 0:
+        print(f"refinery lineage: --context {args.context}: give 0 or more tokens", file=sys.stderr)
+        return 2
     try:
         result = resolve_token(root, cfg, shard, offset, args.context)
     except (LineageError, ShardFormatError) as err:
