@@ -26,9 +26,10 @@ class ConfigError(ValueError):
     """A config that cannot run. The message names the field and the fix; `problems` lists each
     problem on its own (`field: what is wrong and how to fix it`) when there are several."""
 
-    def __init__(self, message: str, problems: list[str] | None = None):
+    def __init__(self, message: str, problems: list[str] | None = None, locations: list[tuple] | None = None):
         super().__init__(message)
         self.problems = list(problems) if problems else [message]
+        self.locations = list(locations or [])  # pydantic's `loc` of each schema error, when the schema failed
 
 
 class Section(BaseModel):
@@ -750,11 +751,16 @@ def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
 _TEXT_ERRORS = {"string_type", "literal_error", "string_pattern_mismatch", "enum"}
 
 
+def field_path(loc: tuple | list) -> str:
+    """("sources", 2, "path") -> "sources[2].path"."""
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
 def _validation_problems(err: ValidationError) -> list[str]:
     """One `field: message` line per problem."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+        loc = field_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling against configs/demo.yaml"
@@ -778,7 +784,8 @@ def parse_config(data: dict, base_dir: str = ".", origin: str = "<config>") -> R
         return RefineryConfig.model_validate({**data, "base_dir": base_dir})
     except ValidationError as err:
         problems = _validation_problems(err)
-        raise ConfigError(f"{origin}: invalid config\n" + "\n".join(f"  {p}" for p in problems), problems) from None
+        raise ConfigError(f"{origin}: invalid config\n" + "\n".join(f"  {p}" for p in problems), problems,
+                          [e["loc"] for e in err.errors()]) from None
 
 
 def read_yaml(path: str | os.PathLike) -> Any:

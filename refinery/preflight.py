@@ -17,6 +17,7 @@ the network: an `s3://` data root is not probed.
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import tempfile
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from refinery.config import ConfigError, RefineryConfig, parse_config, read_yaml
+from refinery.config import ConfigError, RefineryConfig, field_path, parse_config, read_yaml
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,44 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
     return problems
 
 
+def _without(data: dict, locations: list[tuple]) -> tuple[dict, list[str]]:
+    """A copy of `data` without the values the schema rejected, and their paths: a YAML boolean
+    becomes the word it was read from (`no`, `yes`), anything else loses its deepest mapping key
+    (a bad list item drops its list) and takes the default."""
+    out = copy.deepcopy(data)
+    removed = []
+    for loc in locations:
+        node, parent, last, path, walked = out, None, None, [], True
+        for key in loc:
+            if isinstance(node, dict) and key in node:
+                last = (node, key, len(path) + 1)
+            elif not (isinstance(node, list) and isinstance(key, int) and key < len(node)):
+                walked = False
+                break
+            parent, path, node = node, [*path, key], node[key]
+        if walked and isinstance(node, bool):
+            parent[path[-1]] = "yes" if node else "no"
+            removed.append(field_path(path))
+        elif last is not None:
+            mapping, key, depth = last
+            mapping.pop(key, None)
+            removed.append(field_path(path[:depth]))
+    return out, removed
+
+
+def _beyond_the_schema(data: dict, base_dir: Path, origin: str, err: ConfigError, needs: Needs) -> list[str]:
+    """The cross-reference and command problems of a config whose schema failed: checked again with
+    the rejected fields left at their defaults, leaving out what concerns those fields."""
+    if not err.locations or not isinstance(data, dict) or any(not loc for loc in err.locations):
+        return []  # a whole-config check failed: the fields passed, and its problems are all there
+    retry, removed = _without(data, err.locations)
+    try:
+        found = needs_problems(parse_config(retry, base_dir=str(base_dir), origin=origin), needs)
+    except ConfigError as again:
+        found = again.problems
+    return [p for p in found if not p.startswith(tuple(removed))]
+
+
 def check(path: str | os.PathLike, needs: Needs = READ_ONLY) -> tuple[RefineryConfig | None, list[str]]:
     """The loaded config (None when it does not load) and every problem found, `field: message` each."""
     p = Path(path)
@@ -160,6 +199,7 @@ def check(path: str | os.PathLike, needs: Needs = READ_ONLY) -> tuple[RefineryCo
         cfg = parse_config(data, base_dir=str(base_dir), origin=str(p))
     except ConfigError as err:
         problems.extend(err.problems)
+        problems += [q for q in _beyond_the_schema(data, base_dir, str(p), err, needs) if q not in problems]
     problems += path_problems(data, base_dir, needs)
     problems += data_root_problems(data, base_dir, needs)
     if needs.curriculum and _value(data, "curriculum") is None:

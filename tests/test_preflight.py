@@ -182,9 +182,15 @@ def test_several_mistakes_are_reported_at_once(tmp_path, capsys):
     data["contamination"]["eval_sets"][0]["path"] = str(tmp_path / "missing.jsonl")
     data["contamination"]["anneal_phase"] = "cooldown"
     data["buckets"].append("a/b")
+    data["sources"][3]["name"] = "SWITCH"
+    data["stages"]["language"]["languages"] = ["en", "NORWEGIAN"]
     (tmp_path / "out").write_text("")
-    err = refused(capsys, tmp_path, data)
+    # The schema rejects the two YAML booleans; the checks that need a whole config still run, on the
+    # rest of it, so the bucket name and the phase come in the same report.
+    err = refused(capsys, tmp_path, data, replace={"name: SWITCH": "name: off", "- NORWEGIAN": "- no"})
     expected = [
+        "  sources[3].name: False is not text: YAML reads an unquoted no, off, yes or on as a boolean",
+        "  stages.language.languages: item 1, False, is not a language code",
         "  buckets[5]: 'a/b' is not safe as a folder name",
         "  contamination.anneal_phase: no phase 'cooldown'",
         f"  sources[1].path: glob '{tmp_path / 'nowhere' / '*.jsonl.gz'}' matches no file",
@@ -193,8 +199,8 @@ def test_several_mistakes_are_reported_at_once(tmp_path, capsys):
     ]
     for line in expected:
         assert line in err, line
-    assert ": 5 problem(s) found before any work started" in err
-    assert len([line for line in err.splitlines() if line.startswith("  ")]) == 5
+    assert ": 7 problem(s) found before any work started" in err
+    assert len([line for line in err.splitlines() if line.startswith("  ")]) == 7
 
 
 def test_the_demo_config_passes_every_preflight():
