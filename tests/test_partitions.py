@@ -43,6 +43,7 @@ def write_config(tmp_path: Path, partitions: dict, name: str = "refinery.yaml", 
              "skip": ["language", "heuristic"]},
         ],
         "partitions": partitions,
+        "stages": {"quality": {"enabled": False}},  # the funnel alone: no curated bucket to train a classifier
     }
     path = tmp_path / name
     path.write_text(yaml.safe_dump(config))
