@@ -10,9 +10,9 @@
 - what the command needs: the quality classifier's buckets fed by a source, a curriculum to train.
 
 `require(path, needs)` raises `PreflightError` listing them all; every `refinery` command and the
-Dagster definitions call it before they start. Nothing here writes under the data root (the
-writability probe makes and removes a folder beside the nearest existing one) and nothing goes to
-the network: an `s3://` data root is not probed.
+Dagster definitions call it before they start. Nothing here leaves anything under the data root
+(the writability probe makes an empty folder in it, or in its nearest existing parent, and removes
+it at once) and nothing goes to the network: an `s3://` data root is not probed.
 """
 
 from __future__ import annotations
