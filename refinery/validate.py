@@ -221,5 +221,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", help="write the schedule PNG here instead of <data_root>/" + SCHEDULE_PLOT_KEY)
     p.add_argument("--inventory", help="JSON of bucket -> tokens to validate against instead of the final shards")
-    # Not the sources: a plan is checked with --inventory before the corpus exists.
-    p.set_defaults(func=run_validate, needs=Needs(eval_sets=True, curriculum=True, writes=True))
+    # Not the sources: a plan is checked with --inventory before the corpus exists. Only the plot
+    # is written to the data root, and --plot puts it elsewhere.
+    p.set_defaults(func=run_validate, needs=lambda args: Needs(eval_sets=True, curriculum=True, writes=args.plot is None))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from refinery import preflight
-from refinery.cli import main
+from refinery.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_PHASES = ["warmup", "main", "reasoning", "anneal"]
@@ -120,6 +120,20 @@ def test_unwritable_data_root(tmp_path, capsys):
     err = refused(capsys, tmp_path, data)
     assert f"  data_root: {data['data_root']} is not writable: making a folder in {parent} failed (" in err
     assert not Path(data["data_root"]).exists()
+
+
+def test_a_command_that_only_reads_the_data_root_does_not_need_to_write_it(tmp_path):
+    """`train --run-dir` elsewhere reads shards from a read-only data root; so do funnel and
+    `validate --plot`."""
+    needs_of = dict(build_parser()._subparsers._group_actions[0].choices)
+    train = needs_of["train"].parse_args(["--config", "c.yaml", "--run-dir", str(tmp_path / "run")])
+    assert train.needs(train) == preflight.Needs(curriculum=True, writes=False)
+    train = needs_of["train"].parse_args(["--config", "c.yaml"])
+    assert train.needs(train).writes
+    validate = needs_of["validate"].parse_args(["c.yaml", "--plot", "p.png"])
+    assert not validate.needs(validate).writes
+    funnel = needs_of["funnel"].parse_args(["--config", "c.yaml"])
+    assert funnel.needs == preflight.READ_ONLY
 
 
 def test_data_root_that_is_a_file(tmp_path, capsys):

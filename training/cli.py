@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate-world-size", type=int, default=1, metavar="W",
                    help="run the data path of W ranks in this one process (exactly-once resume testing)")
     p.add_argument("--json", action="store_true", help="print the final status as JSON")
-    p.set_defaults(func=run_train, needs=Needs(curriculum=True, writes=True))
+    # With --run-dir elsewhere the data root is only read (a read-only mount of the shards).
+    p.set_defaults(func=run_train, needs=lambda args: Needs(curriculum=True, writes=args.run_dir is None))
 
 
 def summary_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
