@@ -67,7 +67,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         hits = pl.DataFrame([vars(h) for h in first.hits], schema={
             "doc_id": pl.String, "url": pl.String, "bucket": pl.String, "eval_set": pl.String,
             "eval_id": pl.String, "ngram": pl.String, "matched_ngrams": pl.Int64})
-        root.write_parquet(f"contamination/{phase}/hits.parquet", hits)
+        root.write_parquet(cont.hits_key(phase), hits)
         context.log.info(
             f"contamination_scan[{phase}]: {first.contaminated_docs} of {first.docs_scanned} documents contaminated; "
             f"policy {cfg.contamination.policy}: {len(dropped)} dropped, {final.contaminated_docs} remain"

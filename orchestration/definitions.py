@@ -2,7 +2,9 @@
 
 The graph is built from the config named by REFINERY_CONFIG (default configs/demo.yaml), because
 partition keys (input batches, buckets, phases) come from it. Each asset module contributes a
-`build_definitions(cfg, partitions)`; this file only merges them.
+`build_definitions(cfg, partitions)`; this file only merges them. The config's preflight runs first
+(refinery/preflight.py): a config with problems fails to load with one error that lists them all,
+before any asset can run.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dagster as dg
 
 from assets.partitions import Partitions
 from orchestration.resources import build_resources, config_path_from_env
-from refinery.config import load_config
+from refinery import preflight
 
 # Modules (the asset groups, then schedules and sensors) that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
 DEFINITION_MODULES: list[str] = [
@@ -31,7 +33,7 @@ DEFINITION_MODULES: list[str] = [
 def build_definitions(config_path: str) -> dg.Definitions:
     import importlib
 
-    cfg = load_config(config_path)
+    cfg = preflight.require(config_path, preflight.DEFINITIONS)
     parts = Partitions.from_config(cfg)
     pieces = [importlib.import_module(m).build_definitions(cfg, parts) for m in DEFINITION_MODULES]
     return dg.Definitions.merge(*pieces, dg.Definitions(resources=build_resources(config_path)))

@@ -175,7 +175,19 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="materialize the whole graph on a config (the bundled sample by default)")
-    p.add_argument("--config", default="configs/demo.yaml")
+    from refinery.preflight import GRAPH
+
+    p = subparsers.add_parser(
+        "demo", help="materialize the whole graph on a config (the bundled sample by default)",
+        description="Materialize every asset of the graph (funnel, dedup, quality, tokens, curriculum, contamination "
+                    "scans and training, phase by phase) on the config's sources into the Dagster instance at "
+                    "$DAGSTER_HOME (default .dagster_home), in dependency order, then print the funnel, the "
+                    "curriculum contract, the scans and the training summary. It is how a config of your own "
+                    "data runs end to end; `make ui` then shows every run.",
+        epilog="examples:\n  refinery demo                       # configs/demo.yaml on data/sample/\n"
+               "  refinery demo --config my.yaml      # your own data\n"
+               "  make ui CONFIG=my.yaml              # the runs in the Dagster UI",
+    )
+    p.add_argument("--config", default="configs/demo.yaml", help="the run's YAML config (default configs/demo.yaml)")
     p.add_argument("--verbose", action="store_true", help="print every Dagster event, not only warnings")
-    p.set_defaults(func=run_demo)
+    p.set_defaults(func=run_demo, needs=GRAPH)

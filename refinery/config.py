@@ -23,7 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class ConfigError(ValueError):
-    """A config that cannot run. The message names the field and the fix."""
+    """A config that cannot run. The message names the field and the fix; `problems` lists each
+    problem on its own (`field: what is wrong and how to fix it`) when there are several."""
+
+    def __init__(self, message: str, problems: list[str] | None = None, locations: list[tuple] | None = None):
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
+        self.locations = list(locations or [])  # pydantic's `loc` of each schema error, when the schema failed
 
 
 class Section(BaseModel):
@@ -145,11 +151,11 @@ class LanguageConfig(Section):
         if isinstance(v, list):
             if "all" in v:
                 raise ValueError("write `languages: all` (not a list) to keep every language")
-            for item in v:
+            for i, item in enumerate(v):
                 if isinstance(item, bool):
                     raise ValueError(
-                        f"{item!r} is not a language code: YAML reads an unquoted no (Norwegian) as false "
-                        f"(and yes/on/off as booleans); write 'no' in quotes"
+                        f"item {i}, {item!r}, is not a language code: YAML reads an unquoted no (Norwegian) as false "
+                        f"(and yes/on/off as booleans); write {'no' if item is False else 'yes'!r} in quotes"
                     )
         return v
 
@@ -718,54 +724,11 @@ class RefineryConfig(Section):
 
     @model_validator(mode="after")
     def _cross_refs(self) -> "RefineryConfig":
-        known = set(self.buckets)
-        names = [s.name for s in self.sources]
-        if len(set(names)) != len(names):
-            raise ValueError(f"sources: names repeat: {names}")
-        for i, src in enumerate(self.sources):
-            self.stages.heuristic.check_rule_names(src.rules_off, f"sources[{i}].rules_off")
-            if src.bucket not in known:
-                raise ValueError(
-                    f"sources[{i}].bucket: unknown bucket {src.bucket!r}; declare it under `buckets:` "
-                    f"(now {sorted(known)}) or use one of those"
-                )
-        self._check_custom_filters()
-        q = self.stages.quality
-        for field, buckets in (("positive_buckets", q.positive_buckets), ("negative_buckets", q.negative_buckets)):
-            if field not in q.model_fields_set:
-                continue  # the defaults name the usual buckets; a config without them need not train a classifier
-            for b in buckets:
-                if b not in known:
-                    raise ValueError(
-                        f"stages.quality.{field}: unknown bucket {b!r}; use one of {sorted(known)}"
-                    )
-        rule = self.training.anneal_halt_on_val_rise
-        if rule is not None and self.curriculum is not None and rule.phase not in [p.name for p in self.curriculum.phases]:
-            raise ValueError(
-                f"training.anneal_halt_on_val_rise.phase: no phase {rule.phase!r}; use one of "
-                f"{[p.name for p in self.curriculum.phases]}"
-            )
-        if self.curriculum is not None:
-            for name in self.curriculum.buckets:
-                if name not in known:
-                    raise ValueError(
-                        f"curriculum.buckets.{name}: unknown bucket {name!r}; use one of {sorted(known)}"
-                    )
+        # Every problem at once, one `field: message` line each (_validation_problems splits them).
+        problems = cross_reference_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
-
-    def _check_custom_filters(self) -> None:
-        """Import and build every custom filter now, so a wrong path, a class on another base or bad
-        params fail at load time naming the field, not in the middle of a run."""
-        from assets.stages.custom import CustomFilterError, build_custom_filter
-
-        names = [f.name for f in self.stages.custom_filters]
-        if len(set(names)) != len(names):
-            raise ValueError(f"stages.custom_filters: names repeat: {names}")
-        for i, spec in enumerate(self.stages.custom_filters):
-            try:
-                build_custom_filter(spec, self.base_dir)
-            except CustomFilterError as err:
-                raise ValueError(f"stages.custom_filters[{i}].{err.field}: {err}") from None
 
     # ---- derived values -------------------------------------------------------------------------
 
@@ -786,6 +749,70 @@ class RefineryConfig(Section):
         work is partitioned: a document's outputs are per input file whatever the batch)."""
         payload = self.model_dump(mode="json", exclude={"data_root", "base_dir", "partitions"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...).
+SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def custom_filter_problems(cfg: RefineryConfig) -> list[str]:
+    """Import and build every custom filter now, so a wrong path, a class on another base or bad
+    params fail at load time naming the field, not in the middle of a run."""
+    from assets.stages.custom import CustomFilterError, build_custom_filter
+
+    problems: list[str] = []
+    names = [f.name for f in cfg.stages.custom_filters]
+    if len(set(names)) != len(names):
+        problems.append(f"stages.custom_filters: names repeat: {names}")
+    for i, spec in enumerate(cfg.stages.custom_filters):
+        try:
+            build_custom_filter(spec, cfg.base_dir)
+        except CustomFilterError as err:
+            problems.append(f"stages.custom_filters[{i}].{err.field}: {err}")
+    return problems
+
+
+def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
+    """Fields that name other fields (buckets, phases, rules) and name nothing: `field: message` each."""
+    problems: list[str] = []
+    known = set(cfg.buckets)
+    for i, b in enumerate(cfg.buckets):
+        if not SAFE_PATH_PART.match(b):
+            problems.append(f"buckets[{i}]: {b!r} is not safe as a folder name (buckets name folders of the data "
+                            f"root); use letters, digits, '_', '-' and '.', starting with a letter or digit")
+    names = [s.name for s in cfg.sources]
+    if len(set(names)) != len(names):
+        problems.append(f"sources: names repeat: {names}")
+    for i, src in enumerate(cfg.sources):
+        try:
+            cfg.stages.heuristic.check_rule_names(src.rules_off, f"sources[{i}].rules_off")
+        except ValueError as err:
+            problems.append(str(err))
+        if src.bucket not in known:
+            problems.append(f"sources[{i}].bucket: unknown bucket {src.bucket!r}; declare it under `buckets:` "
+                            f"(now {sorted(known)}) or use one of those")
+    problems += custom_filter_problems(cfg)
+    q = cfg.stages.quality
+    for field, buckets in (("positive_buckets", q.positive_buckets), ("negative_buckets", q.negative_buckets)):
+        if field not in q.model_fields_set:
+            continue  # the defaults name the usual buckets; refinery.preflight checks them against the sources
+        for b in buckets:
+            if b not in known:
+                problems.append(f"stages.quality.{field}: unknown bucket {b!r}; use one of {sorted(known)}")
+    phases = [p.name for p in cfg.curriculum.phases] if cfg.curriculum is not None else []
+    for field, phase in (("training.anneal_halt_on_val_rise.phase",
+                          cfg.training.anneal_halt_on_val_rise.phase if cfg.training.anneal_halt_on_val_rise else None),
+                         ("contamination.anneal_phase", cfg.contamination.anneal_phase)):
+        if phase is None or phase in phases:
+            continue
+        problems.append(f"{field}: no phase {phase!r}; use one of {phases}" if phases else
+                        f"{field}: names phase {phase!r}, but the config has no curriculum; declare `curriculum:` "
+                        f"with its phases, or remove {field.rsplit('.', 1)[-1]}")
+    if cfg.curriculum is not None:
+        for name in cfg.curriculum.buckets:
+            if name not in known:
+                problems.append(f"curriculum.buckets.{name}: unknown bucket {name!r}; use one of {sorted(known)}")
+    return problems
 
 
 def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
@@ -815,20 +842,34 @@ def hf_dataset_dirs(paths: list[str]) -> list[str]:
     return out
 
 
-def _format_validation_error(err: ValidationError) -> str:
+# Pydantic error types of a value that should have been text; a YAML boolean there was meant as a word.
+_TEXT_ERRORS = {"string_type", "literal_error", "string_pattern_mismatch", "enum"}
+
+
+def field_path(loc: tuple | list) -> str:
+    """("sources", 2, "path") -> "sources[2].path"."""
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
+def _validation_problems(err: ValidationError) -> list[str]:
+    """One `field: message` line per problem."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+        loc = field_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling against configs/demo.yaml"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        if not loc and re.match(r"^[\w.\[\]*]+: ", msg):
-            lines.append(f"  {msg}")  # a check across sections names its own field
+        elif e["type"] in _TEXT_ERRORS and isinstance(e.get("input"), bool):
+            word = "'no'" if e["input"] is False else "'yes'"
+            msg = (f"{e['input']!r} is not text: YAML reads an unquoted no, off, yes or on as a boolean; quote the word "
+                   f"you meant, e.g. {word} ({msg})")
+        if not loc:  # a whole-config check: its lines name their fields already
+            lines.extend(msg.splitlines())
         else:
-            lines.append(f"  {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
+            lines.append(f"{loc}: {msg}")
+    return lines
 
 
 def parse_config(data: dict, base_dir: str = ".", origin: str = "<config>") -> RefineryConfig:
@@ -837,15 +878,22 @@ def parse_config(data: dict, base_dir: str = ".", origin: str = "<config>") -> R
     try:
         return RefineryConfig.model_validate({**data, "base_dir": base_dir})
     except ValidationError as err:
-        raise ConfigError(f"{origin}: invalid config\n{_format_validation_error(err)}") from None
+        problems = _validation_problems(err)
+        raise ConfigError(f"{origin}: invalid config\n" + "\n".join(f"  {p}" for p in problems), problems,
+                          [e["loc"] for e in err.errors()]) from None
 
 
-def load_config(path: str | os.PathLike) -> RefineryConfig:
+def read_yaml(path: str | os.PathLike) -> Any:
+    """The config file's YAML, unvalidated; ConfigError when it is missing or not YAML."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found; pass --config PATH (the demo uses configs/demo.yaml)")
     try:
-        data = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{p}: not valid YAML: {err}") from None
-    return parse_config(data, base_dir=str(p.resolve().parent), origin=str(p))
+
+
+def load_config(path: str | os.PathLike) -> RefineryConfig:
+    p = Path(path)
+    return parse_config(read_yaml(p), base_dir=str(p.resolve().parent), origin=str(p))

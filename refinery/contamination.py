@@ -332,6 +332,11 @@ def exclusions_key(phase: str) -> str:
     return f"contamination/{phase}/excluded_doc_ids.json"
 
 
+def hits_key(phase: str) -> str:
+    """The contaminated documents the latest contamination_scan found, before its policy applied."""
+    return f"contamination/{phase}/hits.parquet"
+
+
 def scan_report_key(phase: str) -> str:
     return f"contamination/{phase}/scan.json"
 

@@ -769,12 +769,8 @@ def build_phase_manifest(
 WEIGHT_TOLERANCE = 1e-9
 
 
-def refuse_invalid(cfg: RefineryConfig) -> None:
-    """Raise CurriculumMismatch naming each field when the curriculum's structure is invalid
-    (weights or shares not summing to 1, repeated phase names, unknown buckets, ...): the checks of
-    `validate` that need no inventory and that no manifest can make right."""
-    if cfg.curriculum is None:
-        raise CurriculumMismatch("curriculum: no curriculum declared; add a `curriculum:` section (see configs/demo.yaml)")
+def structure_findings(cfg: RefineryConfig) -> list[Finding]:
+    """The curriculum's blocking errors that need no inventory (see `refuse_invalid`)."""
     errors: list[Finding] = []
     _check_structure(cfg, errors)
     if not errors:
@@ -782,6 +778,16 @@ def refuse_invalid(cfg: RefineryConfig) -> None:
             build_schedule(cfg)
         except CurriculumError as err:
             errors.append(Finding("curriculum", str(err)))
+    return errors
+
+
+def refuse_invalid(cfg: RefineryConfig) -> None:
+    """Raise CurriculumMismatch naming each field when the curriculum's structure is invalid
+    (weights or shares not summing to 1, repeated phase names, unknown buckets, ...): the checks of
+    `validate` that need no inventory and that no manifest can make right."""
+    if cfg.curriculum is None:
+        raise CurriculumMismatch("curriculum: no curriculum declared; add a `curriculum:` section (see configs/demo.yaml)")
+    errors = structure_findings(cfg)
     if errors:
         lines = "\n".join(f"  {e}" for e in errors)
         raise CurriculumMismatch(f"invalid curriculum; nothing was trained:\n{lines}")

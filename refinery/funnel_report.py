@@ -23,6 +23,7 @@ from typing import Any
 
 from assets.stages.base import StageStats
 from refinery.config import ConfigError, RefineryConfig, load_config
+from refinery.preflight import READ_ONLY
 from refinery.progress import Progress
 from refinery.storage import DataRoot, open_data_root
 
@@ -343,9 +344,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"refinery funnel: {err}", file=sys.stderr)
         return 1
     if not totals:
+        # `refinery demo` trains too, so it needs a curriculum; the UI materializes the funnel alone.
+        demo = f"`refinery demo --config {args.config}` (every asset), or " if cfg.curriculum is not None else ""
         print(
-            f"refinery funnel: nothing materialized yet under {root.display('stats')}; "
-            f"run `make demo` or materialize raw_documents first",
+            f"refinery funnel: nothing materialized yet under {root.display('stats')}; materialize the graph on "
+            f"this config first: {demo}`make ui CONFIG={args.config}` and materialize the funnel group from the UI",
             file=sys.stderr,
         )
         return 1
@@ -371,7 +374,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "funnel",
         help="retention per funnel stage and bucket, and the raw-input budget it implies",
-        description=__doc__.split("\n\n")[0],
+        description="Retention of every materialized funnel stage (documents and bytes in and out), overall and per "
+                    "bucket, the top removal reasons, and seed 002's raw-input budget B0 = N * b_t / prod(r_j): the "
+                    "raw bytes to collect for N clean tokens at this retention. With --explain, every heuristic rule "
+                    "one document fails, with the measured value and the threshold. It reads what the graph wrote "
+                    "under the data root; materialize the funnel first (`refinery demo --config C`).",
+        epilog="examples:\n  refinery funnel --config configs/demo.yaml\n"
+               "  refinery funnel --config configs/demo.yaml --target-tokens 1000000000 --json\n"
+               "  refinery funnel --config configs/demo.yaml --explain https://example.com/page",
     )
     p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
@@ -385,4 +395,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"b_t in the budget (default {DEFAULT_BYTES_PER_TOKEN:g})")
     p.add_argument("--explain", metavar="URL_OR_DOC_ID", default=None,
                    help="list every heuristic rule that document fails, with its value and threshold")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, needs=READ_ONLY)

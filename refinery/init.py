@@ -517,7 +517,10 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
 
 
 def run_init(args: argparse.Namespace) -> int:
+    from refinery import preflight
+
     write_config(args.dir, args.config, args.out, args.force)
+    preflight.require(args.config, preflight.GRAPH)  # what `refinery demo` will check, said now
     print(f"wrote {args.config}; materialize the whole graph with\n  refinery demo --config {args.config}")
     return 0
 
@@ -527,7 +530,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "init", help="write a commented config for a directory of your own files (formats, buckets, budget)",
         description="Write a commented config for DIR: one bucket per top-level directory (files directly in DIR "
         "go to `web`), one source per bucket, format and folder, the text fields of JSONL and tables, the "
-        "languages found and a token budget estimated from a sample run through the funnel's stages.")
+        "languages found and a token budget estimated from a sample run through the funnel's stages. The "
+        "written config then goes through the same preflight as `refinery demo`, so what it prints is what "
+        "will run; edit the commented fields (languages, budget, phases) before materializing.",
+        epilog="examples:\n  refinery init ~/corpus --config corpus.yaml\n  refinery demo --config corpus.yaml")
     p.add_argument("dir", metavar="DIR", help="the folder of WARC(.gz), JSONL(.gz), Parquet files and HF datasets")
     p.add_argument("--config", default=CONFIG_NAME, help=f"the config to write (default {CONFIG_NAME})")
     p.add_argument("--out", default=None, help="the data root (default: refinery-out beside the config)")

@@ -34,6 +34,7 @@ import polars as pl
 
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, documents_key, input_shards
+from refinery.preflight import Needs
 from refinery.progress import track
 from refinery.shard_format import ShardFormatError, ShardReader, read_index
 from refinery.storage import DataRoot, dumps_json, open_data_root, sha256_file
@@ -45,6 +46,8 @@ ROW_GROUP_ROWS = 1024
 # One row per entry of a final shard: where its document sits in lineage/documents.arrow.
 SHARD_MAP_DTYPE = np.dtype([("doc_row", "<i8"), ("window", "<i4"), ("n_windows", "<i4")])
 SHARD_STAGES = ("final", "tokenized")
+# Tokens of decoded text shown on each side of the traced token (never across its entry's edges).
+CONTEXT_TOKENS = 16
 
 # Which funnel stage recorded which document column; columns not listed show under "other".
 FUNNEL_STAGES: list[tuple[str, str | None, list[str]]] = [
@@ -248,6 +251,7 @@ class LineageIndex:
 
     def __init__(self, root: DataRoot, cfg: RefineryConfig):
         self.root, self.cfg = root, cfg
+        self._tokenizer: Any = None
         self.index = _read_json(root, INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
         if self.index.get("version") != LINEAGE_VERSION:
             raise LineageError(f"{root.display(INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
@@ -289,7 +293,21 @@ class LineageIndex:
         side = {"window": int(row["window"]), "n_windows": int(row["n_windows"])}
         return self.document_at(int(row["doc_row"])), side
 
-    def resolve(self, shard: str, offset: int) -> dict[str, Any]:
+    def decoded_window(self, tokens: np.ndarray, pos: int) -> dict[str, Any]:
+        """`tokens` decoded with the tokenizer the shards were made with (the data root's), split
+        around `tokens[pos]`; `error` says why there is no text when that tokenizer is unreadable."""
+        from assets.stages.tokenize import TokenizeError, read_tokenizer
+
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = read_tokenizer(self.root, self.cfg.tokenizer.eod_token)
+            except TokenizeError as err:
+                return {"before": None, "token": None, "after": None, "error": str(err)}
+        ids = [int(t) for t in tokens]
+        decode = lambda part: self._tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
+        return {"before": decode(ids[:pos]), "token": decode(ids[pos:pos + 1]), "after": decode(ids[pos + 1:])}
+
+    def resolve(self, shard: str, offset: int, context: int = CONTEXT_TOKENS) -> dict[str, Any]:
         import pyarrow.parquet as pq
 
         stage, bucket, number, ref, before, bucket_sha = _find_shard(self.root, self.cfg, shard)
@@ -312,7 +330,9 @@ class LineageIndex:
             sidecar = pq.ParquetFile(entries_path, memory_map=True).read_row_group(0, columns=["doc_id", "window", "n_windows"])
             side = sidecar.slice(entry, 1).to_pylist()[0]
             doc = self.document(side["doc_id"])
-        token = int(np.memmap(local + ".bin", dtype=index.dtype, mode="r", offset=offset * index.dtype.itemsize, shape=(1,))[0])
+        lo, hi = max(start, offset - context), min(end, offset + context + 1)
+        window = np.memmap(local + ".bin", dtype=index.dtype, mode="r", offset=lo * index.dtype.itemsize, shape=(hi - lo,))
+        token = int(window[offset - lo])
         return {
             "shard": prefix,
             "stage": stage,
@@ -320,6 +340,7 @@ class LineageIndex:
             "shard_number": number,
             "offset": offset,
             "token_id": token,
+            "text": {"start": lo, "end": hi, **self.decoded_window(window, offset - lo)},
             "entry": entry,
             "bucket_entry": before + entry,
             "entry_start": start,
@@ -360,10 +381,12 @@ def funnel_history(cfg: RefineryConfig, doc: dict[str, Any]) -> dict[str, dict[s
     return out
 
 
-def resolve_token(root: DataRoot, cfg: RefineryConfig, shard: str, offset: int) -> dict[str, Any]:
+def resolve_token(root: DataRoot, cfg: RefineryConfig, shard: str, offset: int,
+                  context: int = CONTEXT_TOKENS) -> dict[str, Any]:
     """Lineage of token `offset` of `shard` (`<bucket>/shard-NNNNN` for a final shard, or a key
-    prefix `shards/<stage>/<bucket>/shard-NNNNN`). Raises LineageError or ShardFormatError."""
-    return LineageIndex(root, cfg).resolve(shard, offset)
+    prefix `shards/<stage>/<bucket>/shard-NNNNN`), with `context` tokens of decoded text on each
+    side. Raises LineageError or ShardFormatError."""
+    return LineageIndex(root, cfg).resolve(shard, offset, context)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,10 +394,19 @@ def resolve_token(root: DataRoot, cfg: RefineryConfig, shard: str, offset: int) 
 # --------------------------------------------------------------------------------------------------
 
 
+def format_text_window(t: dict[str, Any]) -> str:
+    """The decoded window on one line, the traced token in [[ ]], newlines and tabs escaped."""
+    if t.get("error"):
+        return f"text      unavailable: {t['error']}"
+    show = lambda s: s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")  # noqa: E731
+    return f"text      tokens {t['start']}..{t['end'] - 1}: ...{show(t['before'])}[[{show(t['token'])}]]{show(t['after'])}..."
+
+
 def format_lineage(r: dict[str, Any]) -> str:
     overlap = " (in the overlap prefix, masked from the loss)" if r["in_overlap_prefix"] else ""
     lines = [
         f"token     {r['shard']} @ {r['offset']}: id {r['token_id']}{overlap}",
+        format_text_window(r["text"]),
         f"entry     {r['entry']} of the shard ({r['bucket_entry']} of bucket {r['bucket']}), tokens "
         f"{r['entry_start']}..{r['entry_end'] - 1}, window {r['window'] + 1} of {r['n_windows']}",
         f"document  {r['doc_id']}",
@@ -411,8 +443,11 @@ def run_lineage(args: argparse.Namespace) -> int:
     if offset is None:
         print("refinery lineage: --shard needs --offset N (a token offset inside the shard)", file=sys.stderr)
         return 2
+    if args.context < 0:
+        print(f"refinery lineage: --context {args.context}: give 0 or more tokens", file=sys.stderr)
+        return 2
     try:
-        result = resolve_token(root, cfg, shard, offset)
+        result = resolve_token(root, cfg, shard, offset, args.context)
     except (LineageError, ShardFormatError) as err:
         print(f"refinery lineage: {err}", file=sys.stderr)
         return 2
@@ -432,8 +467,17 @@ def run_lineage(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `refinery lineage`. The query flags form a mutually exclusive group (`parser.query`),
     so another way to name a token (e.g. a trainer's run/step/rank/row/pos) adds to it."""
-    p = subparsers.add_parser("lineage", help="trace a token in a shard back to its document, URL and funnel history")
-    p.add_argument("--config", required=True)
+    p = subparsers.add_parser(
+        "lineage", help="trace a token in a shard back to its document, URL and funnel history",
+        description="Trace one token back to where it came from: the shard entry and window holding it, the decoded "
+                    "text around it (with the tokenizer the shards were made with), its document's doc_id, URL, input "
+                    "file and record, and what every funnel stage recorded about that document. Name the token by "
+                    "shard and offset, or by a training run's step, row and position (the sampler is replayed; nothing "
+                    "is logged per token).",
+        epilog="examples:\n  refinery lineage --config configs/demo.yaml --shard web/shard-00000 --offset 1234\n"
+               "  refinery lineage --config configs/demo.yaml --run out/demo/runs/demo/main --step 40 --row 0 --pos 17",
+    )
+    p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
     query = p.add_mutually_exclusive_group(required=True)
     query.add_argument("--shard", help="a final shard, <bucket>/shard-NNNNN, or shards/<stage>/<bucket>/shard-NNNNN")
     query.add_argument("--run", help="a training run directory: name the token by --step, --row and --pos")
@@ -442,7 +486,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=0, help="with --run: the rank whose batch slice --row counts in")
     p.add_argument("--row", type=int, help="with --run: the row of that rank's batch")
     p.add_argument("--pos", type=int, help="with --run: the position in the row")
+    p.add_argument("--context", type=int, default=CONTEXT_TOKENS, metavar="N",
+                   help=f"tokens of decoded text shown on each side of the token (default {CONTEXT_TOKENS})")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run_lineage)
+    # Replaying a run's sampler needs its curriculum.
+    p.set_defaults(func=run_lineage, needs=lambda args: Needs(curriculum=args.run is not None))
     p.query = query  # type: ignore[attr-defined]
     return p

@@ -66,6 +66,14 @@ class Progress:
             self.log(self._line(pct))
             self._next_pct = (pct // self.every_pct + 1) * self.every_pct
 
+    def describe(self, desc: str) -> None:
+        """Rename the work in progress (e.g. the phase now training), on the bar and in later log lines."""
+        if desc == self.desc:
+            return
+        self.desc = desc
+        if self._bar is not None:
+            self._bar.set_description_str(desc)
+
     def _line(self, pct: int) -> str:
         elapsed = time.perf_counter() - self._start
         rate = self.done / elapsed if elapsed > 0 else 0.0

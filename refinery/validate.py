@@ -20,6 +20,7 @@ import numpy as np
 from refinery.config import RefineryConfig, load_config
 from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, build_schedule, manifest_differences, stored_manifests,
                                  validate, validate_data_root, warmup_tokens)
+from refinery.preflight import Needs
 from refinery.shard_format import ShardFormatError
 from refinery.storage import DataRoot, atomic_path, open_data_root
 
@@ -156,7 +157,7 @@ def load_inventory_file(path: str, buckets: list[str]) -> dict[str, int]:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    config = args.config_opt or args.config
+    config = args.config or args.config_file
     if config is None:
         print("refinery validate: give the config, e.g. `refinery validate --config configs/demo.yaml`", file=sys.stderr)
         return 2
@@ -205,10 +206,21 @@ def manifest_check(cfg: RefineryConfig, root: DataRoot) -> dict[str, Any] | None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("validate", help="check the curriculum against the corpus and print its contract")
-    p.add_argument("config", nargs="?", help="the config file (or --config)")
-    p.add_argument("--config", dest="config_opt", help="the config file")
+    p = subparsers.add_parser(
+        "validate", help="check the config and the curriculum against the corpus, and print its contract",
+        description="Check the config (every field, the eval sets and the data root) and the "
+                    "curriculum against the corpus: tokens per phase and bucket, effective epochs per bucket, "
+                    "predicted shortfalls, and whether the phase manifests were built from this curriculum. "
+                    "Inventory comes from the final shards when the data root has them, or from --inventory. "
+                    "Draws the schedule plot. Exit 1 on a blocking curriculum error, 2 on a config problem.",
+        epilog="examples:\n  refinery validate --config configs/demo.yaml\n"
+               "  refinery validate configs/demo.yaml --inventory tokens.json --plot schedule.png",
+    )
+    p.add_argument("config_file", nargs="?", metavar="CONFIG", help="the config file (the same as --config)")
+    p.add_argument("--config", help="the run's YAML config (e.g. configs/demo.yaml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", help="write the schedule PNG here instead of <data_root>/" + SCHEDULE_PLOT_KEY)
     p.add_argument("--inventory", help="JSON of bucket -> tokens to validate against instead of the final shards")
-    p.set_defaults(func=run_validate)
+    # Not the sources: a plan is checked with --inventory before the corpus exists. Only the plot
+    # is written to the data root, and --plot puts it elsewhere.
+    p.set_defaults(func=run_validate, needs=lambda args: Needs(eval_sets=True, curriculum=True, writes=args.plot is None))

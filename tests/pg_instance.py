@@ -408,6 +408,7 @@ def sample_config(workdir: Path, name: str) -> str:
     # minutes. 4 bands of 8 rows still put the LSH threshold near the configured 0.8.
     data["stages"]["exact_dedup"]["hash_ranges"] = 2
     data["stages"]["near_dedup"].update(bands=4, rows=8)
+    data["stages"]["quality"] = {"enabled": False}  # web alone: no curated bucket to train a classifier on
     configs = workdir / "configs"
     configs.mkdir(exist_ok=True)
     if not (workdir / "data").exists():

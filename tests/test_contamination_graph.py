@@ -141,6 +141,8 @@ def test_lineage_run_resolves_trained_tokens_to_documents_containing_the_decoded
                              "--row", str(row), "--pos", str(pos), "--json"]) == 0
             resolved = json.loads(capsys.readouterr().out)
             assert resolved["token_id"] == int(batch["tokens"][row, pos]), "the replayed token is the one trained on"
+            # The decoded window comes with it, in the tokenizer the run trained with.
+            assert resolved["text"]["token"] == tokenizer.decode([resolved["token_id"]], skip_special_tokens=False)
             partition = resolved["doc_id"].rsplit("/", 1)[0]
             docs = root.read_parquet(documents_key(CLEAN_STAGE, partition), columns=["doc_id", "text"])
             text = dict(zip(docs["doc_id"], docs["text"]))[resolved["doc_id"]]
@@ -172,7 +174,7 @@ def plant_into_anneal(root: LocalDataRoot) -> tuple[set[str], str]:
     return set(chosen) - {near_miss}, near_miss
 
 
-def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample):
+def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, capsys):
     tmp, instance, cfg, root = sample["tmp"], sample["instance"], sample["cfg"], sample["root"]
     planted, near_miss = plant_into_anneal(root)
     leaked_path = tmp / "leaked_eval.jsonl"
@@ -207,6 +209,18 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample):
         remaining = set().union(*phase_doc_ids(root, read_manifest(root, phase)).values())
         assert not remaining & planted, f"{phase}: contaminated documents left the manifest"
     assert set(root.read_json(exclusions_key("anneal"))) == planted
+    # `refinery scan` after the drop names what it removed, not only PASS.
+    from refinery.cli import main as refinery
+
+    capsys.readouterr()
+    assert refinery(["scan", "--config", str(config), "--phase", "anneal", "--json"]) == 0
+    dropped = json.loads(capsys.readouterr().out)["dropped_by_policy"]
+    assert [d["doc_id"] for d in dropped] == sorted(planted) and all(d["latest"] for d in dropped)
+    assert {d["eval_item"].split("/")[0] for d in dropped} == {"leaked"}
+    assert refinery(["scan", "--config", str(config), "--phase", "anneal"]) == 0
+    text = capsys.readouterr().out
+    assert f"drop policy: {len(planted)} document(s) removed from phase anneal, {len(planted)} by the latest" in text
+    assert all(f"  * {doc}  " in text for doc in planted)
     assert near_miss in set().union(*phase_doc_ids(root, read_manifest(root, "anneal")).values())
 
     for phase in PHASES:

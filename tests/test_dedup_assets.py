@@ -271,7 +271,7 @@ def sample_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("sample")
     demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     demo["data_root"] = str(tmp / "out")
-    for source in demo["sources"]:
+    for source in [*demo["sources"], *demo["contamination"]["eval_sets"]]:
         source["path"] = str((REPO / "configs" / source["path"]).resolve())
     config = tmp / "demo.yaml"
     config.write_text(yaml.safe_dump(demo))

@@ -178,7 +178,7 @@ def sample_config(tmp_path: Path) -> Path:
     """configs/demo.yaml with absolute source paths and the data root in tmp_path."""
     demo = REPO / "configs" / "demo.yaml"
     data = yaml.safe_load(demo.read_text())
-    for src in data["sources"]:
+    for src in [*data["sources"], *data["contamination"]["eval_sets"]]:
         src["path"] = str((demo.parent / src["path"]).resolve())
     data["data_root"] = str(tmp_path / "out")
     path = tmp_path / "demo.yaml"

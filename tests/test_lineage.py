@@ -176,6 +176,33 @@ def test_cli_prints_json_and_a_table(built, capsys):
     assert main(args) == 0
     text = capsys.readouterr().out
     assert f"document  {out['doc_id']}" in text and f"url       {out['url']}" in text
+    # The decoded window: the token's own text between [[ ]], CONTEXT_TOKENS on each side inside its entry.
+    window = out["text"]
+    assert (window["start"], window["end"]) == (max(out["entry_start"], 5 - lin.CONTEXT_TOKENS),
+                                                min(out["entry_end"], 5 + lin.CONTEXT_TOKENS + 1))
+    tokenizer = tk.read_tokenizer(built.root, built.cfg.tokenizer.eod_token)
+    ids = [int(t) for t in reader_of(built, out["shard"]).tokens[window["start"]:window["end"]]]
+    assert window["token"] == tokenizer.decode([out["token_id"]]) and window["token"]
+    assert window["before"] + window["token"] + window["after"] == tokenizer.decode(ids)
+    assert window["before"] + window["token"] + window["after"] in built.texts[out["doc_id"]]
+    shown = window["before"].replace("\n", "\\n") + "[[" + window["token"].replace("\n", "\\n") + "]]"
+    assert f"text      tokens {window['start']}..{window['end'] - 1}: ...{shown}" in text
+    assert main(args + ["--context", "0", "--json"]) == 0
+    narrow = json.loads(capsys.readouterr().out)["text"]
+    assert (narrow["before"], narrow["token"], narrow["after"]) == ("", window["token"], "")
+
+
+def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(tmp_path, capsys):
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 20, "web/b": 10, "math/m": 5})
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+    lin.build_lineage_index(c.root, c.cfg)
+    c.root.delete(tk.TOKENIZER_KEY)
+    r = lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)
+    assert r["doc_id"] in c.texts and r["text"]["token"] is None
+    assert "no tokenizer; materialize the `tokenizer` asset first" in r["text"]["error"]
+    assert "text      unavailable: " in lin.format_lineage(r)
 
 
 def test_cli_errors_exit_nonzero_with_the_reason(built, capsys):
@@ -184,6 +211,8 @@ def test_cli_errors_exit_nonzero_with_the_reason(built, capsys):
     assert "outside shard" in capsys.readouterr().err
     assert main(base) == 2
     assert "needs --offset" in capsys.readouterr().err
+    assert main(base + ["--offset", "0", "--context", "-1"]) == 2
+    assert "--context -1: give 0 or more tokens" in capsys.readouterr().err
 
 
 def test_lineage_index_older_than_the_shards_is_refused(tmp_path):

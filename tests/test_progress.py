@@ -78,4 +78,26 @@ def test_long_commands_stay_quiet_when_piped_and_draw_a_bar_when_forced(tmp_path
                             env={**env, "REFINERY_PROGRESS": "1"}, timeout=300)
     assert forced.returncode == 0, forced.stderr
     assert "refinery train" in forced.stderr and "step" in forced.stderr
+    for label in ("phase 1/3 warmup", "phase 2/3 main", "phase 3/3 anneal"):  # the bar names the phase it is in
+        assert f"refinery train {label}" in forced.stderr, label
     assert forced.stdout.splitlines()[-1] == piped.stdout.splitlines()[-1], "the same run, the same summary"
+
+
+def test_a_phase_label_counts_the_phases_this_invocation_runs():
+    from training.cli import phase_label
+
+    names = ["warmup", "main", "reasoning", "anneal"]
+    assert phase_label(names, 1, None) == "phase 2/4 main"
+    assert phase_label(names, 1, "main") == "phase 2/2 main"  # --stop-after-phase main runs two phases
+    assert phase_label(names, 3, "anneal") == "phase 4/4 anneal"
+
+
+def test_describe_renames_the_bar_and_the_log_lines():
+    lines: list[str] = []
+    tty = FakeTty()
+    with Progress(10, desc="train phase 1/2 a", stream=tty, log=lines.append, every_pct=50) as p:
+        p.update(5)
+        p.describe("train phase 2/2 b")
+        p.update(5)
+    assert "train phase 2/2 b" in tty.getvalue()
+    assert lines[0].startswith("train phase 1/2 a: 50%") and lines[1].startswith("train phase 2/2 b: 100%")

@@ -263,7 +263,7 @@ def test_sample_planted_pii_is_all_redacted_through_the_graph(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     demo = yaml.safe_load((repo / "configs" / "demo.yaml").read_text())
     demo["data_root"] = str(tmp_path / "out")
-    for source in demo["sources"]:
+    for source in [*demo["sources"], *demo["contamination"]["eval_sets"]]:
         source["path"] = str((repo / "configs" / source["path"]).resolve())
     config_path = tmp_path / "demo.yaml"
     config_path.write_text(yaml.safe_dump(demo))

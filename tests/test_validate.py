@@ -115,6 +115,8 @@ def test_config_without_curriculum_and_missing_config(tmp_path, capsys):
 def test_demo_curriculum_schedule_is_valid(tmp_path, capsys):
     demo = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "demo.yaml").read_text())
     demo["data_root"] = str(tmp_path / "root")  # no final shards there: the schedule alone is checked
+    for es in demo["contamination"]["eval_sets"]:  # relative to configs/, where the demo lives
+        es["path"] = str((Path(__file__).resolve().parents[1] / "configs" / es["path"]).resolve())
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(demo))
     code, out, _ = run(capsys, str(path), "--json")

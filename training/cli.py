@@ -17,7 +17,19 @@ EXIT_HALTED = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("train", help="train the GPT through the curriculum's phases (resumable)")
+    from refinery.preflight import Needs
+
+    p = subparsers.add_parser(
+        "train", help="train the GPT through the curriculum's phases (resumable)",
+        description="Train the GPT of training.model through the curriculum's phases, reading the phase manifests "
+                    "and final shards the graph wrote under the data root, never replaying or "
+                    "skipping a token. Checkpoints every training.checkpoint_interval steps and at each phase boundary, "
+                    "resumes from the latest good one, halts with a reason when a bucket runs dry. Prints tokens "
+                    "served against planned and the loss per phase and bucket. Exit 0 completed, 2 an invalid "
+                    "config or curriculum (nothing trained), 3 halted or refused, 1 failed.",
+        epilog="examples:\n  refinery train --config configs/demo.yaml\n"
+               "  refinery train --config configs/demo.yaml --stop-after-phase main --json",
+    )
     p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
     p.add_argument("--resume", default="auto",
                    help="auto (latest good checkpoint of the run; default), never, or a checkpoint path to start from "
@@ -29,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate-world-size", type=int, default=1, metavar="W",
                    help="run the data path of W ranks in this one process (exactly-once resume testing)")
     p.add_argument("--json", action="store_true", help="print the final status as JSON")
-    p.set_defaults(func=run_train)
+    # With --run-dir elsewhere the data root is only read (a read-only mount of the shards).
+    p.set_defaults(func=run_train, needs=lambda args: Needs(curriculum=True, writes=args.run_dir is None))
 
 
 def summary_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -56,6 +69,12 @@ def format_table(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def phase_label(names: list[str], phase: int, stop_after: str | None) -> str:
+    """`phase 2/4 main`: the phase among those this invocation runs up to (all, or through --stop-after-phase)."""
+    last = names.index(stop_after) + 1 if stop_after in names else len(names)
+    return f"phase {phase + 1}/{last} {names[phase]}"
+
+
 def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) -> int:
     """`sinks` receive every step's metrics (orchestration/pipes_train.py forwards them over Dagster Pipes)."""
     from refinery.config import load_config
@@ -67,9 +86,22 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
                          simulate_world_size=args.simulate_world_size, num_workers=args.num_workers,
                          sinks=list(sinks or []))
     trainer = Trainer(cfg, options)
-    bar = Progress(trainer.schedule.total_steps, desc="refinery train", unit="step")
+    schedule = trainer.schedule
+    names = schedule.phase_names
+    if args.stop_after_phase is not None and args.stop_after_phase not in names:
+        trainer.close()
+        print(f"refinery train: --stop-after-phase {args.stop_after_phase!r}: no such phase; one of {names}", file=sys.stderr)
+        return 2
+    # The bar ends where this invocation stops: the end of --stop-after-phase, or of the curriculum.
+    last = names.index(args.stop_after_phase) + 1 if args.stop_after_phase else len(names)
+    bar = Progress(schedule.phase_starts[last], desc="refinery train", unit="step")
+
+    def progress(record: dict[str, Any]) -> None:
+        bar.describe(f"refinery train {phase_label(names, record['phase'], args.stop_after_phase)}")
+        bar.update(record["step"] - bar.done)
+
     if trainer.rank == 0:
-        trainer.metrics.sinks.append(lambda record: bar.update(record["step"] - bar.done))
+        trainer.metrics.sinks.append(progress)
     try:
         status = trainer.train()
     except ResumeRefused as err:

@@ -1,0 +1,218 @@
+"""One check of a config before any compute: every problem at once, each naming its field.
+
+`check(path, needs)` loads the YAML and returns every problem it finds, as `field: message` lines:
+
+- what the schema and the cross-references reject (refinery/config.py: types, unknown fields, a YAML
+  `no` read as false, unknown buckets and phases, bucket names unsafe as folder names);
+- paths: source globs that match no file, eval sets, `tokenizer.path` and `stages.language.model_path`
+  that name no file (read from the YAML even when the schema rejects it, so these come together);
+- a data root that is a file, or a local one that cannot be written;
+- what the command needs: the quality classifier's buckets fed by a source, a curriculum to train.
+
+`require(path, needs)` raises `PreflightError` listing them all; every `refinery` command and the
+Dagster definitions call it before they start. Nothing here leaves anything under the data root
+(the writability probe makes an empty folder in it, or in its nearest existing parent, and removes
+it at once) and nothing goes to the network: an `s3://` data root is not probed.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from refinery.config import ConfigError, RefineryConfig, field_path, parse_config, read_yaml
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the command about to run will touch. `sources`: it reads the input files (a graph run);
+    `eval_sets`: it scans for contamination; `curriculum`: it trains on or checks the curriculum;
+    `schedule`: it builds phase manifests, so the curriculum's blocking errors that need no corpus
+    (weights, shares, phase names: what `refinery train` refuses) stop it too; `writes`: it writes
+    under the data root."""
+
+    sources: bool = False
+    eval_sets: bool = False
+    curriculum: bool = False
+    schedule: bool = False
+    writes: bool = False
+
+
+# The whole graph: ingest, scans, manifests and training.
+GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, schedule=True, writes=True)
+# The Dagster definitions: a config without a curriculum loads (the graph just has no phases).
+DEFINITIONS = Needs(sources=True, eval_sets=True, writes=True)
+READ_ONLY = Needs()
+
+
+class PreflightError(ConfigError):
+    """A config with problems found before any work; `problems` lists them, `field: message` each."""
+
+    def __init__(self, origin: str, problems: list[str]):
+        head = f"{origin}: {len(problems)} problem(s) found before any work started; nothing was run or written"
+        super().__init__("\n".join([head, *(f"  {p}" for p in problems)]), problems)
+
+
+def _items(data: Any, *keys: str) -> list[Any]:
+    """`data[k1][k2]...` as a list (a missing or wrongly typed level gives []): the raw YAML, so path
+    checks run even when the schema rejects another field."""
+    for k in keys:
+        data = data.get(k) if isinstance(data, dict) else None
+    return data if isinstance(data, list) else []
+
+
+def _value(data: Any, *keys: str) -> Any:
+    for k in keys:
+        data = data.get(k) if isinstance(data, dict) else None
+    return data
+
+
+def _resolve(base_dir: Path, path: str) -> str:
+    if "://" in path or os.path.isabs(path):
+        return path
+    return os.path.normpath(base_dir / path)
+
+
+def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
+    """Input paths of the raw config that name nothing."""
+    problems: list[str] = []
+    dynamic = _value(data, "partitions", "dynamic") is True
+    if needs.sources and not dynamic:  # dynamic batches are registered as files arrive
+        for i, src in enumerate(_items(data, "sources")):
+            path = src.get("path") if isinstance(src, dict) else None
+            if isinstance(path, str) and "://" not in path and not glob.glob(_resolve(base_dir, path)):
+                where = "" if os.path.isabs(path) else f" (relative to the config's folder: {_resolve(base_dir, path)})"
+                problems.append(f"sources[{i}].path: glob {path!r} matches no file{where}")
+    if needs.eval_sets:
+        for i, es in enumerate(_items(data, "contamination", "eval_sets")):
+            path = es.get("path") if isinstance(es, dict) else None
+            if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
+                problems.append(f"contamination.eval_sets[{i}].path: {_resolve(base_dir, path)} is not a file; "
+                                f"give a JSONL file of {{\"id\", \"text\"}} lines (a relative path starts at the "
+                                f"config's folder)")
+    if needs.sources:
+        for field, keys in (("tokenizer.path", ("tokenizer", "path")),
+                            ("stages.language.model_path", ("stages", "language", "model_path"))):
+            path = _value(data, *keys)
+            if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
+                problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
+                                f"give a local file, or remove {field} for the default)")
+    return problems
+
+
+def data_root_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
+    root = _value(data, "data_root")
+    if not isinstance(root, str) or root.startswith("s3://"):
+        return []  # the schema reports a missing one; S3 is not probed (no network calls here)
+    path = Path(_resolve(base_dir, root))
+    if path.exists() and not path.is_dir():
+        return [f"data_root: {path} is a file; point data_root at a folder (it is created when missing)"]
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return [f"data_root: {existing} is a file, so {path} cannot be created; point data_root at a folder"]
+    if not needs.writes:
+        return []
+    try:  # access(2) says yes to root on a read-only mount's neighbours and ignores ACLs: try it
+        os.rmdir(tempfile.mkdtemp(prefix=".refinery-preflight-", dir=existing))
+    except OSError as err:
+        return [f"data_root: {path} is not writable: making a folder in {existing} failed ({err.strerror}); "
+                f"choose a folder you can write to"]
+    return []
+
+
+def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
+    """What this command needs of a config that is valid on its own: a quality classifier with data,
+    a curriculum that phase manifests can be built from."""
+    from refinery.curriculum import structure_findings
+
+    problems: list[str] = []
+    if needs.schedule and cfg.curriculum is not None:
+        problems += [str(f) for f in structure_findings(cfg)]
+    q = cfg.stages.quality
+    fed = {s.bucket for s in cfg.sources}
+    if q.enabled and needs.sources:
+        for field in ("positive_buckets", "negative_buckets"):
+            buckets = getattr(q, field)
+            if not fed & set(buckets):
+                which = "is the default" if field not in q.model_fields_set else "names"
+                problems.append(
+                    f"stages.quality.{field}: {buckets} {which}, and no source feeds any of those buckets (sources feed "
+                    f"{sorted(fed)}); set stages.quality.{field} to buckets of your sources, or stages.quality.enabled: "
+                    f"false to run without a quality classifier"
+                )
+    return problems
+
+
+def _without(data: dict, locations: list[tuple]) -> tuple[dict, list[str]]:
+    """A copy of `data` without the values the schema rejected, and their paths: a YAML boolean
+    becomes the word it was read from (`no`, `yes`), anything else loses its deepest mapping key
+    (a bad list item drops its list) and takes the default."""
+    out = copy.deepcopy(data)
+    removed = []
+    for loc in locations:
+        node, parent, last, path, walked = out, None, None, [], True
+        for key in loc:
+            if isinstance(node, dict) and key in node:
+                last = (node, key, len(path) + 1)
+            elif not (isinstance(node, list) and isinstance(key, int) and key < len(node)):
+                walked = False
+                break
+            parent, path, node = node, [*path, key], node[key]
+        if walked and isinstance(node, bool):
+            parent[path[-1]] = "yes" if node else "no"
+            removed.append(field_path(path))
+        elif last is not None:
+            mapping, key, depth = last
+            mapping.pop(key, None)
+            removed.append(field_path(path[:depth]))
+    return out, removed
+
+
+def _beyond_the_schema(data: dict, base_dir: Path, origin: str, err: ConfigError, needs: Needs) -> list[str]:
+    """The cross-reference and command problems of a config whose schema failed: checked again with
+    the rejected fields left at their defaults, leaving out what concerns those fields."""
+    if not err.locations or not isinstance(data, dict) or any(not loc for loc in err.locations):
+        return []  # a whole-config check failed: the fields passed, and its problems are all there
+    retry, removed = _without(data, err.locations)
+    try:
+        found = needs_problems(parse_config(retry, base_dir=str(base_dir), origin=origin), needs)
+    except ConfigError as again:
+        found = again.problems
+    return [p for p in found if not p.startswith(tuple(removed))]
+
+
+def check(path: str | os.PathLike, needs: Needs = READ_ONLY) -> tuple[RefineryConfig | None, list[str]]:
+    """The loaded config (None when it does not load) and every problem found, `field: message` each."""
+    p = Path(path)
+    try:
+        data = read_yaml(p)
+    except ConfigError as err:
+        return None, err.problems
+    base_dir = p.resolve().parent
+    cfg, problems = None, []
+    try:
+        cfg = parse_config(data, base_dir=str(base_dir), origin=str(p))
+    except ConfigError as err:
+        problems.extend(err.problems)
+        problems += [q for q in _beyond_the_schema(data, base_dir, str(p), err, needs) if q not in problems]
+    problems += path_problems(data, base_dir, needs)
+    problems += data_root_problems(data, base_dir, needs)
+    if needs.curriculum and _value(data, "curriculum") is None:
+        problems.append("curriculum: no curriculum declared; add a `curriculum:` section with total_tokens and phases "
+                        "(see configs/demo.yaml): this command trains on it or checks it")
+    if cfg is not None:
+        problems += needs_problems(cfg, needs)
+    return cfg, problems
+
+
+def require(path: str | os.PathLike, needs: Needs = READ_ONLY) -> RefineryConfig:
+    """The loaded config, or PreflightError listing every problem."""
+    cfg, problems = check(path, needs)
+    if problems or cfg is None:
+        raise PreflightError(str(path), problems)
+    return cfg

@@ -1,0 +1,264 @@
+"""The preflight: every newcomer mistake of issue 14 is reported before any asset runs, naming its
+field, with exit status 2, no traceback and nothing written under the data root; several mistakes
+come together; the demo config passes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from refinery import preflight
+from refinery.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_PHASES = ["warmup", "main", "reasoning", "anneal"]
+
+
+def demo_config(tmp_path: Path) -> dict:
+    """configs/demo.yaml with its paths made absolute and its data root under tmp_path."""
+    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    demo["data_root"] = str(tmp_path / "out")
+    for entry in [*demo["sources"], *demo["contamination"]["eval_sets"]]:
+        entry["path"] = str((REPO / "configs" / entry["path"]).resolve())
+    return demo
+
+
+def write(tmp_path: Path, data: dict, replace: dict[str, str] | None = None) -> str:
+    text = yaml.safe_dump(data, sort_keys=False)
+    for old, new in (replace or {}).items():  # YAML that safe_dump would quote (a bare `no`)
+        text = text.replace(old, new)
+    path = tmp_path / "refinery.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def refused(capsys, tmp_path: Path, data: dict, command: str = "demo", replace: dict[str, str] | None = None) -> str:
+    """Run `refinery COMMAND --config` in process; assert exit 2, no traceback and an untouched data
+    root; return stderr."""
+    root = Path(data["data_root"])
+    before = root.read_bytes() if root.is_file() else None
+    assert main([command, "--config", write(tmp_path, data, replace)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "found before any work started; nothing was run or written" in err
+    if before is not None:
+        assert root.read_bytes() == before
+    else:
+        assert not root.exists() or not any(root.iterdir()), sorted(root.rglob("*"))
+    return err
+
+
+def test_quality_classifier_default_buckets_without_a_source(tmp_path, capsys):
+    """(a) the default positive_buckets name books and wiki, which no source feeds any more."""
+    data = demo_config(tmp_path)
+    data["sources"] = [s for s in data["sources"] if s["bucket"] not in {"books", "wiki"}]
+    err = refused(capsys, tmp_path, data)
+    assert ("  stages.quality.positive_buckets: ['books', 'wiki'] is the default, and no source feeds any of those "
+            "buckets (sources feed ['code', 'math', 'web']); set stages.quality.positive_buckets to buckets of your "
+            "sources, or stages.quality.enabled: false") in err
+    assert "negative_buckets" not in err  # web still has a source
+
+
+@pytest.mark.parametrize("command", ["demo", "train", "validate"])
+def test_no_curriculum_when_training_is_asked_for(tmp_path, capsys, command):
+    """(b) the graph with training, the trainer and the contract all need a curriculum."""
+    data = demo_config(tmp_path)
+    del data["curriculum"]
+    err = refused(capsys, tmp_path, data, command)
+    assert "  curriculum: no curriculum declared; add a `curriculum:` section with total_tokens and phases" in err
+
+
+def test_no_curriculum_is_fine_for_the_funnel_report(tmp_path, capsys):
+    data = demo_config(tmp_path)
+    del data["curriculum"]
+    assert preflight.check(write(tmp_path, data), preflight.DEFINITIONS)[1] == []
+    assert main(["funnel", "--config", str(tmp_path / "refinery.yaml")]) == 1  # past the preflight: nothing made yet
+    err = capsys.readouterr().err
+    assert "nothing materialized yet" in err and "make ui CONFIG=" in err
+    assert "refinery demo" not in err  # the demo trains, so it would refuse a config without a curriculum
+
+
+@pytest.mark.parametrize("command", ["demo", "validate", "scan"])
+def test_wrong_eval_set_path(tmp_path, capsys, command):
+    """(c) passed `refinery validate` and failed 60 s into the run."""
+    data = demo_config(tmp_path)
+    data["contamination"]["eval_sets"][0]["path"] = "evals/demo_evl.jsonl"
+    extra = ["--phase", "anneal"] if command == "scan" else []
+    path = write(tmp_path, data)
+    assert main([command, "--config", path, *extra]) == 2
+    err = capsys.readouterr().err
+    assert (f"  contamination.eval_sets[0].path: {tmp_path / 'evals' / 'demo_evl.jsonl'} is not a file; give a JSONL "
+            f"file of {{\"id\", \"text\"}} lines") in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_source_glob_that_matches_nothing(tmp_path, capsys):
+    """(d) silently dropped that source's partitions."""
+    data = demo_config(tmp_path)
+    data["sources"][2]["path"] = "../data/sample/kode/*.jsonl.gz"
+    err = refused(capsys, tmp_path, data)
+    assert (f"  sources[2].path: glob '../data/sample/kode/*.jsonl.gz' matches no file (relative to the config's "
+            f"folder: {tmp_path.parent / 'data' / 'sample' / 'kode'}/*.jsonl.gz)") in err
+
+
+def test_unwritable_data_root(tmp_path, capsys):
+    """(e) surfaced only at the first write."""
+    data = demo_config(tmp_path)
+    if os.geteuid() == 0:  # root writes through permission bits; /proc takes no new folder from anyone
+        data["data_root"] = "/proc/refinery-preflight/out"
+        parent = Path("/proc")
+    else:
+        parent = tmp_path / "locked"
+        parent.mkdir()
+        parent.chmod(0o500)
+        data["data_root"] = str(parent / "out")
+    err = refused(capsys, tmp_path, data)
+    assert f"  data_root: {data['data_root']} is not writable: making a folder in {parent} failed (" in err
+    assert not Path(data["data_root"]).exists()
+
+
+def test_a_command_that_only_reads_the_data_root_does_not_need_to_write_it(tmp_path):
+    """`train --run-dir` elsewhere reads shards from a read-only data root; so do funnel and
+    `validate --plot`."""
+    needs_of = dict(build_parser()._subparsers._group_actions[0].choices)
+    train = needs_of["train"].parse_args(["--config", "c.yaml", "--run-dir", str(tmp_path / "run")])
+    assert train.needs(train) == preflight.Needs(curriculum=True, writes=False)
+    train = needs_of["train"].parse_args(["--config", "c.yaml"])
+    assert train.needs(train).writes
+    validate = needs_of["validate"].parse_args(["c.yaml", "--plot", "p.png"])
+    assert not validate.needs(validate).writes
+    funnel = needs_of["funnel"].parse_args(["--config", "c.yaml"])
+    assert funnel.needs == preflight.READ_ONLY
+
+
+def test_data_root_that_is_a_file(tmp_path, capsys):
+    """(f) and a data root under a file."""
+    data = demo_config(tmp_path)
+    (tmp_path / "out").write_text("my notes\n")
+    err = refused(capsys, tmp_path, data)
+    assert f"  data_root: {tmp_path / 'out'} is a file; point data_root at a folder" in err
+    data["data_root"] = str(tmp_path / "out" / "run1")
+    assert main(["train", "--config", write(tmp_path, data)]) == 2
+    assert f"  data_root: {tmp_path / 'out'} is a file, so {tmp_path / 'out' / 'run1'} cannot be created" in capsys.readouterr().err
+    assert (tmp_path / "out").read_text() == "my notes\n"
+
+
+def test_unknown_anneal_phase(tmp_path, capsys):
+    """(g) the rescan schedule and sensor watch contamination.anneal_phase."""
+    data = demo_config(tmp_path)
+    data["contamination"]["anneal_phase"] = "aneal"
+    err = refused(capsys, tmp_path, data)
+    assert f"  contamination.anneal_phase: no phase 'aneal'; use one of {DEMO_PHASES}" in err
+
+
+def test_bucket_name_unsafe_as_a_path_part(tmp_path, capsys):
+    """(h) a bucket names folders of the data root; `../web` would write beside it."""
+    data = demo_config(tmp_path)
+    data["buckets"][0] = "../web"
+    data["sources"][0]["bucket"] = "../web"
+    err = refused(capsys, tmp_path, data)
+    assert ("  buckets[0]: '../web' is not safe as a folder name (buckets name folders of the data root); use "
+            "letters, digits, '_', '-' and '.', starting with a letter or digit") in err
+
+
+def test_yaml_no_in_a_language_list(tmp_path, capsys):
+    """`languages: [en, no]`: YAML 1.1 reads Norwegian as false."""
+    data = demo_config(tmp_path)
+    data["stages"]["language"]["languages"] = ["en", "NORWEGIAN"]
+    err = refused(capsys, tmp_path, data, replace={"- NORWEGIAN": "- no"})
+    assert "  stages.language.languages: item 1, False, is not a language code" in err and "write 'no' in quotes" in err
+
+
+def test_yaml_boolean_where_any_text_was_meant(tmp_path, capsys):
+    data = demo_config(tmp_path)
+    data["contamination"]["eval_sets"][0]["name"] = "SWITCH"
+    err = refused(capsys, tmp_path, data, "validate", replace={"name: SWITCH": "name: on"})
+    assert ("  contamination.eval_sets[0].name: True is not text: YAML reads an unquoted no, off, yes or on as a "
+            "boolean; quote the word you meant") in err
+
+
+def test_curriculum_that_cannot_make_manifests(tmp_path, capsys):
+    """Weights that do not sum to 1 stopped the graph at phase_manifests; the demo now refuses first."""
+    data = demo_config(tmp_path)
+    data["curriculum"]["phases"][1]["weights"]["web"] = 0.9
+    err = refused(capsys, tmp_path, data)
+    assert "  curriculum.phases[1].weights: weights of phase 'main' sum to 1.28, not 1; scale them" in err
+
+
+def test_several_mistakes_are_reported_at_once(tmp_path, capsys):
+    data = demo_config(tmp_path)
+    data["sources"][1]["path"] = str(tmp_path / "nowhere" / "*.jsonl.gz")
+    data["contamination"]["eval_sets"][0]["path"] = str(tmp_path / "missing.jsonl")
+    data["contamination"]["anneal_phase"] = "cooldown"
+    data["buckets"].append("a/b")
+    data["sources"][3]["name"] = "SWITCH"
+    data["stages"]["language"]["languages"] = ["en", "NORWEGIAN"]
+    (tmp_path / "out").write_text("")
+    # The schema rejects the two YAML booleans; the checks that need a whole config still run, on the
+    # rest of it, so the bucket name and the phase come in the same report.
+    err = refused(capsys, tmp_path, data, replace={"name: SWITCH": "name: off", "- NORWEGIAN": "- no"})
+    expected = [
+        "  sources[3].name: False is not text: YAML reads an unquoted no, off, yes or on as a boolean",
+        "  stages.language.languages: item 1, False, is not a language code",
+        "  buckets[5]: 'a/b' is not safe as a folder name",
+        "  contamination.anneal_phase: no phase 'cooldown'",
+        f"  sources[1].path: glob '{tmp_path / 'nowhere' / '*.jsonl.gz'}' matches no file",
+        f"  contamination.eval_sets[0].path: {tmp_path / 'missing.jsonl'} is not a file",
+        f"  data_root: {tmp_path / 'out'} is a file",
+    ]
+    for line in expected:
+        assert line in err, line
+    assert ": 7 problem(s) found before any work started" in err
+    assert len([line for line in err.splitlines() if line.startswith("  ")]) == 7
+
+
+def test_the_demo_config_passes_every_preflight():
+    for needs in (preflight.GRAPH, preflight.DEFINITIONS, preflight.READ_ONLY):
+        cfg, problems = preflight.check(REPO / "configs" / "demo.yaml", needs)
+        assert problems == [] and cfg is not None and cfg.curriculum is not None
+
+
+def test_dynamic_batches_and_s3_roots_are_not_probed(tmp_path):
+    """Dynamic partitions take files as they arrive (an empty glob is the start); an s3:// data root
+    is not probed (no network in the preflight)."""
+    data = demo_config(tmp_path)
+    data["sources"][0]["path"] = str(tmp_path / "later" / "*.warc.gz")
+    data["partitions"]["dynamic"] = True
+    data["data_root"] = "s3://bucket/run"
+    assert preflight.check(write(tmp_path, data), preflight.GRAPH)[1] == []
+
+
+def test_the_dagster_definitions_refuse_to_load_with_every_problem(tmp_path):
+    from orchestration.definitions import build_definitions
+
+    data = demo_config(tmp_path)
+    data["sources"][0]["path"] = str(tmp_path / "none" / "*.warc")
+    data["contamination"]["anneal_phase"] = "cooldown"
+    with pytest.raises(preflight.PreflightError) as err:
+        build_definitions(write(tmp_path, data))
+    assert err.value.problems == [
+        f"contamination.anneal_phase: no phase 'cooldown'; use one of {DEMO_PHASES}",
+        f"sources[0].path: glob '{tmp_path / 'none' / '*.warc'}' matches no file",
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_command_prints_no_traceback(tmp_path):
+    data = demo_config(tmp_path)
+    data["sources"][0]["path"] = str(tmp_path / "none" / "*.warc")
+    out = subprocess.run([sys.executable, "-m", "refinery.cli", "demo", "--config", write(tmp_path, data)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")})
+    assert out.returncode == 2 and out.stdout == ""
+    assert "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == [
+        f"refinery demo: {tmp_path / 'refinery.yaml'}: 1 problem(s) found before any work started; nothing was run "
+        f"or written",
+        f"  sources[0].path: glob '{tmp_path / 'none' / '*.warc'}' matches no file",
+    ]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
