@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import sys
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -191,6 +192,22 @@ def run_stage_on_file(name: str, upstream: str, build: StageBuilder, refinery: R
 def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
     """A PNG shown inline on the asset's metadata page (a data URI in markdown), with a caption."""
     return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
+
+
+def phase_check_spec(name: str, asset: str, phases: dg.PartitionsDefinition, description: str) -> dg.AssetCheckSpec:
+    """A blocking check on a per-phase asset, partitioned like it, so each evaluation records the
+    phase it judged (without `partitions_def` Dagster stores the evaluation with no partition)."""
+    with warnings.catch_warnings():  # Dagster 1.13 marks partitioned check specs preview
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return dg.AssetCheckSpec(name, asset=asset, blocking=True, partitions_def=phases, description=description)
+
+
+def phase_check_result(name: str, phase: str, passed: bool, verdict: str, metadata: dict[str, Any]) -> dg.AssetCheckResult:
+    """The check's verdict on one phase, named in its description and metadata."""
+    return dg.AssetCheckResult(
+        check_name=name, passed=passed, metadata={"phase": dg.MetadataValue.text(phase), **metadata},
+        description=f"phase {phase}: {verdict}",
+    )
 
 
 def batch_stage_asset(
