@@ -48,6 +48,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="contamination_scan",
+        automation_condition=dg.AutomationCondition.eager(),
         partitions_def=parts.phases,
         deps=[dg.AssetDep("phase_manifests")],
         group_name="contamination",

@@ -39,6 +39,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="phase_manifests",
+        automation_condition=dg.AutomationCondition.eager(),
         partitions_def=parts.phases,
         deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping())],
         group_name="curriculum",
