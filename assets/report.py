@@ -48,15 +48,16 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         context.log.info(f"funnel_report: {len(totals)} stage(s); {title}; raw input for "
                          f"{budget['target_tokens']:,} tokens: {budget['raw_input_bytes']} bytes")
         return dg.MaterializeResult(metadata={
-            "funnel_chart": image_markdown(png, title, f"documents left after each stage, `{root.display(CHART_KEY)}`"),
-            "funnel_table": dg.MetadataValue.md(f"```\n{fr.format_report(report)}\n```"),
+            # one entry, so the chart and the table open together
+            "funnel": image_markdown(png, title, f"documents left after each stage (`{root.display(CHART_KEY)}`), "
+                                                 f"and `refinery funnel`:\n\n```\n{fr.format_report(report)}\n```"),
             "stages": dg.MetadataValue.int(len(totals)),
             "records_in": dg.MetadataValue.int(first["docs_in"]),
             "docs_out": dg.MetadataValue.int(last["docs_out"]),
             "retention": dg.MetadataValue.float(report["overall"]["retention"]),
             "byte_retention": dg.MetadataValue.float(report["overall"]["byte_retention"]),
             "target_tokens": dg.MetadataValue.int(budget["target_tokens"]),
-            "raw_input_bytes": (dg.MetadataValue.float(budget["raw_input_bytes"]) if budget["raw_input_bytes"] is not None
+            "raw_input_bytes": (dg.MetadataValue.int(round(budget["raw_input_bytes"])) if budget["raw_input_bytes"] is not None
                                 else dg.MetadataValue.text("unbounded: nothing survives the funnel")),
             "report": dg.MetadataValue.json(report),
             "code_version": dg.MetadataValue.text(version),

@@ -72,6 +72,10 @@ def test_a_new_input_batch_flows_to_the_manifests_and_scans_once(tmp_path):
     graph = defs.resolve_asset_graph()
     *old, new = [b.key for b in input_batches(load_config(config))]
     with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(INPUT_BATCHES, old)
+        assert dg.evaluate_automation_conditions(defs=defs, instance=instance).total_requested == 0, \
+            "a graph never materialized is left to the first backfill"
+    with dg.instance_for_test() as instance:
         def record(name: str, partitions) -> None:
             for partition in partitions:
                 instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=name, partition=partition))
