@@ -3,6 +3,7 @@
 import base64
 import hashlib
 import re
+from pathlib import Path
 
 import dagster as dg
 
@@ -68,3 +69,12 @@ def test_without_funnel_stats_it_fails_naming_what_to_materialize(tmp_path):
     error = result.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert "no funnel stats under" in error and "materialize the funnel first" in error
     assert not (tmp_path / "out" / "reports").exists()
+
+
+def test_the_demo_materializes_it_in_the_run_of_pii_redacted():
+    from orchestration.definitions import build_definitions as build_graph
+    from orchestration.demo import execution_plan
+
+    steps = [[k.to_user_string() for k in step.keys] for step in execution_plan(build_graph(str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")))]
+    [step] = [s for s in steps if "funnel_report" in s]
+    assert "pii_redacted" in step and step.index("pii_redacted") < step.index("funnel_report")
