@@ -8,7 +8,7 @@ materialization away; with `none` the scan only reports, and the check blocks tr
 import dagster as dg
 import polars as pl
 
-from assets.factory import code_version
+from assets.factory import code_version, phase_check_result, phase_check_spec
 from orchestration.resources import RefineryResource
 from refinery import contamination as cont
 from refinery.config import RefineryConfig
@@ -48,13 +48,15 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="contamination_scan",
+        automation_condition=dg.AutomationCondition.eager(),
         partitions_def=parts.phases,
         deps=[dg.AssetDep("phase_manifests")],
         group_name="contamination",
         code_version=code_version(cont),
         kinds={"numpy"},
-        check_specs=[dg.AssetCheckSpec(CHECK_NAME, asset="contamination_scan", blocking=True,
-                                        description="Fails when more documents than contamination.max_contaminated_docs share an n-gram with an eval set")],
+        check_specs=[phase_check_spec(CHECK_NAME, "contamination_scan", parts.phases,
+                                      "Fails when more documents than contamination.max_contaminated_docs share an "
+                                      "n-gram with an eval set")],
         description="Word n-gram overlap of the phase's manifest documents with the configured eval sets.",
     )
     def contamination_scan(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
@@ -89,7 +91,10 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                 "config": dg.MetadataValue.json(cfg.contamination.model_dump(mode="json")),
                 "content_hashes": dg.MetadataValue.json({cont.scan_report_key(phase): digest}),
             },
-            check_results=[dg.AssetCheckResult(check_name=CHECK_NAME, passed=final.passed, metadata=summary)],
+            check_results=[phase_check_result(
+                CHECK_NAME, phase, final.passed,
+                f"{final.contaminated_docs} of {first.docs_scanned} documents contaminated after policy "
+                f"{cfg.contamination.policy} (limit {cfg.contamination.max_contaminated_docs})", summary)],
         )
 
     return dg.Definitions(assets=[contamination_scan])

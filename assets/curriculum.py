@@ -7,7 +7,7 @@ well as from the check; the check then blocks everything downstream.
 
 import dagster as dg
 
-from assets.factory import code_version, image_markdown
+from assets.factory import code_version, image_markdown, phase_check_result, phase_check_spec
 from orchestration.resources import RefineryResource
 from refinery import curriculum as cur
 from refinery.config import RefineryConfig
@@ -39,19 +39,14 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="phase_manifests",
+        automation_condition=dg.AutomationCondition.eager(),
         partitions_def=parts.phases,
         deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping())],
         group_name="curriculum",
         code_version=code_version(cur),
         kinds={"json"},
-        check_specs=[
-            dg.AssetCheckSpec(
-                CHECK_NAME,
-                asset="phase_manifests",
-                blocking=True,
-                description="Fails when the curriculum has a blocking validation error (refinery validate)",
-            )
-        ],
+        check_specs=[phase_check_spec(CHECK_NAME, "phase_manifests", parts.phases,
+                                      "Fails when the curriculum has a blocking validation error (refinery validate)")],
         description="Per phase: the final shards and entries it may draw, its token budget, mixture, seq_len, "
         "lr_scale and the curriculum's validation result.",
     )
@@ -96,13 +91,12 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                 "code_version": dg.MetadataValue.text(code_version(cur)),
                 "content_hashes": dg.MetadataValue.json(hashes),
             },
-            check_results=[
-                dg.AssetCheckResult(
-                    check_name=CHECK_NAME,
-                    passed=report.ok,
-                    metadata={**summary, "findings": dg.MetadataValue.json(report.to_json()["errors"] + report.to_json()["warnings"])},
-                )
-            ],
+            check_results=[phase_check_result(
+                CHECK_NAME, phase, report.ok,
+                f"curriculum {'valid' if report.ok else 'invalid'}: {len(report.errors)} error(s), "
+                f"{len(report.warnings)} warning(s)",
+                {**summary, "findings": dg.MetadataValue.json(report.to_json()["errors"] + report.to_json()["warnings"])},
+            )],
         )
 
     return dg.Definitions(assets=[phase_manifests])

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import dagster as dg
 import polars as pl
 
-from assets.factory import SAMPLE_ROWS, code_version, map_files, provenance_metadata
+from assets.factory import SAMPLE_ROWS, code_version, eager_after, map_files, provenance_metadata
 from assets.stages import dedup_compute as dc
 from assets.stages import exact_dedup as ex
 from assets.stages import near_dedup as nd
@@ -105,6 +105,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="dedup_signatures",
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep(UPSTREAM)],
         partitions_def=parts.input_batches,
         backfill_policy=parts.batch_backfill,
@@ -125,6 +126,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="exact_deduped",
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("dedup_signatures", partition_mapping=every)],
         partitions_def=ranges,
         backfill_policy=parts.split_backfill,
@@ -145,6 +147,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="near_deduped",
+        automation_condition=eager_after("exact_deduped"),
         deps=[dg.AssetDep("dedup_signatures", partition_mapping=every),
               dg.AssetDep("exact_deduped", partition_mapping=every)],
         partitions_def=bands,
@@ -165,6 +168,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="near_dup_clusters",
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("near_deduped", partition_mapping=every)],
         group_name="funnel",
         code_version=version,
@@ -184,6 +188,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name=STAGE,
+        automation_condition=eager_after("near_dup_clusters"),
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("exact_deduped", partition_mapping=every),
               dg.AssetDep("near_dup_clusters")],
         partitions_def=parts.input_batches,

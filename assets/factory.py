@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import sys
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -193,6 +194,32 @@ def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
     return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
 
 
+def eager_after(dep: str) -> dg.AutomationCondition:
+    """Dagster's `eager`, triggered only by `dep` updating. For an asset whose other dependencies
+    reach `dep` first (through steps over other partitions, which cannot share their run): on their
+    update alone it would run on `dep`'s old output, then again once `dep` updates."""
+    cond = dg.AutomationCondition
+    updated = cond.any_deps_updated().allow(dg.AssetSelection.assets(dep))
+    return (cond.in_latest_time_window() & updated.since_last_handled() & ~cond.any_deps_missing()
+            & ~cond.any_deps_in_progress() & ~cond.in_progress()).with_label(f"eager after {dep}")
+
+
+def phase_check_spec(name: str, asset: str, phases: dg.PartitionsDefinition, description: str) -> dg.AssetCheckSpec:
+    """A blocking check on a per-phase asset, partitioned like it, so each evaluation records the
+    phase it judged (without `partitions_def` Dagster stores the evaluation with no partition)."""
+    with warnings.catch_warnings():  # Dagster 1.13 marks partitioned check specs preview
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return dg.AssetCheckSpec(name, asset=asset, blocking=True, partitions_def=phases, description=description)
+
+
+def phase_check_result(name: str, phase: str, passed: bool, verdict: str, metadata: dict[str, Any]) -> dg.AssetCheckResult:
+    """The check's verdict on one phase, named in its description and metadata."""
+    return dg.AssetCheckResult(
+        check_name=name, passed=passed, metadata={"phase": dg.MetadataValue.text(phase), **metadata},
+        description=f"phase {phase}: {verdict}",
+    )
+
+
 def batch_stage_asset(
     name: str,
     upstream: str,
@@ -216,6 +243,7 @@ def batch_stage_asset(
 
     @dg.asset(
         name=name,
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep(upstream)],
         partitions_def=partitions_def,
         backfill_policy=backfill_policy,

@@ -48,6 +48,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name=ingest.STAGE,
+        automation_condition=dg.AutomationCondition.eager(),
         partitions_def=parts.input_batches,
         backfill_policy=parts.batch_backfill,
         group_name="funnel",

@@ -101,6 +101,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="quality_model",
+        automation_condition=dg.AutomationCondition.on_missing(),
         deps=[dg.AssetDep(UPSTREAM, partition_mapping=dg.AllPartitionMapping())],
         group_name="funnel",
         code_version=model_version,
@@ -135,6 +136,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="quality_scored",
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")],
         partitions_def=parts.input_batches,
         backfill_policy=parts.batch_backfill,

@@ -7,7 +7,7 @@ Thin wrappers: the work is in `assets.stages.tokenize`, `assets.stages.shuffle` 
 
 import dagster as dg
 
-from assets.factory import code_version, provenance_metadata
+from assets.factory import code_version, eager_after, provenance_metadata
 from assets.stages import shuffle as sh
 from assets.stages import tokenize as tk
 from orchestration.resources import RefineryResource
@@ -44,6 +44,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="tokenizer",
+        automation_condition=dg.AutomationCondition.on_missing(),
         deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping())],
         group_name=GROUP,
         code_version=tokenize_version,
@@ -76,6 +77,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="tokenized_shards",
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("tokenizer"), clean_by_bucket],
         partitions_def=parts.buckets,
         group_name=GROUP,
@@ -108,6 +110,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="shuffled_shards",
+        automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("tokenized_shards")],
         partitions_def=parts.buckets,
         group_name=GROUP,
@@ -140,6 +143,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
 
     @dg.asset(
         name="lineage_index",
+        automation_condition=eager_after("shuffled_shards"),
         deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping()),
               dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping())],
         group_name=GROUP,

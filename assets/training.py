@@ -21,7 +21,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.factory import code_version
+from assets.factory import code_version, image_markdown
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 
@@ -122,6 +122,24 @@ def phase_summary(status: dict[str, Any], phase: str) -> str:
     return "\n".join(rows)
 
 
+def training_curves(run_dir: Path, phase: str) -> dict[str, Any]:
+    """The phase's loss per bucket over steps (a plot) and its data-wait share, from metrics.jsonl."""
+    from training.metrics import JsonLines, data_wait_share, loss_by_bucket_png
+
+    records = [r for r in JsonLines(run_dir / "metrics.jsonl").read() if r.get("phase_name") == phase]
+    if not records:
+        return {}
+    share = data_wait_share(records)
+    title = f"training loss per bucket, phase {phase} (steps {records[0]['step']}-{records[-1]['step']})"
+    return {
+        "loss_plot": image_markdown(loss_by_bucket_png(records, title), title,
+                                    f"`loss/<bucket>` from `{run_dir / 'metrics.jsonl'}`; dashed: the total"),
+        "data_wait_share": dg.MetadataValue.float(round(share, 6)) if share is not None else dg.MetadataValue.text("n/a"),
+        "data_wait_s": dg.MetadataValue.float(round(sum(r.get("time/data_wait_s", 0.0) for r in records), 3)),
+        "step_s": dg.MetadataValue.float(round(sum(r.get("time/step_s", 0.0) for r in records), 3)),
+    }
+
+
 def train_phase(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
     from training.phase_runs import PhaseOrderError, phase_run_dir, resume_argument
     from training.status import read_status
@@ -177,6 +195,7 @@ def train_phase(context: dg.AssetExecutionContext, refinery: RefineryResource) -
         "boundary_checkpoint": str(status.get("checkpoint")),
         "per_bucket": dg.MetadataValue.md(phase_summary(status, phase)),
         "summary": dg.MetadataValue.json(status.get("summary") or {}),
+        **training_curves(run_dir, phase),
     })
 
 

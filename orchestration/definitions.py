@@ -25,8 +25,10 @@ DEFINITION_MODULES: list[str] = [
     "assets.tokens",
     "assets.dedup",
     "assets.training",
+    "assets.report",
     "orchestration.schedules",
     "orchestration.sensors",
+    "orchestration.automation",
 ]
 
 

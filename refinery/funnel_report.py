@@ -184,6 +184,13 @@ def build_report(totals: dict[str, StageTotals], target_tokens: int, bytes_per_t
     }
 
 
+def target_tokens(cfg: RefineryConfig, override: int | None = None) -> int:
+    """N in the budget: the override, else the curriculum's total tokens, else the default."""
+    if override is not None:
+        return override
+    return cfg.curriculum.total_tokens if cfg.curriculum is not None else DEFAULT_TARGET_TOKENS
+
+
 def _budget(tokens: int, bytes_per_token: float, retention: float) -> float | None:
     """None when nothing survives: no finite amount of raw input would do."""
     return tokens * bytes_per_token / retention if retention > 0 else None
@@ -352,10 +359,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    target = args.target_tokens
-    if target is None:
-        target = cfg.curriculum.total_tokens if cfg.curriculum is not None else DEFAULT_TARGET_TOKENS
-    report = build_report(totals, target, args.bytes_per_token)
+    report = build_report(totals, target_tokens(cfg, args.target_tokens), args.bytes_per_token)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
     return 0
 

@@ -74,8 +74,11 @@ def materialize(config: Path, instance: dg.DagsterInstance, asset: str, phase: s
                           resources=defs.resources, run_config=QUIET_RUN_CONFIG, raise_on_error=False)
 
 
-def check_passed(result: dg.ExecuteInProcessResult) -> bool:
+def check_passed(result: dg.ExecuteInProcessResult, phase: str) -> bool:
+    """The scan's check verdict, after asserting the evaluation records and names its phase."""
     [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.partition == phase and evaluation.metadata["phase"].value == phase
+    assert evaluation.description.startswith(f"phase {phase}: ")
     return evaluation.passed
 
 
@@ -187,7 +190,7 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, c
     assert not stale.success and "older than a change to eval_set/leaked" in str(stale.all_events)
 
     scan = materialize(config, instance, "contamination_scan", "anneal")
-    assert not check_passed(scan), "the blocking check fails on a contaminated anneal manifest"
+    assert not check_passed(scan, "anneal"), "the blocking check fails on a contaminated anneal manifest"
     hits = root.read_parquet("contamination/anneal/hits.parquet")
     assert set(hits["doc_id"]) == planted, "every planted leak found, the 12-word near miss and clean docs not"
     assert near_miss not in set(hits["doc_id"])
@@ -203,7 +206,7 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, c
     config = write_config(tmp, eval_sets, policy="drop")
     for phase in PHASES:  # every phase's scan must be current with the new eval set before it trains
         result = materialize(config, instance, "contamination_scan", phase)
-        assert check_passed(result), phase
+        assert check_passed(result, phase), phase
         report = root.read_json(scan_report_key(phase))
         assert report["contaminated_docs"] == 0 and set(report["dropped"]) <= planted, phase
         remaining = set().union(*phase_doc_ids(root, read_manifest(root, phase)).values())

@@ -254,6 +254,9 @@ def test_asset_writes_manifest_with_contract_and_plot(tmp_path, corpus):
     assert result.success
     (check,) = result.get_asset_check_evaluations()
     assert check.check_name == "curriculum_valid" and check.passed
+    # the evaluation records its phase, and says it: GraphQL and the UI show both
+    assert check.partition == "anneal" and check.metadata["phase"].value == "anneal"
+    assert check.description == "phase anneal: curriculum valid: 0 error(s), 0 warning(s)"
     md = result.get_asset_materialization_events()[0].materialization.metadata
     for key in ("valid", "token_budget", "seq_len", "lr_scale", "weights", "bucket_tokens", "quality_cutoffs",
                 "contract", "schedule_plot", "manifest_path", "config", "code_version", "content_hashes"):
@@ -271,7 +274,8 @@ def test_asset_check_blocks_an_invalid_curriculum(tmp_path, corpus):
     root, _ = corpus
     result = materialize(tmp_path, {"buckets": {"math": {"max_epochs": 0.1}}}, "main")
     (check,) = result.get_asset_check_evaluations()
-    assert not check.passed
+    assert not check.passed and check.partition == "main"
+    assert check.description.startswith("phase main: curriculum invalid: 2 error(s)")
     assert any("curriculum.buckets.math.max_epochs" in f for f in check.metadata["findings"].value)
     assert not read_manifest(root, "main").validation["ok"]
 

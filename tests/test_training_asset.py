@@ -14,7 +14,7 @@ from orchestration.definitions import build_definitions
 from orchestration.resources import RefineryResource
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from training.metrics import JsonLines
+from training.metrics import JsonLines, data_wait_share
 from training.phase_runs import phase_run_dir, phase_start_step
 from training.status import write_status
 from training.synthetic import SyntheticBucket, SyntheticPhase, tiny_run
@@ -78,6 +78,10 @@ def test_killed_trainer_is_relaunched_and_every_entry_is_consumed_once(tmp_path,
         observed = [e for e in instance.all_logs(results["main"].run_id) if e.dagster_event and
                     e.dagster_event.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
         assert observed, "checkpoints are reported while the trainer runs"
+        main_records = [r for r in JsonLines(phase_run_dir(cfg, "main") / "metrics.jsonl").read()
+                        if r["phase_name"] == "main"]
+        assert main["loss_plot"].startswith(f"![training loss per bucket, phase main (steps {main_start + 1}-")
+        assert main["data_wait_share"] == pytest.approx(data_wait_share(main_records), abs=1e-6)
 
     got = consumed([phase_run_dir(cfg, p) for p in PHASES])
     assert got == expected, "0 replayed, 0 skipped, same order"

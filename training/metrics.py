@@ -7,6 +7,9 @@ Keys are stable: `step`, `phase`, `phase_name`, `tokens`, `lr`, `loss/total`, `l
 `nonfinite`, `world_size`, and `event/bucket_dropped` when exhaustion drops a bucket; at an
 evaluation (every `training.eval_every_tokens`), `val_loss/<bucket>` (held-out entries) and
 `time/eval_s`.
+
+With the optional `tensorboard` package installed, every numeric metric also goes to TensorBoard
+event files in `<run_dir>/tensorboard` (tag = key, global step = `step`); without it nothing changes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import numpy as np
 from refinery.storage import atomic_path
 
 MetricsSink = Callable[[dict[str, Any]], None]
+TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_FLUSH_S = 10
 
 
 def parse_lines(text: str) -> tuple[list[dict[str, Any]], int]:
@@ -68,15 +73,97 @@ class JsonLines:
         return parse_lines(self.path.read_text(errors="replace"))[0]
 
 
+class TensorBoardSink:
+    """Numeric metrics as TensorBoard scalars, written by torch's SummaryWriter (created at the first
+    record, so a resumed run purges the events it replays)."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.writer = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        step = record["step"]
+        if self.writer is None:
+            # steps from purge_step on, logged before a crash and replayed from the checkpoint, are hidden
+            self.writer = SummaryWriter(str(self.log_dir), purge_step=step, flush_secs=TENSORBOARD_FLUSH_S)
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def tensorboard_sink(log_dir: Path) -> TensorBoardSink | None:
+    """A TensorBoard sink, or None when the optional `tensorboard` package is not importable."""
+    try:
+        import torch.utils.tensorboard  # noqa: F401  (raises ImportError without the tensorboard package)
+    except ImportError:
+        return None
+    return TensorBoardSink(log_dir)
+
+
 class MetricsLogger(JsonLines):
-    def __init__(self, path: str | Path, sinks: list[MetricsSink] | None = None):
+    """metrics.jsonl plus the sinks; `tensorboard=True` adds TensorBoard event files beside it when
+    the package is installed."""
+
+    def __init__(self, path: str | Path, sinks: list[MetricsSink] | None = None, tensorboard: bool = False):
         super().__init__(path)
         self.sinks = list(sinks or [])
+        board = tensorboard_sink(self.path.parent / TENSORBOARD_DIR) if tensorboard else None
+        if board is not None:
+            self.sinks.append(board)
 
     def log(self, record: dict[str, Any]) -> None:
         self.append(record)
         for sink in self.sinks:
             sink(record)
+
+    def close(self) -> None:
+        """Flush the sinks that buffer (TensorBoard's writer)."""
+        for sink in self.sinks:
+            if isinstance(sink, TensorBoardSink):
+                sink.close()
+
+
+def data_wait_share(records: list[dict[str, Any]]) -> float | None:
+    """The share of step time spent waiting for the next batch (None before any step): near 0 when
+    the loader keeps up, near 1 when the accelerator starves."""
+    step_s = sum(r.get("time/step_s", 0.0) for r in records)
+    return sum(r.get("time/data_wait_s", 0.0) for r in records) / step_s if step_s > 0 else None
+
+
+def loss_by_bucket_png(records: list[dict[str, Any]], title: str) -> bytes:
+    """Training loss of every bucket (`loss/<bucket>`, one point per step that drew from it) and the
+    total over steps, as PNG bytes."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    buckets = sorted({k.split("/", 1)[1] for r in records for k in r if k.startswith("loss/") and k != "loss/total"})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for bucket in buckets:
+        points = [(r["step"], r[f"loss/{bucket}"]) for r in records if f"loss/{bucket}" in r]
+        ax.plot(*zip(*points), linewidth=1, label=bucket)
+    total = [(r["step"], r["loss/total"]) for r in records if "loss/total" in r]
+    if total:
+        ax.plot(*zip(*total), color="black", linewidth=1.5, linestyle="--", label="total")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title, fontsize=10)
+    if total or buckets:
+        ax.legend(fontsize=8, ncol=min(len(buckets) + 1, 6))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})  # same records, same bytes
+    plt.close(fig)
+    return buf.getvalue()
 
 
 class ConsumptionLog(JsonLines):

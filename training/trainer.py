@@ -105,7 +105,8 @@ class Trainer:
                                       {p.name: p.rope_scaling for p in cfg.curriculum.phases}, tc.length_jump_adam)
         self.ddp = self._wrap_ddp()
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", tc.keep_last)
-        self.metrics = MetricsLogger(self.run_dir / "metrics.jsonl", self.opt.sinks if self.rank == 0 else [])
+        self.metrics = MetricsLogger(self.run_dir / "metrics.jsonl", self.opt.sinks if self.rank == 0 else [],
+                                     tensorboard=self.rank == 0)
         self.consumption = ConsumptionLog(self.run_dir / f"consumption-rank{self.rank}.jsonl")
         self.step, self.tokens, self.nonfinite_streak = 0, 0, 0
         self.sampler_state: dict[str, Any] | None = None
@@ -531,5 +532,6 @@ class Trainer:
         return bool(flag.item())
 
     def close(self) -> None:
+        self.metrics.close()
         if self.world > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,32 @@
+"""The sensor that evaluates the assets' automation conditions (docs/automation.md says which
+condition each asset has and why).
+
+Every asset but `training_run` carries a condition: the per-batch funnel, dedup, tokens, manifests
+and scans follow their upstream (`eager`), the tokenizer and the quality model are built once
+(`on_missing`). `training_run` has none: it spends accelerator time and is gated by the
+contamination checks, so a person launches it.
+
+The sensor starts stopped, as Dagster's own default automation sensor does: a deployment turns it on
+once (UI: Automation, or `dagster sensor start refinery_automation`), and a daemon started for a
+one-off backfill or a test launches nothing of its own.
+"""
+
+import dagster as dg
+
+from refinery.config import RefineryConfig
+
+SENSOR_NAME = "refinery_automation"
+SENSOR_INTERVAL_S = 60
+MANUAL = ("training_run",)  # assets no condition may launch
+
+
+def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
+    sensor = dg.AutomationConditionSensorDefinition(
+        SENSOR_NAME,
+        target=dg.AssetSelection.all() - dg.AssetSelection.assets(*MANUAL),
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        minimum_interval_seconds=SENSOR_INTERVAL_S,
+        description="Materializes new input batches through the funnel, dedup, tokens, phase manifests and "
+                    "contamination scans; never training_run",
+    )
+    return dg.Definitions(sensors=[sensor])
