@@ -21,9 +21,10 @@ MANUAL = ("training_run",)  # assets no condition may launch
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
+    manual = MANUAL if parts.phases is not None else ()  # a config without a curriculum has no training_run
     sensor = dg.AutomationConditionSensorDefinition(
         SENSOR_NAME,
-        target=dg.AssetSelection.all() - dg.AssetSelection.assets(*MANUAL),
+        target=dg.AssetSelection.all() - dg.AssetSelection.assets(*manual),
         default_status=dg.DefaultSensorStatus.STOPPED,
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         description="Materializes new input batches through the funnel, dedup, tokens, phase manifests and "

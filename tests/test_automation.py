@@ -25,7 +25,7 @@ BATCH_STAGES = ["raw_documents", "extracted_text", "language_filtered", "heurist
 def write_config(tmp_path: Path, dynamic: bool) -> Path:
     data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     data["data_root"] = str(tmp_path / "out")
-    for source in data["sources"]:
+    for source in [*data["sources"], *data["contamination"]["eval_sets"]]:
         source["path"] = str((REPO / "configs" / source["path"]).resolve())
     data["partitions"]["dynamic"] = dynamic
     path = tmp_path / "refinery.yaml"
