@@ -1,7 +1,11 @@
 """Peak memory and wall time of exact + near dedup on synthetic documents, run partitioned.
 
     python -m bench.dedup_memory --docs 1000000 --shards 16 --workdir /tmp/dedup-1m
-    python -m bench.dedup_memory --synthetic-signatures --docs 10000000 --max-memory-mb 64 --workdir /tmp/dedup-10m
+    python -m bench.dedup_memory --synthetic-signatures --docs 1000000 --shards 16 --max-memory-mb 32 --workdir /tmp/dedup-1m
+    python -m bench.dedup_memory --synthetic-signatures --docs 10000000 --shards 160 --max-memory-mb 32 --workdir /tmp/dedup-10m
+
+Keep the documents per shard the same across sizes (62,500 above): a shard is one input file, and
+a step's read buffers grow with one file, so a larger corpus is more files, not larger ones.
 
 Generates `--docs` short documents (60 words from a 50k vocabulary) over `--shards` input shards,
 with 5% exact copies (case and spacing changed) and 5% near copies (one word replaced, shingle
@@ -9,9 +13,10 @@ Jaccard about 0.84) of random earlier documents, written as `heuristic_filtered`
 every dedup step the way the Dagster graph partitions it, each partition in its own process
 (dedup_signatures per shard, exact_deduped per hash range, near_deduped per band,
 near_dup_clusters once, deduped per shard), and reports per step the largest peak RSS of any of its
-partitions and the summed wall time. A partition's peak is its own process's VmHWM, read from
-/proc/self/status by the child as it ends (wait4's ru_maxrss would report the driver's peak, which a
-forked child inherits). `import` is the peak of a process that only imports the dedup steps
+partitions and the summed wall time (and a band's splits K). A partition's peak is its own
+process's VmHWM, read from /proc/self/status by the child as it ends and printed with the step's
+counts as one JSON line (wait4's ru_maxrss would report the driver's peak, which a forked child
+keeps across exec). `import` is the peak of a process that only imports the dedup steps
 (polars, numpy; no Dagster): the floor under every step.
 
 `--synthetic-signatures` skips the text: it writes the `dedup_signatures` files directly (numpy,
