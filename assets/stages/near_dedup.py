@@ -25,6 +25,7 @@ it is split: with `splits` = K, it takes the documents whose band hash falls in 
 space in turn (`exact_dedup.hash_range_expr`). Equal band hashes share a split, so every bucket is whole in exactly one
 split, and the edges, sorted at the end, are the same bytes whatever K is. K comes from
 `near_dedup.band_splits`, or from `near_dedup.max_memory_mb` and the document count (`band_splits`).
+The candidates' sketches are read shard by shard (`read_sketches`), so no read spans the corpus.
 
 Clusters. Union-find over the edges of every band; each connected component keeps its member with
 the smallest doc_key (the same order as exact dedup: first source, first file, first record).
@@ -33,8 +34,8 @@ the smallest doc_key (the same order as exact dedup: first source, first file, f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
