@@ -1,7 +1,11 @@
 """Peak memory and wall time of exact + near dedup on synthetic documents, run partitioned.
 
     python -m bench.dedup_memory --docs 1000000 --shards 16 --workdir /tmp/dedup-1m
-    python -m bench.dedup_memory --synthetic-signatures --docs 10000000 --max-memory-mb 64 --workdir /tmp/dedup-10m
+    python -m bench.dedup_memory --synthetic-signatures --docs 1000000 --shards 16 --max-memory-mb 32 --workdir /tmp/dedup-1m
+    python -m bench.dedup_memory --synthetic-signatures --docs 10000000 --shards 160 --max-memory-mb 32 --workdir /tmp/dedup-10m
+
+Keep the documents per shard the same across sizes (62,500 above): a shard is one input file, and
+a step's read buffers grow with one file, so a larger corpus is more files, not larger ones.
 
 Generates `--docs` short documents (60 words from a 50k vocabulary) over `--shards` input shards,
 with 5% exact copies (case and spacing changed) and 5% near copies (one word replaced, shingle
@@ -9,9 +13,10 @@ Jaccard about 0.84) of random earlier documents, written as `heuristic_filtered`
 every dedup step the way the Dagster graph partitions it, each partition in its own process
 (dedup_signatures per shard, exact_deduped per hash range, near_deduped per band,
 near_dup_clusters once, deduped per shard), and reports per step the largest peak RSS of any of its
-partitions and the summed wall time. A partition's peak is its own process's VmHWM, read from
-/proc/self/status by the child as it ends (wait4's ru_maxrss would report the driver's peak, which a
-forked child inherits). `import` is the peak of a process that only imports the dedup steps
+partitions and the summed wall time (and a band's splits K). A partition's peak is its own
+process's VmHWM, read from /proc/self/status by the child as it ends and printed with the step's
+counts as one JSON line (wait4's ru_maxrss would report the driver's peak, which a forked child
+keeps across exec). `import` is the peak of a process that only imports the dedup steps
 (polars, numpy; no Dagster): the floor under every step.
 
 `--synthetic-signatures` skips the text: it writes the `dedup_signatures` files directly (numpy,
@@ -172,8 +177,9 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
     return config
 
 
-def run_step(config: str, step: str, key: str) -> None:
-    """One partition of one step, in this process (the child side of `measure`)."""
+def run_step(config: str, step: str, key: str) -> dict[str, int]:
+    """One partition of one step, in this process (the child side of `measure`); returns the
+    step's counts where it has them (a band's splits and the documents its largest split held)."""
     from assets.stages import dedup_compute as dedup
     from refinery.config import load_config
     from refinery.storage import LocalDataRoot
@@ -181,43 +187,47 @@ def run_step(config: str, step: str, key: str) -> None:
     cfg = load_config(config)
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     if step == "import":
-        return
+        return {}
     if step == "dedup_signatures":
         dedup.compute_signatures(cfg, root, key)
     elif step == "exact_deduped":
         dedup.compute_exact_range(cfg, root, key)
     elif step == "near_deduped":
-        dedup.compute_band_edges(cfg, root, key)
+        _, counts, _ = dedup.compute_band_edges(cfg, root, key)
+        return counts
     elif step == "near_dup_clusters":
         dedup.compute_clusters(cfg, root)
     elif step == "deduped":
         dedup.apply_to_shard(cfg, root, key)
     else:
         raise ValueError(f"unknown step {step!r}")
+    return {}
 
 
-PEAK_PREFIX = "peak-bytes "
+RESULT_PREFIX = "child-result "
 
 
 def own_peak_bytes() -> int:
-    """This process's own high-water RSS (VmHWM), which a fork does not inherit from its parent."""
+    """This process's own high-water RSS (VmHWM). exec gives the child a fresh address space, so
+    this counts nothing of the driver's, unlike wait4's ru_maxrss, which keeps the pre-exec peak."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def measure(config: Path, step: str, key: str) -> tuple[float, int]:
-    """(wall seconds, the child's own peak RSS bytes) of one partition run in a fresh process."""
+def measure(config: Path, step: str, key: str) -> tuple[float, int, dict[str, int]]:
+    """(wall seconds, the child's own peak RSS bytes, the step's counts) of one partition run in a
+    fresh process."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "bench.dedup_memory", "--child", str(config), step, key],
                           cwd=REPO, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{step}[{key}] failed with status {proc.returncode}")
-    peaks = [int(line[len(PEAK_PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(PEAK_PREFIX)]
-    if not peaks:
+    results = [json.loads(line[len(RESULT_PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if not results:
         raise RuntimeError(f"{step}[{key}] reported no peak")
-    return time.perf_counter() - start, peaks[-1]
+    return time.perf_counter() - start, results[-1]["peak_bytes"], results[-1]["counts"]
 
 
 def main() -> int:
@@ -233,8 +243,8 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     if args.child:
-        run_step(*args.child)
-        print(f"{PEAK_PREFIX}{own_peak_bytes()}", flush=True)
+        counts = run_step(*args.child)
+        print(RESULT_PREFIX + json.dumps({"peak_bytes": own_peak_bytes(), "counts": counts}), flush=True)
         return 0
 
     from assets.stages import exact_dedup as ex
@@ -266,8 +276,13 @@ def main() -> int:
     results = {}
     for step, keys in plan:
         runs = [measure(config, step, k) for k in keys]
-        results[step] = {"partitions": len(keys), "wall_s": sum(w for w, _ in runs), "peak_rss_mib": max(r for _, r in runs) / 2**20}
-        print(f"{step}: {len(keys)} partition(s), {results[step]['wall_s']:.1f}s, peak VmHWM {results[step]['peak_rss_mib']:.0f} MiB", flush=True)
+        results[step] = {"partitions": len(keys), "wall_s": sum(w for w, _, _ in runs), "peak_rss_mib": max(r for _, r, _ in runs) / 2**20}
+        if step == "near_deduped":
+            results[step]["splits"] = max(c["splits"] for _, _, c in runs)
+            results[step]["largest_split_docs"] = max(c["largest_split_docs"] for _, _, c in runs)
+        extra = f", {results[step]['splits']} split(s) per band" if "splits" in results[step] else ""
+        print(f"{step}: {len(keys)} partition(s){extra}, {results[step]['wall_s']:.1f}s, "
+              f"peak VmHWM {results[step]['peak_rss_mib']:.0f} MiB", flush=True)
 
     import polars as pl
 

@@ -195,7 +195,7 @@ def test_apply_decisions_writes_reasons_and_cluster_columns():
 
 
 def _band_edges_all(table: pl.DataFrame, splits: int, dropped: pl.LazyFrame | None = None) -> tuple[pl.DataFrame, list]:
-    per_band = [nd.band_edges(table.lazy(), dropped, band, SETTINGS, splits) for band in range(SETTINGS.bands)]
+    per_band = [nd.band_edges(table.lazy(), [table.lazy()], dropped, band, SETTINGS, splits) for band in range(SETTINGS.bands)]
     return pl.concat([edges for edges, _ in per_band]), [counts for _, counts in per_band]
 
 
@@ -223,6 +223,19 @@ def test_band_splits_give_the_same_edges_and_clusters_holding_a_slice_each():
     assert _band_edges_all(table, 1, dropped)[0].equals(_band_edges_all(table, 4, dropped)[0])
 
 
+def test_read_sketches_reads_each_key_from_its_own_shard():
+    shards = [nd.signature_table(_docs(texts), ordinal, SETTINGS, near_enabled=True)
+              for ordinal, texts in enumerate((["a b c d e f", "g h i j k"], ["l m n o p q r", "s t"]))]
+    keys = np.array([shards[1]["doc_key"][1], shards[0]["doc_key"][0], shards[1]["doc_key"][1]], dtype=np.uint64)
+    found, sketches = nd.read_sketches([t.lazy() for t in shards], keys)
+    assert found.tolist() == sorted({int(k) for k in keys})
+    assert [s.tolist() for s in sketches] == [shards[0]["bottom"][0].to_list(), shards[1]["bottom"][1].to_list()]
+    with pytest.raises(KeyError, match="shard ordinal 1, but only 1 shards"):
+        nd.read_sketches([shards[0].lazy()], keys)
+    with pytest.raises(KeyError, match="1 candidate doc_key"):
+        nd.read_sketches([t.lazy() for t in shards], np.append(keys, ex.doc_keys(0, 5)[4]))
+
+
 def test_band_split_count_from_memory_budget():
     assert nd.band_splits(10_000_000, None) == 1
     assert nd.band_splits(10_000_000, 64, fixed=3) == 3
@@ -231,4 +244,4 @@ def test_band_split_count_from_memory_budget():
     assert nd.band_splits(fits + 1, 64) == 2
     assert nd.band_splits(10_000_000, 100) == -(-10_000_000 * nd.BAND_BYTES_PER_DOC // (100 * 2**20))
     with pytest.raises(ValueError, match="at least 1"):
-        nd.band_edges(pl.LazyFrame(), None, 0, SETTINGS, 0)
+        nd.band_edges(pl.LazyFrame(), [], None, 0, SETTINGS, 0)

@@ -57,6 +57,12 @@ def scan_signatures(cfg: RefineryConfig, root: DataRoot) -> pl.LazyFrame | None:
     return _scan_all(root, [signatures_key(s.key) for s in input_shards(cfg)], "dedup_signatures")
 
 
+def scan_shard_signatures(cfg: RefineryConfig, root: DataRoot) -> list[pl.LazyFrame]:
+    """One scan per input shard, in shard-ordinal order (call after `scan_signatures` has checked
+    that every file exists)."""
+    return [pl.scan_parquet(str(root.local_path(signatures_key(s.key)))) for s in input_shards(cfg)]
+
+
 def scan_exact_drops(cfg: RefineryConfig, root: DataRoot) -> pl.LazyFrame:
     keys = [exact_drops_key(r) for r in ex.range_keys(cfg.stages.exact_dedup.hash_ranges)]
     return _scan_all(root, keys, "exact_deduped")  # type: ignore[return-value]
@@ -122,7 +128,8 @@ def compute_band_edges(cfg: RefineryConfig, root: DataRoot, band_key: str) -> tu
         if near.band_splits is None and near.max_memory_mb is not None:
             splits = nd.band_splits(sigs.filter(pl.col("near")).select(pl.len()).collect().item(), near.max_memory_mb)
         dropped = scan_exact_drops(cfg, root).select("doc_key")
-        edges, counts = nd.band_edges(sigs, dropped, keys_of_bands.index(band_key), settings, splits)
+        shards = scan_shard_signatures(cfg, root)
+        edges, counts = nd.band_edges(sigs, shards, dropped, keys_of_bands.index(band_key), settings, splits)
     return edges, counts, root.write_parquet(edges_key(band_key), edges)
 
 

@@ -25,6 +25,7 @@ it is split: with `splits` = K, it takes the documents whose band hash falls in 
 space in turn (`exact_dedup.hash_range_expr`). Equal band hashes share a split, so every bucket is whole in exactly one
 split, and the edges, sorted at the end, are the same bytes whatever K is. K comes from
 `near_dedup.band_splits`, or from `near_dedup.max_memory_mb` and the document count (`band_splits`).
+The candidates' sketches are read shard by shard (`read_sketches`), so no read spans the corpus.
 
 Clusters. Union-find over the edges of every band; each connected component keeps its member with
 the smallest doc_key (the same order as exact dedup: first source, first file, first record).
@@ -33,6 +34,7 @@ the smallest doc_key (the same order as exact dedup: first source, first file, f
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,19 +105,25 @@ def band_splits(near_docs: int, max_memory_mb: int | None, fixed: int | None = N
 
 
 def band_edges(
-    signatures: pl.LazyFrame, dropped: pl.LazyFrame | None, band: int, settings: "DedupSettings", splits: int
+    signatures: pl.LazyFrame,
+    shard_signatures: Sequence[pl.LazyFrame],
+    dropped: pl.LazyFrame | None,
+    band: int,
+    settings: "DedupSettings",
+    splits: int,
 ) -> tuple[pl.DataFrame, dict[str, int]]:
     """Verified candidate edges of one band among the near-dedup rows of `signatures` whose doc_key
     is not in `dropped`, taken one hash-prefix split at a time; edges sorted by (src, dst), and the
-    counts docs, candidates, edges, splits and the documents held by the largest split."""
+    counts docs, candidates, edges, splits and the documents held by the largest split.
+    `shard_signatures[o]` holds the rows of shard ordinal o (the same rows as `signatures`): the
+    candidates' sketches are read from it (`read_sketches`)."""
     if splits < 1:
         raise ValueError(f"band splits must be at least 1, got {splits}")
     column = band_column(band)
     counts = {"docs": 0, "candidates": 0, "edges": 0, "splits": splits, "largest_split_docs": 0}
     parts = [pl.DataFrame(schema=EDGES_SCHEMA)]
     for part in range(splits):
-        in_split = signatures.filter(pl.col("near") & (ex.hash_range_expr(pl.col(column), splits) == part))
-        docs = in_split.select("doc_key", column)
+        docs = signatures.filter(pl.col("near") & (ex.hash_range_expr(pl.col(column), splits) == part)).select("doc_key", column)
         if dropped is not None:
             docs = docs.join(dropped, on="doc_key", how="anti")
         docs = docs.collect(engine="streaming")
@@ -126,18 +134,34 @@ def band_edges(
         del docs
         if not members.size:
             continue
-        found = (
-            in_split.select("doc_key", "bottom")
-            .filter(pl.col("doc_key").is_in(pl.Series(members).implode()))
-            .collect(engine="streaming")
-            .sort("doc_key")
-        )
-        sketches = [s.to_numpy() for s in found["bottom"]]
-        rows = np.searchsorted(found["doc_key"].to_numpy(), members)
+        keys, sketches = read_sketches(shard_signatures, members)
+        rows = np.searchsorted(keys, members)
         parts.append(verified_edges(members, buckets, [sketches[r] for r in rows], settings.threshold, settings.bottom_k))
     edges = pl.concat(parts).sort("src", "dst")
     counts["edges"] = edges.height
     return edges, counts
+
+
+def read_sketches(shard_signatures: Sequence[pl.LazyFrame], keys: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The distinct `keys`, sorted, and the bottom sketch of each, read one shard at a time from the
+    shards that hold them, and copied out: a filtered Polars frame can keep the shard's whole decoded
+    `bottom` column alive, and one scan over every file buffers every file's. Either way the state
+    would grow with the corpus (bench/RESULTS.md, "Bounded dedup state at 1M and 10M documents")."""
+    keys = np.unique(keys)
+    ordinals = keys >> np.uint64(ex.ROW_BITS)
+    found_keys, sketches = [], []
+    for ordinal in np.unique(ordinals).tolist():
+        if ordinal >= len(shard_signatures):
+            raise KeyError(f"doc_key of shard ordinal {ordinal}, but only {len(shard_signatures)} shards")
+        wanted = pl.Series(keys[ordinals == ordinal]).implode()
+        frame = shard_signatures[ordinal].select("doc_key", "bottom").filter(pl.col("doc_key").is_in(wanted)).collect()
+        found_keys.append(np.array(frame["doc_key"].to_numpy(), dtype=np.uint64))
+        sketches.extend(np.array(s.to_numpy(), dtype=np.uint32) for s in frame["bottom"])
+        del frame
+    order = np.argsort(np.concatenate(found_keys), kind="stable") if found_keys else np.zeros(0, np.int64)
+    if order.size != keys.size:
+        raise KeyError(f"{keys.size - order.size} candidate doc_key(s) have no row in their shard's signatures")
+    return keys, [sketches[i] for i in order.tolist()]
 
 
 def bucket_members(keys: np.ndarray, band: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
