@@ -168,6 +168,21 @@ def test_chinese_is_segmented_with_jieba():
     assert _quality(ZH, "en") == "gopher_quality/min_words"
 
 
+def test_rjieba_gives_the_jieba_packages_segments():
+    """The segmenter runs jieba-rs; the `jieba` package with HMM off is the reference it must match,
+    on every line of the corpus's Chinese and Japanese pages and on the text above."""
+    import jieba
+
+    jieba.setLogLevel(60)
+    reference = jieba.Tokenizer()
+    lines = [line for p in _pages("clean") + _pages("spam") if p["lang"] in ("zh", "ja")
+             for line in p["text"].splitlines()] + ZH.splitlines() + ["", " \t", "Linux 2.6 内核，a_b+c#d&e%f-g."]
+    split = segmenter("jieba")
+    assert len(lines) > 3000
+    for line in lines:
+        assert split(line) == [w for w in reference.lcut(line, HMM=False) if not w.isspace()], line
+
+
 def test_japanese_is_split_into_script_runs():
     assert split_script_runs("このコマンドは現在のディレクトリ、Linux 2.6") == [
         "この", "コマンド", "は", "現在", "の", "ディレクトリ", "、", "Linux", "2", ".", "6"]
