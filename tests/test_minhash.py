@@ -186,3 +186,13 @@ def test_code_point_tables_agree_with_str_lower_and_utf8():
     words = mh.shingle_words(text)
     assert words == ["i", "\u0307", "σxς", "σi", "\u0307"]  # U+0307, the combining dot, is not \w
     assert mh.document_word_hashes([text])[0].tolist() == [mh.word_hash64(w) for w in words]
+
+
+def test_lsh_params_match_datasketchs_optimiser_over_a_grid():
+    from datasketch.lsh import _optimal_param
+
+    for num_perm in (16, 64, 128):
+        for threshold in (0.3, 0.5, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
+            for fp, fn in ((0.5, 0.5), (0.05, 0.95), (0.3, 0.7)):
+                expected = _optimal_param(threshold, num_perm, fp, fn)
+                assert mh.lsh_params(threshold, num_perm, fp, fn) == expected, (threshold, num_perm, fp, fn)
