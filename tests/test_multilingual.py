@@ -16,6 +16,7 @@ from assets.stages.segment import segmenter, split_script_runs
 from assets.stages.text import DocumentText
 from refinery.config import ConfigError, GopherQualityConfig, HeuristicConfig, LanguageConfig, parse_config
 from refinery.documents import PROVENANCE_SCHEMA
+from texts import BRACED_DOC
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "multilingual"
 REQUIRED_LANGUAGES = {"en", "zh", "ja", "ko", "el", "ro"}
@@ -237,19 +238,11 @@ def test_a_document_without_a_language_reads_as_english():
 
 # ---- rule switches and explain mode --------------------------------------------------------------
 
-CODE_DOC = (
-    "The configuration file is read once at start, and every key in it overrides the default value.\n"
-    "A section opens with a name and a brace, for example server { port 8080; }, and closes with one.\n"
-    "Keys that the program does not know are reported with their line number, and the start stops.\n"
-    "Comments start with a hash and run to the end of the line, and blank lines are ignored there.\n"
-    "The file may include other files, which are read in the order that the include lines give.\n"
-    "Every value is a string unless it is written as a number, a boolean, or a list in brackets."
-)
 
 
 def test_rules_off_per_source_keeps_documentation_with_braces():
-    assert HeuristicFilter(HeuristicConfig()).apply(CODE_DOC, None, Counter())[1].rule == "c4/curly_bracket"
-    text, drop = HeuristicFilter(HeuristicConfig(), ["c4/curly_bracket"]).apply(CODE_DOC, None, Counter())
+    assert HeuristicFilter(HeuristicConfig()).apply(BRACED_DOC, None, Counter())[1].rule == "c4/curly_bracket"
+    text, drop = HeuristicFilter(HeuristicConfig(), ["c4/curly_bracket"]).apply(BRACED_DOC, None, Counter())
     assert drop is None and "server {" in text
 
 
@@ -275,7 +268,7 @@ def test_explain_lists_every_failing_rule_with_value_and_threshold():
     assert HeuristicFilter(HeuristicConfig()).explain(CLEAN_EN, None, "en") == []
 
 
-CLEAN_EN = CODE_DOC.replace("server { port 8080; }", "server, port 8080")
+CLEAN_EN = BRACED_DOC.replace("server { port 8080; }", "server, port 8080")
 
 
 # ---- config ----------------------------------------------------------------------------------------
