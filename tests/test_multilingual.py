@@ -80,6 +80,13 @@ def test_corpus_has_real_pages_in_at_least_eight_languages():
     assert {p["package"] for p in clean} <= set(sources["packages"])
     assert all(entry["version"] and entry["licence"] for entry in sources["packages"].values())
     assert sum(f.stat().st_size for f in CORPUS.glob("*.jsonl.gz")) < 1_500_000
+    # The Debian handbook, installation guide and reference are held out for an independent check.
+    held_out = ("debian-handbook", "installation-guide", "debian-reference")
+    pages = clean + _pages("spam")
+    assert not [name for name in sources["packages"] for h in held_out if h in name]
+    assert not [p["url"] for p in pages for h in held_out if h in p["url"].lower() or h in (p.get("package") or "")]
+    titles = ("Debian Administrator's Handbook", "Debian GNU/Linux Installation Guide", "Debian Reference")
+    assert not [p["url"] for p in pages for t in titles if t.lower() in p["text"].lower()]
 
 
 @pytest.mark.parametrize("lang", ["de", "el", "en", "es", "fr", "ja", "ko", "ro", "ru", "zh"])
