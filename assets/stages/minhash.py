@@ -226,7 +226,7 @@ def _tokens_per_doc(texts: Sequence[str], starts: np.ndarray) -> np.ndarray:
 def _ascii_word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Word hashes of prepared ASCII texts without building word strings, found on the bytes."""
     buf = np.frombuffer(" ".join(texts).encode("ascii"), dtype=np.uint8)
-    starts, ends = _runs(_ASCII_CLASS[buf])
+    starts, ends = _runs(_ASCII_CLASS.take(buf))  # take: about twice as fast as indexing here
     return _token_hashes(buf, starts, ends), _tokens_per_doc(texts, starts)
 
 
@@ -237,15 +237,15 @@ def _unicode_word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     info, term = _lowered_tables()
     prepared = texts
     points = np.frombuffer(" ".join(prepared).encode("utf-32-le"), dtype=np.uint32)
-    unit = info[points]
+    unit = info.take(points)  # take: about twice as fast as indexing with uint32 positions
     if unit.max(initial=0) >= STR_LOWER_ONLY:
         prepared = [t.replace("\x00", "").lower() if any(c in t for c in _STR_LOWER_ONLY) else t for t in texts]
         points = np.frombuffer(" ".join(prepared).encode("utf-32-le"), dtype=np.uint32)
-        unit = info[points]  # str.lower() leaves no flagged code point, so unit >> 2 is the length
+        unit = info.take(points)  # str.lower() leaves no flagged code point, so unit >> 2 is the length
     starts, ends = _runs(unit & np.uint8(3))
     byte_end = np.cumsum(unit >> np.uint8(2), dtype=np.int64)
     n = int(byte_end[-1]) if byte_end.size else 0
-    weighted = term[points] * _powers(WORD_P, n + 1)[::-1][byte_end]  # P^(n - byte_end)
+    weighted = term.take(points) * _powers(WORD_P, n + 1)[::-1][byte_end]  # P^(n - byte_end)
     return _range_hashes(weighted, n - byte_end[ends - 1], starts, ends), _tokens_per_doc(prepared, starts)
 
 
