@@ -3,11 +3,11 @@ datatrove's comparable chain on the same documents, in the same run.
 
     python bench/funnel_chain.py --docs 20000 --datatrove-docs 2000 \\
         --datatrove-python /tmp/dtvenv/bin/python
-    python bench/funnel_chain.py --corpus multilingual --datatrove-python /tmp/dtvenv/bin/python
+    python bench/funnel_chain.py --corpus multilingual --repeats 5 --datatrove-python /tmp/dtvenv/bin/python
 
 The `synth` corpus is `refinery.synth.write_corpus` JSONL (real English sentences, about 3.6 KB per
 document, 5% exact and 5% near copies). The `multilingual` corpus is the project's own:
-data/multilingual (documentation pages in 22 languages and planted spam) and the JSONL sources of
+data/multilingual (documentation pages in ten languages and planted spam) and the JSONL sources of
 data/sample (wiki, books, math, code; the deliberately broken `-9x` files left out), every
 language kept (`languages: all`, datatrove's `languages=None`) at score 0.65; `--docs` and
 `--datatrove-docs` are then its size. Both chains start from its text (extraction is timed
@@ -23,7 +23,9 @@ separately, in bench/funnel.py) and end with the surviving documents written out
   -> PIIFormatter -> JsonlWriter, then the 4-stage MinHash (signatures, buckets, clusters, filter
   with a JsonlWriter), its FineWeb configuration.
 
-Figures are documents in per CPU-second of the whole process (children included), one run each;
+Figures are documents in per CPU-second of the whole process (children included), from after the
+imports (each side's import CPU-seconds are printed apart, `import_cpu_s`), medians of `--repeats`
+runs that take turns;
 datatrove runs on the first `--datatrove-docs` documents and ours on both that subset and the
 whole corpus.
 """
@@ -36,6 +38,7 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import argparse  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import textwrap  # noqa: E402
@@ -57,6 +60,11 @@ DATATROVE_CHAIN = textwrap.dedent(
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.lid import FT176LID
 
+    def cpu():
+        self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
+
+    start = cpu()  # interpreter start and imports are not the chain's work (ours leaves them out too)
     data, work, model, languages = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     FT176LID.MODEL_URL = "file://" + model  # the local lid.176 file, not a download
     minhash = MinhashConfig()  # FineWeb's: 14 buckets x 8 hashes, 5-grams
@@ -79,9 +87,7 @@ DATATROVE_CHAIN = textwrap.dedent(
     for path in glob.glob(f"{work}/deduped/*"):
         with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
             kept += sum(1 for _ in f)
-    self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
-    print(json.dumps({"cpu_s": cpu, "kept": kept}))
+    print(json.dumps({"cpu_s": cpu() - start, "import_cpu_s": start, "kept": kept}))
     """
 )
 
@@ -134,6 +140,7 @@ def write_multilingual_corpus(path: Path) -> int:
 
 
 def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -> dict:
+    imports_from = cpu_seconds()
     from assets import dedup
     from assets.factory import publish_stage_output
     from assets.stages import exact_dedup as ex
@@ -174,7 +181,8 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
     deduped = root.read_parquet(documents_key("deduped", shard.key))
     redacted = PiiRedactor.from_config(cfg.stages.pii).run(deduped)
     publish_stage_output(root, "pii_redacted", shard.key, redacted)
-    return {"cpu_s": cpu_seconds() - start, "docs_in": raw.documents.height, "kept": redacted.documents.height}
+    return {"cpu_s": cpu_seconds() - start, "import_cpu_s": start - imports_from, "docs_in": raw.documents.height,
+            "kept": redacted.documents.height}
 
 
 def main() -> None:
@@ -187,6 +195,7 @@ def main() -> None:
     ap.add_argument("--datatrove-python", help="an interpreter with datatrove[processing] and spaCy installed")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--corpus", choices=("synth", "multilingual"), default="synth")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each side, taken in turns; medians reported")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -200,28 +209,37 @@ def main() -> None:
         subset = tmp / "subset" / "corpus.jsonl"
         subset.parent.mkdir()
         subset.write_text("".join(full.read_text().splitlines(keepends=True)[: args.datatrove_docs]))
-        rows = {}
-        for name, path, n in (("ours, whole corpus", full, args.docs), ("ours, subset", subset, args.datatrove_docs)):
-            work = tmp / name.replace(", ", "-").replace(" ", "_")
-            work.mkdir()
-            r = ours(path, work, languages)
-            rows[name] = {**r, "docs": n, "docs_per_cpu_s": n / r["cpu_s"]}
-            print(json.dumps({name: rows[name]}), flush=True)
+        sides = [("ours, whole corpus", full, args.docs), ("ours, subset", subset, args.datatrove_docs)]
+        if args.datatrove_docs == args.docs:
+            sides = sides[1:]  # the subset is the whole corpus
         if args.datatrove_python:
             script = tmp / "datatrove_chain.py"
             script.write_text(DATATROVE_CHAIN)
-            proc = subprocess.run([args.datatrove_python, str(script), str(subset.parent), str(tmp / "dt"),
-                                   bundled_model_path(), languages if languages == "all" else ",".join(languages)],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"datatrove chain failed:\n{proc.stderr[-3000:]}")
-            dt = json.loads(proc.stdout.strip().splitlines()[-1])
-            n = args.datatrove_docs
-            rows["datatrove, subset"] = {**dt, "docs": n, "docs_per_cpu_s": n / dt["cpu_s"]}
-            print(json.dumps({"datatrove, subset": rows["datatrove, subset"]}), flush=True)
-            ratio = rows["ours, subset"]["docs_per_cpu_s"] / rows["datatrove, subset"]["docs_per_cpu_s"]
-            print(json.dumps({"ours_over_datatrove_on_subset": ratio}))
+            sides.append(("datatrove, subset", subset, args.datatrove_docs))
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
+        for repeat in range(args.repeats):  # the sides take turns, so a change in load falls on both
+            for name, path, n in sides:
+                work = tmp / f"{name.replace(', ', '-').replace(' ', '_')}-{repeat}"
+                work.mkdir()
+                if name.startswith("datatrove"):
+                    r = datatrove(args.datatrove_python, script, path, work, bundled_model_path(), languages)
+                else:
+                    r = ours(path, work, languages)
+                runs[name].append({**r, "docs": n, "docs_per_cpu_s": n / r["cpu_s"]})
+                print(json.dumps({name: runs[name][-1]}), flush=True)
+        median = {name: statistics.median(r["docs_per_cpu_s"] for r in rs) for name, rs in runs.items()}
+        print(json.dumps({"median_docs_per_cpu_s": median}))
+        if args.datatrove_python:
+            print(json.dumps({"ours_over_datatrove_on_subset": median["ours, subset"] / median["datatrove, subset"]}))
 
+
+def datatrove(python: str, script: Path, jsonl: Path, work: Path, model: str, languages: str | list[str]) -> dict:
+    """datatrove's chain in a fresh process of `python`."""
+    proc = subprocess.run([python, str(script), str(jsonl.parent), str(work), model,
+                           languages if languages == "all" else ",".join(languages)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"datatrove chain failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 if __name__ == "__main__":
     main()

@@ -4,8 +4,9 @@
 
 Documents are 500 tokens drawn from a Zipf vocabulary with punctuation (seeded), once with ASCII
 words and once with non-ASCII words (Greek, Cyrillic, accented Latin, CJK and Hangul letters), side
-by side. Each figure is the
-median of `--repeats` runs in this one process (numpy is single-threaded here, so docs/s is per core):
+by side. Each figure is documents per CPU-second (`time.process_time`; numpy is single-threaded
+here, so that is per core), the median of `--repeats` rounds in this one process, every round timing
+every method on both alphabets in turn:
 
 - ours: `MinHasher.signatures` from raw text (word splitting included) at 128 permutations;
 - ours + sketch: `MinHasher.sketch(texts, 1024)`, what `dedup_signatures` computes per document;
@@ -27,6 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -57,33 +59,36 @@ def documents(n: int, words: int, seed: int, letters: str) -> list[str]:
     return out
 
 
-def median_rate(fn, items: int, repeats: int) -> float:
-    rates = []
+def median_rates(cases: dict[tuple[str, str], tuple[Callable[[], object], int]], repeats: int) -> dict[tuple[str, str], float]:
+    """Items per CPU-second of each case, the median of `repeats` rounds; every round runs every case
+    once, in turn, so that a change in the machine's load falls on all of them alike."""
+    seconds: dict[tuple[str, str], list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        rates.append(items / (time.perf_counter() - start))
-    return statistics.median(rates)
+        for name, (fn, _items) in cases.items():
+            start = time.process_time()
+            fn()
+            seconds[name].append(time.process_time() - start)
+    return {name: items / statistics.median(seconds[name]) for name, (_fn, items) in cases.items()}
 
 
 def datasketch_shingles(text: str) -> list[bytes]:
     return [" ".join(s).encode("utf-8") for s in mh.shingles(mh.shingle_words(text), 5)]
 
 
-def signature_rates(docs: int, baseline_docs: int, repeats: int, letters: str) -> dict[str, float]:
+def signature_cases(docs: int, baseline_docs: int, letters: str) -> dict[str, tuple[Callable[[], object], int]]:
     from datasketch import MinHash
 
     texts = documents(docs, 500, seed=1, letters=letters)
     hasher = mh.MinHasher(128, 1, 5)
     base_texts = texts[:baseline_docs]
     prepared = [datasketch_shingles(t) for t in base_texts]
-    hasher.signatures(texts[:1])  # builds the code-point class table (once per process) outside the timer
+    hasher.signatures(texts[:1])  # builds the code-point tables (once per process) outside the timer
     return {
-        "ours": median_rate(lambda: hasher.signatures(texts), len(texts), repeats),
-        "ours + bottom-1024 sketch": median_rate(lambda: hasher.sketch(texts, 1024), len(texts), repeats),
-        "datasketch MinHash.bulk": median_rate(lambda: MinHash.bulk(prepared, num_perm=128), len(prepared), repeats),
-        "datasketch end to end": median_rate(
-            lambda: MinHash.bulk([datasketch_shingles(t) for t in base_texts], num_perm=128), len(base_texts), repeats
+        "ours": (lambda: hasher.signatures(texts), len(texts)),
+        "ours + bottom-1024 sketch": (lambda: hasher.sketch(texts, 1024), len(texts)),
+        "datasketch MinHash.bulk": (lambda: MinHash.bulk(prepared, num_perm=128), len(prepared)),
+        "datasketch end to end": (
+            lambda: MinHash.bulk([datasketch_shingles(t) for t in base_texts], num_perm=128), len(base_texts)
         ),
     }
 
@@ -131,12 +136,20 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--pairs", type=int, default=3000)
     args = p.parse_args()
-    rates = {words: signature_rates(args.docs, args.baseline_docs, args.repeats, letters) for words, letters in ALPHABETS.items()}
+    cases = {
+        (words, name): case
+        for words, letters in ALPHABETS.items()
+        for name, case in signature_cases(args.docs, args.baseline_docs, letters).items()
+    }
+    measured = median_rates(cases, args.repeats)
+    rates = {words: {name: measured[(words, name)] for (w, name) in cases if w == words} for words in ALPHABETS}
     print("| method | " + " | ".join(f"{w} docs/s (1 core, median) | vs MinHash.bulk" for w in rates) + " |")
     print("| --- |" + " ---: | ---: |" * len(rates))
     for name in rates["ASCII"]:
         cells = [f"{r[name]:,.0f} | {r[name] / r['datasketch MinHash.bulk']:.1f}x" for r in rates.values()]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    for name in ("ours", "ours + bottom-1024 sketch"):
+        print(f"{name}: a non-ASCII document costs {rates['ASCII'][name] / rates['non-ASCII'][name]:.2f}x an ASCII one")
     for words, letters in ALPHABETS.items():
         print(f"\n{words} words\n\n| exact Jaccard | pairs | LSH candidates (16 x 8) | clustered after verification |")
         print("| --- | ---: | ---: | ---: |")

@@ -16,7 +16,7 @@ from refinery.config import load_config
 from refinery.documents import documents_key, input_batches, input_shards, make_doc_id, rejects_key, stats_key
 from refinery.storage import LocalDataRoot
 from refinery.synth import gzip_member, http_response, warc_record
-from texts import PROSE
+from texts import BRACED_DOC, PROSE
 
 REPO = Path(__file__).resolve().parents[1]
 FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
@@ -233,3 +233,27 @@ def test_funnel_on_the_sample_meets_the_ground_truth(tmp_path):
     heuristic_rejects = table("rejects", "heuristic_filtered")
     clean_removed = heuristic_rejects.filter(pl.col("url").is_in(truth["clean"]))
     assert clean_removed.select("url", "rule", "value").to_dicts() == []
+
+
+def test_a_sources_rules_off_from_the_config_reach_heuristic_filtered(tmp_path):
+    """The same page in two sources: the one whose config switches C4's curly-bracket rule off keeps
+    it through the heuristic_filtered asset, the other drops it for that rule."""
+    for name in ("docs", "web"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part-0.jsonl").write_text(json.dumps({"text": BRACED_DOC, "url": f"https://{name}.example/"}) + "\n")
+    config = {
+        "seed": 1, "data_root": "out", "buckets": ["web"],
+        "sources": [
+            {"name": "docs", "path": "docs/*.jsonl", "format": "jsonl", "bucket": "web", "rules_off": ["c4/curly_bracket"]},
+            {"name": "web", "path": "web/*.jsonl", "format": "jsonl", "bucket": "web"},
+        ],
+    }
+    config_path = tmp_path / "refinery.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    assets = funnel_assets(config_path)
+    md = {key: metadata_by_asset(materialize_shard(assets, config_path, key))["heuristic_filtered"]
+          for key in ("docs-part-0", "web-part-0")}
+    assert (md["docs-part-0"]["docs_out"].value, md["docs-part-0"]["removed_by_rule"].data) == (1, {})
+    assert (md["web-part-0"]["docs_out"].value, md["web-part-0"]["removed_by_rule"].data) == (0, {"c4/curly_bracket": 1})
+    kept = LocalDataRoot(tmp_path / "out").read_parquet(documents_key("heuristic_filtered", "docs-part-0"))
+    assert "server { port 8080; }" in kept["text"][0]

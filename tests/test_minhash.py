@@ -128,6 +128,8 @@ UNICODE_TEXTS = [
     "  \t\n ",
     "",
     "plain ascii, in the same batch.",
+    "ΟΔΟΣ ΣΟΦΙΑΣ, Σ μόνο· ΤΕΛΟΣ.",  # final sigma: str.lower() reads Σ by its neighbours
+    "İSTANBUL'da İ ve ı, Σ\x00Σ",  # U+0130 lowers to two code points; NUL is dropped
 ]
 
 
@@ -161,3 +163,36 @@ def test_unicode_signatures_match_datasketch_with_the_reference_hash():
     sigs = hasher.signatures(texts + UNICODE_TEXTS)
     for text, sig in zip(texts + UNICODE_TEXTS, sigs):
         assert np.array_equal(sig, datasketch_signature(text, 128, 1, 5))
+
+
+def test_code_point_tables_agree_with_str_lower_and_utf8():
+    lower = mh._lowercase_table()
+    length, term = mh._utf8_tables()
+    for code in range(0x110000):
+        if 0xD800 <= code < 0xE000:
+            continue
+        char = chr(code)
+        if code not in (0x130, 0x3A3):
+            assert chr(lower[code]) == char.lower(), hex(code)
+        encoded = char.encode("utf-8")
+        h = 0
+        for byte in encoded:
+            h = (h * mh.WORD_P + byte) & mh.MASK64
+        assert (length[code], term[code]) == (len(encoded), h), hex(code)
+    # Only NUL, U+0130 and U+03A3 send a text to str.lower(), which leaves none of them behind.
+    info, _ = mh._lowered_tables()
+    assert np.flatnonzero(info & mh.STR_LOWER_ONLY).tolist() == [0, 0x130, 0x3A3]
+    text = "\u0130\u03a3\x00x\u03a3 \u03a3\u0130"
+    words = mh.shingle_words(text)
+    assert words == ["i", "\u0307", "σxς", "σi", "\u0307"]  # U+0307, the combining dot, is not \w
+    assert mh.document_word_hashes([text])[0].tolist() == [mh.word_hash64(w) for w in words]
+
+
+def test_lsh_params_match_datasketchs_optimiser_over_a_grid():
+    from datasketch.lsh import _optimal_param
+
+    for num_perm in (16, 64, 128):
+        for threshold in (0.3, 0.5, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
+            for fp, fn in ((0.5, 0.5), (0.05, 0.95), (0.3, 0.7)):
+                expected = _optimal_param(threshold, num_perm, fp, fn)
+                assert mh.lsh_params(threshold, num_perm, fp, fn) == expected, (threshold, num_perm, fp, fn)

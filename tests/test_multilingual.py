@@ -16,6 +16,7 @@ from assets.stages.segment import segmenter, split_script_runs
 from assets.stages.text import DocumentText
 from refinery.config import ConfigError, GopherQualityConfig, HeuristicConfig, LanguageConfig, parse_config
 from refinery.documents import PROVENANCE_SCHEMA
+from texts import BRACED_DOC
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "multilingual"
 REQUIRED_LANGUAGES = {"en", "zh", "ja", "ko", "el", "ro"}
@@ -79,6 +80,13 @@ def test_corpus_has_real_pages_in_at_least_eight_languages():
     assert {p["package"] for p in clean} <= set(sources["packages"])
     assert all(entry["version"] and entry["licence"] for entry in sources["packages"].values())
     assert sum(f.stat().st_size for f in CORPUS.glob("*.jsonl.gz")) < 1_500_000
+    # The Debian handbook, installation guide and reference are held out for an independent check.
+    held_out = ("debian-handbook", "installation-guide", "debian-reference")
+    pages = clean + _pages("spam")
+    assert not [name for name in sources["packages"] for h in held_out if h in name]
+    assert not [p["url"] for p in pages for h in held_out if h in p["url"].lower() or h in (p.get("package") or "")]
+    titles = ("Debian Administrator's Handbook", "Debian GNU/Linux Installation Guide", "Debian Reference")
+    assert not [p["url"] for p in pages for t in titles if t.lower() in p["text"].lower()]
 
 
 @pytest.mark.parametrize("lang", ["de", "el", "en", "es", "fr", "ja", "ko", "ro", "ru", "zh"])
@@ -168,6 +176,21 @@ def test_chinese_is_segmented_with_jieba():
     assert _quality(ZH, "en") == "gopher_quality/min_words"
 
 
+def test_rjieba_gives_the_jieba_packages_segments():
+    """The segmenter runs jieba-rs; the `jieba` package with HMM off is the reference it must match,
+    on every line of the corpus's Chinese and Japanese pages and on the text above."""
+    import jieba
+
+    jieba.setLogLevel(60)
+    reference = jieba.Tokenizer()
+    lines = [line for p in _pages("clean") + _pages("spam") if p["lang"] in ("zh", "ja")
+             for line in p["text"].splitlines()] + ZH.splitlines() + ["", " \t", "Linux 2.6 内核，a_b+c#d&e%f-g."]
+    split = segmenter("jieba")
+    assert len(lines) > 3000
+    for line in lines:
+        assert split(line) == [w for w in reference.lcut(line, HMM=False) if not w.isspace()], line
+
+
 def test_japanese_is_split_into_script_runs():
     assert split_script_runs("このコマンドは現在のディレクトリ、Linux 2.6") == [
         "この", "コマンド", "は", "現在", "の", "ディレクトリ", "、", "Linux", "2", ".", "6"]
@@ -222,19 +245,11 @@ def test_a_document_without_a_language_reads_as_english():
 
 # ---- rule switches and explain mode --------------------------------------------------------------
 
-CODE_DOC = (
-    "The configuration file is read once at start, and every key in it overrides the default value.\n"
-    "A section opens with a name and a brace, for example server { port 8080; }, and closes with one.\n"
-    "Keys that the program does not know are reported with their line number, and the start stops.\n"
-    "Comments start with a hash and run to the end of the line, and blank lines are ignored there.\n"
-    "The file may include other files, which are read in the order that the include lines give.\n"
-    "Every value is a string unless it is written as a number, a boolean, or a list in brackets."
-)
 
 
 def test_rules_off_per_source_keeps_documentation_with_braces():
-    assert HeuristicFilter(HeuristicConfig()).apply(CODE_DOC, None, Counter())[1].rule == "c4/curly_bracket"
-    text, drop = HeuristicFilter(HeuristicConfig(), ["c4/curly_bracket"]).apply(CODE_DOC, None, Counter())
+    assert HeuristicFilter(HeuristicConfig()).apply(BRACED_DOC, None, Counter())[1].rule == "c4/curly_bracket"
+    text, drop = HeuristicFilter(HeuristicConfig(), ["c4/curly_bracket"]).apply(BRACED_DOC, None, Counter())
     assert drop is None and "server {" in text
 
 
@@ -260,7 +275,7 @@ def test_explain_lists_every_failing_rule_with_value_and_threshold():
     assert HeuristicFilter(HeuristicConfig()).explain(CLEAN_EN, None, "en") == []
 
 
-CLEAN_EN = CODE_DOC.replace("server { port 8080; }", "server, port 8080")
+CLEAN_EN = BRACED_DOC.replace("server { port 8080; }", "server, port 8080")
 
 
 # ---- config ----------------------------------------------------------------------------------------

@@ -9,3 +9,13 @@ PROSE = (
     "Visitors who come for a single day often stay for a week, charmed by the narrow streets. "
     "In the evening the lamps are lit and the old sailors tell stories that grow longer every year."
 )
+
+# Documentation prose with a shell-style brace on one line: C4's curly-bracket rule drops it.
+BRACED_DOC = (
+    "The configuration file is read once at start, and every key in it overrides the default value.\n"
+    "A section opens with a name and a brace, for example server { port 8080; }, and closes with one.\n"
+    "Keys that the program does not know are reported with their line number, and the start stops.\n"
+    "Comments start with a hash and run to the end of the line, and blank lines are ignored there.\n"
+    "The file may include other files, which are read in the order that the include lines give.\n"
+    "Every value is a string unless it is written as a number, a boolean, or a list in brackets."
+)

@@ -1,7 +1,10 @@
 """Word segmentation for scripts written without spaces, loaded once per process.
 
-- `jieba` (Chinese): jieba's own dictionary, shipped inside the package, so nothing is downloaded;
-  punctuation comes out as separate tokens and whitespace tokens are dropped.
+- `jieba` (Chinese): jieba's algorithm and dictionary as jieba-rs implements them, through its
+  `rjieba` binding (the dictionary is compiled into the wheel, so nothing is downloaded). With HMM
+  off it gives the segments of the `jieba` package itself (tests/test_multilingual.py compares them
+  on the corpus), loads in about 0.1 s instead of 0.6 s and cuts about ten times faster.
+  Punctuation comes out as separate tokens and whitespace tokens are dropped.
 - `script_runs` (Japanese, Thai, and other scripts without spaces): no offline segmenter installs
   here as a wheel (PyICU's BreakIterator needs ICU built from source), so words are approximated
   by runs of one character class: Han ideographs, hiragana, katakana (with the prolonged sound
@@ -40,16 +43,14 @@ def split_script_runs(text: str) -> list[str]:
 @lru_cache(maxsize=1)
 def _jieba() -> Segmenter:
     try:
-        import jieba
+        import rjieba
     except ModuleNotFoundError as err:
-        raise ModuleNotFoundError("Chinese word segmentation needs jieba: pip install jieba") from err
-    jieba.setLogLevel(60)  # its dictionary-loading chatter goes to stderr on every process start
-    tokenizer = jieba.Tokenizer()
-    cut = tokenizer.lcut
+        raise ModuleNotFoundError("Chinese word segmentation needs rjieba: pip install rjieba") from err
+    cut = rjieba.cut
 
     def split_jieba(text: str) -> list[str]:
         # HMM off: new-word discovery guesses on unseen character pairs, and costs a third more.
-        return [w for w in cut(text, HMM=False) if not w.isspace()]
+        return [w for w in cut(text, False) if not w.isspace()]
 
     return split_jieba
 
