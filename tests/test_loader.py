@@ -104,3 +104,9 @@ def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the
                 steps.append(batch.step)
         assert steps == [0, 1, 2], "the first chunk arrives before the second one's failure"
         assert multiprocessing.active_children() == []
+    monkeypatch.setattr(Data, "gather_steps", gather)
+    reading = iter(make_loader(StepStream(tiny, None, False, 1, 2), 2))
+    assert [next(reading).step for _ in range(4)] == [0, 1, 2, 3]
+    assert len(multiprocessing.active_children()) == 2
+    reading.close()  # a consumer that stops early (a SIGTERM, a halt)
+    assert multiprocessing.active_children() == []

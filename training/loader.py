@@ -135,7 +135,7 @@ class StepStream:
             buffers = ring.acquire(index - 1, workers) if ring is not None else None
             arrays = self.data.gather_steps(plan, self.rows, np.arange(plan.steps), self.record, buffers)
             states = sampler.states_after(plan, self.world_size)
-            if workers > 1 or ring is not None and ring.shared:
+            if ring is not None and ring.shared:  # in a worker: only (slot, shapes) go back
                 shapes = {k: tuple(arrays[k].shape) for k in BATCH_FIELDS}
                 yield StepChunk(plan.step, plan.phase, plan.seq_len, None, states, plan.dropped, arrays.get("consumed"),
                                 (slot, shapes))
