@@ -1,5 +1,5 @@
 """The prefetching loader: chunks planned and gathered in bulk, buffers reused only after the consumer
-has moved on, the same steps with and without DataLoader workers, exhaustion delivered in order."""
+has moved on, the same steps with and without worker processes, exhaustion delivered in order."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Run safety with real processes: one trainer per run directory, ranks that exit when their
-launcher dies, SIGTERM with DataLoader workers, torn JSON-lines tails and a shrunk world size."""
+launcher dies, SIGTERM with loader workers, torn JSON-lines tails and a shrunk world size."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def test_exit_with_parent_0_keeps_an_orphaned_trainer_training(tmp_path):
 def test_sigterm_to_the_process_group_with_two_workers_checkpoints_and_resumes_exactly(tmp_path, uninterrupted):
     config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 1000})
     run_dir = tmp_path / "root/runs/demo"
-    # its own session: the SIGTERM goes to the trainer and its DataLoader workers at once, as a
+    # its own session: the SIGTERM goes to the trainer and its loader workers at once, as a
     # scheduler's preemption does
     child = start_trainer(config, workers=2, pause=0.1, start_new_session=True)
     wait_for_steps(run_dir, 3)
