@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="1024:16,4096:4,32768:2", help="SEQ_LEN:MICRO_BATCH,...")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the figures")
-    ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (training.num_workers)")
+    ap.add_argument("--workers", type=int, default=0, help="loader worker processes (training.num_workers)")
     ap.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto")
     ap.add_argument("--compile", action="store_true", help="training.compile: torch.compile each block")
     ap.add_argument("--checkpointing", action="store_true", help="training.activation_checkpointing")

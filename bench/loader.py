@@ -1,5 +1,5 @@
-"""Trainer data loading: tokens/s of the curriculum sampler behind a torch DataLoader, against a bare
-memmap gather of the same windows, in the same run.
+"""Trainer data loading: tokens/s of the curriculum sampler behind the trainer's loader
+(`make_loader`), against a bare memmap gather of the same windows, in the same run.
 
     python bench/loader.py [--steps 2000] [--seq-len 4096] [--batch 8] [--repeats 3]
 

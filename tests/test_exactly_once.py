@@ -1,10 +1,10 @@
 """Exactly-once delivery under SIGKILL: a run killed at 10+ steps (around both phase switches among
-them), each time resumed with another simulated world size (1, 2, 4) and DataLoader worker count
+them), each time resumed with another simulated world size (1, 2, 4) and loader worker count
 (0, 2), consumes the same entry pieces in the same order as an uninterrupted run and ends with the
 same model.
 
 "Simulated world size W": `--simulate-world-size W` makes one process run the data path of W ranks
-(W samplers, each reading its rank's slice of every global batch, each behind its own DataLoader
+(W samplers, each reading its rank's slice of every global batch, each behind its own loader
 with the given workers) and assemble the global batch from the slices, so the model maths is that of
 one rank while the data sharding is that of W.
 """

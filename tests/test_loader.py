@@ -1,5 +1,5 @@
 """The prefetching loader: chunks planned and gathered in bulk, buffers reused only after the consumer
-has moved on, the same steps with and without DataLoader workers, exhaustion delivered in order."""
+has moved on, the same steps with and without worker processes, exhaustion delivered in order."""
 
 from __future__ import annotations
 
@@ -73,3 +73,40 @@ def test_prefetcher_raises_the_source_error_where_it_happened():
         for item in Prefetcher(source()):
             got.append(item)
     assert got == [1, 2]
+
+
+def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the_loader(tiny, monkeypatch):
+    import multiprocessing
+    import os
+    import signal
+
+    from training.data import CurriculumData as Data
+
+    gather = Data.gather_steps
+
+    def failing(self, chunk, *args, **kwargs):
+        if chunk.step > 0:
+            raise ValueError("shard torn under the worker")
+        return gather(self, chunk, *args, **kwargs)
+
+    def dying(self, chunk, *args, **kwargs):
+        if chunk.step > 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return gather(self, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(loader_mod, "CHUNK_TOKENS", 3 * 2 * 32)
+    for patch, message in ((failing, r"loader worker 1 failed:(.|\n)*shard torn under the worker"),
+                           (dying, r"loader worker 1 \(pid \d+\) exited unexpectedly with code -9")):
+        monkeypatch.setattr(Data, "gather_steps", patch)
+        steps = []
+        with pytest.raises(RuntimeError, match=message):
+            for batch in make_loader(StepStream(tiny, None, False, 1, 2), 2):
+                steps.append(batch.step)
+        assert steps == [0, 1, 2], "the first chunk arrives before the second one's failure"
+        assert multiprocessing.active_children() == []
+    monkeypatch.setattr(Data, "gather_steps", gather)
+    reading = iter(make_loader(StepStream(tiny, None, False, 1, 2), 2))
+    assert [next(reading).step for _ in range(4)] == [0, 1, 2, 3]
+    assert len(multiprocessing.active_children()) == 2
+    reading.close()  # a consumer that stops early (a SIGTERM, a halt)
+    assert multiprocessing.active_children() == []

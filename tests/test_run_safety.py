@@ -1,5 +1,5 @@
 """Run safety with real processes: one trainer per run directory, ranks that exit when their
-launcher dies, SIGTERM with DataLoader workers, torn JSON-lines tails and a shrunk world size."""
+launcher dies, SIGTERM with loader workers, torn JSON-lines tails and a shrunk world size."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 # A trainer process whose steps are slowed down by a sink, so the test can act while it trains.
 TRAINER_CHILD = textwrap.dedent("""
     import sys, time
+    import training.loader
     from refinery.config import load_config
     from training.trainer import RunOptions, Trainer
+    training.loader.CHUNK_TOKENS = 512  # chunks of a few steps: workers are mid-stream when a signal comes
     config, workers, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     trainer = Trainer(load_config(config), RunOptions(num_workers=workers))
     trainer.metrics.sinks.append(lambda record: time.sleep(pause))
@@ -176,10 +178,12 @@ def test_exit_with_parent_0_keeps_an_orphaned_trainer_training(tmp_path):
 def test_sigterm_to_the_process_group_with_two_workers_checkpoints_and_resumes_exactly(tmp_path, uninterrupted):
     config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 1000})
     run_dir = tmp_path / "root/runs/demo"
-    # its own session: the SIGTERM goes to the trainer and its DataLoader workers at once, as a
+    # its own session: the SIGTERM goes to the trainer and its loader workers at once, as a
     # scheduler's preemption does
     child = start_trainer(config, workers=2, pause=0.1, start_new_session=True)
     wait_for_steps(run_dir, 3)
+    workers = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+    assert len(workers) == 2, "both loader workers are alive when the signal comes"
     os.killpg(child.pid, signal.SIGTERM)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 1, err

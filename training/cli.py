@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-after-phase", default=None, metavar="PHASE",
                    help="stop once this phase's boundary checkpoint is written (status completed, not finished)")
     p.add_argument("--run-dir", default=None, help="override data_root/training.run_dir")
-    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers per rank (default: config)")
+    p.add_argument("--num-workers", type=int, default=None, help="loader worker processes per rank (default: config)")
     p.add_argument("--simulate-world-size", type=int, default=1, metavar="W",
                    help="run the data path of W ranks in this one process (exactly-once resume testing)")
     p.add_argument("--json", action="store_true", help="print the final status as JSON")

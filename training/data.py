@@ -6,10 +6,10 @@ their sha256 against the manifest before the first step. `gather` turns a planne
 once: one `np.concatenate` of memmap slices, doc ids and target masks from vectorised piece bounds,
 handed to torch with `torch.from_numpy`: no per-item tensors and no Python lists of tokens.
 
-Sharding: every rank and DataLoader worker plans the same global order (planning is integer
+Sharding: every rank and loader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
 `num_workers=k` whole chunks of steps go round-robin to the workers (chunk c to worker c % k), so the
-order a rank sees depends on neither W nor k (`training.loader` runs this in DataLoader workers).
+order a rank sees depends on neither W nor k (`training.loader` runs this in worker processes).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ guards, both ending in the trainer's SIGTERM path (finish the step, checkpoint, 
   A trainer meant to outlive its shell (`nohup refinery train ... &`) sets
   `REFINERY_EXIT_WITH_PARENT=0`, which turns both guards off.
 
-DataLoader workers get `worker_init`: they ignore SIGTERM (torch's worker handler dies on a SIGTERM
-from anyone but its parent, which fails the main process before it can checkpoint; a process group
-signal reaches workers too) and die with SIGKILL when their trainer dies.
+Loader workers (`training.loader`) run `worker_init`: they ignore SIGTERM (a process group signal
+reaches workers too, and a worker that died of it would fail the trainer before it can checkpoint)
+and die with SIGKILL when their trainer dies.
 """
 
 from __future__ import annotations
@@ -85,6 +85,6 @@ class ParentWatch:
 
 
 def worker_init(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: the trainer decides when to stop, and its workers die with it."""
+    """For each loader worker: the trainer decides when to stop, and its workers die with it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     set_parent_death_signal(signal.SIGKILL)

@@ -4,29 +4,36 @@ per-item cursors, attached per batch instead of per item).
 
 Steps are planned and gathered in chunks of about `CHUNK_TOKENS` tokens of a rank's rows: one plan,
 one vectorised lookup and one copy per chunk, then each step is handed over as torch views of the
-chunk's arrays. With DataLoader workers, whole chunks go round-robin to the workers (chunk c to
-worker c % k; every worker plans the same chunks), so one message carries a chunk, and the order a
-rank sees depends on neither the world size nor the worker count. `make_loader` runs the stream, or
-the DataLoader over its workers, on a background thread that keeps chunks ready, in pinned memory
-when CUDA is available, so the trainer's wait for data is a queue pop once the pipeline is warm.
+chunk's arrays. With workers (forked processes), whole chunks go round-robin to the workers (chunk c
+to worker c % k; every worker plans the same chunks), each gathers into a ring of shared-memory
+buffers and sends only the chunk's sampler states over its own pipe, so the order a rank sees
+depends on neither the world size nor the worker count. `make_loader` runs the stream, or reads the
+workers, on a background thread that keeps chunks ready, in pinned memory when CUDA is available, so
+the trainer's wait for data is a queue pop once the pipeline is warm.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import multiprocessing
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training.data import CurriculumData
+from training.lifeline import worker_init
 from training.sampler import BucketExhausted
 
-CHUNK_TOKENS = 1 << 20
+# Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer: 2^21 tokens
+# read 25% faster than 2^20 (bench/RESULTS.md), for 9 bytes a token in each of RING_CHUNKS buffers.
+CHUNK_TOKENS = 1 << 21
 PREFETCH_CHUNKS = 2
 RING_CHUNKS = PREFETCH_CHUNKS + 3  # buffers per producer: see _Ring
 BATCH_FIELDS = ("tokens", "doc_ids", "target_mask", "row_bucket")
@@ -69,7 +76,7 @@ class StepChunk:
     states: list[dict[str, Any]]  # the sampler state after each step
     dropped: list[str]  # buckets dropped at the first step
     consumed: list[dict[str, np.ndarray]] | None
-    # From a DataLoader worker: the arrays stay in the ring slot they were gathered into, and only
+    # From a worker: the arrays stay in the ring slot they were gathered into, and only
     # (slot, shapes) cross the process boundary; the main process views the same shared memory.
     slot: tuple[int, dict[str, tuple[int, ...]]] | None = None
 
@@ -87,7 +94,7 @@ class StepChunk:
         ]
 
 
-class StepStream(IterableDataset):
+class StepStream:
     """The steps one rank reads, from a sampler state on; whole chunks round-robin over workers."""
 
     def __init__(self, data: CurriculumData, state: dict[str, Any] | None, allow_exhaustion: bool,
@@ -106,16 +113,10 @@ class StepStream(IterableDataset):
         tokens = max(self.chunk_steps(m.seq_len) * per * m.seq_len for m in self.data.schedule.manifests)
         return {"tokens": tokens, "doc_ids": tokens, "target_mask": tokens, "row_bucket": rows}
 
-    def __iter__(self) -> Iterator[StepBatch | Exhausted]:
-        for chunk in self.chunks():
-            yield from chunk.batches() if isinstance(chunk, StepChunk) else [chunk]
-
-    def chunks(self, ring: "_Ring | None" = None) -> Iterator[StepChunk | Exhausted]:
-        """This worker's chunks, numbered from the stream's start. With a `ring`, chunk arrays are
-        buffers the ring hands out again once its consumer has moved on (see `_Ring`); without,
-        every chunk gets fresh arrays."""
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+    def chunks(self, ring: "_Ring | None" = None, worker: int = 0, workers: int = 1) -> Iterator[StepChunk | Exhausted]:
+        """Worker `worker`'s chunks (of `workers`), numbered from the stream's start. With a `ring`,
+        chunk arrays are buffers the ring hands out again once its consumer has moved on (see
+        `_Ring`); without, every chunk gets fresh arrays."""
         sampler = self.data.sampler(self.allow)
         if self.state is not None:
             sampler.load_state_dict(self.state, self.world_size)
@@ -134,7 +135,7 @@ class StepStream(IterableDataset):
             buffers = ring.acquire(index - 1, workers) if ring is not None else None
             arrays = self.data.gather_steps(plan, self.rows, np.arange(plan.steps), self.record, buffers)
             states = sampler.states_after(plan, self.world_size)
-            if info is not None and ring is not None:
+            if ring is not None and ring.shared:  # in a worker: only (slot, shapes) go back
                 shapes = {k: tuple(arrays[k].shape) for k in BATCH_FIELDS}
                 yield StepChunk(plan.step, plan.phase, plan.seq_len, None, states, plan.dropped, arrays.get("consumed"),
                                 (slot, shapes))
@@ -185,7 +186,7 @@ class _Buffers:
 
 class _Ring:
     """Gather buffers reused round-robin, because first touching fresh pages costs more than the copy
-    (on a VM, ten times more). Each producer (the stream, or each DataLoader worker) owns RING_CHUNKS
+    (on a VM, ten times more). Each producer (the stream, or each worker process) owns RING_CHUNKS
     slots; chunk g of the stream fills its worker's slot g // workers % RING_CHUNKS once the consumer
     has started chunk g - RING_CHUNKS * workers + 2 (the consumer reads one chunk and may still hold a
     batch of the one before). With workers, the slots and `consumer_at` are shared memory allocated
@@ -230,7 +231,7 @@ class Prefetcher:
     def __iter__(self) -> Iterator[Any]:
         items: queue.Queue = queue.Queue(self.depth)
         stop = threading.Event()
-        source = iter(self.source)  # DataLoader workers fork here, on the caller's thread
+        source = iter(self.source)  # worker processes fork here, on the caller's thread
 
         def put(item: Any) -> bool:
             while not stop.is_set():
@@ -252,6 +253,10 @@ class Prefetcher:
                 put(self._END)
             except BaseException as err:  # handed to the consumer, who raises it
                 put(err)
+            finally:
+                close = getattr(source, "close", None)  # a generator's cleanup (stopping workers) runs now
+                if close is not None:
+                    close()
 
         thread = threading.Thread(target=produce, name="refinery-prefetch", daemon=True)
         thread.start()
@@ -274,23 +279,69 @@ class Prefetcher:
             thread.join()
 
 
-class _WorkerChunks(IterableDataset):
-    """A stream's chunks for DataLoader workers, one message per chunk, in shared-memory buffers."""
+@dataclass
+class _WorkerError:
+    worker: int
+    trace: str
 
-    def __init__(self, stream: StepStream, ring: _Ring):
-        self.stream, self.ring = stream, ring
+
+def _work(stream: StepStream, ring: "_Ring", worker: int, workers: int, conn: Any) -> None:
+    """A worker process: its chunks into the ring, each chunk's metadata down its pipe, then None."""
+    worker_init(worker)
+    try:
+        for chunk in stream.chunks(ring, worker, workers):
+            conn.send(chunk)
+        conn.send(None)
+    except BrokenPipeError:  # the consumer is gone
+        pass
+    except BaseException:
+        conn.send(_WorkerError(worker, traceback.format_exc()))
+
+
+class _Workers:
+    """`count` forked processes, chunk c made by worker c % count. Each sends its chunks' metadata over
+    its own pipe from its own thread: a DataLoader worker hands every item to a feeder thread, and
+    the GIL hand-overs between the two, and the index queue behind them, each wait for a CPU when
+    other work fills the cores (measured: see bench/RESULTS.md). Only the ring bounds how far ahead
+    the workers run. Fork them on the consumer's thread: they die with it (see `worker_init`)."""
+
+    def __init__(self, stream: StepStream, ring: "_Ring", count: int):
+        context = multiprocessing.get_context("fork")
+        self.conns, self.procs = [], []
+        for w in range(count):
+            recv, send = context.Pipe(duplex=False)
+            proc = context.Process(target=_work, args=(stream, ring, w, count, send), name=f"refinery-loader-{w}",
+                                   daemon=True)
+            proc.start()
+            send.close()
+            self.conns.append(recv)
+            self.procs.append(proc)
 
     def __iter__(self) -> Iterator[StepChunk | Exhausted]:
-        return self.stream.chunks(self.ring)
-
-
-def _keep(item: Any) -> Any:
-    return item
+        try:
+            for chunk in itertools.count():
+                w = chunk % len(self.conns)
+                try:
+                    item = self.conns[w].recv()
+                except EOFError:
+                    self.procs[w].join(1)
+                    raise RuntimeError(f"loader worker {w} (pid {self.procs[w].pid}) exited unexpectedly with "
+                                       f"code {self.procs[w].exitcode}") from None
+                if item is None:
+                    return
+                if isinstance(item, _WorkerError):
+                    raise RuntimeError(f"loader worker {item.worker} failed:\n{item.trace}")
+                yield item
+        finally:
+            for conn, proc in zip(self.conns, self.procs):
+                conn.close()
+                proc.kill()  # it holds nothing worth saving; a worker waiting on the ring would never end
+                proc.join()
 
 
 @dataclass
 class _StepLists:
-    """A stream's chunks as lists of steps for the Prefetcher, pinned on the prefetch thread (DataLoader
+    """A stream's chunks as lists of steps for the Prefetcher, pinned on the prefetch thread (forked
     workers cannot touch CUDA)."""
 
     stream: StepStream
@@ -300,11 +351,13 @@ class _StepLists:
 
     def __iter__(self) -> Iterator[list[StepBatch | Exhausted]]:
         if self.workers == 0:
-            chunks: Iterable[StepChunk | Exhausted] = self.stream.chunks(self.ring)
-        else:
-            chunks = DataLoader(_WorkerChunks(self.stream, self.ring), batch_size=None, num_workers=self.workers,
-                                collate_fn=_keep, prefetch_factor=PREFETCH_CHUNKS)
-        return map(self._steps, chunks)
+            return self._lists(self.stream.chunks(self.ring))
+        return self._lists(iter(_Workers(self.stream, self.ring, self.workers)))  # forks now, on this thread
+
+    def _lists(self, chunks: Iterator[StepChunk | Exhausted]) -> Iterator[list[StepBatch | Exhausted]]:
+        with contextlib.closing(chunks):
+            for chunk in chunks:
+                yield self._steps(chunk)
 
     def _steps(self, chunk: StepChunk | Exhausted) -> list[StepBatch | Exhausted]:
         if isinstance(chunk, Exhausted):
@@ -320,8 +373,8 @@ class _StepLists:
 
 def make_loader(stream: StepStream, num_workers: int, pin: bool | None = None) -> Prefetcher:
     """The rank's steps, prefetched on a background thread (pinned when CUDA is available): chunks of
-    the stream itself with num_workers=0, else of a DataLoader whose workers take whole chunks
-    round-robin. A batch's tensors are views of a reused buffer: valid while the consumer reads the
+    the stream itself with num_workers=0, else of `num_workers` forked processes that take whole
+    chunks round-robin. A batch's tensors are views of a reused buffer: valid while the consumer reads the
     next batch, so a consumer that keeps batches longer (beyond its step) clones them."""
     pin = torch.cuda.is_available() if pin is None else pin
     # Workers' buffers live in shared memory; a chunk from a worker is pinned by a copy on arrival.

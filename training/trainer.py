@@ -37,7 +37,7 @@ from refinery.curriculum import refuse_mismatch
 from refinery.storage import open_data_root
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from training.data import CurriculumData
-from training.lifeline import ParentWatch, worker_init
+from training.lifeline import ParentWatch
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink
 from training.length_jump import LengthJump
@@ -245,8 +245,6 @@ class Trainer:
         allow = self.cfg.curriculum.allow_bucket_exhaustion
         loaders = [make_loader(StepStream(self.data, self.sampler_state, allow, r, self.data_world, record), workers)
                    for r in self.ranks_here]
-        for loader in loaders:
-            loader.worker_init_fn = worker_init  # workers leave SIGTERM to the trainer and die with it
         for parts in zip(*loaders):
             exhausted = [p for p in parts if isinstance(p, Exhausted)]
             if exhausted:
