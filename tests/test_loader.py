@@ -94,6 +94,12 @@ def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the
             os.kill(os.getpid(), signal.SIGKILL)
         return gather(self, chunk, *args, **kwargs)
 
+    # Other tests of the session may leave processes of their own (the extraction worker); count ours.
+    before = set(multiprocessing.active_children())
+
+    def loader_workers() -> list:
+        return [p for p in multiprocessing.active_children() if p not in before]
+
     monkeypatch.setattr(loader_mod, "CHUNK_TOKENS", 3 * 2 * 32)
     for patch, message in ((failing, r"loader worker 1 failed:(.|\n)*shard torn under the worker"),
                            (dying, r"loader worker 1 \(pid \d+\) exited unexpectedly with code -9")):
@@ -103,10 +109,10 @@ def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the
             for batch in make_loader(StepStream(tiny, None, False, 1, 2), 2):
                 steps.append(batch.step)
         assert steps == [0, 1, 2], "the first chunk arrives before the second one's failure"
-        assert multiprocessing.active_children() == []
+        assert loader_workers() == []
     monkeypatch.setattr(Data, "gather_steps", gather)
     reading = iter(make_loader(StepStream(tiny, None, False, 1, 2), 2))
     assert [next(reading).step for _ in range(4)] == [0, 1, 2, 3]
-    assert len(multiprocessing.active_children()) == 2
+    assert len(loader_workers()) == 2
     reading.close()  # a consumer that stops early (a SIGTERM, a halt)
-    assert multiprocessing.active_children() == []
+    assert loader_workers() == []
