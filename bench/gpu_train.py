@@ -2,7 +2,7 @@
 
     python bench/gpu_train.py [--model 124m|small] [--shapes 1024:16,4096:4,32768:2] [--steps 30]
                               [--skip 5] [--workers 0] [--attention auto] [--compile] [--checkpointing]
-                              [--peak-tflops 989] [--workdir /tmp/refinery-bench-gpu]
+                              [--peak-tflops 989] [--profile] [--workdir /tmp/refinery-bench-gpu]
 
 Each shape SEQ_LEN:MICRO_BATCH is one run of the trainer itself (`Trainer.train`, its CUDA path: bf16
 autocast, training.attention, the per-step loader) on a one-phase synthetic curriculum
@@ -73,7 +73,8 @@ def write_run(workdir: Path, seq_len: int, micro: int, steps: int, model: dict, 
     write_synthetic_curriculum(workdir / "root", buckets, phases, vocab=VOCAB, window=seq_len, overlap=0)
     cfg = {"micro_batch_size": micro, "grad_accum_steps": 1, "warmup_steps": 2, "checkpoint_interval": 10**9,
            "keep_last": 1, "model": {**model, "vocab_size": VOCAB}, **training}
-    return synthetic_config(workdir / "run.yaml", workdir / "root", buckets, phases, cfg)
+    return synthetic_config(workdir / "run.yaml", workdir / "root", buckets, phases, cfg,
+                            shards={"max_seq_len": seq_len, "overlap": 0})
 
 
 def flops_per_token(trainer: Trainer, seq_len: int) -> float:
@@ -88,8 +89,18 @@ def run_shape(workdir: Path, seq_len: int, micro: int, args, training: dict) -> 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trainer = Trainer(load_config(config), RunOptions(resume="never", num_workers=args.workers))
+    profiler = None
+    if args.profile and torch.cuda.is_available():
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+                                          schedule=torch.profiler.schedule(wait=args.skip, warmup=1, active=5, repeat=1))
+        profiler.start()
+    trainer = Trainer(load_config(config), RunOptions(resume="never", num_workers=args.workers,
+                                                      sinks=[lambda record: profiler.step()] if profiler else []))
     status = trainer.train()
+    if profiler:
+        profiler.stop()
+        print(profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.profile_rows,
+                                            max_name_column_width=90), flush=True)
     if status["state"] != "completed":
         raise SystemExit(f"seq_len {seq_len}: the run ended {status['state']}: {status.get('reason')}")
     timed = trainer.metrics.read()[args.skip:]
@@ -134,6 +145,9 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="training.compile: torch.compile each block")
     ap.add_argument("--checkpointing", action="store_true", help="training.activation_checkpointing")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100 SXM: 989)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the kernels by self CUDA time over 5 steps after --skip (torch.profiler)")
+    ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--workdir", default="/tmp/refinery-bench-gpu")
     args = ap.parse_args()
     if args.skip >= args.steps:

@@ -114,10 +114,12 @@ def synthetic_config(
     training: dict[str, Any] | None = None,
     allow_bucket_exhaustion: bool = False,
     seed: int = 0,
+    shards: dict[str, Any] | None = None,
 ) -> Path:
     """Write a config YAML whose curriculum names the synthetic phases; returns its path. Its one
     source is an empty file beside it (the shards are written directly, no document goes through
-    the funnel) and it trains no quality classifier, so the config passes the preflight."""
+    the funnel) and it trains no quality classifier, so the config passes the preflight. `shards`
+    is the config's shards section: a phase longer than 2,048 tokens needs its max_seq_len."""
     path = Path(path)
     source = path.parent / "synthetic-input" / "empty.jsonl"
     source.parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +131,7 @@ def synthetic_config(
         "sources": [{"name": "synthetic", "path": str(source), "format": "jsonl", "bucket": sorted(buckets)[0]}],
         "stages": {"quality": {"enabled": False}},
         "tokenizer": {"vocab_size": 512},
+        **({"shards": shards} if shards else {}),
         "curriculum": {
             "total_tokens": sum(p.tokens for p in phases),
             "allow_bucket_exhaustion": allow_bucket_exhaustion,
