@@ -5,10 +5,12 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+import training.model as model_module
 from training.model import (GPT, IGNORE, GPTConfig, _flex_kernel, apply_rope, dense_document_mask, document_block_mask,
-                            resolve_attention, rope_tables)
+                            linear_cross_entropy, resolve_attention, rope_tables)
 
 torch.set_num_threads(1)
 
@@ -18,17 +20,44 @@ def tiny_model(**kw):
     return GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16), **kw).eval()
 
 
-def test_forward_returns_logits_and_mean_loss_over_counted_targets():
+def test_forward_returns_logits_without_targets_and_mean_loss_over_counted_targets_with_them():
     model = tiny_model()
     idx = torch.randint(0, 64, (2, 8))
     targets = torch.randint(0, 64, (2, 8))
     targets[:, -1] = IGNORE
-    logits, loss = model(idx, targets=targets)
-    assert logits.shape == (2, 8, 64)
+    logits, none = model(idx)
+    assert logits.shape == (2, 8, 64) and none is None
+    no_logits, loss = model(idx, targets=targets)
+    assert no_logits is None
     per_token = model(idx, targets=targets, reduction="none")[1]
     assert per_token.shape == (2, 8) and float(per_token[:, -1].detach().abs().sum()) == 0.0
     assert torch.allclose(loss, per_token.sum() / 14)
-    assert model(idx)[1] is None
+    reference = F.cross_entropy(logits.view(-1, 64), targets.view(-1), ignore_index=IGNORE, reduction="none")
+    assert torch.allclose(per_token.view(-1), reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("upstream", ["uniform", "per_token", "nan"])
+def test_chunked_linear_cross_entropy_matches_the_full_logits_loss_and_gradients(monkeypatch, upstream):
+    """Chunks of 7 tokens over 30 (the last one short), three ignored targets; the uniform upstream
+    gradient takes the gradients made in forward, any other recomputes them."""
+    monkeypatch.setattr(model_module, "_loss_chunk_tokens", lambda vocab: 7)
+    torch.manual_seed(0)
+    h = torch.randn(30, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (30,))
+    targets[[3, 10, 11]] = IGNORE
+    grad_out = {"uniform": torch.full((30,), 0.25, dtype=torch.float64), "per_token": torch.rand(30, dtype=torch.float64),
+                "nan": torch.full((30,), float("nan"), dtype=torch.float64)}[upstream]
+    reference = F.cross_entropy(h @ w.t(), targets, ignore_index=IGNORE, reduction="none")
+    got = linear_cross_entropy(h, w, targets)
+    assert torch.allclose(got, reference) and float(got[3]) == 0.0
+    want = torch.autograd.grad(reference, (h, w), grad_out)
+    have = torch.autograd.grad(got, (h, w), grad_out)
+    for a, b in zip(want, have):
+        assert torch.allclose(a, b, equal_nan=True)
+    assert bool(torch.isnan(have[1]).any()) == (upstream == "nan")
+    with torch.no_grad():
+        assert not linear_cross_entropy(h, w, targets).requires_grad
 
 
 def test_attention_stays_inside_each_packed_document():
@@ -181,6 +210,19 @@ def test_compiled_flex_kernel_with_the_block_mask_matches_the_dense_reference():
     out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=document_block_mask(doc_ids))
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_document_mask(doc_ids))
     assert torch.allclose(out, reference, atol=1e-5)
+
+
+def test_compiled_loss_kernel_matches_eager():
+    """The loss kernel CUDA runs compiled, here compiled for CPU: loss and softmax - onehot."""
+    torch.manual_seed(4)
+    logits = torch.randn(40, 300, dtype=torch.bfloat16)
+    targets = torch.randint(0, 300, (40,))
+    targets[[0, 7]] = IGNORE
+    loss, dlogits = model_module._loss_and_dlogits(logits, targets)
+    loss_c, dlogits_c = torch.compile(model_module._loss_and_dlogits)(logits, targets)
+    assert dlogits.dtype == torch.bfloat16 and float(dlogits[7].abs().sum()) == 0.0
+    assert torch.allclose(loss, loss_c, atol=1e-4) and torch.allclose(dlogits.float(), dlogits_c.float(), atol=1e-2)
+    assert torch.allclose(dlogits.float().sum(1)[1:7], torch.zeros(6), atol=2e-2)  # softmax - onehot sums to 0
 
 
 def test_flex_kernel_is_compiled_once_on_cuda_and_left_to_an_enclosing_compile(monkeypatch):

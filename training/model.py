@@ -1,9 +1,11 @@
 """A small GPT with rotary position embeddings, in one file (nanoGPT's shape).
 
-`forward(idx, targets=None, doc_ids=None)` returns `(logits, loss)`. With `doc_ids`, attention is
-causal *within* each packed document only. Positions stay continuous across packed documents (seed
-003: RoPE is not reset at boundaries). Targets equal to -100 are ignored. `reduction="none"` returns
-the per-token loss, which the trainer splits by bucket.
+`forward(idx, targets=None, doc_ids=None)` returns `(logits, None)` without targets and `(None, loss)`
+with them: the loss is computed chunk by chunk from the last hidden state (`LinearCrossEntropy`), so
+the B x T x vocab logits never exist in training. With `doc_ids`, attention is causal *within* each
+packed document only. Positions stay continuous across packed documents (seed 003: RoPE is not reset
+at boundaries). Targets equal to -100 are ignored. `reduction="none"` returns the per-token loss,
+which the trainer splits by bucket.
 
 Two attention paths compute the same thing:
 - "sdpa": a dense B x T x T document-causal mask for scaled_dot_product_attention. Runs anywhere
@@ -173,19 +175,111 @@ def document_block_mask(doc_ids: torch.Tensor, block_size: int = FLEX_BLOCK_SIZE
                                     mask_mod=same_document_causal, seq_lengths=(T, T))
 
 
-_compiled_flex = None
+_compiled: dict = {}
+
+
+def _cuda_kernel(fn, device: torch.device, **compile_options):
+    """`fn` torch.compile'd once for CUDA; `fn` itself inside an enclosing compile (which fuses it)
+    and on CPU (eager, for tests)."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return fn
+    if fn not in _compiled:
+        _compiled[fn] = torch.compile(fn, **compile_options)
+    return _compiled[fn]
 
 
 def _flex_kernel(device: torch.device):
-    """Compiled FlexAttention on CUDA (eager flex materialises the scores, which is what the
-    block mask avoids); inside a compiled block, plain flex_attention, which that compile fuses;
-    the eager reference on CPU, for tests."""
-    global _compiled_flex
-    if device.type != "cuda" or torch.compiler.is_compiling():
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+    """FlexAttention compiled on CUDA: eager flex materialises the scores, which the block mask avoids."""
+    return _cuda_kernel(flex_attention, device, dynamic=False)
+
+
+# ---- the loss ------------------------------------------------------------------------------------
+
+
+def _loss_chunk_tokens(vocab_size: int) -> int:
+    return max(256, (1 << 28) // vocab_size)  # fp32 logits of a chunk stay near 1 GiB
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy of `h @ weight.T` against `targets`, without the N x V logits.
+
+    Chunk by chunk, forward computes the logits in `compute_dtype`, the loss in fp32, and at once the
+    gradients for a loss whose upstream gradient is one number for every counted token (a sum or a
+    mean: what training backpropagates): d h = (softmax - onehot) @ W and d W = (softmax - onehot)^T h.
+    Backward scales those. Any other upstream gradient (per-token weights, a NaN) is honoured exactly
+    by recomputing each chunk. At a 50K vocabulary the logits and their fp32 copies are most of a 124M
+    GPT's activation memory at 32K tokens per row; this keeps one chunk of them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, compute_dtype, want_grads):
+        per_token = torch.empty(h.size(0), dtype=torch.promote_types(compute_dtype, torch.float32), device=h.device)
+        grad_h = torch.empty_like(h) if want_grads else None
+        grad_w = torch.zeros_like(weight, dtype=per_token.dtype) if want_grads else None
+        for lo, hc, tc, loss, dlogits in LinearCrossEntropy._chunks(h, weight, targets, compute_dtype, want_grads):
+            per_token[lo:lo + hc.size(0)] = loss
+            if want_grads:
+                grad_h[lo:lo + hc.size(0)] = dlogits @ weight.to(compute_dtype)
+                grad_w += dlogits.t() @ hc
+        ctx.compute_dtype = compute_dtype
+        ctx.save_for_backward(h, weight, targets, grad_h, grad_w)
+        return per_token
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, weight, targets, grad_h, grad_w = ctx.saved_tensors
+        counted = targets != IGNORE
+        low = torch.where(counted, grad_out, torch.inf).min()
+        if bool(low == torch.where(counted, grad_out, -torch.inf).max()):  # training: one factor for every counted token
+            return (grad_h * low).to(h.dtype), (grad_w * low).to(weight.dtype), None, None, None
+        gh, gw = torch.empty_like(h), torch.zeros_like(weight, dtype=grad_w.dtype)
+        grad_out = torch.where(counted, grad_out, 0.0)  # an ignored token passes on nothing, NaN included
+        for lo, hc, _, _, dlogits in LinearCrossEntropy._chunks(h, weight, targets, ctx.compute_dtype, True):
+            dlogits = dlogits * grad_out[lo:lo + hc.size(0), None].to(dlogits.dtype)
+            gh[lo:lo + hc.size(0)] = dlogits @ weight.to(ctx.compute_dtype)
+            gw += dlogits.t() @ hc
+        return gh, gw.to(weight.dtype), None, None, None
+
+    @staticmethod
+    def _chunks(h, weight, targets, compute_dtype, want_grads):
+        """(offset, h chunk, targets chunk, per-token loss, d loss / d logits or None) per chunk."""
+        w = weight.to(compute_dtype)
+        step = _loss_chunk_tokens(weight.size(0))
+        kernel = _cuda_kernel(_loss_and_dlogits if want_grads else _loss_only, h.device)
+        for lo in range(0, h.size(0), step):
+            hc, tc = h[lo:lo + step].to(compute_dtype), targets[lo:lo + step]
+            loss, dlogits = kernel(hc @ w.t(), tc)
+            yield lo, hc, tc, loss, dlogits
+
+
+def _loss_only(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """Per-token cross-entropy in at least fp32, 0 where the target is IGNORE."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    picked = targets.clamp(min=0)[:, None]
+    loss = torch.logsumexp(wide, dim=-1) - wide.gather(1, picked).squeeze(1)
+    return torch.where(targets != IGNORE, loss, 0.0), None
+
+
+def _loss_and_dlogits(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss and d loss / d logits = softmax - onehot (0 on IGNORE rows), in the logits' dtype.
+    Written out of place so that on CUDA it compiles to a reduction and one pointwise pass over the
+    logits; in eager it was most of a 124M GPT's step at 4K (each op a full pass over fp32 logits)."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    counted = targets != IGNORE
+    picked = targets.clamp(min=0)[:, None]
+    lse = torch.logsumexp(wide, dim=-1)
+    loss = torch.where(counted, lse - wide.gather(1, picked).squeeze(1), 0.0)
+    onehot = torch.arange(wide.size(1), device=wide.device)[None, :] == picked
+    dlogits = torch.where(counted[:, None], torch.exp(wide - lse[:, None]) - onehot.to(wide.dtype), 0.0)
+    return loss, dlogits.to(logits.dtype)
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token loss (0 where the target is IGNORE) of logits h @ weight.T; matmuls in the autocast
+    dtype when autocast is on."""
+    dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+    want_grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    with torch.autocast(h.device.type, enabled=False):
+        return LinearCrossEntropy.apply(h, weight, targets, dtype, want_grads)
 
 
 # ---- the network ---------------------------------------------------------------------------------
@@ -306,12 +400,13 @@ class GPT(nn.Module):
         recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for block in self.blocks:
             x = checkpoint(block, x, cos, sin, mask, use_reentrant=False) if recompute else block(x, cos, sin, mask)
-        logits = self.lm_head(self.ln_f(x))
+        h = self.ln_f(x)
         if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE,
-                               reduction=reduction)
-        return logits, loss.view(B, T) if reduction == "none" else loss
+            return self.lm_head(h), None
+        per_token = linear_cross_entropy(h.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
+        if reduction == "none":
+            return None, per_token.view(B, T)
+        return None, per_token.sum() / (targets != IGNORE).sum().clamp(min=1)
 
     def configure_optimizer(self, lr: float, weight_decay: float, betas=(0.9, 0.95)) -> torch.optim.AdamW:
         """AdamW decaying only tensors of 2+ dimensions (matrices, embeddings), not norms or biases."""
@@ -320,4 +415,5 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+        fused = all(p.is_cuda for p in params)  # one kernel for the whole update instead of a few per tensor
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)

@@ -341,10 +341,11 @@ class Trainer:
         self.length_jump.enter(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        tokens = batch.tokens.to(self.device, non_blocking=True).long()
-        if int(tokens.max()) >= self.model_args.vocab_size:
-            raise ValueError(f"token id {int(tokens.max())} >= vocab_size {self.model_args.vocab_size}; set "
+        top = int(batch.tokens.max())  # on the host copy: no device sync
+        if top >= self.model_args.vocab_size:
+            raise ValueError(f"token id {top} >= vocab_size {self.model_args.vocab_size}; set "
                              "training.model.vocab_size to the tokenizer's vocabulary")
+        tokens = batch.tokens.to(self.device, non_blocking=True).long()
         mask = batch.target_mask.to(self.device, non_blocking=True)
         targets = torch.full_like(tokens, IGNORE)
         targets[:, :-1] = tokens[:, 1:]
