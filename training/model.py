@@ -215,10 +215,11 @@ class LinearCrossEntropy(torch.autograd.Function):
         per_token = torch.empty(h.size(0), dtype=torch.promote_types(compute_dtype, torch.float32), device=h.device)
         grad_h = torch.empty_like(h) if want_grads else None
         grad_w = torch.zeros_like(weight, dtype=per_token.dtype) if want_grads else None
-        for lo, hc, tc, loss, dlogits in LinearCrossEntropy._chunks(h, weight, targets, compute_dtype, want_grads):
+        w = weight.to(compute_dtype)
+        for lo, hc, tc, loss, dlogits in LinearCrossEntropy._chunks(h, w, targets, want_grads):
             per_token[lo:lo + hc.size(0)] = loss
             if want_grads:
-                grad_h[lo:lo + hc.size(0)] = dlogits @ weight.to(compute_dtype)
+                grad_h[lo:lo + hc.size(0)] = dlogits @ w
                 grad_w += dlogits.t() @ hc
         ctx.compute_dtype = compute_dtype
         ctx.save_for_backward(h, weight, targets, grad_h, grad_w)
@@ -233,20 +234,21 @@ class LinearCrossEntropy(torch.autograd.Function):
             return (grad_h * low).to(h.dtype), (grad_w * low).to(weight.dtype), None, None, None
         gh, gw = torch.empty_like(h), torch.zeros_like(weight, dtype=grad_w.dtype)
         grad_out = torch.where(counted, grad_out, 0.0)  # an ignored token passes on nothing, NaN included
-        for lo, hc, _, _, dlogits in LinearCrossEntropy._chunks(h, weight, targets, ctx.compute_dtype, True):
+        w = weight.to(ctx.compute_dtype)
+        for lo, hc, _, _, dlogits in LinearCrossEntropy._chunks(h, w, targets, True):
             dlogits = dlogits * grad_out[lo:lo + hc.size(0), None].to(dlogits.dtype)
-            gh[lo:lo + hc.size(0)] = dlogits @ weight.to(ctx.compute_dtype)
+            gh[lo:lo + hc.size(0)] = dlogits @ w
             gw += dlogits.t() @ hc
         return gh, gw.to(weight.dtype), None, None, None
 
     @staticmethod
-    def _chunks(h, weight, targets, compute_dtype, want_grads):
-        """(offset, h chunk, targets chunk, per-token loss, d loss / d logits or None) per chunk."""
-        w = weight.to(compute_dtype)
-        step = _loss_chunk_tokens(weight.size(0))
+    def _chunks(h, w, targets, want_grads):
+        """(offset, h chunk, targets chunk, per-token loss, d loss / d logits or None) per chunk, with
+        the matmuls in w's dtype."""
+        step = _loss_chunk_tokens(w.size(0))
         kernel = _cuda_kernel(_loss_and_dlogits if want_grads else _loss_only, h.device)
         for lo in range(0, h.size(0), step):
-            hc, tc = h[lo:lo + step].to(compute_dtype), targets[lo:lo + step]
+            hc, tc = h[lo:lo + step].to(w.dtype), targets[lo:lo + step]
             loss, dlogits = kernel(hc @ w.t(), tc)
             yield lo, hc, tc, loss, dlogits
 
