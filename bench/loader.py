@@ -10,8 +10,9 @@ one phase at `--seq-len`) is written under `--workdir`. Then, each a median of `
   beforehand, copied out of the memory-mapped shards with one `np.concatenate` per step; no
   planning, no masks, no tensors. The upper bound a loader can reach.
 - ours, num_workers=0 and 2: `StepStream` behind `make_loader`, the trainer's own path: planning
-  steps in bulk, gathering their rows, building the target masks and doc ids, handing torch tensors
-  over through the prefetch thread. "cold" counts from creating the loader (worker start-up, first
+  steps in bulk, gathering their rows, building each step's `RowLayout` (where entries start, which
+  targets are skipped; the trainer expands it into doc ids and a target mask on its device), handing
+  torch tensors over through the prefetch thread. "cold" counts from creating the loader (worker start-up, first
   touches of the reused gather buffers, nothing to overlap); "warm" is the rate once every buffer
   has been filled once (RING_CHUNKS chunks per producer), scaled to the same step count: what a long
   run reads at.

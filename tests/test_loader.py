@@ -41,14 +41,43 @@ def test_loader_serves_the_reference_steps_and_held_batches_stay_intact(tiny, wo
     for batch in make_loader(StepStream(tiny, None, False, 1, 2), workers):
         want = expect[batch.step]
         assert batch.step == served
-        for name in ("tokens", "doc_ids", "target_mask", "row_bucket"):
-            np.testing.assert_array_equal(getattr(batch, name).numpy(), want[name], err_msg=f"step {batch.step} {name}")
+        got = {"tokens": batch.tokens, "doc_ids": batch.layout.doc_ids(), "target_mask": batch.layout.target_mask(),
+               "row_bucket": batch.row_bucket}
+        for name, value in got.items():
+            np.testing.assert_array_equal(value.numpy(), want[name], err_msg=f"step {batch.step} {name}")
         if previous is not None:
             held, copy = previous
             assert torch.equal(held.tokens, copy), f"step {held.step}'s tokens changed while it was held"
         previous = (batch, batch.tokens.clone())
         served += 1
     assert served == tiny.schedule.total_steps
+
+
+def test_row_layouts_expand_to_the_per_token_reference(tiny):
+    """Each step's layout, cut out of a chunk's, expands to the doc ids and target mask built token by
+    token from the pieces the rows read: a target counts when the next token lies in the same entry
+    and outside that entry's overlap prefix."""
+    rows = tiny.rank_rows(1, 2)
+    per, sampler, overlapped = rows.stop - rows.start, tiny.sampler(False), 0
+    while not sampler.done():
+        chunk = sampler.plan_steps(5)
+        L = chunk.seq_len
+        out = tiny.gather_steps(chunk, rows, np.arange(chunk.steps), record=True)
+        for j, pieces in enumerate(out["consumed"]):
+            doc, in_overlap = [[] for _ in range(per)], [[] for _ in range(per)]
+            for row, bucket, entry, a, b in zip(*(pieces[k].tolist() for k in ("row", "bucket", "entry", "a", "b"))):
+                r, overlap = row - rows.start, int(tiny.buckets[tiny.bucket_names[bucket]].overlaps[entry])
+                ordinal = doc[r][-1] + 1 if doc[r] else 0
+                doc[r] += [ordinal] * (b - a)
+                in_overlap[r] += [t < overlap for t in range(a, b)]
+            doc, in_overlap = np.array(doc), np.array(in_overlap)
+            mask = np.zeros((per, L), dtype=bool)
+            mask[:, :-1] = (doc[:, 1:] == doc[:, :-1]) & ~in_overlap[:, 1:]
+            overlapped += int(in_overlap[:, 1:].sum())
+            layout = out["layouts"][j]
+            np.testing.assert_array_equal(layout.doc_ids().numpy(), doc, err_msg=f"step {chunk.step + j} doc ids")
+            np.testing.assert_array_equal(layout.target_mask().numpy(), mask, err_msg=f"step {chunk.step + j} mask")
+    assert overlapped > 100, "the tiny run's windows carry overlap prefixes, so the skipped targets are exercised"
 
 
 @pytest.mark.parametrize("workers", [0, 2])

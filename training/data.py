@@ -3,8 +3,10 @@
 `CurriculumData.open` reads every phase manifest, memory-maps each bucket's final shards and checks
 their sha256 against the manifest before the first step. `gather` turns a planned step (see
 `training.sampler`) into whole-batch numpy arrays, and `gather_steps` does so for many planned steps at
-once: one `np.concatenate` of memmap slices, doc ids and target masks from vectorised piece bounds,
-handed to torch with `torch.from_numpy`: no per-item tensors and no Python lists of tokens.
+once: one `np.concatenate` of memmap slices, handed to torch with `torch.from_numpy`: no per-item
+tensors and no Python lists of tokens. Where each row's entries start and which targets the loss
+skips travel as a `RowLayout`, a few positions per row, and become per-token doc ids and target masks
+only on the trainer's device.
 
 Sharding: every rank and loader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from refinery.config import RefineryConfig
 from refinery.manifest import BucketSlice, read_manifest, read_selection
@@ -74,8 +77,46 @@ def entry_set_key(bucket: BucketSlice) -> str:
     return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
-def _fresh(name: str, n: int, dtype: Any, fresh: np.ndarray | None = None) -> np.ndarray:
-    return np.empty(n, dtype=dtype) if fresh is None else fresh
+@dataclass
+class RowLayout:
+    """How entries are packed into `rows` rows of `seq_len` tokens, as flat positions (row * seq_len +
+    column): `starts`, where each entry after a row's first begins, and `skipped`, positions whose
+    target lies in an entry's overlap prefix (trained on already, as the end of the previous
+    window). A few positions per row instead of two per-token arrays: the loader writes only
+    tokens, and the trainer expands the layout where it computes (seed 001's cu_seqlens, per row)."""
+
+    rows: int
+    seq_len: int
+    starts: np.ndarray  # int64, ascending
+    skipped: np.ndarray  # int64, ascending
+
+    def doc_ids(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """int32 (rows, seq_len): each token's entry ordinal within its row, for attention masking."""
+        flat = torch.zeros(self.rows * self.seq_len, dtype=torch.int32, device=device)
+        flat[torch.from_numpy(self.starts).to(flat.device, non_blocking=True)] = 1
+        return flat.view(self.rows, self.seq_len).cumsum(1, dtype=torch.int32)
+
+    def target_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """bool (rows, seq_len): position i's target (token i+1) counts in the loss unless it starts
+        another entry of the row, lies past the row's end, or sits in an overlap prefix."""
+        flat = torch.ones(self.rows * self.seq_len, dtype=torch.bool, device=device)
+        cut = torch.from_numpy(np.concatenate([self.starts - 1, self.skipped])).to(flat.device, non_blocking=True)
+        flat[cut] = False
+        mask = flat.view(self.rows, self.seq_len)
+        mask[:, -1] = False
+        return mask
+
+    @classmethod
+    def cat(cls, layouts: list["RowLayout"]) -> "RowLayout":
+        """The layouts' rows one after another (one process serving several ranks)."""
+        shift = np.cumsum([0] + [lay.rows * lay.seq_len for lay in layouts[:-1]])
+        return cls(sum(lay.rows for lay in layouts), layouts[0].seq_len,
+                   np.concatenate([lay.starts + d for lay, d in zip(layouts, shift)]),
+                   np.concatenate([lay.skipped + d for lay, d in zip(layouts, shift)]))
+
+
+def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
+    return np.empty(n, dtype=dtype)
 
 
 def _filled(out: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -162,10 +203,12 @@ class CurriculumData:
         return slice(rank * per, (rank + 1) * per)
 
     def gather(self, plan: StepPlan, rows: slice, record: bool = False) -> dict[str, Any]:
-        """Numpy arrays of rows `rows` of one step: tokens, doc_ids, target_mask, row_bucket (and the
-        pieces read, as `consumed`, when recording)."""
+        """Numpy arrays of rows `rows` of one step: tokens, doc_ids, target_mask (the layout expanded on
+        the CPU), row_bucket, and the pieces read, as `consumed`, when recording."""
         out = self.gather_steps(plan.chunk, rows, np.array([plan.step - plan.chunk.step]), record)
-        one = {k: v[0] for k, v in out.items() if k != "consumed"}
+        layout = out["layouts"][0]
+        one = {"tokens": out["tokens"][0], "doc_ids": layout.doc_ids().numpy(),
+               "target_mask": layout.target_mask().numpy(), "row_bucket": out["row_bucket"][0]}
         if record:
             one["consumed"] = out["consumed"][0]
         return one
@@ -173,14 +216,11 @@ class CurriculumData:
     def gather_steps(self, chunk: ChunkPlan, rows: slice, steps: np.ndarray, record: bool = False,
                      alloc: Callable[[str, int, Any], np.ndarray] | None = None) -> dict[str, Any]:
         """Rows `rows` of the chosen steps of `chunk` in one pass: tokens (steps, rows, L) int32 copied
-        out of the memory-mapped shards by one np.concatenate, doc_ids int32 (the entry's ordinal
-        within its row), target_mask bool (position i's target, token i+1, counts in the loss),
-        row_bucket int64; with `record`, `consumed` lists each step's pieces.
+        out of the memory-mapped shards by one np.concatenate, row_bucket (steps, rows) int64, each
+        step's `RowLayout` in `layouts`; with `record`, `consumed` lists each step's pieces.
 
-        `alloc(name, n, dtype, fresh=None)` gives the 1-D output arrays (default: new ones, or `fresh`,
-        an array already computed, kept as it is); a loader passes reused buffers, because first
-        touching new pages costs more than the copy, and may keep `fresh` where memory need not be
-        pinned or shared."""
+        `alloc(name, n, dtype)` gives the 1-D output arrays (default: new ones); a loader passes reused
+        buffers, because first touching new pages costs more than the copy."""
         alloc = alloc or _fresh
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
@@ -204,30 +244,23 @@ class CurriculumData:
                        casting="same_kind")
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
-        ordinal = np.arange(len(p.row)) - np.searchsorted(p.row, np.arange(n_rows))[p.row]
-        doc_ids = np.repeat(ordinal.astype(np.int32), lens)
-        kept = alloc("doc_ids", n_rows * L, np.int32, fresh=doc_ids)
-        if kept is not doc_ids:
-            kept[:] = doc_ids
-            doc_ids = kept
-        # A target counts unless it starts another entry of the row, ends the row, or sits in an
-        # entry's overlap prefix (already trained on as the end of the previous window).
-        target_mask = alloc("target_mask", n_rows * L, np.bool_)
-        target_mask.fill(True)
-        target_mask[pos[ordinal > 0] - 1] = False
-        target_mask[L - 1 :: L] = False
+        starts = pos[(lens > 0) & (pos % L > 0)]  # entries after the first of their row
         masked = np.minimum(np.maximum(overlap - p.a, 0), lens)
         has = np.flatnonzero(masked)
-        if len(has):
-            at = np.repeat(pos[has], masked[has]) + ordinals(masked[has])
-            target_mask[at[at > 0] - 1] = False
-        shape = (len(steps), per, L)
+        at = np.repeat(pos[has], masked[has]) + ordinals(masked[has])  # tokens inside overlap prefixes
+        skipped = at[at % L > 0] - 1  # a row's first token is nobody's target within the row
+        # Each step's positions, relative to the step: slices of the chunk's (sorted) arrays.
+        step_tokens, bounds = per * L, np.arange(len(steps) + 1) * per * L
+        cut_starts = np.searchsorted(starts, bounds).tolist()
+        cut_skipped = np.searchsorted(skipped, bounds).tolist()
+        starts, skipped = starts % step_tokens, skipped % step_tokens
+        layouts = [RowLayout(per, L, starts[cut_starts[i]:cut_starts[i + 1]], skipped[cut_skipped[i]:cut_skipped[i + 1]])
+                   for i in range(len(steps))]
         out: dict[str, Any] = {
-            "tokens": tokens.reshape(shape),
-            "doc_ids": doc_ids.reshape(shape),
-            "target_mask": target_mask.reshape(shape),
+            "tokens": tokens.reshape(len(steps), per, L),
             "row_bucket": _filled(alloc("row_bucket", n_rows, np.int64), bucket_index[chunk.row_set[steps, rows]].reshape(-1))
-            .reshape(shape[:2]),
+            .reshape(len(steps), per),
+            "layouts": layouts,
         }
         if record:
             cuts = np.searchsorted(p.row, np.arange(1, len(steps)) * per)

@@ -27,17 +27,17 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from training.data import CurriculumData
+from training.data import CurriculumData, RowLayout
 from training.lifeline import worker_init
 from training.sampler import BucketExhausted
 
 # Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer: 2^21 tokens
-# read 25% faster than 2^20 (bench/RESULTS.md), for 9 bytes a token in each of RING_CHUNKS buffers.
+# read 25% faster than 2^20 (bench/RESULTS.md), for 4 bytes a token in each of RING_CHUNKS buffers.
 CHUNK_TOKENS = 1 << 21
 PREFETCH_CHUNKS = 2
 RING_CHUNKS = PREFETCH_CHUNKS + 3  # buffers per producer: see _Ring
-BATCH_FIELDS = ("tokens", "doc_ids", "target_mask", "row_bucket")
-_DTYPES = {"tokens": np.int32, "doc_ids": np.int32, "target_mask": np.bool_, "row_bucket": np.int64}
+BATCH_FIELDS = ("tokens", "row_bucket")  # the arrays of a chunk; layouts travel beside them
+_DTYPES = {"tokens": np.int32, "row_bucket": np.int64}
 
 
 @dataclass
@@ -48,9 +48,8 @@ class StepBatch:
     phase: int
     seq_len: int
     tokens: torch.Tensor  # int32 (rows, seq_len)
-    doc_ids: torch.Tensor  # int32 (rows, seq_len): entry ordinal within the row, for attention masking
-    target_mask: torch.Tensor  # bool (rows, seq_len): position i's target (token i+1) counts in the loss
     row_bucket: torch.Tensor  # int64 (rows,): index into CurriculumData.bucket_names
+    layout: RowLayout  # where entries start, which targets count: `doc_ids()`, `target_mask()`
     sampler_state: dict[str, Any]
     dropped: list[str]
     consumed: dict[str, np.ndarray] | None = None  # pieces, when recording consumption
@@ -73,6 +72,7 @@ class StepChunk:
     phase: int
     seq_len: int
     arrays: dict[str, torch.Tensor] | None  # BATCH_FIELDS, each (steps, rows, ...)
+    layouts: list[RowLayout]
     states: list[dict[str, Any]]  # the sampler state after each step
     dropped: list[str]  # buckets dropped at the first step
     consumed: list[dict[str, np.ndarray]] | None
@@ -88,7 +88,7 @@ class StepChunk:
         views = {k: v.unbind(0) for k, v in self.arrays.items()}
         return [
             StepBatch(self.first_step + j, self.phase, self.seq_len, *(views[k][j] for k in BATCH_FIELDS),
-                      sampler_state=state, dropped=self.dropped if j == 0 else [],
+                      self.layouts[j], sampler_state=state, dropped=self.dropped if j == 0 else [],
                       consumed=self.consumed[j] if self.consumed is not None else None)
             for j, state in enumerate(self.states)
         ]
@@ -111,7 +111,7 @@ class StepStream:
         per = self.rows.stop - self.rows.start
         rows = max(self.chunk_steps(m.seq_len) * per for m in self.data.schedule.manifests)
         tokens = max(self.chunk_steps(m.seq_len) * per * m.seq_len for m in self.data.schedule.manifests)
-        return {"tokens": tokens, "doc_ids": tokens, "target_mask": tokens, "row_bucket": rows}
+        return {"tokens": tokens, "row_bucket": rows}
 
     def chunks(self, ring: "_Ring | None" = None, worker: int = 0, workers: int = 1) -> Iterator[StepChunk | Exhausted]:
         """Worker `worker`'s chunks (of `workers`), numbered from the stream's start. With a `ring`,
@@ -137,11 +137,12 @@ class StepStream:
             states = sampler.states_after(plan, self.world_size)
             if ring is not None and ring.shared:  # in a worker: only (slot, shapes) go back
                 shapes = {k: tuple(arrays[k].shape) for k in BATCH_FIELDS}
-                yield StepChunk(plan.step, plan.phase, plan.seq_len, None, states, plan.dropped, arrays.get("consumed"),
-                                (slot, shapes))
+                yield StepChunk(plan.step, plan.phase, plan.seq_len, None, arrays["layouts"], states, plan.dropped,
+                                arrays.get("consumed"), (slot, shapes))
                 continue
             tensors = {k: buffers.tensor(k, arrays[k]) if buffers else torch.from_numpy(arrays[k]) for k in BATCH_FIELDS}
-            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, states, plan.dropped, arrays.get("consumed"))
+            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, arrays["layouts"], states, plan.dropped,
+                            arrays.get("consumed"))
 
 
 class _Buffers:
@@ -162,11 +163,7 @@ class _Buffers:
         self.held[name] = held
         return held
 
-    def __call__(self, name: str, n: int, dtype: Any, fresh: np.ndarray | None = None) -> np.ndarray:
-        if fresh is not None and not (self.pin or self.shared):
-            # Already computed into new memory that glibc recycles chunk after chunk: a copy costs more.
-            self.held.pop(name, None)
-            return fresh
+    def __call__(self, name: str, n: int, dtype: Any) -> np.ndarray:
         held = self.held.get(name)
         if held is None or len(held) < n:
             if self.shared:
@@ -180,8 +177,7 @@ class _Buffers:
     def tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
         """`array` (given out by this slot as `name`) as a view of the slot's own tensor: a tensor
         made from the numpy array would not know its memory is pinned or shared."""
-        held = self.held.get(name)
-        return torch.from_numpy(array) if held is None else held[: array.size].view(array.shape)
+        return self.held[name][: array.size].view(array.shape)
 
 
 class _Ring:

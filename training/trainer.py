@@ -36,7 +36,7 @@ from refinery.config import RefineryConfig
 from refinery.curriculum import refuse_mismatch
 from refinery.storage import open_data_root
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
-from training.data import CurriculumData
+from training.data import CurriculumData, RowLayout
 from training.lifeline import ParentWatch
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink
@@ -252,8 +252,8 @@ class Trainer:
                 return
             yield parts[0] if len(parts) == 1 else StepBatch(
                 step=parts[0].step, phase=parts[0].phase, seq_len=parts[0].seq_len,
-                tokens=torch.cat([p.tokens for p in parts]), doc_ids=torch.cat([p.doc_ids for p in parts]),
-                target_mask=torch.cat([p.target_mask for p in parts]), row_bucket=torch.cat([p.row_bucket for p in parts]),
+                tokens=torch.cat([p.tokens for p in parts]), row_bucket=torch.cat([p.row_bucket for p in parts]),
+                layout=RowLayout.cat([p.layout for p in parts]),
                 sampler_state=parts[0].sampler_state, dropped=parts[0].dropped,
                 consumed={k: torch.cat([torch.from_numpy(p.consumed[k]) for p in parts]).numpy() for k in parts[0].consumed}
                 if parts[0].consumed is not None else None,
@@ -346,11 +346,11 @@ class Trainer:
             raise ValueError(f"token id {top} >= vocab_size {self.model_args.vocab_size}; set "
                              "training.model.vocab_size to the tokenizer's vocabulary")
         tokens = batch.tokens.to(self.device, non_blocking=True).long()
-        mask = batch.target_mask.to(self.device, non_blocking=True)
+        mask = batch.layout.target_mask(self.device)
         targets = torch.full_like(tokens, IGNORE)
         targets[:, :-1] = tokens[:, 1:]
         targets[~mask] = IGNORE
-        doc_ids = batch.doc_ids.to(self.device, non_blocking=True)
+        doc_ids = batch.layout.doc_ids(self.device)
         n_buckets = len(self.data.bucket_names)
         row_bucket = batch.row_bucket.to(self.device)
         n_targets = self._allreduce(mask.sum().float())
