@@ -215,7 +215,7 @@ class EntrySet:
             seg_from = np.maximum(np.repeat(starts, segments), seg_epoch * P)
             seg_to = np.minimum(np.repeat(ends, segments), (seg_epoch + 1) * P)
         parts = []
-        epochs = np.unique(seg_epoch).tolist()
+        epochs = range(int(seg_epoch.min()), int(seg_epoch.max()) + 1)  # consecutive: segments split at pass ends
         for e in epochs:
             m = seg_epoch == e if len(epochs) > 1 else slice(None)
             perm, cum = self.order(e)
