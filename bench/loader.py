@@ -23,8 +23,9 @@ one phase at `--seq-len`) is written under `--workdir`. Then, each a median of `
   batch `--batch`, shuffled, workers 0 and 2. MosaicML streaming is not run: its package imports
   torchvision, whose wheel does not load against the pinned CPU torch here.
 
-The shards are read once before timing, so every reader works from the page cache. Target: ours at
-least 0.5x the bare gather.
+The shards are read once before timing, so every reader works from the page cache. Each run of ours
+is paired with a bare gather just before it; "vs bare" is the median of the pairs' ratios, tokens/s
+the median of the times. Target: ours at least 0.5x the bare gather.
 """
 
 import os
@@ -168,25 +169,31 @@ def main() -> None:
     windows = planned_windows(data, args.steps)
     bare_gather(data, windows, tokens_per_step)  # page cache warm for everyone
 
+    # Paired: a bare gather right before every run of ours, and the ratio taken within the pair, so
+    # the machine's drift between repeats (this VM's bare gather alone swings by 30%) cancels.
     times: dict[str, list[float]] = {"bare memmap gather": []}
+    ratios: dict[str, list[float]] = {}
     for _ in range(args.repeats):
-        times["bare memmap gather"].append(bare_gather(data, windows, tokens_per_step))
         for workers in (0, 2):
+            bare = bare_gather(data, windows, tokens_per_step)
             total, warm = ours(data, args.steps, workers)
-            times.setdefault(f"ours, num_workers={workers}, warm", []).append(warm)
-            times.setdefault(f"ours, num_workers={workers}, cold", []).append(total)
+            times["bare memmap gather"].append(bare)
+            for name, t in ((f"ours, num_workers={workers}, warm", warm), (f"ours, num_workers={workers}, cold", total)):
+                times.setdefault(name, []).append(t)
+                ratios.setdefault(name, []).append(bare / t)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     if args.peers_python:
-        medians |= litdata_times(args.peers_python, workdir / "root" / "shards" / "final", workdir, args.seq_len,
-                                 args.batch, args.steps, args.repeats)
+        peers = litdata_times(args.peers_python, workdir / "root" / "shards" / "final", workdir, args.seq_len,
+                              args.batch, args.steps, args.repeats)
+        medians |= peers
+        ratios |= {name: [medians["bare memmap gather"] / t] for name, t in peers.items()}  # not paired: its own process
     total = args.steps * tokens_per_step
-    bare = medians["bare memmap gather"]
-    print(f"{args.steps} steps of {args.batch} x {args.seq_len} tokens ({total:,} tokens), median of {args.repeats}; "
+    print(f"{args.steps} steps of {args.batch} x {args.seq_len} tokens ({total:,} tokens), {args.repeats} repeats; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'loader':<32} {'tokens/s':>14} {'vs bare':>8}")
+    print(f"{'loader':<32} {'tokens/s':>14} {'vs bare':>8}  {'(paired ratios: min-max)'}")
     for name, t in medians.items():
-        print(f"{name:<32} {total / t:>14,.0f} {bare / t:>7.2f}x")
-
+        r = ratios.get(name, [1.0])
+        print(f"{name:<32} {total / t:>14,.0f} {statistics.median(r):>7.2f}x  ({min(r):.2f}-{max(r):.2f})")
 
 if __name__ == "__main__":
     main()
