@@ -30,13 +30,13 @@ import torch
 
 from training.data import CurriculumData, RowLayout
 from training.lifeline import worker_init
-from training.sampler import BucketExhausted
+from training.sampler import BucketExhausted, CurriculumSampler
 
 # Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer: 2^21 tokens
 # read 25% faster than 2^20 (bench/RESULTS.md), for 4 bytes a token in each of RING_CHUNKS buffers.
 CHUNK_TOKENS = 1 << 21
 PREFETCH_CHUNKS = 2
-RING_CHUNKS = PREFETCH_CHUNKS + 3  # buffers per producer: see _Ring
+RING_CHUNKS = PREFETCH_CHUNKS + 2  # buffers per producer: the queued chunks plus the two the consumer may read (see _Ring)
 BATCH_FIELDS = ("tokens", "row_bucket")  # the arrays of a chunk; layouts travel beside them
 _DTYPES = {"tokens": np.int32, "row_bucket": np.int64}
 
@@ -114,13 +114,24 @@ class StepStream:
         tokens = max(self.chunk_steps(m.seq_len) * per * m.seq_len for m in self.data.schedule.manifests)
         return {"tokens": tokens, "row_bucket": rows}
 
+    def _sampler(self) -> CurriculumSampler:
+        sampler = self.data.sampler(self.allow)
+        if self.state is not None:
+            sampler.load_state_dict(self.state, self.world_size)
+        return sampler
+
+    def prime(self) -> None:
+        """Compute the row allocation of the phase the stream starts in (a Python pass over the phase's
+        steps, cached on `data`), so that forked workers inherit it instead of each computing it."""
+        sampler = self._sampler()
+        if not sampler.done():
+            sampler.allocation(self.data.schedule.phase_at(sampler.step))
+
     def chunks(self, ring: "_Ring | None" = None, worker: int = 0, workers: int = 1) -> Iterator[StepChunk | Exhausted]:
         """Worker `worker`'s chunks (of `workers`), numbered from the stream's start. With a `ring`,
         chunk arrays are buffers the ring hands out again once its consumer has moved on (see
         `_Ring`); without, every chunk gets fresh arrays."""
-        sampler = self.data.sampler(self.allow)
-        if self.state is not None:
-            sampler.load_state_dict(self.state, self.world_size)
+        sampler = self._sampler()
         index = 0
         while not sampler.done():
             try:
@@ -309,6 +320,7 @@ class _Workers:
     the workers run. Fork them on the consumer's thread: they die with it (see `worker_init`)."""
 
     def __init__(self, stream: StepStream, ring: "_Ring", count: int):
+        stream.prime()
         context = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
         for w in range(count):
