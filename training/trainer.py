@@ -19,6 +19,7 @@ resuming with another world size still delivers every entry exactly once.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -349,7 +350,7 @@ class Trainer:
         mask = batch.layout.target_mask(self.device)
         targets = torch.full_like(tokens, IGNORE)
         targets[:, :-1] = tokens[:, 1:]
-        targets[~mask] = IGNORE
+        targets.masked_fill_(~mask, IGNORE)  # not `targets[~mask] =`: a boolean index waits for the device
         doc_ids = batch.layout.doc_ids(self.device)
         n_buckets = len(self.data.bucket_names)
         row_bucket = batch.row_bucket.to(self.device)
@@ -370,8 +371,14 @@ class Trainer:
             count.index_add_(0, row_bucket[sl], valid.sum(1).float())
         self._allreduce(loss_sum), self._allreduce(count)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
-        total = loss_sum.sum() / count.sum().clamp(min=1)
-        finite = bool(torch.isfinite(total)) and bool(torch.isfinite(grad_norm))
+        rows = self._allreduce(torch.bincount(row_bucket, minlength=n_buckets))
+        # One read from the device per step, of every figure the host needs: each separate read
+        # is a wait in which the GPU idles (bench/RESULTS.md, the H100 profile).
+        stats = torch.cat([grad_norm.detach().float().view(1), loss_sum, count, rows.float()]).tolist()
+        grad_norm, loss_sum, count = stats[0], stats[1:1 + n_buckets], stats[1 + n_buckets:1 + 2 * n_buckets]
+        per_bucket_rows = [int(r) for r in stats[1 + 2 * n_buckets:]]
+        total = sum(loss_sum) / max(sum(count), 1.0)
+        finite = math.isfinite(total) and math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
             self.nonfinite_streak = 0
@@ -380,20 +387,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.sampler_state = batch.sampler_state
-        record: dict[str, Any] = {"loss/total": float(total), "lr": lr, "grad_norm": float(grad_norm), "nonfinite": not finite}
+        record: dict[str, Any] = {"loss/total": total, "lr": lr, "grad_norm": grad_norm, "nonfinite": not finite}
         phase = self.schedule.phase_names[batch.phase]
-        per_bucket_rows = self._allreduce(torch.bincount(row_bucket, minlength=n_buckets)) * batch.seq_len
         for b, name in enumerate(self.data.bucket_names):
-            served = int(per_bucket_rows[b])
+            served = per_bucket_rows[b] * batch.seq_len
             if served == 0:
                 continue
             self.bucket_tokens[name] += served
             if count[b] > 0:
-                record[f"loss/{name}"] = float(loss_sum[b] / count[b])
+                record[f"loss/{name}"] = loss_sum[b] / count[b]
             acc = self.summary.setdefault(phase, {}).setdefault(name, {"loss_sum": 0.0, "targets": 0.0, "tokens": 0})
             if finite:
-                acc["loss_sum"] += float(loss_sum[b])
-                acc["targets"] += float(count[b])
+                acc["loss_sum"] += loss_sum[b]
+                acc["targets"] += count[b]
             acc["tokens"] += served
         self.tokens += self.global_batch * batch.seq_len
         record.update({f"tokens/{name}": n for name, n in self.bucket_tokens.items()})
