@@ -60,6 +60,30 @@ def test_chunked_linear_cross_entropy_matches_the_full_logits_loss_and_gradients
         assert not linear_cross_entropy(h, w, targets).requires_grad
 
 
+def test_the_gradient_of_a_summed_loss_takes_the_forward_gradients_without_a_host_read(monkeypatch):
+    """What the trainer backpropagates, sum / n: autograd hands the loss an expanded scalar, which
+    scales the gradients made in forward on the device (no recompute, no `bool()` of a tensor)."""
+    monkeypatch.setattr(model_module, "_loss_chunk_tokens", lambda vocab: 7)
+    passes = []
+    chunks = model_module.LinearCrossEntropy._chunks
+    monkeypatch.setattr(model_module.LinearCrossEntropy, "_chunks",
+                        staticmethod(lambda *a: (passes.append(a[3]), chunks(*a))[1]))
+    torch.manual_seed(0)
+    h = torch.randn(30, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (30,))
+    targets[[3, 10, 11]] = IGNORE
+    reference = F.cross_entropy(h @ w.t(), targets, ignore_index=IGNORE, reduction="sum") / 27 * 2
+    want = torch.autograd.grad(reference, (h, w))
+    got = linear_cross_entropy(h, w, targets).view(5, 6)
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: pytest.fail("the backward read a tensor on the host"))
+    have = torch.autograd.grad(got.sum() / 27 * 2, (h, w))
+    monkeypatch.undo()
+    for a, b in zip(want, have):
+        assert torch.allclose(a, b)
+    assert passes == [True], "one pass over the chunks, in forward"
+
+
 def test_attention_stays_inside_each_packed_document():
     model = tiny_model()
     idx = torch.randint(1, 64, (1, 10))

@@ -132,10 +132,18 @@ def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return ((doc_ids[:, :, None] == doc_ids[:, None, :]) & causal)[:, None]
 
 
+ROW_ORDER_ERROR = ("doc_ids must not decrease along a row (packed documents are contiguous runs); the block mask "
+                   "reads each block's documents from its first and last token")
+
+
 def _check_row_order(doc_ids: torch.Tensor) -> None:
-    if doc_ids.size(1) > 1 and bool((doc_ids[:, 1:] < doc_ids[:, :-1]).any()):
-        raise ValueError("doc_ids must not decrease along a row (packed documents are contiguous runs); "
-                         "the block mask reads each block's documents from its first and last token")
+    if doc_ids.size(1) <= 1:
+        return
+    ordered = (doc_ids[:, 1:] >= doc_ids[:, :-1]).all()
+    if doc_ids.is_cuda:  # asserted on the device: reading the answer here would stall the step
+        torch._assert_async(ordered, ROW_ORDER_ERROR)
+    elif not bool(ordered):
+        raise ValueError(ROW_ORDER_ERROR)
 
 
 def document_block_mask(doc_ids: torch.Tensor, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
@@ -206,8 +214,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     Chunk by chunk, forward computes the logits in `compute_dtype`, the loss in fp32, and at once the
     gradients for a loss whose upstream gradient is one number for every counted token (a sum or a
     mean: what training backpropagates): d h = (softmax - onehot) @ W and d W = (softmax - onehot)^T h.
-    Backward scales those. Any other upstream gradient (per-token weights, a NaN) is honoured exactly
-    by recomputing each chunk. At a 50K vocabulary the logits and their fp32 copies are most of a 124M
+    Backward scales those: straight away when the upstream gradient is a sum's (an expanded scalar),
+    after checking on the host otherwise. Any other upstream gradient (per-token weights, a NaN) is
+    honoured exactly by recomputing each chunk. At a 50K vocabulary the logits and their fp32 copies are most of a 124M
     GPT's activation memory at 32K tokens per row; this keeps one chunk of them."""
 
     @staticmethod
@@ -228,6 +237,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         h, weight, targets, grad_h, grad_w = ctx.saved_tensors
+        if grad_out.stride(0) == 0:  # the gradient of a sum, expanded: one factor for every token, and
+            scale = grad_out[0]  # used on the device, with no read on the host (a NaN makes all NaN)
+            return (grad_h * scale).to(h.dtype), (grad_w * scale).to(weight.dtype), None, None, None
         counted = targets != IGNORE
         low = torch.where(counted, grad_out, torch.inf).min()
         if bool(low == torch.where(counted, grad_out, -torch.inf).max()):  # training: one factor for every counted token
