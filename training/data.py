@@ -83,7 +83,8 @@ class RowLayout:
     column): `starts`, where each entry after a row's first begins, and `skipped`, positions whose
     target lies in an entry's overlap prefix (trained on already, as the end of the previous
     window). A few positions per row instead of two per-token arrays: the loader writes only
-    tokens, and the trainer expands the layout where it computes (seed 001's cu_seqlens, per row)."""
+    tokens, and the trainer expands the layout where it computes (varlen attention's cu_seqlens hold the
+    same boundaries)."""
 
     rows: int
     seq_len: int
