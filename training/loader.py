@@ -173,12 +173,12 @@ class _Buffers:
             self._grow(name, n, _DTYPES[name])
 
     def _grow(self, name: str, n: int, dtype: Any) -> torch.Tensor:
-        if self.shared:
+        if self.pin:  # allocated pinned: `pin_memory()` of a new array would touch and copy it first
+            held = torch.empty(n, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+        elif self.shared:
             held = _shared_zeros(n, dtype)
         else:
             held = torch.from_numpy(np.empty(n, dtype=dtype))
-            if self.pin:
-                held = held.pin_memory()
         self.held[name] = held
         return held
 
