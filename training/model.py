@@ -140,8 +140,8 @@ def _check_row_order(doc_ids: torch.Tensor) -> None:
     if doc_ids.size(1) <= 1:
         return
     ordered = (doc_ids[:, 1:] >= doc_ids[:, :-1]).all()
-    if doc_ids.is_cuda:  # asserted on the device: reading the answer here would stall the step
-        torch._assert_async(ordered, ROW_ORDER_ERROR)
+    if doc_ids.is_cuda:  # asserted on the device (a failure surfaces as a device-side assert at the
+        torch._assert_async(ordered)  # next sync): reading the answer here would stall the step
     elif not bool(ordered):
         raise ValueError(ROW_ORDER_ERROR)
 
