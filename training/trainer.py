@@ -375,10 +375,11 @@ class Trainer:
         # One read from the device per step, of every figure the host needs: each separate read
         # is a wait in which the GPU idles (bench/RESULTS.md, the H100 profile).
         stats = torch.cat([grad_norm.detach().float().view(1), loss_sum, count, rows.float()]).tolist()
-        grad_norm, loss_sum, count = stats[0], stats[1:1 + n_buckets], stats[1 + n_buckets:1 + 2 * n_buckets]
-        per_bucket_rows = [int(r) for r in stats[1 + 2 * n_buckets:]]
-        total = sum(loss_sum) / max(sum(count), 1.0)
-        finite = math.isfinite(total) and math.isfinite(grad_norm)
+        norm, losses = stats[0], stats[1:1 + n_buckets]
+        targets_counted = stats[1 + n_buckets:1 + 2 * n_buckets]
+        rows_served = [int(r) for r in stats[1 + 2 * n_buckets:]]
+        total = sum(losses) / max(sum(targets_counted), 1.0)
+        finite = math.isfinite(total) and math.isfinite(norm)
         if finite:
             self.optimizer.step()
             self.nonfinite_streak = 0
@@ -387,19 +388,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.sampler_state = batch.sampler_state
-        record: dict[str, Any] = {"loss/total": total, "lr": lr, "grad_norm": grad_norm, "nonfinite": not finite}
+        record: dict[str, Any] = {"loss/total": total, "lr": lr, "grad_norm": norm, "nonfinite": not finite}
         phase = self.schedule.phase_names[batch.phase]
         for b, name in enumerate(self.data.bucket_names):
-            served = per_bucket_rows[b] * batch.seq_len
+            served = rows_served[b] * batch.seq_len
             if served == 0:
                 continue
             self.bucket_tokens[name] += served
-            if count[b] > 0:
-                record[f"loss/{name}"] = loss_sum[b] / count[b]
+            if targets_counted[b] > 0:
+                record[f"loss/{name}"] = losses[b] / targets_counted[b]
             acc = self.summary.setdefault(phase, {}).setdefault(name, {"loss_sum": 0.0, "targets": 0.0, "tokens": 0})
             if finite:
-                acc["loss_sum"] += loss_sum[b]
-                acc["targets"] += count[b]
+                acc["loss_sum"] += losses[b]
+                acc["targets"] += targets_counted[b]
             acc["tokens"] += served
         self.tokens += self.global_batch * batch.seq_len
         record.update({f"tokens/{name}": n for name, n in self.bucket_tokens.items()})
