@@ -216,8 +216,8 @@ class LinearCrossEntropy(torch.autograd.Function):
     mean: what training backpropagates): d h = (softmax - onehot) @ W and d W = (softmax - onehot)^T h.
     Backward scales those: straight away when the upstream gradient is a sum's (an expanded scalar),
     after checking on the host otherwise. Any other upstream gradient (per-token weights, a NaN) is
-    honoured exactly by recomputing each chunk. At a 50K vocabulary the logits and their fp32 copies are most of a 124M
-    GPT's activation memory at 32K tokens per row; this keeps one chunk of them."""
+    honoured exactly by recomputing each chunk. At a 50K vocabulary the logits and their fp32 copies
+    are most of a 124M GPT's activation memory at 32K tokens per row; this keeps one chunk of them."""
 
     @staticmethod
     def forward(ctx, h, weight, targets, compute_dtype, want_grads):
