@@ -14,7 +14,7 @@ one phase at `--seq-len`, repeating a bucket when the run reads past its end) is
   steps in bulk, gathering their rows, building each step's `RowLayout` (where entries start, which
   targets are skipped; the trainer expands it into doc ids and a target mask on its device), handing
   torch tensors over through the prefetch thread. "steady" is the rate once every gather buffer
-  has been filled once (RING_CHUNKS chunks per producer), scaled to the same step count: what a
+  has been filled once (`ring_chunks` chunks per producer), scaled to the same step count: what a
   long run reads at. "whole run" counts from creating the loader, its one-off start included
   (forking workers, first touches of the reused gather buffers, nothing yet to overlap); "first
   batch" is that start alone. The default run is 8000 steps, 0.3-0.4 s of bare copying here: at
@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 from refinery.config import load_config  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 from training.data import CurriculumData  # noqa: E402
-from training.loader import CHUNK_TOKENS, RING_CHUNKS, StepStream, make_loader  # noqa: E402
+from training.loader import CHUNK_TOKENS, StepStream, make_loader, ring_chunks  # noqa: E402
 from training.synthetic import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
 
 
@@ -151,11 +151,11 @@ def bare_gather(data: CurriculumData, windows, tokens_per_step: int) -> float:
 def ours(data: CurriculumData, steps: int, workers: int) -> tuple[float, float, float]:
     """Seconds (from creating the loader to the first batch; for all `steps` from creating the
     loader; for the same number of steps at the rate after warm-up, once every gather buffer of the
-    ring has been filled, RING_CHUNKS chunks per producer: the pipeline a long run reads from)."""
+    ring has been filled, `ring_chunks` chunks per producer: the pipeline a long run reads from)."""
     start = time.perf_counter()
     loader = make_loader(StepStream(data, None, False, 0, 1), workers)
     first_at, warm_at = None, None
-    warm_steps = RING_CHUNKS * max(workers, 1) * max(1, CHUNK_TOKENS // data.schedule.global_batch
+    warm_steps = ring_chunks(workers) * max(workers, 1) * max(1, CHUNK_TOKENS // data.schedule.global_batch
                                                      // data.schedule.seq_len_at(0))
     if warm_steps >= steps:
         raise SystemExit(f"--steps {steps} ends before the loader is warm ({warm_steps} steps); raise it")

@@ -29,7 +29,7 @@ def reference_steps(data, rows):
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 2, 3])  # rings of 4, 3 and 2 slots per producer
 def test_loader_serves_the_reference_steps_and_held_batches_stay_intact(tiny, workers, monkeypatch):
     """Chunks of 3 steps, so the reuse ring wraps many times; the consumer keeps the previous batch
     and checks it is unchanged once the next one has arrived."""

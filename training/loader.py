@@ -33,10 +33,9 @@ from training.lifeline import worker_init
 from training.sampler import BucketExhausted, CurriculumSampler
 
 # Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer: 2^21 tokens
-# read 25% faster than 2^20 (bench/RESULTS.md), for 4 bytes a token in each of RING_CHUNKS buffers.
+# read 25% faster than 2^20 (bench/RESULTS.md), for 4 bytes a token in each ring slot (`ring_chunks`).
 CHUNK_TOKENS = 1 << 21
 PREFETCH_CHUNKS = 2
-RING_CHUNKS = PREFETCH_CHUNKS + 2  # buffers per producer: the queued chunks plus the two the consumer may read (see _Ring)
 BATCH_FIELDS = ("tokens", "row_bucket")  # the arrays of a chunk; layouts travel beside them
 _DTYPES = {"tokens": np.int32, "row_bucket": np.int64}
 
@@ -157,10 +156,10 @@ class StepStream:
                             arrays.get("consumed"))
 
 
-def _shared_zeros(n: int, dtype: Any) -> torch.Tensor:
+def _shared_zeros(n: int, dtype: Any) -> np.ndarray:
     """An anonymous shared mapping, which forked workers inherit: no page is touched until written
     (`share_memory_` would copy the whole buffer into a new segment, 48 ms for a 2-worker ring)."""
-    return torch.from_numpy(np.frombuffer(mmap.mmap(-1, n * np.dtype(dtype).itemsize), dtype=dtype))
+    return np.frombuffer(mmap.mmap(-1, n * np.dtype(dtype).itemsize), dtype=dtype)
 
 
 class _Buffers:
@@ -176,7 +175,7 @@ class _Buffers:
         if self.pin:  # allocated pinned: `pin_memory()` of a new array would touch and copy it first
             held = torch.empty(n, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
         elif self.shared:
-            held = _shared_zeros(n, dtype)
+            held = torch.from_numpy(_shared_zeros(n, dtype))
         else:
             held = torch.from_numpy(np.empty(n, dtype=dtype))
         self.held[name] = held
@@ -199,27 +198,40 @@ class _Buffers:
         return self.held[name][: array.size].view(array.shape)
 
 
+def ring_chunks(workers: int) -> int:
+    """Ring slots per producer (the stream itself, or each of `workers` processes). With k producers
+    of r slots each, chunk g may refill its slot once the consumer has started chunk g - r * k + 2, so
+    a worker that has made chunk g can start g + k while the consumer still waits for g (started
+    g - 1) iff r * k >= k + 3: producers never wait on the ring while they are the bottleneck. Four
+    slots for one producer, three each for two, two each from three on (16 workers: 32 slots,
+    not 64)."""
+    k = max(workers, 1)
+    return 1 + -(-3 // k)
+
+
 class _Ring:
     """Gather buffers reused round-robin, because first touching fresh pages costs more than the copy
-    (on a VM, ten times more). Each producer (the stream, or each worker process) owns RING_CHUNKS
-    slots; chunk g of the stream fills its worker's slot g // workers % RING_CHUNKS once the consumer
-    has started chunk g - RING_CHUNKS * workers + 2 (the consumer reads one chunk and may still hold a
-    batch of the one before). With workers, the slots and `consumer_at` are shared memory allocated
-    before the workers start: a worker sends only the slot number and shapes, and sees the consumer's
-    progress; the consumer reads the slot through its own mapping."""
+    (on a VM, ten times more). Each producer (the stream, or each worker process) owns
+    `ring_chunks(workers)` slots; chunk g of the stream fills its worker's slot g // workers % r once
+    the consumer has started chunk g - r * workers + 2 (the consumer reads one chunk and may still
+    hold a batch of the one before). With workers, the slots and `consumer_at` are shared memory
+    allocated before the workers start: a worker sends only the slot number and shapes, and sees the
+    consumer's progress; the consumer reads the slot through its own mapping."""
 
     def __init__(self, pin: bool, workers: int = 0, sizes: dict[str, int] | None = None):
         self.pin, self.shared = pin, workers > 0
-        # Allocated before the workers start, so every process maps the same memory.
-        self.consumer_at = _shared_zeros(1, np.int64) if self.shared else torch.zeros(1, dtype=torch.int64)
-        self.slots = [_Buffers(pin, self.shared, sizes) for _ in range(RING_CHUNKS * max(workers, 1))]
+        self.per_producer = ring_chunks(workers)
+        # Allocated before the workers start, so every process maps the same memory. Numpy: a read
+        # costs a tenth of a torch tensor's.
+        self.consumer_at = _shared_zeros(1, np.int64) if self.shared else np.zeros(1, dtype=np.int64)
+        self.slots = [_Buffers(pin, self.shared, sizes) for _ in range(self.per_producer * max(workers, 1))]
 
     def slot_of(self, chunk: int, workers: int) -> int:
-        return chunk % workers * RING_CHUNKS + chunk // workers % RING_CHUNKS
+        return chunk % workers * self.per_producer + chunk // workers % self.per_producer
 
     def acquire(self, chunk: int, workers: int) -> _Buffers:
         """Chunk `chunk`'s slot, once the consumer no longer reads what it held before."""
-        while int(self.consumer_at[0]) < chunk - RING_CHUNKS * workers + 2:
+        while int(self.consumer_at[0]) < chunk - self.per_producer * workers + 2:
             time.sleep(0.0005)
         return self.slots[self.slot_of(chunk, workers)]
 
