@@ -17,7 +17,7 @@ one phase at `--seq-len`, repeating a bucket when the run reads past its end) is
   has been filled once (`ring_chunks` chunks per producer), scaled to the same step count: what a
   long run reads at. "whole run" counts from creating the loader, its one-off start included
   (forking workers, first touches of the reused gather buffers, nothing yet to overlap); "first
-  batch" is that start alone. The default run is 8000 steps, 0.3-0.4 s of bare copying here: at
+  batch" is that start alone. The default run is 8000 steps, 0.3-0.5 s of bare copying here: at
   2000 steps (0.1 s) the start, about 40 ms with two workers, weighs as much as half the copying.
 
 - litdata (`--peers-python`, an interpreter with litdata installed, outside .venv): the same
@@ -155,8 +155,8 @@ def ours(data: CurriculumData, steps: int, workers: int) -> tuple[float, float, 
     start = time.perf_counter()
     loader = make_loader(StepStream(data, None, False, 0, 1), workers)
     first_at, warm_at = None, None
-    warm_steps = ring_chunks(workers) * max(workers, 1) * max(1, CHUNK_TOKENS // data.schedule.global_batch
-                                                     // data.schedule.seq_len_at(0))
+    steps_per_chunk = max(1, CHUNK_TOKENS // data.schedule.global_batch // data.schedule.seq_len_at(0))
+    warm_steps = ring_chunks(workers) * max(workers, 1) * steps_per_chunk
     if warm_steps >= steps:
         raise SystemExit(f"--steps {steps} ends before the loader is warm ({warm_steps} steps); raise it")
     for i, batch in enumerate(loader):
