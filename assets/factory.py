@@ -34,10 +34,11 @@ SAMPLE_ROWS = 3
 SAMPLE_CHARS = 160
 
 
-def code_version(obj: Any) -> str:
-    """A short hash of the source of the module that defines `obj`: changes when the logic does."""
-    module = sys.modules[obj.__module__] if not inspect.ismodule(obj) else obj
-    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:12]
+def code_version(*objs: Any) -> str:
+    """A short hash of the sources of the modules that define `objs` (modules, classes, functions),
+    in order: changes when the logic does. One object's hash is its module's source's alone."""
+    modules = [o if inspect.ismodule(o) else sys.modules[o.__module__] for o in objs]
+    return hashlib.sha256("\n".join(inspect.getsource(m) for m in modules).encode()).hexdigest()[:12]
 
 
 def sample_rows_markdown(df: pl.DataFrame, text_column: str = "text") -> str:
@@ -227,7 +228,7 @@ def batch_stage_asset(
     partitions_def: dg.PartitionsDefinition,
     backfill_policy: dg.BackfillPolicy,
     description: str,
-    version_of: Any,
+    version: str,
     group: str = "funnel",
     kinds: set[str] | None = None,
     extra_metadata: Callable[[DataRoot, list[str]], dict[str, Any]] | None = None,
@@ -237,9 +238,7 @@ def batch_stage_asset(
     batches (`backfill_policy`). `extra_metadata(root, file keys)` adds entries once
     every file is published. `build(cfg, source)` returns the
     stage for a source's files; a source whose `skip:` names the stage's `skip_key` gets the stage's
-    `skipped` output."""
-
-    version = code_version(version_of)
+    `skipped` output. `version` is the asset's code version: `code_version` of the modules it runs."""
 
     @dg.asset(
         name=name,

@@ -33,6 +33,13 @@ def _heuristic(cfg: RefineryConfig, source: str) -> Stage:
     return custom.with_custom_filters(heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(source).rules_off), cfg)
 
 
+def heuristic_code_version(cfg: RefineryConfig) -> str:
+    """heuristic_filtered's code version: the built-in rules' module, then the module of each of the
+    config's custom filters, so that editing a filter's code marks the stage (and what follows) stale."""
+    filters = [custom.custom_filter_class(spec, cfg.base_dir) for spec in cfg.stages.custom_filters]
+    return code_version(heuristic, *filters)
+
+
 def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
     """One input file read into raw_documents, with its ingest rejects and stats."""
     cfg = refinery.config
@@ -68,12 +75,12 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         return dg.MaterializeResult(metadata=batch_metadata(ingest.STAGE, results, ingest_version, "raw"))
 
     stages = [
-        (extract.STAGE, ingest.STAGE, _extractor, extract, "HTML to text with resiliparse (main content); "
-         "text passes through; other content types and empty extractions are rejected."),
-        (language.STAGE, extract.STAGE, _language, language, "fastText lid.176 on the whole text; keeps "
-         "the configured languages at or above min_score."),
-        (heuristic.STAGE, language.STAGE, _heuristic, heuristic, "URL blocklist, Gopher quality and "
-         "repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
+        (extract.STAGE, ingest.STAGE, _extractor, code_version(extract), "HTML to text with resiliparse (main "
+         "content); text passes through; other content types and empty extractions are rejected."),
+        (language.STAGE, extract.STAGE, _language, code_version(language), "fastText lid.176 on the whole text; "
+         "keeps the configured languages at or above min_score."),
+        (heuristic.STAGE, language.STAGE, _heuristic, heuristic_code_version(cfg), "URL blocklist, Gopher quality "
+         "and repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
          "config's custom filters."),
     ]
     assets = [raw_documents] + [
@@ -84,8 +91,8 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
             partitions_def=parts.input_batches,
             backfill_policy=parts.batch_backfill,
             description=description,
-            version_of=module,
+            version=version,
         )
-        for name, upstream, build, module, description in stages
+        for name, upstream, build, version, description in stages
     ]
     return dg.Definitions(assets=assets)

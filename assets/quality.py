@@ -175,7 +175,7 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
         partitions_def=parts.input_batches,
         backfill_policy=parts.batch_backfill,
         description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
-        version_of=pii_stage,
+        version=code_version(pii_stage),
         extra_metadata=funnel_chart_metadata,
     )
 

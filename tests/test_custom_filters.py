@@ -1,5 +1,6 @@
 """stages.custom_filters: filters of your own by dotted path, on the built-in filters' base."""
 
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -115,6 +116,42 @@ def test_bad_custom_filters_are_config_errors_naming_the_field(tmp_path, spec, m
     with pytest.raises(ConfigError) as err:
         load_config(write_config(tmp_path, [spec]))
     assert message in str(err.value)
+
+
+def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(tmp_path):
+    """Dagster marks heuristic_filtered, and what follows it, stale when its code version changes:
+    the version covers each custom filter's module, and is the built-in rules' alone without any."""
+    from assets import funnel
+    from assets.factory import code_version
+    from assets.partitions import Partitions
+    from assets.stages import heuristic
+
+    module = f"tagged_{uuid.uuid4().hex[:8]}"
+
+    def write_filter(most_tags: int) -> None:
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(f"""
+            from assets.stages.base import Drop, Filter
+
+            class Tagged(Filter):
+                reads = ("text",)
+
+                def check(self, record):
+                    return Drop("hashtags", 1.0) if record["text"].count("#") > {most_tags} else None
+        """))
+
+    write_filter(3)
+    cfg = load_config(write_config(tmp_path, [{"name": "tags", "path": f"{module}:Tagged"}]))
+    before = funnel.heuristic_code_version(cfg)
+    write_filter(12)  # another length too, so no cached copy of the old source can pass for the new
+    sys.modules.pop(module)  # as a reloaded code server would, import the edited file afresh
+    after = funnel.heuristic_code_version(cfg)
+    (tmp_path / "plain").mkdir()
+    built_in = funnel.heuristic_code_version(load_config(write_config(tmp_path / "plain", [])))
+    assert built_in == code_version(heuristic)
+    assert len({built_in, before, after}) == 3
+    defs = funnel.build_definitions(cfg, Partitions.from_config(cfg))
+    [stage] = [a for a in defs.assets if a.key.to_user_string() == "heuristic_filtered"]
+    assert stage.code_versions_by_key[stage.key] == after
 
 
 def test_custom_filter_names_must_differ(tmp_path):

@@ -46,8 +46,8 @@ def _import(module_name: str, base_dir: str) -> Any:
         raise CustomFilterError("path", f"importing {module_name!r} raised {type(err).__name__}: {err}") from None
 
 
-def build_custom_filter(spec: CustomFilterConfig, base_dir: str, stage_name: str = "heuristic_filtered") -> RecordStage:
-    """The filter `spec` names, built with its params and renamed to report as part of `stage_name`."""
+def custom_filter_class(spec: CustomFilterConfig, base_dir: str) -> type[RecordStage]:
+    """The class `spec.path` names, imported and checked to be a complete stage class."""
     module_name, _, class_name = spec.path.partition(":")
     cls = getattr(_import(module_name, base_dir), class_name, None)
     if cls is None:
@@ -58,6 +58,12 @@ def build_custom_filter(spec: CustomFilterConfig, base_dir: str, stage_name: str
     if inspect.isabstract(cls):
         missing = sorted(getattr(cls, "__abstractmethods__", ()))
         raise CustomFilterError("path", f"{spec.path} does not implement {missing}")
+    return cls
+
+
+def build_custom_filter(spec: CustomFilterConfig, base_dir: str, stage_name: str = "heuristic_filtered") -> RecordStage:
+    """The filter `spec` names, built with its params and renamed to report as part of `stage_name`."""
+    cls, class_name = custom_filter_class(spec, base_dir), spec.path.partition(":")[2]
     try:
         stage = cls(**spec.params)
     except Exception as err:  # noqa: BLE001 - bad params are the config's error, whatever they raise
