@@ -7,9 +7,10 @@ The budget is seed 002's `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes 
 each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect.
 
 `--explain URL_OR_DOC_ID` instead finds that document in `language_filtered` (the heuristic
-stage's input), runs every heuristic rule on it with its source's and language's settings, and
-lists each rule it fails with the measured value and the threshold, not only the first one the
-stage reports, so a user sees what a threshold change would buy.
+stage's input), runs every heuristic rule on it with its source's and language's settings, then
+the config's custom filters (on the text the rules keep, as the stage does), and lists each rule
+it fails with the measured value and the threshold, not only the first one the stage reports, so
+a user sees what a threshold change would buy.
 """
 
 from __future__ import annotations
@@ -256,11 +257,9 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-EXPLAIN_COLUMNS = ["doc_id", "url", "source", "text", "language", "language_score"]
-
-
-def find_heuristic_input(root: DataRoot, key: str) -> dict[str, Any] | None:
-    """The first `language_filtered` row whose doc_id or url is `key`."""
+def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str] | None:
+    """The first `language_filtered` row whose doc_id or url is `key`, as a one-row table with every
+    column (a custom filter may read any), and the table it came from."""
     import polars as pl
 
     from assets.stages.language import STAGE as LANGUAGE_STAGE
@@ -271,19 +270,25 @@ def find_heuristic_input(root: DataRoot, key: str) -> dict[str, Any] | None:
         ids = root.read_parquet(table, columns=["doc_id", "url"])
         hit = ids.with_row_index().filter((pl.col("doc_id") == key) | (pl.col("url") == key))
         if hit.height:
-            row = root.read_parquet(table, columns=EXPLAIN_COLUMNS).row(int(hit["index"][0]), named=True)
-            return {**row, "table": root.display(table)}
+            return root.read_parquet(table).slice(int(hit["index"][0]), 1), root.display(table)
     return None
 
 
 def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str, Any] | None:
-    """Every heuristic rule the document fails ({rule, value, threshold}), or None when no
-    document of the heuristic stage's input has that doc_id or url."""
+    """Every heuristic rule and custom filter the document fails ({rule, value, threshold}), or None
+    when no document of the heuristic stage's input has that doc_id or url."""
+    from collections import Counter
+
+    import polars as pl
+
+    from assets.stages.custom import build_custom_filter, in_family
     from assets.stages.heuristic import HeuristicFilter
 
-    row = find_heuristic_input(root, key)
-    if row is None:
+    found = find_heuristic_input(root, key)
+    if found is None:
         return None
+    frame, table = found
+    row = frame.row(0, named=True)
     try:
         source = cfg.source(row["source"])
     except KeyError:
@@ -292,17 +297,26 @@ def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str,
             f"config the data root was materialized with"
         ) from None
     heuristic = HeuristicFilter(cfg.stages.heuristic, source.rules_off)
-    failures = heuristic.explain(row["text"], row["url"], row["language"])
+    failures = [(d.rule, d.value, d.detail) for d in heuristic.explain(row["text"], row["url"], row["language"])]
+    # Custom filters see the text the rules keep (C4 may drop lines); on a dropped document, its own.
+    kept, _ = heuristic.apply(row["text"], row["url"], Counter(), row["language"])
+    custom_input = frame.with_columns(pl.lit(row["text"] if kept is None else kept).alias("text"))
+    for spec in cfg.stages.custom_filters:
+        stage = build_custom_filter(spec, cfg.base_dir)
+        stage.record_timeout_s = cfg.stages.record_timeout_s
+        rejects = in_family(stage.run(custom_input), spec.name).rejects
+        failures += rejects.select("rule", "value", "detail").rows()
     return {
         "doc_id": row["doc_id"],
         "url": row["url"],
         "source": row["source"],
         "language": row["language"],
         "language_score": row["language_score"],
-        "table": row["table"],
+        "table": table,
         "heuristic_skipped_by_source": "heuristic" in source.skip,
         "rules_off": sorted(heuristic.rules_for(row["language"]).off),
-        "failures": [{"rule": d.rule, "value": d.value, "threshold": d.detail} for d in failures],
+        "custom_filters": [spec.name for spec in cfg.stages.custom_filters],
+        "failures": [{"rule": rule, "value": value, "threshold": detail} for rule, value, detail in failures],
     }
 
 
@@ -314,6 +328,8 @@ def format_explanation(exp: dict[str, Any]) -> str:
     ]
     if exp["rules_off"]:
         out.append(f"rules off for it: {', '.join(exp['rules_off'])}")
+    if exp["custom_filters"]:
+        out.append(f"custom filters, after the rules: {', '.join(exp['custom_filters'])}")
     if exp["heuristic_skipped_by_source"]:
         out.append("its source skips heuristic_filtered, so no rule removes it; had it run:")
     failures = exp["failures"]
@@ -381,7 +397,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Retention of every materialized funnel stage (documents and bytes in and out), overall and per "
                     "bucket, the top removal reasons, and seed 002's raw-input budget B0 = N * b_t / prod(r_j): the "
                     "raw bytes to collect for N clean tokens at this retention. With --explain, every heuristic rule "
-                    "one document fails, with the measured value and the threshold. It reads what the graph wrote "
+                    "and custom filter one document fails, with the measured value and the threshold. It reads what the graph wrote "
                     "under the data root; materialize the funnel first (`refinery demo --config C`).",
         epilog="examples:\n  refinery funnel --config configs/demo.yaml\n"
                "  refinery funnel --config configs/demo.yaml --target-tokens 1000000000 --json\n"
@@ -398,5 +414,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bytes-per-token", type=_positive(float), default=DEFAULT_BYTES_PER_TOKEN,
                    help=f"b_t in the budget (default {DEFAULT_BYTES_PER_TOKEN:g})")
     p.add_argument("--explain", metavar="URL_OR_DOC_ID", default=None,
-                   help="list every heuristic rule that document fails, with its value and threshold")
+                   help="list every heuristic rule and custom filter that document fails, with its value and threshold")
     p.set_defaults(func=run, needs=READ_ONLY)

@@ -212,6 +212,22 @@ def test_explain_follows_the_sources_rule_switches(language_filtered, capsys):
     assert "passes every heuristic rule" in capsys.readouterr().out
 
 
+def test_explain_runs_the_configs_custom_filters_after_the_rules(language_filtered, capsys):
+    digits = {"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 3}}
+    config = write_config(language_filtered, stages={"custom_filters": [digits]})
+    assert main(["funnel", "--config", config, "--explain", "https://a.example/town", "--json"]) == 0
+    exp = json.loads(capsys.readouterr().out)
+    assert exp["custom_filters"] == ["digits"]
+    assert exp["failures"] == [{"rule": "digits/too_few_digits", "value": 0.0, "threshold": "0 digits < min_digits 3"}]
+    assert main(["funnel", "--config", config, "--explain", "web-0/0000000", "--json"]) == 0
+    rules = [f["rule"] for f in json.loads(capsys.readouterr().out)["failures"]]
+    assert len(rules) == 16 and rules[0] == "gopher_quality/stop_words" and rules[-1] == "digits/too_few_digits"
+    assert main(["funnel", "--config", config, "--explain", "https://a.example/town"]) == 0
+    out = capsys.readouterr().out
+    assert "custom filters, after the rules: digits" in out
+    assert ["digits/too_few_digits", "0", "0 digits < min_digits 3"] in [line.split(None, 2) for line in out.splitlines()]
+
+
 def test_explain_of_an_unknown_document_says_where_it_looked(language_filtered, capsys):
     assert main(["funnel", "--config", write_config(language_filtered), "--explain", "https://nowhere.example/"]) == 1
     err = capsys.readouterr().err

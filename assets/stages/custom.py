@@ -73,7 +73,7 @@ def build_custom_filter(spec: CustomFilterConfig, base_dir: str, stage_name: str
     return stage
 
 
-def _in_family(out: StageOutput, family: str) -> StageOutput:
+def in_family(out: StageOutput, family: str) -> StageOutput:
     """`out` with every reason and counter under `family/`."""
     prefix = f"{family}/"
 
@@ -103,7 +103,7 @@ class FilterChain(Stage):
             stage.record_timeout_s = self.record_timeout_s
             out = stage.run(kept)
             if stage is not self.first:
-                out = _in_family(out, stage.family)
+                out = in_family(out, stage.family)
             rejects.append(out.rejects)
             stats.dropped += out.stats.dropped
             stats.counters += out.stats.counters
