@@ -298,9 +298,10 @@ def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str,
         ) from None
     heuristic = HeuristicFilter(cfg.stages.heuristic, source.rules_off)
     failures = [(d.rule, d.value, d.detail) for d in heuristic.explain(row["text"], row["url"], row["language"])]
-    # Custom filters see the text the rules keep (C4 may drop lines); on a dropped document, its own.
-    kept, _ = heuristic.apply(row["text"], row["url"], Counter(), row["language"])
-    custom_input = frame.with_columns(pl.lit(row["text"] if kept is None else kept).alias("text"))
+    if cfg.stages.custom_filters:
+        # They see the text the rules keep (C4 may drop lines); on a document the rules drop, its own.
+        kept, _ = heuristic.apply(row["text"], row["url"], Counter(), row["language"])
+        custom_input = frame.with_columns(pl.lit(row["text"] if kept is None else kept).alias("text"))
     for spec in cfg.stages.custom_filters:
         stage = build_custom_filter(spec, cfg.base_dir)
         stage.record_timeout_s = cfg.stages.record_timeout_s
@@ -397,8 +398,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Retention of every materialized funnel stage (documents and bytes in and out), overall and per "
                     "bucket, the top removal reasons, and seed 002's raw-input budget B0 = N * b_t / prod(r_j): the "
                     "raw bytes to collect for N clean tokens at this retention. With --explain, every heuristic rule "
-                    "and custom filter one document fails, with the measured value and the threshold. It reads what the graph wrote "
-                    "under the data root; materialize the funnel first (`refinery demo --config C`).",
+                    "and custom filter one document fails, with the measured value and the threshold. It reads what "
+                    "the graph wrote under the data root; materialize the funnel first (`refinery demo --config C`).",
         epilog="examples:\n  refinery funnel --config configs/demo.yaml\n"
                "  refinery funnel --config configs/demo.yaml --target-tokens 1000000000 --json\n"
                "  refinery funnel --config configs/demo.yaml --explain https://example.com/page",
