@@ -150,6 +150,26 @@ def test_states_inside_a_bulk_plan_equal_step_by_step_states(tmp_path):
     assert {s["schedule"] for s in states[: data.schedule.phase_starts[1]]} == {states[0]["schedule"]}
 
 
+def test_states_inside_bulk_plans_equal_step_by_step_states_across_a_drop(tmp_path):
+    buckets = {"web": SyntheticBucket(200, 60), "math": SyntheticBucket(6, 30, max_epochs=1),
+               "code": SyntheticBucket(100, 50)}
+    phases = [SyntheticPhase("only", 8192, {"web": 0.5, "math": 0.3, "code": 0.2}, seq_len=32)]
+    cfg = load_config(tiny_run(tmp_path, phases=phases, buckets=buckets))
+    data = CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), 4)
+    one, stepwise = data.sampler(True), []
+    while not one.done():
+        one.plan_next()
+        stepwise.append(one.state_dict(1))
+    bulk, states = data.sampler(True), []
+    while not bulk.done():
+        chunk = bulk.plan_steps(16)
+        states += bulk.states_after(chunk, 1)
+    [(bucket, at)] = bulk.dropped
+    assert bucket == "math" and 0 < at < len(states) - 1
+    assert [s["dropped"] for s in states[at - 1:at + 1]] == [[], [["math", at]]]
+    assert states == stepwise
+
+
 def test_exhaustion_drop_restarts_the_allocation_within_bounds(tmp_path):
     buckets = {"web": SyntheticBucket(200, 60), "math": SyntheticBucket(6, 30, max_epochs=1),
                "code": SyntheticBucket(100, 50)}

@@ -85,13 +85,13 @@ class StepChunk:
         return self
 
     def batches(self) -> list[StepBatch]:
-        views = {k: v.unbind(0) for k, v in self.arrays.items()}
-        return [
-            StepBatch(self.first_step + j, self.phase, self.seq_len, *(views[k][j] for k in BATCH_FIELDS),
-                      self.layouts[j], sampler_state=state, dropped=self.dropped if j == 0 else [],
-                      consumed=self.consumed[j] if self.consumed is not None else None)
-            for j, state in enumerate(self.states)
-        ]
+        tokens, row_bucket = (self.arrays[k].unbind(0) for k in BATCH_FIELDS)
+        out = [StepBatch(step, self.phase, self.seq_len, *parts, [])
+               for step, *parts in zip(itertools.count(self.first_step), tokens, row_bucket, self.layouts, self.states)]
+        out[0].dropped = self.dropped
+        for batch, pieces in zip(out, self.consumed or ()):
+            batch.consumed = pieces
+        return out
 
 
 class StepStream:

@@ -458,16 +458,21 @@ class CurriculumSampler:
         return self.states_after(chunk, world_size, [i])[0]
 
     def states_after(self, chunk: ChunkPlan, world_size: int, steps: list[int] | None = None) -> list[dict[str, Any]]:
-        """The state after each of the chosen steps of `chunk` (default all), built in one pass."""
+        """The state after each of the chosen steps of `chunk` (default all), built in one pass: what
+        the steps share (fingerprint, drops, the other sets' cursors) once, each step's cursors from
+        one table."""
         steps = list(range(chunk.steps)) if steps is None else steps
         own = {es.key: k for k, es in enumerate(chunk.sets)}
         keys = sorted({*chunk.cursors_before, *own})
-        fixed = {k: chunk.cursors_before.get(k, 0) for k in keys if k not in own}
-        rows = chunk.cursors[steps].tolist()
-        return [
-            self._state(chunk.step + i + 1, {k: row[own[k]] if k in own else fixed[k] for k in keys}, world_size)
-            for i, row in zip(steps, rows)
-        ]
+        table = np.empty((len(steps), len(keys)), dtype=np.int64)
+        for j, k in enumerate(keys):
+            table[:, j] = chunk.cursors[steps, own[k]] if k in own else chunk.cursors_before.get(k, 0)
+        # Every step of a chunk reads one phase, and drops happen only at a chunk's first step, so
+        # the state after any of its steps has the fingerprint and drops of the state after its first.
+        shared = self._state(chunk.step + 1, {}, world_size)
+        return [{**shared, "step": chunk.step + i + 1, "cursors": dict(zip(keys, row)),
+                 "dropped": [list(d) for d in shared["dropped"]]}
+                for i, row in zip(steps, table.tolist())]
 
     def _state(self, step: int, cursors: dict[str, int], world_size: int) -> dict[str, Any]:
         return {
