@@ -29,7 +29,7 @@ def reference_steps(data, rows):
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2, 3])  # rings of 4, 3 and 2 slots per producer
+@pytest.mark.parametrize("workers", [0, 2, 3])  # rings of 3, 3 and 2 slots per producer
 def test_loader_serves_the_reference_steps_and_held_batches_stay_intact(tiny, workers, monkeypatch):
     """Chunks of 3 steps, so the reuse ring wraps many times; the consumer keeps the previous batch
     and checks it is unchanged once the next one has arrived."""
@@ -102,6 +102,38 @@ def test_prefetcher_raises_the_source_error_where_it_happened():
         for item in Prefetcher(source()):
             got.append(item)
     assert got == [1, 2]
+
+
+def _voluntary_switches() -> int:
+    with open("/proc/thread-self/status") as f:
+        return int(f.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_the_in_process_ring_waits_for_the_consumer_without_polling():
+    """The stream's thread, ahead of a slow consumer, sleeps until the consumer moves on: a thread
+    polling would take the GIL from the trainer every half millisecond."""
+    import threading
+    import time
+
+    ring = loader_mod._Ring(False, 0)
+    reuse = ring.per_producer  # the first chunk to reuse a slot (chunk 0's)
+    got, switches = [], []
+
+    def produce():
+        before = _voluntary_switches()
+        got.append(ring.acquire(reuse, 1))
+        switches.append(_voluntary_switches() - before)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    time.sleep(0.2)
+    ring.consumer_started(1)  # reading chunk 1, it may still hold a batch of chunk 0
+    time.sleep(0.05)
+    assert not got, "chunk 0's slot was handed out while the consumer could still hold its batch"
+    ring.consumer_started(2)
+    thread.join(5)
+    assert got == [ring.slots[0]]
+    assert switches[0] <= 5, f"the waiting thread woke {switches[0]} times in 0.25 s"
 
 
 def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the_loader(tiny, monkeypatch):

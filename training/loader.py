@@ -200,23 +200,25 @@ class _Buffers:
 
 def ring_chunks(workers: int) -> int:
     """Ring slots per producer (the stream itself, or each of `workers` processes). With k producers
-    of r slots each, chunk g may refill its slot once the consumer has started chunk g - r * k + 2, so
-    a worker that has made chunk g can start g + k while the consumer still waits for g (started
-    g - 1) iff r * k >= k + 3: producers never wait on the ring while they are the bottleneck. Four
-    slots for one producer, three each for two, two each from three on (16 workers: 32 slots,
-    not 64)."""
-    k = max(workers, 1)
-    return 1 + -(-3 // k)
+    of r slots each, chunk g may refill its slot once the consumer has started chunk g - r * k + 2
+    (it reads one chunk and may still hold a batch of the one before).
+    - In process, the `Prefetcher` hands a chunk to a waiting consumer before it goes on, so the
+      consumer has started g - 1 when the stream, the bottleneck, starts g: three slots.
+    - A worker that has made chunk g can start g + k while the consumer still waits for g (started
+      g - 1) iff r * k >= k + 3: workers never wait on the ring while they are the bottleneck. Four
+      slots for one worker, three each for two, two each from three on (16 workers: 32 slots, not
+      64)."""
+    return 3 if workers == 0 else 1 + -(-3 // workers)
 
 
 class _Ring:
     """Gather buffers reused round-robin, because first touching fresh pages costs more than the copy
     (on a VM, ten times more). Each producer (the stream, or each worker process) owns
     `ring_chunks(workers)` slots; chunk g of the stream fills its worker's slot g // workers % r once
-    the consumer has started chunk g - r * workers + 2 (the consumer reads one chunk and may still
-    hold a batch of the one before). With workers, the slots and `consumer_at` are shared memory
-    allocated before the workers start: a worker sends only the slot number and shapes, and sees the
-    consumer's progress; the consumer reads the slot through its own mapping."""
+    the consumer has started chunk g - r * workers + 2. In process, the stream waits for that on a
+    condition the consumer notifies. With workers, the slots and `consumer_at` are shared memory
+    allocated before the workers start, which a worker polls; it sends only the slot number and
+    shapes, and the consumer reads the slot through its own mapping."""
 
     def __init__(self, pin: bool, workers: int = 0, sizes: dict[str, int] | None = None):
         self.pin, self.shared = pin, workers > 0
@@ -224,6 +226,7 @@ class _Ring:
         # Allocated before the workers start, so every process maps the same memory. Numpy: a read
         # costs a tenth of a torch tensor's.
         self.consumer_at = _shared_zeros(1, np.int64) if self.shared else np.zeros(1, dtype=np.int64)
+        self.moved = threading.Condition()
         self.slots = [_Buffers(pin, self.shared, sizes) for _ in range(self.per_producer * max(workers, 1))]
 
     def slot_of(self, chunk: int, workers: int) -> int:
@@ -231,16 +234,26 @@ class _Ring:
 
     def acquire(self, chunk: int, workers: int) -> _Buffers:
         """Chunk `chunk`'s slot, once the consumer no longer reads what it held before."""
-        while int(self.consumer_at[0]) < chunk - self.per_producer * workers + 2:
-            time.sleep(0.0005)
+        needed = chunk - self.per_producer * workers + 2
+        if self.shared:
+            while int(self.consumer_at[0]) < needed:
+                time.sleep(0.0005)
+        else:  # a thread polling here would take the GIL from the trainer 2000 times a second
+            with self.moved:
+                self.moved.wait_for(lambda: int(self.consumer_at[0]) >= needed)
         return self.slots[self.slot_of(chunk, workers)]
 
     def consumer_started(self, chunk: int) -> None:
-        self.consumer_at[0] = max(int(self.consumer_at[0]), chunk)
+        self._moved_to(max(int(self.consumer_at[0]), chunk))
 
     def release_all(self) -> None:
         """The consumer is gone: no buffer is read any more."""
-        self.consumer_at[0] = 1 << 62
+        self._moved_to(1 << 62)
+
+    def _moved_to(self, chunk: int) -> None:
+        with self.moved:
+            self.consumer_at[0] = chunk
+            self.moved.notify_all()
 
 
 class Prefetcher:
@@ -257,18 +270,24 @@ class Prefetcher:
     def __iter__(self) -> Iterator[Any]:
         items: queue.Queue = queue.Queue(self.depth)
         stop = threading.Event()
+        waiting, taken = threading.Event(), threading.Event()  # the consumer is blocked on `items`; it took one
         source = iter(self.source)  # worker processes fork here, on the caller's thread
 
         def put(item: Any) -> bool:
             while not stop.is_set():
                 try:
+                    taken.clear()
                     items.put(item, timeout=0.1)
-                    # Hand the GIL over now: a consumer woken by the put would otherwise wait out
-                    # the interpreter's switch interval (5 ms) while this thread gathers on.
-                    time.sleep(0)
-                    return True
                 except queue.Full:
                     continue
+                # A consumer woken by the put needs the GIL, which this thread would win back at each
+                # release (numpy gives it up around every piece it copies) for up to the interpreter's
+                # switch interval (5 ms), waking the consumer for nothing each time. Blocked until the
+                # consumer has the item, this thread hands it the GIL at once.
+                if waiting.is_set():
+                    while not taken.wait(0.1) and not stop.is_set():
+                        pass
+                return True
             return False
 
         def produce() -> None:
@@ -289,17 +308,21 @@ class Prefetcher:
         try:
             n = 0
             while True:
+                waiting.set()
                 item = items.get()
+                waiting.clear()
                 if item is self._END:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 if self.on_list is not None:
-                    self.on_list(n)
+                    self.on_list(n)  # before the producer goes on: it may reuse what the consumer left
+                taken.set()
                 n += 1
                 yield from item
         finally:
             stop.set()
+            taken.set()
             if self.on_list is not None:
                 self.on_list(None)
             thread.join()
