@@ -150,12 +150,17 @@ def test_states_inside_a_bulk_plan_equal_step_by_step_states(tmp_path):
     assert {s["schedule"] for s in states[: data.schedule.phase_starts[1]]} == {states[0]["schedule"]}
 
 
-def test_states_inside_bulk_plans_equal_step_by_step_states_across_a_drop(tmp_path):
+def math_runs_dry(tmp_path) -> CurriculumData:
+    """One phase whose "math" bucket (six short entries, one epoch) runs dry partway through."""
     buckets = {"web": SyntheticBucket(200, 60), "math": SyntheticBucket(6, 30, max_epochs=1),
                "code": SyntheticBucket(100, 50)}
     phases = [SyntheticPhase("only", 8192, {"web": 0.5, "math": 0.3, "code": 0.2}, seq_len=32)]
     cfg = load_config(tiny_run(tmp_path, phases=phases, buckets=buckets))
-    data = CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), 4)
+    return CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), 4)
+
+
+def test_states_inside_bulk_plans_equal_step_by_step_states_across_a_drop(tmp_path):
+    data = math_runs_dry(tmp_path)
     one, stepwise = data.sampler(True), []
     while not one.done():
         one.plan_next()
@@ -171,11 +176,7 @@ def test_states_inside_bulk_plans_equal_step_by_step_states_across_a_drop(tmp_pa
 
 
 def test_exhaustion_drop_restarts_the_allocation_within_bounds(tmp_path):
-    buckets = {"web": SyntheticBucket(200, 60), "math": SyntheticBucket(6, 30, max_epochs=1),
-               "code": SyntheticBucket(100, 50)}
-    phases = [SyntheticPhase("only", 8192, {"web": 0.5, "math": 0.3, "code": 0.2}, seq_len=32)]
-    cfg = load_config(tiny_run(tmp_path, phases=phases, buckets=buckets))
-    data = CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), 4)
+    data = math_runs_dry(tmp_path)
     sampler = data.sampler(True)
     while not sampler.done():
         sampler.plan_steps(16)
