@@ -2,6 +2,7 @@
 checkpoints, status and metrics are mirrored to the data root, and a fresh machine resumes from
 there with the same result as an uninterrupted local run."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from refinery.config import load_config
 from refinery.storage import LocalDataRoot
 from refinery.storage_s3 import S3DataRoot
 from training.metrics import JsonLines
-from training.run_store import run_base
+from training.run_store import RunMirror, run_base
 from training.synthetic import tiny_run
 from training.trainer import RunOptions, Trainer
 
@@ -37,6 +38,9 @@ def s3_copy_of(config: Path, tmp_path: Path, **training) -> Path:
 
 def test_training_on_s3_mirrors_the_run_and_resumes_on_a_fresh_machine(tmp_path, monkeypatch, moto_s3):  # noqa: F811
     local_config = tiny_run(tmp_path / "local")
+    spec = yaml.safe_load(local_config.read_text())
+    spec.setdefault("training", {})["record_consumption"] = True
+    local_config.write_text(yaml.safe_dump(spec))
     reference = Trainer(load_config(local_config), RunOptions(run_dir=str(tmp_path / "reference")))
     assert reference.train()["state"] == "completed"
     expected = JsonLines(tmp_path / "reference/metrics.jsonl").read()
@@ -54,7 +58,11 @@ def test_training_on_s3_mirrors_the_run_and_resumes_on_a_fresh_machine(tmp_path,
     local_ckpts = sorted(p.name for p in (local_run / "checkpoints").glob("step-*"))
     assert sorted(k.rsplit("/", 1)[1] for k in run_keys if "/checkpoints/" in k) == local_ckpts, \
         "every local checkpoint and sidecar is on S3, pruned ones are gone from both"
-    assert {f"{cfg.training.run_dir}/status.json", f"{cfg.training.run_dir}/metrics.jsonl"} <= set(run_keys)
+    assert f"{cfg.training.run_dir}/status.json" in run_keys
+    for log in ("metrics.jsonl", "consumption-rank0.jsonl"):
+        segments = sorted(k for k in run_keys if f"/logs/{log}/" in k)
+        assert len(segments) > 1 and b"".join(remote.read_bytes(k) for k in segments) == (local_run / log).read_bytes(), \
+            f"{log}: the segments on S3 hold every line once, in order"
     shards = list((tmp_path / "machine-1").rglob("shard-*.bin"))
     assert shards, "shards were read through the local cache tier"
 
@@ -65,6 +73,50 @@ def test_training_on_s3_mirrors_the_run_and_resumes_on_a_fresh_machine(tmp_path,
     got = JsonLines(run_base(cfg) / "metrics.jsonl").read()
     assert [r["step"] for r in got] == [r["step"] for r in expected]
     assert got[-1]["loss/total"] == pytest.approx(expected[-1]["loss/total"], rel=1e-5)
+    assert JsonLines(run_base(cfg) / "consumption-rank0.jsonl").read() == \
+        JsonLines(tmp_path / "reference/consumption-rank0.jsonl").read(), "the consumption audit moved with the run"
+
+
+def lines(n: int, start: int = 0) -> bytes:
+    return b"".join(json.dumps({"step": i}).encode() + b"\n" for i in range(start, start + n))
+
+
+def test_logs_go_up_in_segments_of_new_lines_and_come_back_cut_to_the_resumed_step(tmp_path, capsys):
+    root, run = LocalDataRoot(tmp_path / "root"), tmp_path / "machine-1"
+    run.mkdir()
+    log = run / "metrics.jsonl"
+    mirror = RunMirror(root, "runs/r", run)
+    log.write_bytes(lines(3))
+    mirror.push_log(log)
+    log.write_bytes(lines(5) + b'{"step": 5, "lo')  # a line being written when the checkpoint comes
+    mirror.push_log(log)
+    mirror.push_log(log)  # nothing new: no segment
+    keys = root.list("runs/r/logs/metrics.jsonl")
+    assert [k.rsplit("/", 1)[1] for k in keys] == ["000000000000-000000000003.jsonl", "000000000003-000000000005.jsonl"]
+    assert b"".join(root.read_bytes(k) for k in keys) == lines(5), "each whole line once, the torn one not yet"
+
+    # Resume from step 3 elsewhere: restore joins the segments, the cut back drops steps 4-5, and
+    # the sync leaves the root holding what the new machine holds.
+    other = tmp_path / "machine-2"
+    assert RunMirror(root, "runs/r", other).restore() == 1
+    assert (other / "metrics.jsonl").read_bytes() == lines(5)
+    (other / "metrics.jsonl").write_bytes(lines(4))
+    resumed = RunMirror(root, "runs/r", other)
+    resumed.sync_log(other / "metrics.jsonl")
+    keys = root.list("runs/r/logs/metrics.jsonl")
+    assert [k.rsplit("/", 1)[1] for k in keys] == ["000000000000-000000000003.jsonl", "000000000003-000000000004.jsonl"]
+    (other / "metrics.jsonl").write_bytes(lines(4) + lines(2, start=4))
+    resumed.push_log(other / "metrics.jsonl")
+    third = tmp_path / "machine-3"
+    RunMirror(root, "runs/r", third).restore()
+    assert (third / "metrics.jsonl").read_bytes() == lines(6)
+
+    # A segment lost on the root: the log comes back up to the gap, and says so.
+    root.delete(keys[1])
+    fourth = tmp_path / "machine-4"
+    RunMirror(root, "runs/r", fourth).restore()
+    assert (fourth / "metrics.jsonl").read_bytes() == lines(3)
+    assert "lines 3-4 of metrics.jsonl are missing on the data root; restored the first 3" in capsys.readouterr().out
 
 
 def test_shards_larger_than_the_cache_bound_are_refused_at_start(tmp_path, monkeypatch, moto_s3):  # noqa: F811

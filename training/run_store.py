@@ -5,8 +5,11 @@ local disk, and torch reads them back from there. On a remote data root that dir
 local cache (`$REFINERY_CACHE_DIR/runs/...`), and `RunMirror` keeps its durable copy on the data
 root under `training.run_dir`: every checkpoint is uploaded after it is saved (its sidecar last, so
 a remote checkpoint without a sidecar is incomplete, as it is locally), pruned checkpoints are
-deleted there too, and status and metrics follow each status change. A fresh machine restores the
-directory from the data root before resuming, so a run moves between machines through S3.
+deleted there too, and status follows each status change. The JSON-lines logs (metrics and each
+rank's consumption audit) go up in segments of the lines appended since the last push, so each line
+crosses the network once; uploading the whole file at every checkpoint would grow with the square of
+the run's length. A fresh machine restores the directory from the data root before resuming, so a
+run moves between machines through S3. TensorBoard event files stay local.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+
 from refinery.config import RefineryConfig
 from refinery.storage import DataRoot, atomic_path, open_data_root
 from refinery.storage_s3 import cache_base_dir
-MIRRORED_FILES = ("status.json", "metrics.jsonl")
+
+MIRRORED_FILES = ("status.json",)
+LOG_SEGMENTS = "logs"  # <run key>/logs/<log file name>/<first line>-<end line>.jsonl
 
 
 def is_remote(cfg: RefineryConfig) -> bool:
@@ -37,6 +44,7 @@ class RunMirror:
 
     def __init__(self, root: DataRoot, key_prefix: str, local_dir: Path):
         self.root, self.prefix, self.local = root, key_prefix.strip("/"), Path(local_dir)
+        self._pushed: dict[str, tuple[int, int]] = {}  # log name -> (lines, bytes) of the local file on the root
 
     @classmethod
     def for_run(cls, cfg: RefineryConfig, run_dir: Path) -> "RunMirror | None":
@@ -77,10 +85,86 @@ class RunMirror:
         for key in sorted(remote - local, key=lambda k: not k.endswith(".json")):  # sidecar first, as locally
             self.root.delete(key)
 
+    # ---- JSON-lines logs, in segments -------------------------------------------------------------
+
+    def _segments(self, name: str) -> list[tuple[int, int, str]]:
+        """(first line, end line, key) of the root's segments of log `name`, by first line."""
+        base = f"{self.prefix}/{LOG_SEGMENTS}/{name}/"
+        out = []
+        for key in self.root.list(base.rstrip("/")):
+            first, _, end = key[len(base):].removesuffix(".jsonl").partition("-")
+            if key.startswith(base) and first.isdigit() and end.isdigit():
+                out.append((int(first), int(end), key))
+        return sorted(out)
+
+    def _write_segment(self, name: str, first: int, data: bytes) -> int:
+        end = first + data.count(b"\n")
+        self.root.write_bytes(f"{self.prefix}/{LOG_SEGMENTS}/{name}/{first:012d}-{end:012d}.jsonl", data)
+        return end
+
+    def push_log(self, path: Path) -> None:
+        """Upload the whole lines appended to log `path` since the last push as one segment (a line
+        still being written waits for the next push)."""
+        if path.name not in self._pushed:
+            self.sync_log(path)
+        lines, offset = self._pushed[path.name]
+        if not path.is_file():
+            return
+        with open(path, "rb") as f:
+            f.seek(offset)
+            new = f.read()
+        new = new[: new.rfind(b"\n") + 1]
+        if new:
+            self._pushed[path.name] = (self._write_segment(path.name, lines, new), offset + len(new))
+
+    def sync_log(self, path: Path) -> None:
+        """Make the root's segments of log `path` hold the local file's whole lines and no more (resume
+        cut the file back to the checkpoint): segments reaching past its end or after a gap are
+        deleted, and the lines after the last kept one are pushed again."""
+        data = path.read_bytes() if path.is_file() else b""
+        data = data[: data.rfind(b"\n") + 1]
+        total, kept = data.count(b"\n"), 0
+        for first, end, key in self._segments(path.name):
+            if first == kept and end <= total:
+                kept = end
+            else:
+                self.root.delete(key)
+        offset = int(np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))[kept - 1]) + 1 if kept else 0
+        if kept < total:
+            self._write_segment(path.name, kept, data[offset:])
+        self.root.delete(self._key(self.local / path.name))  # a whole-file copy an older version mirrored
+        self._pushed[path.name] = (total, len(data))
+
+    def _restore_logs(self) -> int:
+        """Each log the local directory lacks, joined from its segments up to the first gap."""
+        base, restored = f"{self.prefix}/{LOG_SEGMENTS}/", 0
+        names = sorted({k[len(base):].split("/", 1)[0] for k in self.root.list(base.rstrip("/")) if k.startswith(base)})
+        for name in names:
+            target = self.local / name
+            if target.exists():
+                continue
+            parts, end = [], 0
+            for first, last, key in self._segments(name):
+                if first != end:
+                    print(f"refinery train: {self.root.display(key)}: lines {end}-{first} of {name} are missing on the "
+                          f"data root; restored the first {end}")
+                    break
+                parts.append(self.root.read_bytes(key))
+                end = last
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(target) as tmp:
+                tmp.write_bytes(b"".join(parts))
+            restored += 1
+        return restored
+
     def restore(self) -> int:
-        """Copy into the local directory every mirrored file it lacks; returns how many were copied."""
-        copied = 0
+        """Copy into the local directory every mirrored file and log it lacks; returns how many were
+        copied."""
+        copied = self._restore_logs()
+        logs = f"{self.prefix}/{LOG_SEGMENTS}/"
         for key in sorted(self.root.list(self.prefix), key=lambda k: k.endswith(".json")):  # sidecars last
+            if key.startswith(logs):
+                continue
             target = self.local / key[len(self.prefix) + 1:]
             if target.exists():
                 continue

@@ -236,6 +236,8 @@ class Trainer:
             if torn:
                 print(f"refinery train: {log.path}: cut {torn} unreadable line(s) at its end (a write interrupted "
                       "by a crash)", file=sys.stderr)
+            if self.mirror is not None:
+                self.mirror.sync_log(log.path)
 
     # ---- data ----------------------------------------------------------------------------------------
 
@@ -483,6 +485,8 @@ class Trainer:
             if self.mirror is not None:
                 self.mirror.push_checkpoints()
             self._status("running")
+        if self.mirror is not None and self.consumption.path.is_file():
+            self.mirror.push_log(self.consumption.path)
 
     def _status(self, state: str, reason: str = "", **extra: Any) -> dict[str, Any]:
         if self.rank != 0:
@@ -496,6 +500,7 @@ class Trainer:
         )
         if self.mirror is not None:
             self.mirror.push_run_files()
+            self.mirror.push_log(self.metrics.path)
         return status
 
     def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
