@@ -177,3 +177,33 @@ def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the
     assert len(loader_workers()) == 2
     reading.close()  # a consumer that stops early (a SIGTERM, a halt)
     assert loader_workers() == []
+
+
+def test_a_bucket_without_shards_or_with_an_entry_past_int32_is_refused(monkeypatch):
+    """The per-entry tables hold lengths as int32 (20 bytes an entry, for every rank): an entry that
+    does not fit is refused by name, as is a bucket whose manifest lists no shard."""
+    import training.data as data_mod
+    from refinery.manifest import BucketSlice, ShardRef
+
+    class Cache:
+        def local_prefix(self, prefix):
+            return prefix
+
+    class HugeEntry:  # a shard index whose second entry is 2^31 tokens long (no tokens behind it)
+        def __init__(self, prefix):
+            self.offsets = np.array([0, 10, 10 + (1 << 31)], dtype=np.int64)
+            self.overlaps = np.zeros(2, dtype=np.uint32)
+            self.tokens = np.zeros(0, dtype=np.uint16)
+
+        def __len__(self):
+            return 2
+
+        def verify(self, sha256):
+            pass
+
+    with pytest.raises(ValueError, match="bucket 'web': the manifest lists no shards"):
+        data_mod.open_bucket(Cache(), BucketSlice("web", [], 0, 0), set())
+    monkeypatch.setattr(data_mod, "ShardReader", HugeEntry)
+    ref = ShardRef("shards/final/web/shard-00000", 10 + (1 << 31), 2, {})
+    with pytest.raises(ValueError, match=r"bucket 'web': an entry of 2147483648 tokens; entries must be shorter than 2\^31"):
+        data_mod.open_bucket(Cache(), BucketSlice("web", [ref], 10 + (1 << 31), 2), set())

@@ -35,15 +35,16 @@ from training.validation import heldout_entries  # e-run-safety
 
 @dataclass
 class BucketShards:
-    """One bucket's final shards, memory-mapped, with per-entry lookup arrays over global entry ids."""
+    """One bucket's final shards, memory-mapped, with per-entry lookup arrays over global entry ids:
+    20 bytes an entry, held by every rank (a bucket of a billion entries costs 20 GB)."""
 
     bucket: str
     prefixes: list[str]  # data-root keys
     arrays: list[np.ndarray]
-    entry_shard: np.ndarray  # int64: global entry id -> shard position in `arrays`
+    entry_shard: np.ndarray  # int32: global entry id -> shard position in `arrays`
     entry_offset: np.ndarray  # int64: global entry id -> first token within its shard
-    lengths: np.ndarray  # int64
-    overlaps: np.ndarray  # int64 overlap-prefix length (masked out of the loss)
+    lengths: np.ndarray  # int32
+    overlaps: np.ndarray  # uint32 overlap-prefix length (masked out of the loss)
 
     def shard_token(self, entry: int, token: int) -> tuple[str, int]:
         """(shard prefix key, token offset within the shard) of token `token` of global entry `entry`."""
@@ -60,14 +61,18 @@ def open_bucket(cache: ShardCache, bucket: BucketSlice, verified: set[str]) -> B
         readers.append(reader)
     if not readers:
         raise ValueError(f"bucket {bucket.bucket!r}: the manifest lists no shards; rebuild phase_manifests")
+    lengths = np.concatenate([np.diff(r.offsets) for r in readers])
+    if len(lengths) and lengths.max() >= 1 << 31:
+        raise ValueError(f"bucket {bucket.bucket!r}: an entry of {int(lengths.max())} tokens; entries must be "
+                         "shorter than 2^31 tokens (tokenize splits documents into windows)")
     return BucketShards(
         bucket=bucket.bucket,
         prefixes=[ref.prefix for ref in bucket.shards],
         arrays=[r.tokens.view(np.ndarray) for r in readers],
-        entry_shard=np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(readers)]),
+        entry_shard=np.concatenate([np.full(len(r), i, dtype=np.int32) for i, r in enumerate(readers)]),
         entry_offset=np.concatenate([r.offsets[:-1] for r in readers]).astype(np.int64),
-        lengths=np.concatenate([np.diff(r.offsets) for r in readers]).astype(np.int64),
-        overlaps=np.concatenate([r.overlaps for r in readers]).astype(np.int64),
+        lengths=lengths.astype(np.int32),
+        overlaps=np.concatenate([r.overlaps for r in readers]),
     )
 
 
@@ -138,8 +143,6 @@ class CurriculumData:
             arrays.extend(buckets[name].arrays)
         self._arrays = arrays
         self._array_base = base
-        # Global entry id -> position in `_arrays`, per bucket: one lookup per piece when gathering.
-        self._entry_array = {name: base[name] + buckets[name].entry_shard for name in self.bucket_names}
         self._allocations: dict = {}
 
     @classmethod
@@ -233,7 +236,7 @@ class CurriculumData:
         for si, es in enumerate(chunk.sets):
             m = p.set_index == si if len(chunk.sets) > 1 else slice(None)
             bs, e = self.buckets[es.bucket], p.entry[m]
-            array[m] = self._entry_array[es.bucket][e]
+            array[m] = self._array_base[es.bucket] + bs.entry_shard[e]
             start[m] = bs.entry_offset[e]
             overlap[m] = bs.overlaps[e]
         lo, hi = start + p.a, start + p.b
