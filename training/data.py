@@ -176,9 +176,12 @@ class CurriculumData:
                 key = entry_set_key(bslice)
                 if key not in sets:
                     selection = read_selection(root, bslice)
-                    ids = np.arange(bslice.total_entries, dtype=np.int64) if selection is None else selection.astype(np.int64)
+                    ids = np.arange(bslice.total_entries) if selection is None else selection
                     if heldout[name].size:  # e-run-safety: never train on held-out entries
                         ids = np.setdiff1d(ids, heldout[name])
+                    # int32 where it fits: the set and each pass's order hold one id per entry
+                    # (a permutation of int32 ids is the same order as of int64 ones)
+                    ids = ids.astype(np.int32 if bslice.total_entries < 1 << 31 else np.int64)
                     sets[key] = EntrySet(key, name, ids, buckets[name].lengths, bslice.max_epochs, cfg.seed)
                 phase_sets[name] = sets[key]
             sets_by_phase.append(phase_sets)

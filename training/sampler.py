@@ -173,8 +173,8 @@ class EntrySet:
 
     key: str
     bucket: str
-    ids: np.ndarray  # int64 global entry ids of the bucket, ascending
-    lengths: np.ndarray  # int64 tokens of every global entry id of the bucket
+    ids: np.ndarray  # global entry ids of the bucket, ascending (int32 when the bucket has fewer than 2^31)
+    lengths: np.ndarray  # tokens of every global entry id of the bucket
     max_epochs: float
     seed: int
     _orders: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -186,7 +186,9 @@ class EntrySet:
     def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(entry ids in pass `epoch`'s order, cumulative token starts with a final total)."""
         # Samplers of several simulated ranks share entry sets from their own prefetch threads: the
-        # cache is read and trimmed so that a racing thread at worst recomputes a permutation.
+        # cache is read and trimmed so that a racing thread at worst recomputes a permutation. Two
+        # passes: a chunk reads across at most one pass boundary, unless the bucket is smaller than
+        # a chunk (then recomputing its order is cheap); each pass held costs 12-16 bytes an entry.
         cached = self._orders.get(epoch)
         if cached is None:
             rng = np.random.default_rng([self.seed, stable_hash(self.key), epoch])
@@ -195,7 +197,7 @@ class EntrySet:
             np.cumsum(self.lengths[perm], out=cum[1:])
             cached = (perm, cum)
             held = list(self._orders)
-            if len(held) >= 4:
+            if len(held) >= 2:
                 self._orders.pop(min(held), None)
             self._orders[epoch] = cached
         return cached
