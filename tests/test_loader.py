@@ -207,3 +207,18 @@ def test_a_bucket_without_shards_or_with_an_entry_past_int32_is_refused(monkeypa
     ref = ShardRef("shards/final/web/shard-00000", 10 + (1 << 31), 2, {})
     with pytest.raises(ValueError, match=r"bucket 'web': an entry of 2147483648 tokens; entries must be shorter than 2\^31"):
         data_mod.open_bucket(Cache(), BucketSlice("web", [ref], 10 + (1 << 31), 2), set())
+
+
+def test_workers_share_the_pass_orders_the_stream_starts_in(tiny):
+    """prime(), run before the workers fork, computes each entry set's current pass order in the
+    parent, so the workers share one copy instead of each holding its own."""
+    sampler = tiny.sampler(False)
+    sampler.plan_steps(5)  # resume mid-phase: the cursors sit inside pass 0
+    stream = StepStream(tiny, sampler.state_dict(2), False, 1, 2)
+    sets = [s for phase in tiny.sets_by_phase for s in phase.values()]
+    for es in sets:
+        es._orders.clear()
+    stream.prime()
+    phase = tiny.schedule.phase_at(5)
+    used = {sampler.set_for(phase, sampler.buckets[b]).key for b in sampler.allocation(phase).used}
+    assert used and {es.key for es in sets if 0 in es._orders} == used

@@ -120,11 +120,17 @@ class StepStream:
         return sampler
 
     def prime(self) -> None:
-        """Compute the row allocation of the phase the stream starts in (a Python pass over the phase's
-        steps, cached on `data`), so that forked workers inherit it instead of each computing it."""
+        """Compute what every forked worker would otherwise compute for itself, so that they share one
+        copy: the row allocation of the phase the stream starts in (a Python pass over its steps) and
+        the order of the pass each of the phase's entry sets is in (12-16 bytes an entry)."""
         sampler = self._sampler()
-        if not sampler.done():
-            sampler.allocation(self.data.schedule.phase_at(sampler.step))
+        if sampler.done():
+            return
+        phase = self.data.schedule.phase_at(sampler.step)
+        for b in sampler.allocation(phase).used:
+            es = sampler.set_for(phase, sampler.buckets[b])
+            if es.pass_tokens:
+                es.order(sampler.cursors.get(es.key, 0) // es.pass_tokens)
 
     def chunks(self, ring: "_Ring | None" = None, worker: int = 0, workers: int = 1) -> Iterator[StepChunk | Exhausted]:
         """Worker `worker`'s chunks (of `workers`), numbered from the stream's start. With a `ring`,

@@ -323,7 +323,7 @@ class CurriculumSampler:
     def done(self) -> bool:
         return self.step >= self.schedule.total_steps
 
-    def _set_for(self, phase: int, bucket: str) -> EntrySet:
+    def set_for(self, phase: int, bucket: str) -> EntrySet:
         for j in range(phase, -1, -1):
             if bucket in self.sets_by_phase[j]:
                 return self.sets_by_phase[j][bucket]
@@ -380,7 +380,7 @@ class CurriculumSampler:
             hi = min(lo + max_steps, len(alloc.counts))
             counts = alloc.counts[lo:hi]
             used = alloc.used
-            sets = [self._set_for(phase, self.buckets[b]) for b in used]
+            sets = [self.set_for(phase, self.buckets[b]) for b in used]
             base = np.array([self.cursors.get(es.key, 0) for es in sets], dtype=np.int64)
             cursors = base + np.cumsum(counts[:, used], axis=0) * L
             over = cursors > np.array([es.limit for es in sets], dtype=np.int64)
