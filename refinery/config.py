@@ -634,7 +634,7 @@ class TrainingConfig(Section):
     # Local cache for shards read from a remote (s3://) data root. The trainer keeps every shard its
     # manifests name in it for the whole run, so a run whose shards do not fit is refused at start.
     shard_cache_gb: float = Field(default=8.0, gt=0.0)
-    record_consumption: bool = False  # write <run_dir>/consumption.jsonl: every entry piece each step read
+    record_consumption: bool = False  # write <run_dir>/consumption-rank<r>.jsonl: every entry piece each step of rank r read
     # sdpa: dense T x T document mask, any device; flex: FlexAttention block mask, O(T) memory, compiled
     # on CUDA; auto: flex on CUDA, sdpa elsewhere.
     attention: Literal["auto", "sdpa", "flex"] = "auto"
