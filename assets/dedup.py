@@ -22,12 +22,12 @@ import dagster as dg
 import polars as pl
 
 from assets.factory import SAMPLE_ROWS, code_version, eager_after, map_files, provenance_metadata
-from assets.stages import dedup_compute as dc
-from assets.stages import exact_dedup as ex
-from assets.stages import near_dedup as nd
-from assets.stages import minhash as mh
-from assets.stages.base import StageStats
-from assets.stages.dedup_compute import (  # noqa: F401  (the steps, also used from here by benches and tests)
+from refinery.stages import dedup_compute as dc
+from refinery.stages import exact_dedup as ex
+from refinery.stages import near_dedup as nd
+from refinery.stages import minhash as mh
+from refinery.stages.base import StageStats
+from refinery.stages.dedup_compute import (  # noqa: F401  (the steps, also used from here by benches and tests)
     CLUSTERS_KEY,
     STAGE,
     UPSTREAM,

@@ -1,7 +1,7 @@
 """One thin factory for every per-document funnel stage, and the provenance every asset attaches.
 
 A partition is a batch of input files (assets/partitions.py). An asset body reads each file's input
-table, runs a pure stage from `assets.stages`, writes that file's kept documents, rejects and stats
+table, runs a pure stage from `refinery.stages`, writes that file's kept documents, rejects and stats
 to the data root (each atomically), and returns one `MaterializeResult` for the run whose metadata
 has the same keys for every stage.
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 import dagster as dg
 import polars as pl
 
-from assets.stages.base import Stage, StageOutput, StageStats, skips
+from refinery.stages.base import Stage, StageOutput, StageStats, skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, batch_shards, documents_key, rejects_key, stats_key

@@ -1,7 +1,7 @@
 """The per-document funnel, partitioned by input batch: `raw_documents` -> `extracted_text` ->
 `language_filtered` -> `heuristic_filtered`, group "funnel".
 
-raw_documents reads each file of the batch (assets/stages/ingest.py); the other three are the
+raw_documents reads each file of the batch (refinery/stages/ingest.py); the other three are the
 factory's batch stages. A source that lists "language" or "heuristic" under `skip` passes its documents
 through that stage untouched (the factory applies `skip:` through each stage's `skip_key`;
 language columns are then null, so every partition of
@@ -14,8 +14,8 @@ from assets.factory import (
     SAMPLE_ROWS, FileResult, batch_metadata, batch_stage_asset, code_version, map_files, merged_stats,
     publish_stage_output,
 )
-from assets.stages import custom, extract, heuristic, ingest, language
-from assets.stages.base import Stage
+from refinery.stages import custom, extract, heuristic, ingest, language
+from refinery.stages.base import Stage
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, batch_shards, input_shards

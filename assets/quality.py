@@ -1,9 +1,9 @@
 """`quality_model` (global), `quality_scored` and `pii_redacted` (per input batch, outputs per file).
 
 quality_model reads every `deduped` partition of the positive and negative buckets, trains the
-classifier of `assets.stages.quality`, and publishes `models/quality/quality-<hash>.pt` plus the
+classifier of `refinery.stages.quality`, and publishes `models/quality/quality-<hash>.pt` plus the
 `models/quality/latest.json` pointer. quality_scored scores each shard with the model the pointer
-names; pii_redacted runs the safety filter and then PII redaction (`assets.stages.pii`).
+names; pii_redacted runs the safety filter and then PII redaction (`refinery.stages.pii`).
 """
 
 
@@ -14,9 +14,9 @@ from assets.factory import (
     SAMPLE_ROWS, FileResult, batch_metadata, batch_stage_asset, code_version, image_markdown, map_files,
     publish_stage_output, run_stage,
 )
-from assets.stages import pii as pii_stage
-from assets.stages import quality as q
-from assets.stages.base import skips
+from refinery.stages import pii as pii_stage
+from refinery.stages import quality as q
+from refinery.stages.base import skips
 from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, batch_shards, documents_key, input_shards

@@ -1,6 +1,6 @@
 """`tokenizer` (global), `tokenized_shards` and `shuffled_shards` (per bucket), `lineage_index` (global).
 
-Thin wrappers: the work is in `assets.stages.tokenize`, `assets.stages.shuffle` and
+Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuffle` and
 `refinery.lineage`. Each bucket partition reads the clean tables of the input shards routed to it
 (a static partition mapping from input shard to bucket).
 """
@@ -8,8 +8,8 @@ Thin wrappers: the work is in `assets.stages.tokenize`, `assets.stages.shuffle` 
 import dagster as dg
 
 from assets.factory import code_version, eager_after, provenance_metadata
-from assets.stages import shuffle as sh
-from assets.stages import tokenize as tk
+from refinery.stages import shuffle as sh
+from refinery.stages import tokenize as tk
 from orchestration.resources import RefineryResource
 from refinery import lineage as lin
 from refinery.config import RefineryConfig

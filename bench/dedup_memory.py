@@ -139,9 +139,9 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
     """`dedup_signatures` files of `docs` documents, without text (see the module docstring)."""
     import polars as pl
 
-    from assets.stages import dedup_compute as dc
-    from assets.stages import exact_dedup as ex
-    from assets.stages import near_dedup as nd
+    from refinery.stages import dedup_compute as dc
+    from refinery.stages import exact_dedup as ex
+    from refinery.stages import near_dedup as nd
     from refinery.config import load_config
     from refinery.documents import input_shards
     from refinery.storage import LocalDataRoot
@@ -180,7 +180,7 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
 def run_step(config: str, step: str, key: str) -> dict[str, int]:
     """One partition of one step, in this process (the child side of `measure`); returns the
     step's counts where it has them (a band's splits and the documents its largest split held)."""
-    from assets.stages import dedup_compute as dedup
+    from refinery.stages import dedup_compute as dedup
     from refinery.config import load_config
     from refinery.storage import LocalDataRoot
 
@@ -247,8 +247,8 @@ def main() -> int:
         print(RESULT_PREFIX + json.dumps({"peak_bytes": own_peak_bytes(), "counts": counts}), flush=True)
         return 0
 
-    from assets.stages import exact_dedup as ex
-    from assets.stages import near_dedup as nd
+    from refinery.stages import exact_dedup as ex
+    from refinery.stages import near_dedup as nd
     from refinery.config import load_config
     from refinery.documents import input_shards
 

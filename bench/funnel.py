@@ -1,6 +1,6 @@
 """Funnel stage throughput next to the bare library call, on one generated corpus, in one run.
 
-The corpus is `refinery.synth.write_corpus` as a per-record-gzip WARC of HTML pages (real English
+The corpus is `refinery.testing.crawl.write_corpus` as a per-record-gzip WARC of HTML pages (real English
 sentences, about 550 words a document), read once by `read_input_shard`. Each stage gets the
 previous stage's output, so every stage sees the documents it would see in the funnel.
 
@@ -43,14 +43,14 @@ from typing import Callable  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from assets.stages.extract import Extractor  # noqa: E402
-from assets.stages.html import main_content_text  # noqa: E402
-from assets.stages.heuristic import HeuristicFilter  # noqa: E402
-from assets.stages.ingest import read_input_shard  # noqa: E402
-from assets.stages.language import LanguageFilter, LanguageModel, bundled_model_path  # noqa: E402
+from refinery.stages.extract import Extractor  # noqa: E402
+from refinery.stages.html import main_content_text  # noqa: E402
+from refinery.stages.heuristic import HeuristicFilter  # noqa: E402
+from refinery.stages.ingest import read_input_shard  # noqa: E402
+from refinery.stages.language import LanguageFilter, LanguageModel, bundled_model_path  # noqa: E402
 from refinery.config import ExtractConfig, HeuristicConfig, LanguageConfig, SourceConfig  # noqa: E402
 from refinery.documents import InputShard  # noqa: E402
-from refinery.synth import write_corpus  # noqa: E402
+from refinery.testing.crawl import write_corpus  # noqa: E402
 
 # datatrove's chain as FineWeb ran it over a JSONL file of {"text": ...}; prints the CPU seconds of
 # each repeat and every document's keep decision as JSON. Run by the interpreter with datatrove.

@@ -5,7 +5,7 @@ datatrove's comparable chain on the same documents, in the same run.
         --datatrove-python /tmp/dtvenv/bin/python
     python bench/funnel_chain.py --corpus multilingual --repeats 5 --datatrove-python /tmp/dtvenv/bin/python
 
-The `synth` corpus is `refinery.synth.write_corpus` JSONL (real English sentences, about 3.6 KB per
+The `synth` corpus is `refinery.testing.crawl.write_corpus` JSONL (real English sentences, about 3.6 KB per
 document, 5% exact and 5% near copies). The `multilingual` corpus is the project's own:
 data/multilingual (documentation pages in ten languages and planted spam) and the JSONL sources of
 data/sample (wiki, books, math, code; the deliberately broken `-9x` files left out), every
@@ -143,13 +143,13 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
     imports_from = cpu_seconds()
     from assets import dedup
     from assets.factory import publish_stage_output
-    from assets.stages import exact_dedup as ex
-    from assets.stages import near_dedup as nd
-    from assets.stages.extract import Extractor
-    from assets.stages.heuristic import HeuristicFilter
-    from assets.stages.ingest import read_input_shard
-    from assets.stages.language import LanguageFilter, LanguageModel
-    from assets.stages.pii import PiiRedactor
+    from refinery.stages import exact_dedup as ex
+    from refinery.stages import near_dedup as nd
+    from refinery.stages.extract import Extractor
+    from refinery.stages.heuristic import HeuristicFilter
+    from refinery.stages.ingest import read_input_shard
+    from refinery.stages.language import LanguageFilter, LanguageModel
+    from refinery.stages.pii import PiiRedactor
     from refinery.config import load_config
     from refinery.documents import documents_key, input_shards
     from refinery.storage import LocalDataRoot
@@ -186,8 +186,8 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
 
 
 def main() -> None:
-    from assets.stages.language import bundled_model_path
-    from refinery.synth import write_corpus
+    from refinery.stages.language import bundled_model_path
+    from refinery.testing.crawl import write_corpus
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=20_000)

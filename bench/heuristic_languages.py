@@ -1,6 +1,6 @@
 """heuristic_filtered CPU time on English and on the multilingual corpus, against another checkout.
 
-Inputs are made once, in this checkout: `refinery.synth` English documents (a WARC, extracted as
+Inputs are made once, in this checkout: `refinery.testing.crawl` English documents (a WARC, extracted as
 the funnel does) and data/multilingual's clean and spam pages, both through language ID with
 `languages: all`. Each checkout named by `--baseline` (a folder holding an older tree, e.g. made
 with `git archive COMMIT | tar -x -C DIR`) and this one then time `HeuristicFilter(HeuristicConfig())
@@ -30,7 +30,7 @@ TIMER = """
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import polars as pl
-import assets.stages.heuristic as h
+import refinery.stages.heuristic as h
 from refinery.config import HeuristicConfig
 assert h.__file__.startswith(sys.argv[1]), h.__file__
 table = pl.read_parquet(sys.argv[2])
@@ -51,12 +51,12 @@ def make_inputs(tmp: Path, docs: int) -> dict[str, Path]:
 
     import polars as pl
 
-    from assets.stages.extract import Extractor
-    from assets.stages.ingest import read_input_shard
-    from assets.stages.language import LanguageFilter, load_language_model
+    from refinery.stages.extract import Extractor
+    from refinery.stages.ingest import read_input_shard
+    from refinery.stages.language import LanguageFilter, load_language_model
     from refinery.config import ExtractConfig, LanguageConfig, SourceConfig
     from refinery.documents import PROVENANCE_SCHEMA, InputShard
-    from refinery.synth import write_corpus
+    from refinery.testing.crawl import write_corpus
 
     language = LanguageFilter(LanguageConfig(languages="all", min_score=0.0), load_language_model(None))
     warc = tmp / "en.warc.gz"
@@ -83,7 +83,7 @@ def make_inputs(tmp: Path, docs: int) -> dict[str, Path]:
 def per_language_ms(path: Path) -> dict[str, float]:
     import polars as pl
 
-    from assets.stages.heuristic import HeuristicFilter
+    from refinery.stages.heuristic import HeuristicFilter
     from refinery.config import HeuristicConfig
 
     table = pl.read_parquet(path)

@@ -1,6 +1,6 @@
 """Throughput of `read_input_shard` (raw_documents) next to the bare library loop, in one process.
 
-- WARC: a per-record-gzip WARC of HTML pages written by `refinery.synth.write_corpus`. Baseline:
+- WARC: a per-record-gzip WARC of HTML pages written by `refinery.testing.crawl.write_corpus`. Baseline:
   FastWARC's `ArchiveIterator` with HTTP parsing, reading each payload and decoding it as UTF-8
   into a list of (url, text) — the least any reader must do.
 - JSONL: the same documents as gzip JSONL. Baseline: `gzip.open`, `json.loads` per line.
@@ -25,10 +25,10 @@ from pathlib import Path
 # Replace, not prepend: sys.path[0] is bench/, whose tokenize.py would shadow the stdlib module.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from assets.stages.ingest import read_input_shard  # noqa: E402
+from refinery.stages.ingest import read_input_shard  # noqa: E402
 from refinery.config import ExtractConfig, SourceConfig  # noqa: E402
 from refinery.documents import InputShard  # noqa: E402
-from refinery.synth import write_corpus  # noqa: E402
+from refinery.testing.crawl import write_corpus  # noqa: E402
 
 
 def bare_warc(path: Path) -> int:

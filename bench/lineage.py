@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import yaml  # noqa: E402
 
-from assets.stages import tokenize as tk  # noqa: E402
+from refinery.stages import tokenize as tk  # noqa: E402
 from refinery import lineage as lin  # noqa: E402
 from refinery.config import load_config  # noqa: E402
 from refinery.documents import PROVENANCE_SCHEMA  # noqa: E402

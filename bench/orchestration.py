@@ -55,9 +55,9 @@ def bare_chain(config: Path) -> None:
     """Every funnel step on every file, called directly, in the order the graph runs them."""
     from assets import dedup, funnel, quality
     from assets.factory import run_stage_on_file
-    from assets.stages import exact_dedup as ex
-    from assets.stages import extract, heuristic, ingest, language
-    from assets.stages import near_dedup as nd
+    from refinery.stages import exact_dedup as ex
+    from refinery.stages import extract, heuristic, ingest, language
+    from refinery.stages import near_dedup as nd
     from orchestration.resources import RefineryResource
     from refinery.documents import input_shards
 

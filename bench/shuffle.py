@@ -25,8 +25,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from assets.stages import shuffle as sh  # noqa: E402
-from assets.stages import tokenize as tk  # noqa: E402
+from refinery.stages import shuffle as sh  # noqa: E402
+from refinery.stages import tokenize as tk  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 
 SHARD_TOKENS = 4_000_000

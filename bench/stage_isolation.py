@@ -10,7 +10,7 @@
   seconds of this process (both run here; CPU time is less disturbed by a shared machine's load).
 
 Each figure is the median of `--repeats` runs, alternating the two sides; the corpus is
-`refinery.synth.write_corpus` as a per-record-gzip WARC, read once by `read_input_shard`.
+`refinery.testing.crawl.write_corpus` as a per-record-gzip WARC, read once by `read_input_shard`.
 
     python bench/stage_isolation.py --docs 5000 --repeats 5
 """
@@ -28,15 +28,15 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from assets.stages.extract import Extractor  # noqa: E402
-from assets.stages.heuristic import HeuristicFilter  # noqa: E402
-from assets.stages.html import main_content_text  # noqa: E402
-from assets.stages.ingest import read_input_shard  # noqa: E402
-from assets.stages.isolation import shared_worker  # noqa: E402
-from assets.stages.language import LanguageFilter, LanguageModel  # noqa: E402
+from refinery.stages.extract import Extractor  # noqa: E402
+from refinery.stages.heuristic import HeuristicFilter  # noqa: E402
+from refinery.stages.html import main_content_text  # noqa: E402
+from refinery.stages.ingest import read_input_shard  # noqa: E402
+from refinery.stages.isolation import shared_worker  # noqa: E402
+from refinery.stages.language import LanguageFilter, LanguageModel  # noqa: E402
 from refinery.config import ExtractConfig, HeuristicConfig, LanguageConfig, SourceConfig  # noqa: E402
 from refinery.documents import InputShard  # noqa: E402
-from refinery.synth import write_corpus  # noqa: E402
+from refinery.testing.crawl import write_corpus  # noqa: E402
 
 
 def timed(clock, fn) -> float:

@@ -313,7 +313,7 @@ def _default_language_heuristics() -> dict[str, LanguageHeuristics]:
                                  "max_avg_word_length": 7.5}, gopher_repetition=cjk_ngrams, fineweb=cjk_lines),
         "ko": LanguageHeuristics(gopher_quality={"min_avg_word_length": 2.0, "max_avg_word_length": 6.5},
                                  fineweb={"short_line_length": 15}),
-        # Runs of these scripts are phrases, not words (assets/stages/segment.py): no word-length or
+        # Runs of these scripts are phrases, not words (refinery/stages/segment.py): no word-length or
         # stop-word rule can be calibrated on them.
         **{lang: LanguageHeuristics(segmenter="script_runs", stop_words="none", rules_off=no_word_units)
            for lang in ("th", "lo", "km", "my", "bo")},
@@ -428,7 +428,7 @@ class QualityConfig(Section):
 
 
 class PiiConfig(Section):
-    """Which kinds of PII pii_redacted replaces (placeholders in assets/stages/pii.py). Emails and
+    """Which kinds of PII pii_redacted replaces (placeholders in refinery/stages/pii.py). Emails and
     IPs are what datatrove's PIIFormatter redacts; the rest are what Dolma and Presidio add."""
 
     email: bool = True
@@ -457,7 +457,7 @@ BUILTIN_FAMILIES = ("ingest", "extract", "language", "heuristic", "url", "gopher
 
 
 class CustomFilterConfig(Section):
-    """A filter of your own (docs/custom_filters.md): a subclass of `assets.stages.base.Filter` (or
+    """A filter of your own (docs/custom_filters.md): a subclass of `refinery.stages.base.Filter` (or
     `RecordStage`), imported by `path` when the config loads and built with `params` as keyword
     arguments. Custom filters run inside `heuristic_filtered`, after the built-in rules, in the
     order listed, on the documents those rules kept; a source that skips `heuristic` skips them."""
@@ -758,7 +758,7 @@ SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 def custom_filter_problems(cfg: RefineryConfig) -> list[str]:
     """Import and build every custom filter now, so a wrong path, a class on another base or bad
     params fail at load time naming the field, not in the middle of a run."""
-    from assets.stages.custom import CustomFilterError, build_custom_filter
+    from refinery.stages.custom import CustomFilterError, build_custom_filter
 
     problems: list[str] = []
     names = [f.name for f in cfg.stages.custom_filters]

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from assets.stages.base import StageStats
+from refinery.stages.base import StageStats
 from refinery.config import ConfigError, RefineryConfig, load_config
 from refinery.preflight import READ_ONLY
 from refinery.progress import Progress
@@ -262,7 +262,7 @@ def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str]
     column (a custom filter may read any), and the table it came from."""
     import polars as pl
 
-    from assets.stages.language import STAGE as LANGUAGE_STAGE
+    from refinery.stages.language import STAGE as LANGUAGE_STAGE
 
     for table in root.list(f"documents/{LANGUAGE_STAGE}"):
         if not table.endswith(".parquet"):
@@ -281,8 +281,8 @@ def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str,
 
     import polars as pl
 
-    from assets.stages.custom import build_custom_filter, in_family
-    from assets.stages.heuristic import HeuristicFilter
+    from refinery.stages.custom import build_custom_filter, in_family
+    from refinery.stages.heuristic import HeuristicFilter
 
     found = find_heuristic_input(root, key)
     if found is None:

@@ -264,7 +264,7 @@ def _evenly(paths: list[str], k: int) -> list[str]:
 def sample_funnel(src: Found, source_cfg: Any) -> None:
     """Run up to SAMPLE_FILES of the source's inputs through ingest, extraction, language ID (every
     language) and the heuristics, as the graph would, and keep what came out."""
-    from assets.stages import extract, heuristic, ingest, language
+    from refinery.stages import extract, heuristic, ingest, language
     from refinery.config import ExtractConfig, HeuristicConfig, LanguageConfig
     from refinery.documents import InputShard
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 import yaml
 
-from refinery.cli import COMMAND_MODULES, build_parser, main
+from orchestration.cli import COMMAND_MODULES, build_parser, main
 from refinery.contamination import exclusions_key, hits_key, scan_report_key
 from refinery.documents import CLEAN_STAGE, documents_key
 from refinery.scan import dropped_documents, format_dropped

@@ -118,7 +118,7 @@ def test_lineage_run_resolves_trained_tokens_to_documents_containing_the_decoded
     document whose clean text contains the decoded tokens around it."""
     from tokenizers import Tokenizer
 
-    from refinery.cli import main as refinery
+    from orchestration.cli import main as refinery
     from training.data import CurriculumData
     from training.trainer import RunOptions, Trainer
 
@@ -213,7 +213,7 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, c
         assert not remaining & planted, f"{phase}: contaminated documents left the manifest"
     assert set(root.read_json(exclusions_key("anneal"))) == planted
     # `refinery scan` after the drop names what it removed, not only PASS.
-    from refinery.cli import main as refinery
+    from orchestration.cli import main as refinery
 
     capsys.readouterr()
     assert refinery(["scan", "--config", str(config), "--phase", "anneal", "--json"]) == 0

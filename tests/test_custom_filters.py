@@ -77,7 +77,7 @@ def test_a_source_that_skips_heuristic_skips_its_custom_filters(tmp_path):
 def test_module_beside_the_config_is_isolated_per_record_and_its_reasons_get_the_family(tmp_path):
     module = f"shouting_{uuid.uuid4().hex[:8]}"  # a fresh name: the import cache holds no other
     (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
-        from assets.stages.base import Drop, Filter
+        from refinery.stages.base import Drop, Filter
 
         class Shouting(Filter):
             reads = ("text",)
@@ -100,9 +100,9 @@ def test_module_beside_the_config_is_isolated_per_record_and_its_reasons_get_the
     ({"name": "digits", "path": "docs.examples.min_digits:MaxDigits"},
      "stages.custom_filters[0].path: module 'docs.examples.min_digits' has no attribute 'MaxDigits'"),
     ({"name": "digits", "path": "refinery.config:SourceConfig"},
-     "stages.custom_filters[0].path: refinery.config:SourceConfig is not a subclass of assets.stages.base.Filter"),
-    ({"name": "digits", "path": "assets.stages.base:Filter"},
-     "stages.custom_filters[0].path: assets.stages.base:Filter does not implement ['check']"),
+     "stages.custom_filters[0].path: refinery.config:SourceConfig is not a subclass of refinery.stages.base.Filter"),
+    ({"name": "digits", "path": "refinery.stages.base:Filter"},
+     "stages.custom_filters[0].path: refinery.stages.base:Filter does not implement ['check']"),
     ({"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digit": 3}},
      "stages.custom_filters[0].params: MinDigits(**params) raised TypeError"),
     ({"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 0}},
@@ -124,13 +124,13 @@ def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(t
     from assets import funnel
     from assets.factory import code_version
     from assets.partitions import Partitions
-    from assets.stages import heuristic
+    from refinery.stages import heuristic
 
     module = f"tagged_{uuid.uuid4().hex[:8]}"
 
     def write_filter(most_tags: int) -> None:
         (tmp_path / f"{module}.py").write_text(textwrap.dedent(f"""
-            from assets.stages.base import Drop, Filter
+            from refinery.stages.base import Drop, Filter
 
             class Tagged(Filter):
                 reads = ("text",)

@@ -24,7 +24,7 @@ import torch
 from refinery.config import load_config
 from training.checkpoint import load_checkpoint
 from training.metrics import JsonLines
-from training.synthetic import tiny_run
+from refinery.testing.curriculum import tiny_run
 from training.trainer import KILL_AT_STEP_ENV, RunOptions, Trainer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from assets.stages.extract import Extractor
+from refinery.stages.extract import Extractor
 from refinery.config import ExtractConfig
 from refinery.documents import PROVENANCE_COLUMNS, PROVENANCE_SCHEMA, REJECTS_SCHEMA
 
@@ -100,7 +100,7 @@ def test_empty_table():
 
 
 def test_tag_depth_counts_only_elements_that_must_be_closed():
-    from assets.stages.html import tag_depth
+    from refinery.stages.html import tag_depth
 
     assert tag_depth("<html><body>" + "<DIV>" * 5000 + "x" + "</div>" * 5000 + "</body></html>", 10) == 5000
     # Void elements, optional end tags and self-closed tags are no level; names are whole words.
@@ -115,7 +115,7 @@ def test_tag_depth_counts_only_elements_that_must_be_closed():
 
 
 def test_pages_fall_back_to_this_process_when_the_worker_cannot_start(monkeypatch):
-    import assets.stages.extract as extract
+    import refinery.stages.extract as extract
 
     def no_worker(fn, budget):
         raise RuntimeError("the isolated worker did not start")

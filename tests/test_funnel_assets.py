@@ -15,7 +15,7 @@ from orchestration.resources import RefineryResource
 from refinery.config import load_config
 from refinery.documents import documents_key, input_batches, input_shards, make_doc_id, rejects_key, stats_key
 from refinery.storage import LocalDataRoot
-from refinery.synth import gzip_member, http_response, warc_record
+from refinery.testing.crawl import gzip_member, http_response, warc_record
 from texts import BRACED_DOC, PROSE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +218,7 @@ def test_funnel_on_the_sample_meets_the_ground_truth(tmp_path):
 
     # language ID on documents of known language (predictions on every extracted document)
     extracted = table("documents", "extracted_text")
-    from assets.stages.language import load_language_model
+    from refinery.stages.language import load_language_model
 
     model = load_language_model(None)
     known = extracted.filter(pl.col("url").is_in(list(truth["languages"])))

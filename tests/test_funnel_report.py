@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import yaml
 
-from assets.stages.base import BucketCounts, StageStats
-from refinery.cli import main
+from refinery.stages.base import BucketCounts, StageStats
+from orchestration.cli import main
 from refinery.funnel_report import stage_order
 from refinery.storage import LocalDataRoot
 

@@ -10,7 +10,7 @@ import dagster as dg
 from assets.report import CHART_KEY, REPORT_KEY, build_definitions
 from assets.partitions import Partitions
 from orchestration.resources import build_resources
-from refinery.cli import main
+from orchestration.cli import main
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
 from test_funnel_report import stats, write_config

@@ -7,7 +7,7 @@ from collections import Counter
 import polars as pl
 import pytest
 
-from assets.stages.heuristic import (
+from refinery.stages.heuristic import (
     HeuristicFilter,
     NGrams,
     c4_lines,
@@ -18,7 +18,7 @@ from assets.stages.heuristic import (
     top_ngram_chars,
     url_rules,
 )
-from assets.stages.text import DocumentText, split_words
+from refinery.stages.text import DocumentText, split_words
 from refinery.config import C4Config, FineWebQualityConfig, GopherQualityConfig, GopherRepetitionConfig, HeuristicConfig
 from refinery.documents import PROVENANCE_COLUMNS, PROVENANCE_SCHEMA, REJECTS_SCHEMA
 

@@ -12,12 +12,12 @@ import polars as pl
 import pytest
 import yaml
 
-from assets.stages.extract import Extractor
-from assets.stages.heuristic import HeuristicFilter, url_rules
-from assets.stages.ingest import read_input_shard
+from refinery.stages.extract import Extractor
+from refinery.stages.heuristic import HeuristicFilter, url_rules
+from refinery.stages.ingest import read_input_shard
 from refinery.config import ExtractConfig, HeuristicConfig, SourceConfig, load_config
 from refinery.documents import InputShard, documents_key, make_doc_id, rejects_key
-from refinery.synth import gzip_member, http_response, warc_record
+from refinery.testing.crawl import gzip_member, http_response, warc_record
 from texts import PROSE
 
 
@@ -290,7 +290,7 @@ def test_funnel_partition_over_hostile_records_finishes_within_its_budget(tmp_pa
 
 
 def test_jsonl_line_whose_handling_raises_or_overruns_is_one_reject(tmp_path, monkeypatch):
-    import assets.stages.ingest as ingest
+    import refinery.stages.ingest as ingest
 
     parse = ingest._parse_json_line
 
@@ -319,7 +319,7 @@ def test_jsonl_line_whose_handling_raises_or_overruns_is_one_reject(tmp_path, mo
 
 
 def test_warc_record_whose_handling_raises_is_one_reject(tmp_path, monkeypatch):
-    import assets.stages.ingest as ingest
+    import refinery.stages.ingest as ingest
 
     row = ingest._warc_row
 

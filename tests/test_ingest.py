@@ -10,10 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from assets.stages.ingest import RAW_SCHEMA, config_relative_file, gzip_damage_offset, read_input_shard
+from refinery.stages.ingest import RAW_SCHEMA, config_relative_file, gzip_damage_offset, read_input_shard
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import InputShard, make_doc_id
-from refinery.synth import gzip_member, http_request, http_response, warc_record
+from refinery.testing.crawl import gzip_member, http_request, http_response, warc_record
 
 HTML = "<html><head><title>{t}</title></head><body><p>{t}: {body}</p></body></html>"
 

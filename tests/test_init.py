@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from refinery.cli import main as refinery
+from orchestration.cli import main as refinery
 from refinery.config import ConfigError, load_config
 from refinery.init import BUDGET_MARGIN, MICRO_BATCH_SIZE, SHORT_SEQ_LEN, plan_curriculum, scan
-from refinery.synth import generate_corpus
+from refinery.testing.crawl import generate_corpus
 
 DOCS = list(generate_corpus(24, seed=3, dup_fraction=0.0, near_dup_fraction=0.0))
 

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from assets.stages.language import LanguageFilter, LanguageModel, bundled_model_path
+from refinery.stages.language import LanguageFilter, LanguageModel, bundled_model_path
 from refinery.config import LanguageConfig
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA
 

@@ -14,7 +14,7 @@ from refinery.config import ConfigError, load_config
 from training.length_jump import (attention_parameters, phase_rope_scalings, renorm_second_moments,
                                   reset_adam_state)
 from training.model import GPT, GPTConfig, RopeScaling, rope_tables, yarn_frequencies
-from training.synthetic import SyntheticPhase, tiny_run
+from refinery.testing.curriculum import SyntheticPhase, tiny_run
 from training.trainer import RunOptions, Trainer
 
 torch.set_num_threads(1)

@@ -10,10 +10,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from assets.stages import shuffle as sh
-from assets.stages import tokenize as tk
+from refinery.stages import shuffle as sh
+from refinery.stages import tokenize as tk
 from refinery import lineage as lin
-from refinery.cli import main
+from orchestration.cli import main
 from refinery.shard_format import ShardFormatError, ShardReader
 from test_tokenize import make_corpus, token_bytes, tokenize_all
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from datasketch import MinHash, MinHashLSH
 
-from assets.stages import minhash as mh
-from assets.stages.text import split_words
+from refinery.stages import minhash as mh
+from refinery.stages.text import split_words
 
 
 def datasketch_signature(text: str, num_perm: int, seed: int, size: int) -> np.ndarray:

@@ -10,10 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from assets.stages.heuristic import HeuristicFilter, Verdict, gopher_quality, gopher_repetition
-from assets.stages.language import LanguageFilter, load_language_model
-from assets.stages.segment import segmenter, split_script_runs
-from assets.stages.text import DocumentText
+from refinery.stages.heuristic import HeuristicFilter, Verdict, gopher_quality, gopher_repetition
+from refinery.stages.language import LanguageFilter, load_language_model
+from refinery.stages.segment import segmenter, split_script_runs
+from refinery.stages.text import DocumentText
 from refinery.config import ConfigError, GopherQualityConfig, HeuristicConfig, LanguageConfig, parse_config
 from refinery.documents import PROVENANCE_SCHEMA
 from texts import BRACED_DOC

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from assets.stages import exact_dedup as ex
-from assets.stages import minhash as mh
-from assets.stages import near_dedup as nd
+from refinery.stages import exact_dedup as ex
+from refinery.stages import minhash as mh
+from refinery.stages import near_dedup as nd
 from refinery.documents import PROVENANCE_SCHEMA
 
 SETTINGS = nd.DedupSettings(num_perm=128, shingle_size=5, seed=1, threshold=0.8, bands=16, rows=8, hash_ranges=4)

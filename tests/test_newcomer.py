@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from refinery.cli import main as refinery
+from orchestration.cli import main as refinery
 from refinery.config import load_config
 from refinery.documents import CLEAN_STAGE, documents_key, input_shards
 from refinery.init import DEMO_BYTES_PER_TOKEN
 from refinery.manifest import read_manifest
 from refinery.storage import LocalDataRoot
-from refinery.synth import generate_corpus
+from refinery.testing.crawl import generate_corpus
 from training.phase_runs import phase_run_dir
 from training.status import read_status
 

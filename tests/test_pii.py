@@ -4,8 +4,8 @@ and the pii_redacted stage (safety first, then redaction)."""
 import polars as pl
 import pytest
 
-from assets.stages.pii import KINDS, PiiRedactor, SafetyThenRedact, iban_valid, luhn_valid, redact
-from assets.stages.safety import SafetyFilter
+from refinery.stages.pii import KINDS, PiiRedactor, SafetyThenRedact, iban_valid, luhn_valid, redact
+from refinery.stages.safety import SafetyFilter
 
 ALL = frozenset(KINDS)
 

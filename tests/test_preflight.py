@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from refinery import preflight
-from refinery.cli import build_parser, main
+from orchestration.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_PHASES = ["warmup", "main", "reasoning", "anneal"]
@@ -251,7 +251,7 @@ def test_the_dagster_definitions_refuse_to_load_with_every_problem(tmp_path):
 def test_a_refused_command_prints_no_traceback(tmp_path):
     data = demo_config(tmp_path)
     data["sources"][0]["path"] = str(tmp_path / "none" / "*.warc")
-    out = subprocess.run([sys.executable, "-m", "refinery.cli", "demo", "--config", write(tmp_path, data)],
+    out = subprocess.run([sys.executable, "-m", "orchestration.cli", "demo", "--config", write(tmp_path, data)],
                          cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")})
     assert out.returncode == 2 and out.stdout == ""

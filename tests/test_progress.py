@@ -66,10 +66,10 @@ def test_long_commands_stay_quiet_when_piped_and_draw_a_bar_when_forced(tmp_path
     import subprocess
     import sys
 
-    from training.synthetic import tiny_run
+    from refinery.testing.curriculum import tiny_run
 
     config = tiny_run(tmp_path)
-    base = [sys.executable, "-m", "refinery.cli", "train", "--config", str(config)]
+    base = [sys.executable, "-m", "orchestration.cli", "train", "--config", str(config)]
     env = {k: v for k, v in os.environ.items() if k != "REFINERY_PROGRESS"}
     piped = subprocess.run(base + ["--run-dir", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=300)
     assert piped.returncode == 0, piped.stderr

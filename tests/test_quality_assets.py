@@ -12,8 +12,8 @@ import yaml
 
 from assets.partitions import Partitions
 from assets.quality import build_definitions, training_documents
-from assets.stages import quality as q
-from assets.stages.pii import PLACEHOLDERS
+from refinery.stages import quality as q
+from refinery.stages.pii import PLACEHOLDERS
 from orchestration.resources import RefineryResource
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id, rejects_key, stats_key

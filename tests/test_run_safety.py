@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from refinery.cli import main
+from orchestration.cli import main
 from refinery.config import load_config
 from training.metrics import JsonLines
 from training.run_lock import RunLock, RunLocked
 from training.status import read_status
-from training.synthetic import tiny_run
+from refinery.testing.curriculum import tiny_run
 from training.trainer import RunDirBusy, RunOptions, Trainer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,10 +10,10 @@ import yaml
 
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from refinery.storage_s3 import S3DataRoot
+from refinery.storage.s3 import S3DataRoot
 from training.metrics import JsonLines
 from training.run_store import RunMirror, run_base
-from training.synthetic import tiny_run
+from refinery.testing.curriculum import tiny_run
 from training.trainer import RunOptions, Trainer
 
 from test_storage import moto_s3  # noqa: F401  (fixture)

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter
-from refinery.storage_s3 import S3DataRoot, S3StorageError, ShardCache
+from refinery.shard_cache import ShardCache
+from refinery.storage.s3 import S3DataRoot, S3StorageError
 from digests import digests
 
 REPO = Path(__file__).resolve().parents[1]

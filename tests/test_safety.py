@@ -3,8 +3,8 @@
 import polars as pl
 import pytest
 
-from assets.stages.safety import SafetyFilter, url_host
-from assets.stages.urls import blocked_suffix as host_is_blocked
+from refinery.stages.safety import SafetyFilter, url_host
+from refinery.stages.urls import blocked_suffix as host_is_blocked
 
 
 def row(text="", url="https://ok.example/page"):

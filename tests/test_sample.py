@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from assets.stages.ingest import read_input_shard
+from refinery.stages.ingest import read_input_shard
 from refinery.config import ExtractConfig, SourceConfig, load_config
 from refinery.documents import InputShard, input_shards
-from refinery.synth import BLOCKLISTED_DOMAINS, SPAM_KINDS, build_sample, generate_corpus, jaccard, write_corpus
+from refinery.testing.crawl import BLOCKLISTED_DOMAINS, SPAM_KINDS, build_sample, generate_corpus, jaccard, write_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from assets.stages import shuffle as sh
-from assets.stages import tokenize as tk
+from refinery.stages import shuffle as sh
+from refinery.stages import tokenize as tk
 from refinery.shard_format import HEADER, ShardFormatError, ShardReader
 from test_tokenize import make_corpus, tokenize_all
 

@@ -6,8 +6,8 @@ import time
 
 import polars as pl
 
-from assets.stages.base import Drop, Filter, RecordStage, StageStats
-from assets.stages.isolation import IsolatedWorker
+from refinery.stages.base import Drop, Filter, RecordStage, StageStats
+from refinery.stages.isolation import IsolatedWorker
 from refinery.documents import REJECTS_SCHEMA
 
 
@@ -157,7 +157,7 @@ def test_worker_kills_an_overrun_survives_a_crash_and_finishes_the_batch():
 
 
 def test_worker_sends_large_items_in_bounded_chunks(monkeypatch):
-    import assets.stages.isolation as isolation
+    import refinery.stages.isolation as isolation
 
     monkeypatch.setattr(isolation, "MAX_SEND_CHARS", 10)
     assert isolation._chunks(["aaaa", "bbbb", "cc", "d" * 30, "e"], 10) == [["aaaa", "bbbb", "cc"], ["d" * 30], ["e"]]

@@ -10,7 +10,8 @@ import pytest
 
 from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter
 from refinery.storage import LocalDataRoot, open_data_root
-from refinery.storage_s3 import S3DataRoot, S3StorageError, ShardCache, parse_s3_url
+from refinery.shard_cache import ShardCache
+from refinery.storage.s3 import S3DataRoot, S3StorageError, parse_s3_url
 
 SECRET = "moto-secret-Zq81vX0p"
 

@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 
 from assets.partitions import Partitions
-from assets.stages import tokenize as tk
+from refinery.stages import tokenize as tk
 from assets.tokens import build_definitions
 from orchestration.resources import RefineryResource
 from refinery import lineage as lin

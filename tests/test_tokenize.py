@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 import yaml
 
-from assets.stages import tokenize as tk
+from refinery.stages import tokenize as tk
 from refinery.config import RefineryConfig, load_config, parse_config
 from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
 from refinery.shard_format import ShardReader, split_windows

@@ -10,10 +10,10 @@ import signal
 import pytest
 import torch
 
-from refinery.cli import main
+from orchestration.cli import main
 from refinery.config import load_config
 from training.status import read_status
-from training.synthetic import tiny_run
+from refinery.testing.curriculum import tiny_run
 from training.trainer import ResumeRefused, RunOptions, Trainer
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from refinery.cli import main
+from orchestration.cli import main
 from refinery.storage import LocalDataRoot
 from test_manifests import DOCS_PER_BUCKET, config_dict, sample_docs, write_final_shards
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import yaml
 
-from refinery.cli import main
+from orchestration.cli import main
 from refinery.config import ConfigError, load_config
 from refinery.storage import LocalDataRoot
 from training.metrics import JsonLines
 from training.status import read_status
-from training.synthetic import TINY_PHASES, SyntheticPhase, tiny_run
+from refinery.testing.curriculum import TINY_PHASES, SyntheticPhase, tiny_run
 from training.trainer import ResumeRefused, RunOptions, Trainer
 from training.validation import bucket_entry_docs, choose_heldout, doc_rank_keys, rising_buckets, val_rise
 

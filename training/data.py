@@ -27,7 +27,7 @@ from refinery.config import RefineryConfig
 from refinery.manifest import BucketSlice, read_manifest, read_selection
 from refinery.shard_format import ShardReader
 from refinery.storage import DataRoot
-from refinery.storage_s3 import ShardCache
+from refinery.shard_cache import ShardCache
 from training.sampler import ChunkPlan, CurriculumSampler, EntrySet, StepPlan, ordinals
 from training.schedule import StepSchedule
 from training.validation import heldout_entries  # e-run-safety

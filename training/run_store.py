@@ -21,7 +21,7 @@ import numpy as np
 
 from refinery.config import RefineryConfig
 from refinery.storage import DataRoot, atomic_path, open_data_root
-from refinery.storage_s3 import cache_base_dir
+from refinery.storage.s3 import cache_base_dir
 
 MIRRORED_FILES = ("status.json",)
 LOG_SEGMENTS = "logs"  # <run key>/logs/<log file name>/<first line>-<end line>.jsonl

@@ -14,7 +14,7 @@ installation guide or Debian Reference, which an independent check uses):
 
 A page is taken only when its English original holds at least MIN_SOURCE_WORDS words (so every
 language gets the same kind of page, whatever its script), and a translated page only when lid.176
-(assets/stages/language.py) reads it as its language at >= 0.65: GNOME ships half-translated pages
+(refinery/stages/language.py) reads it as its language at >= 0.65: GNOME ships half-translated pages
 with English paragraphs left in. Pages are picked in name order, up to PAGES_PER_LANGUAGE per
 language and source.
 
@@ -40,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from assets.stages.language import LanguageModel  # noqa: E402
+from refinery.stages.language import LanguageModel  # noqa: E402
 
 # gnome-user-docs help folders and the ISO code lid.176 reports for them.
 GNOME_LANGUAGES = {"C": "en", "de": "de", "fr": "fr", "es": "es", "ru": "ru", "el": "el", "ja": "ja", "ko": "ko",

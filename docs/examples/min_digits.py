@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from assets.stages.base import Drop, Filter
+from refinery.stages.base import Drop, Filter
 
 
 class MinDigits(Filter):

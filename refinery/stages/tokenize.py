@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
-from assets.stages.base import Drop, StageStats, rejects_frame
+from refinery.stages.base import Drop, StageStats, rejects_frame
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, documents_key, empty_rejects, input_shards
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype

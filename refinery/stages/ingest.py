@@ -26,7 +26,7 @@ text (or id) column, raise.
   is one `ingest/bad_rows` naming its rows, and the next is read; a file whose footer is gone, or
   an Arrow file cut short, is one `ingest/truncated_file` after the rows read before it.
 - Handling one record (decoding, parsing) that raises or runs past `record_timeout_s` is that
-  record's reject, `ingest/error` or `ingest/timeout` (assets/stages/base.py).
+  record's reject, `ingest/error` or `ingest/timeout` (refinery/stages/base.py).
 
 Offsets: WARC `record_offset` is the record's byte offset in the file as stored (for a per-record
 gzip WARC, the offset of its gzip member, so a reader can seek straight to it); JSONL
@@ -49,7 +49,7 @@ from typing import IO, Any, Iterator
 
 import polars as pl
 
-from assets.stages.base import (
+from refinery.stages.base import (
     DEFAULT_RECORD_TIMEOUT_S,
     ERROR_DETAIL_CHARS,
     Drop,

@@ -6,7 +6,7 @@
   the text; the document is dropped when hits exceed `max_blocked_word_hits` (default 0: any hit
   drops). Value: the number of hits; detail: the words that hit, most frequent first.
 
-It runs before PII redaction inside `pii_redacted` (see assets/stages/pii.py), so it sees the URL
+It runs before PII redaction inside `pii_redacted` (see refinery/stages/pii.py), so it sees the URL
 and the text as they were fetched.
 """
 
@@ -16,8 +16,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from assets.stages import urls
-from assets.stages.base import Drop, Filter
+from refinery.stages import urls
+from refinery.stages.base import Drop, Filter
 
 
 def url_host(url: str | None) -> str | None:

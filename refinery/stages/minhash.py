@@ -29,7 +29,7 @@ import numpy as np
 
 from refinery.hashing import fmix64 as _fmix64
 from refinery.hashing import fmix64_int as _fmix64_int
-from assets.stages.text import split_words
+from refinery.stages.text import split_words
 
 MASK64 = (1 << 64) - 1
 # Odd multipliers, so they are invertible mod 2^64 (the prefix-sum trick divides by powers of P).
@@ -42,7 +42,7 @@ CHUNK_SHINGLES = 32_768
 
 
 def shingle_words(text: str) -> list[str]:
-    """The words a document is shingled on: the heuristics' words (`assets.stages.text`), of the
+    """The words a document is shingled on: the heuristics' words (`refinery.stages.text`), of the
     lowercased text. NUL characters are dropped first: the vectorised hash separates words by NUL."""
     return split_words(text.replace("\x00", "").lower())
 

@@ -5,14 +5,14 @@ Two word splits, each for its users:
 - `DocumentText.words` is `str.split()`: whitespace-separated words with punctuation attached, the
   unit the Gopher paper states its quality rules in (word count, mean length, alphabetic words,
   stop words). It is about six times faster than the regex below. For a language written without
-  spaces the document carries a segmenter (assets/stages/segment.py) instead: each line is
+  spaces the document carries a segmenter (refinery/stages/segment.py) instead: each line is
   segmented once (`line_words`, which C4's words-per-line rule reads too), and `words` and
   `token_keys` are those segments.
 - `split_words` / `DocumentText.token_keys` are runs of word characters or runs of punctuation
   (`\\w+|[^\\w\\s]+`), so "Hello, world." is `Hello , world .`, as datatrove's spaCy tokenizer
   splits ordinary prose. Gopher's repetition rules count n-grams of these tokens, which keeps
   their verdicts on datatrove's side of a threshold, and MinHash shingles them
-  (assets/stages/minhash.py).
+  (refinery/stages/minhash.py).
 """
 
 from __future__ import annotations

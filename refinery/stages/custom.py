@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from assets.stages.base import RecordStage, Stage, StageOutput, StageStats, count_in_out
+from refinery.stages.base import RecordStage, Stage, StageOutput, StageStats, count_in_out
 from refinery.config import CustomFilterConfig, RefineryConfig
 
 
@@ -53,7 +53,7 @@ def custom_filter_class(spec: CustomFilterConfig, base_dir: str) -> type[RecordS
     if cls is None:
         raise CustomFilterError("path", f"module {module_name!r} has no attribute {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, RecordStage)):
-        raise CustomFilterError("path", f"{spec.path} is not a subclass of assets.stages.base.Filter or RecordStage "
+        raise CustomFilterError("path", f"{spec.path} is not a subclass of refinery.stages.base.Filter or RecordStage "
                                 "(the base every built-in filter runs on)")
     if inspect.isabstract(cls):
         missing = sorted(getattr(cls, "__abstractmethods__", ()))

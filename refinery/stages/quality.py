@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
-from assets.stages.base import Drop, Outcome, RecordStage, StageOutput, StageStats, count_in_out, rejects_frame
+from refinery.stages.base import Drop, Outcome, RecordStage, StageOutput, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
 from refinery.storage import DataRoot
 

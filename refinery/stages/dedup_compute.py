@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from assets.stages import exact_dedup as ex
-from assets.stages import near_dedup as nd
-from assets.stages.base import StageOutput, skips
+from refinery.stages import exact_dedup as ex
+from refinery.stages import near_dedup as nd
+from refinery.stages.base import StageOutput, skips
 from refinery.config import RefineryConfig
 from refinery.documents import documents_key, input_shards, rejects_key, stats_key
 from refinery.storage import DataRoot

@@ -49,8 +49,8 @@ from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import Outcome, RecordStage, Stage, StageOutput, StageStats, count_in_out, guarded, record_alarm
-from assets.stages.safety import SafetyFilter
+from refinery.stages.base import Outcome, RecordStage, Stage, StageOutput, StageStats, count_in_out, guarded, record_alarm
+from refinery.stages.safety import SafetyFilter
 
 PLACEHOLDERS = {
     "email": "<EMAIL>",

@@ -8,7 +8,7 @@ generator plants the cases the funnel must handle (exact and near duplicates at 
 SEO spam, PII, binary records, bad UTF-8, truncated files, an empty file, a 50 MB line, a URL-less
 record) and writes `ground_truth.json`, which the tests read.
 
-    python -m refinery.synth --out data/sample --seed 1234
+    python -m refinery.testing.crawl --out data/sample --seed 1234
 
 regenerates the checked-in sample byte for byte: every random choice comes from a
 `random.Random` seeded by (seed, purpose), gzip members carry no timestamp, and JSON is written
@@ -33,7 +33,7 @@ from typing import Iterator
 
 from refinery.storage import atomic_path
 
-SOURCE_DIR = Path(__file__).resolve().parent.parent / "data" / "source"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "data" / "source"
 SHINGLE_SIZE = 5
 BLOCKLISTED_DOMAINS = ("spam-casino.example", "cheap-pills.example")
 HUGE_LINE_BYTES = 50 * 1024 * 1024
@@ -326,6 +326,7 @@ class WarcEntry:
 
 def warc_bytes(entries: list[WarcEntry], rng: random.Random, filename: str) -> tuple[list[bytes], dict[str, int]]:
     """The records of one WARC file (warcinfo first), and each response's record index by URL."""
+    # The generator's name when the bundled sample was made; kept so regenerating gives the same bytes.
     info = f"software: refinery.synth\r\nformat: WARC File Format 1.1\r\nisPartOf: refinery-sample\r\nfilename: {filename}\r\n"
     records = [warc_record("warcinfo", None, info.encode(), rng, "application/warc-fields")]
     index: dict[str, int] = {}
@@ -779,7 +780,7 @@ def write_corpus(path: Path, n_docs: int, seed: int, fmt: str = "jsonl", **kwarg
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m refinery.synth", description="Regenerate the sample crawl, or write a benchmark corpus.")
+    ap = argparse.ArgumentParser(prog="python -m refinery.testing.crawl", description="Regenerate the sample crawl, or write a benchmark corpus.")
     ap.add_argument("--out", type=Path, required=True, help="the sample folder (data/sample), or a corpus file with --corpus")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--source", type=Path, default=SOURCE_DIR, help="the real source text (data/source)")

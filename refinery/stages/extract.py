@@ -7,7 +7,7 @@ shorter than `min_text_chars` after extraction (or after stripping, for text) is
 
 No page can hold the stage: a page nested deeper than `max_tag_depth` is rejected
 `extract/too_deep` before it is parsed (parse time grows with the square of the depth), and HTML is
-parsed in an isolated worker process (assets/stages/isolation.py) that is killed when one page runs
+parsed in an isolated worker process (refinery/stages/isolation.py) that is killed when one page runs
 past `stages.record_timeout_s`: that page is rejected `extract/timeout`, one that crashes the parser
 `extract/error`, and the batch goes on in a fresh worker.
 """
@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import ERROR_DETAIL_CHARS, Drop, Outcome, RecordStage, timeout_drop
-from assets.stages.html import full_text, main_content_text, tag_depth
-from assets.stages.isolation import shared_worker
+from refinery.stages.base import ERROR_DETAIL_CHARS, Drop, Outcome, RecordStage, timeout_drop
+from refinery.stages.html import full_text, main_content_text, tag_depth
+from refinery.stages.isolation import shared_worker
 from refinery.config import ExtractConfig
 
 STAGE = "extracted_text"

@@ -1,8 +1,8 @@
-"""The data root: one place every asset reads and writes, locally or on S3.
+"""The data root's contract, and the atomic-write and hashing helpers every writer shares.
 
 Every write goes to a temporary name and is renamed (or uploaded) into place only when complete, so
 a crash never leaves a partial file under a final name. Keys are POSIX-style paths relative to the
-root (`documents/raw_documents/web-cc0.parquet`).
+root (`documents/raw_documents/web-cc0.parquet`); refinery/layout.py names every key.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import polars as pl
+
 
 PARQUET_COMPRESSION = "zstd"
 
@@ -58,7 +59,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
 
 
 class DataRoot(ABC):
-    """Where a run's outputs live. Subclasses: `LocalDataRoot`, and `S3DataRoot` in storage_s3."""
+    """Where a run's outputs live. Subclasses: `LocalDataRoot` (local.py) and `S3DataRoot` (s3.py)."""
 
     url: str
 
@@ -112,58 +113,3 @@ class DataRoot(ABC):
 
     def sha256(self, key: str) -> str:
         return sha256_file(self.local_path(key))
-
-
-class LocalDataRoot(DataRoot):
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).resolve()
-        self.url = str(self.root)
-
-    def _path(self, key: str) -> Path:
-        p = (self.root / key).resolve()
-        if self.root not in p.parents and p != self.root:
-            raise ValueError(f"key {key!r} escapes the data root {self.root}")
-        return p
-
-    @contextmanager
-    def writer(self, key: str) -> Iterator[Path]:
-        with atomic_path(self._path(key)) as tmp:
-            yield tmp
-
-    def local_path(self, key: str) -> Path:
-        p = self._path(key)
-        if not p.exists():
-            raise FileNotFoundError(f"{p}: not found in the data root; materialize the asset that writes it first")
-        return p
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).exists()
-
-    def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix)
-        if not base.is_dir():
-            return []
-        return sorted(
-            str(p.relative_to(self.root)).replace(os.sep, "/")
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
-        )
-
-    def delete(self, key: str) -> None:
-        p = self._path(key)
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-
-    def display(self, key: str) -> str:
-        return str(self._path(key))
-
-
-def open_data_root(url: str, **s3_options: Any) -> DataRoot:
-    """`s3://bucket/prefix` opens an S3 root; anything else is a local folder."""
-    if url.startswith("s3://"):
-        from refinery.storage_s3 import S3DataRoot
-
-        return S3DataRoot(url, **s3_options)
-    return LocalDataRoot(url)

@@ -29,7 +29,7 @@ import numpy as np
 import polars as pl
 
 from refinery.hashing import splitmix64
-from assets.stages.tokenize import (
+from refinery.stages.tokenize import (
     FINAL,
     TOKENIZED,
     ShardSeries,

@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from assets.stages import exact_dedup as ex
-from assets.stages.base import Drop, StageOutput, StageStats, stage_output, without_drops
-from assets.stages.minhash import EMPTY_HASH, MinHasher, bottom_k_jaccard, lsh_params
+from refinery.stages import exact_dedup as ex
+from refinery.stages.base import Drop, StageOutput, StageStats, stage_output, without_drops
+from refinery.stages.minhash import EMPTY_HASH, MinHasher, bottom_k_jaccard, lsh_params
 from refinery.config import RefineryConfig
 
 # Stats files and reject rows both name the two dedups by these (the asset names).

@@ -1,15 +1,15 @@
 """`heuristic_filtered`: URL blocklist, Gopher quality, Gopher repetition, C4 line rules and FineWeb
 quality rules, with the published thresholds as defaults (see the sections of refinery/config.py).
 
-Each document is split into words, lines and paragraphs once (`assets.stages.text.DocumentText`)
+Each document is split into words, lines and paragraphs once (`refinery.stages.text.DocumentText`)
 and every rule reads those splits. Rules run cheapest-to-reject first: URL, Gopher quality (which
 also bounds document length before the n-gram work), Gopher repetition, C4, FineWeb. A document
 failing several rules is reported under the first; `HeuristicFilter.explain` lists every rule it
 fails (`refinery funnel --explain`).
 
 Each document is read with the settings of its language (the `language` column of
-language_filtered; none reads as English): its word segmenter (assets/stages/segment.py), its
-stop words (assets/stages/stopwords.py), its thresholds, and the rules switched off for it, for
+language_filtered; none reads as English): its word segmenter (refinery/stages/segment.py), its
+stop words (refinery/stages/stopwords.py), its thresholds, and the rules switched off for it, for
 its source, or stage-wide (`LanguageRules`; the table and the reasons are in docs/languages.md).
 English keeps the published values. Gopher rules see the text as extracted; FineWeb
 rules see the text after C4's line removal, as in the FineWeb pipeline.
@@ -51,11 +51,11 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
-from assets.stages.base import Drop, Outcome, RecordStage
-from assets.stages.segment import Segmenter, segmenter
-from assets.stages.stopwords import GOPHER_STOP_WORDS, stop_words
-from assets.stages.text import DocumentText
-from assets.stages.urls import blocked_suffix, url_host
+from refinery.stages.base import Drop, Outcome, RecordStage
+from refinery.stages.segment import Segmenter, segmenter
+from refinery.stages.stopwords import GOPHER_STOP_WORDS, stop_words
+from refinery.stages.text import DocumentText
+from refinery.stages.urls import blocked_suffix, url_host
 from refinery.config import (
     C4Config,
     FineWebQualityConfig,

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import polars as pl
 
-from assets.stages.base import Drop, Outcome, RecordStage
+from refinery.stages.base import Drop, Outcome, RecordStage
 from refinery.config import LanguageConfig
 
 STAGE = "language_filtered"

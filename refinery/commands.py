@@ -1,0 +1,79 @@
+"""What every `refinery` subcommand shares: the help layout, the preflight before the command, and
+the exit codes for a config or input problem.
+
+A subcommand's module exposes `register(subparsers)`, whose parser sets `func(args) -> int` and
+`needs` (a `refinery.preflight.Needs`, or a function of the parsed arguments giving one). `run`
+checks `--config` against those needs before the command, so every config mistake is reported at
+once, before any work. The full command line is assembled in orchestration/cli.py; `python -m
+training` assembles only `train` from the same pieces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+from refinery.config import ConfigError
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Prose paragraphs wrap to the terminal; a paragraph with indented lines (examples) stays as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
+class HelpParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser(modules, prog: str = "refinery", description: str | None = None,
+                 epilog: str | None = None) -> argparse.ArgumentParser:
+    """A parser with one subcommand per module (each module's `register(subparsers)`)."""
+    parser = HelpParser(prog=prog, description=description, epilog=epilog)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=HelpParser)
+    for module in modules:
+        module.register(sub)
+    return parser
+
+
+def config_path(args: argparse.Namespace) -> str | None:
+    """`--config`, or the positional config some commands also take."""
+    return getattr(args, "config", None) or getattr(args, "config_file", None)
+
+
+def run_preflight(args: argparse.Namespace) -> None:
+    """Raise PreflightError listing every problem of the command's config (none: return)."""
+    from refinery import preflight
+
+    needs = getattr(args, "needs", None)
+    path = config_path(args)
+    if needs is None or path is None:
+        return
+    preflight.require(path, needs(args) if callable(needs) else needs)
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse `argv`, run the preflight, then the command; a config or input problem exits 2."""
+    args = parser.parse_args(argv)
+    try:
+        run_preflight(args)
+        return int(args.func(args) or 0)
+    except ConfigError as err:
+        print(f"refinery {args.command}: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"refinery {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
