@@ -7,12 +7,17 @@ well as from the check; the check then blocks everything downstream.
 
 import dagster as dg
 
-from assets.factory import code_version, image_markdown, phase_check_result, phase_check_spec
-from orchestration.resources import RefineryResource
+from refinery import layout
+from assets.factory import StepResult, global_step_asset, phase_check_result, phase_check_spec
+from assets.partitions import Partitions
+from assets.provenance import Provenance, code_version, image_markdown
+from assets.resource import RefineryResource
 from refinery import curriculum as cur
 from refinery.config import RefineryConfig
-from refinery.manifest import manifest_key, write_manifest
-from refinery.validate import SCHEDULE_PLOT_KEY, bucket_rows, markdown_table, phase_rows, summary_lines, write_schedule_plot
+from refinery.curriculum import write_manifest
+from refinery.layout import manifest_key
+from refinery.validate import bucket_rows, markdown_table, phase_rows, summary_lines, write_schedule_plot
+from refinery.layout import SCHEDULE_PLOT_KEY
 
 CHECK_NAME = "curriculum_valid"
 
@@ -33,30 +38,14 @@ def contract_markdown(report: cur.ValidationReport, phase: str) -> str:
     return "\n".join(lines)
 
 
-def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
-    if parts.phases is None:
-        return dg.Definitions()
-
-    @dg.asset(
-        name="phase_manifests",
-        automation_condition=dg.AutomationCondition.eager(),
-        partitions_def=parts.phases,
-        deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping())],
-        group_name="curriculum",
-        code_version=code_version(cur),
-        kinds={"json"},
-        check_specs=[phase_check_spec(CHECK_NAME, "phase_manifests", parts.phases,
-                                      "Fails when the curriculum has a blocking validation error (refinery validate)")],
-        description="Per phase: the final shards and entries it may draw, its token budget, mixture, seq_len, "
-        "lr_scale and the curriculum's validation result.",
-    )
-    def phase_manifests(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+def build_manifest(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root = refinery.config, refinery.root
         phase = context.partition_key
         report, inventory, selections = cur.validate_data_root(cfg, root)
         if inventory is None:
             raise cur.CurriculumError(
-                f"{root.display(cur.FINAL_SHARDS_PREFIX)}: no final shards in any bucket; materialize shuffled_shards first"
+                f"{root.display(layout.FINAL_SHARDS_PREFIX)}: no final shards in any bucket; materialize shuffled_shards first"
             )
         manifest = cur.build_phase_manifest(cfg, root, phase, report, inventory, selections)
         digest = write_manifest(root, manifest)
@@ -70,8 +59,9 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
             "errors": dg.MetadataValue.int(len(report.errors)),
             "warnings": dg.MetadataValue.int(len(report.warnings)),
         }
-        return dg.MaterializeResult(
-            metadata={
+        return StepResult(
+            Provenance(version, cfg.curriculum.model_dump(mode="json"), hashes),
+            {
                 **summary,
                 "token_budget": dg.MetadataValue.int(manifest.token_budget),
                 "seq_len": dg.MetadataValue.int(manifest.seq_len),
@@ -87,16 +77,27 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                     root.read_bytes(SCHEDULE_PLOT_KEY), "curriculum schedule", f"`{root.display(SCHEDULE_PLOT_KEY)}`"
                 ),
                 "manifest_path": dg.MetadataValue.path(root.display(manifest_key(phase))),
-                "config": dg.MetadataValue.json(cfg.curriculum.model_dump(mode="json")),
-                "code_version": dg.MetadataValue.text(code_version(cur)),
-                "content_hashes": dg.MetadataValue.json(hashes),
             },
-            check_results=[phase_check_result(
+            [phase_check_result(
                 CHECK_NAME, phase, report.ok,
                 f"curriculum {'valid' if report.ok else 'invalid'}: {len(report.errors)} error(s), "
                 f"{len(report.warnings)} warning(s)",
                 {**summary, "findings": dg.MetadataValue.json(report.to_json()["errors"] + report.to_json()["warnings"])},
             )],
         )
+    return step
 
-    return dg.Definitions(assets=[phase_manifests])
+
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
+    if parts.phases is None:
+        return dg.Definitions()
+    version = code_version(cur)
+    return dg.Definitions(assets=[global_step_asset(
+        "phase_manifests", build_manifest(version), version=version, group="curriculum", kinds={"json"},
+        automation_condition=dg.AutomationCondition.eager(), partitions_def=parts.phases,
+        deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping())],
+        check_specs=[phase_check_spec(CHECK_NAME, "phase_manifests", parts.phases,
+                                      "Fails when the curriculum has a blocking validation error (refinery validate)")],
+        description="Per phase: the final shards and entries it may draw, its token budget, mixture, seq_len, "
+        "lr_scale and the curriculum's validation result.",
+    )])

@@ -8,41 +8,34 @@
 
 No step holds every document: the range and band steps read only small per-document columns
 (doc_key and a hash) of every shard, the cluster step reads only edges, and the shard steps read
-their own shard. Files live under `dedup/` in the data root (see docs/dedup.md).
+their own shard. The steps are `refinery.stages.dedup_compute`; files live under `dedup/` in the
+data root (see docs/dedup.md).
 """
-
 
 import hashlib
 import sys
 import time
 from collections import Counter
-from typing import Any, NamedTuple
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
-from assets.factory import SAMPLE_ROWS, code_version, eager_after, map_files, provenance_metadata
+from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
+from assets.fanout import FileResult
+from assets.partitions import Partitions
+from assets.provenance import SAMPLE_ROWS, Provenance, code_version
+from assets.resource import RefineryResource
+from refinery.config import RefineryConfig
+from refinery.documents import InputShard
 from refinery.stages import dedup_compute as dc
 from refinery.stages import exact_dedup as ex
-from refinery.stages import near_dedup as nd
 from refinery.stages import minhash as mh
-from refinery.stages.base import StageStats
-from refinery.stages.dedup_compute import (  # noqa: F401  (the steps, also used from here by benches and tests)
-    CLUSTERS_KEY,
-    STAGE,
-    UPSTREAM,
-    apply_to_shard,
-    compute_band_edges,
-    compute_clusters,
-    compute_exact_range,
-    compute_signatures,
-    edges_key,
-    exact_drops_key,
-    signatures_key,
-)
-from orchestration.resources import RefineryResource
-from refinery.config import RefineryConfig
-from refinery.documents import InputShard, batch_shards
+from refinery.stages import near_dedup as nd
+from refinery.stages.dedup_compute import STAGE, UPSTREAM, apply_to_shard, compute_band_edges, compute_clusters, compute_exact_range, compute_signatures
+from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, signatures_key
+from refinery.stages.stats import StageStats
+
 
 def _dedup_code_version() -> str:
     """Changes when any module that shapes dedup outputs does."""
@@ -50,23 +43,20 @@ def _dedup_code_version() -> str:
     return hashlib.sha256(parts.encode()).hexdigest()[:12]
 
 
-class FileSignatures(NamedTuple):
-    file: str
-    docs: int
-    near_docs: int  # documents of sources that near dedup applies to
-    digest: str
+def _settings(cfg: RefineryConfig) -> dict[str, Any]:
+    return nd.DedupSettings.from_config(cfg).summary()
 
 
-def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileSignatures:
-    """A file's signatures, written to the data root."""
+def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
+    """A file's signatures, written to the data root; `near_dedup_docs` counts the documents of
+    sources that near dedup applies to."""
+    start = time.perf_counter()
     table, digest = compute_signatures(refinery.config, refinery.root, shard.key)
-    return FileSignatures(shard.key, table.height, int(table["near"].sum() or 0), digest)
-
-
-def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> tuple[StageStats, StageStats, dict[str, str], pl.DataFrame]:
-    """A file's dedup decisions applied; its exact and near stats, hashes and a few sample rows."""
-    exact_out, near_out, hashes = apply_to_shard(refinery.config, refinery.root, shard.key)
-    return exact_out.stats, near_out.stats, hashes, near_out.documents.head(SAMPLE_ROWS)
+    stats = StageStats(stage="dedup_signatures", docs_in=table.height, docs_out=table.height,
+                       wall_s=time.perf_counter() - start)
+    stats.counters["near_dedup_docs"] = int(table["near"].sum() or 0)
+    return FileResult(shard.key, shard.source, stats, {signatures_key(shard.key): digest},
+                      _settings(refinery.config))
 
 
 def combined_stats(exact: StageStats, near: StageStats) -> StageStats:
@@ -82,131 +72,99 @@ def combined_stats(exact: StageStats, near: StageStats) -> StageStats:
     )
 
 
-# ---- Dagster ---------------------------------------------------------------------------------------
+def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
+    """A file's dedup decisions applied: exact and near stats as one, hashes and a few sample rows."""
+    exact_out, near_out, hashes = apply_to_shard(refinery.config, refinery.root, shard.key)
+    return FileResult(shard.key, shard.source, combined_stats(exact_out.stats, near_out.stats), hashes,
+                      _settings(refinery.config), near_out.documents.head(SAMPLE_ROWS))
 
 
-def _global_metadata(counts: dict[str, Any], settings: nd.DedupSettings, version: str, hashes: dict[str, str], wall_s: float) -> dict[str, Any]:
-    md: dict[str, Any] = {k: dg.MetadataValue.int(int(v)) for k, v in counts.items()}
-    md.update(
-        wall_s=dg.MetadataValue.float(round(wall_s, 4)),
-        config=dg.MetadataValue.json(settings.summary()),
-        code_version=dg.MetadataValue.text(version),
-        content_hashes=dg.MetadataValue.json(hashes),
-    )
-    return md
+def signature_counts(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
+    return {"docs": dg.MetadataValue.int(sum(r.stats.docs_in for r in results)),
+            "near_dedup_docs": dg.MetadataValue.int(sum(r.stats.counters["near_dedup_docs"] for r in results))}
 
 
-def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
+def _ints(counts: dict[str, Any]) -> dict[str, dg.MetadataValue]:
+    return {k: dg.MetadataValue.int(int(v)) for k, v in counts.items()}
+
+
+def exact_ranges(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        counts, hashes = Counter(), {}
+        for hash_range in context.partition_keys:
+            drops, docs, digest = compute_exact_range(refinery.config, refinery.root, hash_range)
+            counts.update(docs_in_range=docs, duplicates_dropped=drops.height,
+                          duplicate_groups=drops["kept_key"].n_unique())
+            hashes[exact_drops_key(hash_range)] = digest
+        docs = counts["docs_in_range"]
+        return StepResult(Provenance(version, _settings(refinery.config), hashes, docs_in=docs,
+                                     docs_out=docs - counts["duplicates_dropped"]), _ints(counts))
+    return step
+
+
+def near_bands(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        counts, hashes = Counter(), {}
+        for band in context.partition_keys:
+            _, band_counts, digest = compute_band_edges(refinery.config, refinery.root, band)
+            counts.update(band_counts)
+            hashes[near_edges_key(band)] = digest
+        return StepResult(Provenance(version, _settings(refinery.config), hashes, docs_in=counts["docs"]),
+                          _ints(counts))
+    return step
+
+
+def clusters(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        table, digest = compute_clusters(refinery.config, refinery.root)
+        keepers = table.filter(pl.col("doc_key") == pl.col("keeper_key"))
+        counts = {"clusters": keepers.height, "members": table.height, "to_remove": table.height - keepers.height,
+                  "largest_cluster": int(table["cluster_size"].max() or 0)}
+        sizes = keepers.group_by("cluster_size").len().sort("cluster_size")
+        return StepResult(
+            Provenance(version, _settings(refinery.config), {NEAR_CLUSTERS_KEY: digest},
+                       docs_in=table.height, docs_out=keepers.height),
+            {**_ints(counts), "cluster_sizes": dg.MetadataValue.json({str(s): n for s, n in sizes.iter_rows()})},
+        )
+    return step
+
+
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     version = _dedup_code_version()
     settings = nd.DedupSettings.from_config(cfg)
     ranges = dg.StaticPartitionsDefinition(ex.range_keys(settings.hash_ranges))
     bands = dg.StaticPartitionsDefinition(nd.band_keys(settings.bands))
     every = dg.AllPartitionMapping()
 
-    @dg.asset(
-        name="dedup_signatures",
-        automation_condition=dg.AutomationCondition.eager(),
-        deps=[dg.AssetDep(UPSTREAM)],
-        partitions_def=parts.input_batches,
-        backfill_policy=parts.batch_backfill,
-        group_name="funnel",
-        code_version=version,
-        kinds={"numpy", "parquet"},
+    dedup_signatures = batch_stage_asset(
+        "dedup_signatures", signatures_of_file, parts, version=version, deps=[dg.AssetDep(UPSTREAM)],
+        kinds={"numpy", "parquet"}, documents_out=False, extra_metadata=signature_counts,
         description="Per document: 128-bit normalized-text hash, MinHash signature and LSH band hashes.",
     )
-    def dedup_signatures(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        start = time.perf_counter()
-        files = map_files(refinery, batch_shards(refinery.config, context.partition_keys), signatures_of_file)
-        wall = time.perf_counter() - start
-        docs = sum(f.docs for f in files)
-        counts = {"docs": docs, "near_dedup_docs": sum(f.near_docs for f in files), "input_files": len(files)}
-        md = _global_metadata(counts, settings, version, {signatures_key(f.file): f.digest for f in files}, wall)
-        md["docs_per_s"] = dg.MetadataValue.float(round(docs / wall, 1) if wall > 0 else 0.0)
-        return dg.MaterializeResult(metadata=md)
-
-    @dg.asset(
-        name="exact_deduped",
-        automation_condition=dg.AutomationCondition.eager(),
-        deps=[dg.AssetDep("dedup_signatures", partition_mapping=every)],
-        partitions_def=ranges,
-        backfill_policy=parts.split_backfill,
-        group_name="funnel",
-        code_version=version,
-        kinds={"polars", "parquet"},
+    exact_deduped = global_step_asset(
+        "exact_deduped", exact_ranges(version), version=version, group="funnel", kinds={"polars", "parquet"},
+        automation_condition=dg.AutomationCondition.eager(), partitions_def=ranges,
+        backfill_policy=parts.split_backfill, deps=[dg.AssetDep("dedup_signatures", partition_mapping=every)],
         description="Exact duplicates of one hash range: every copy but the first in (source, file, record) order.",
     )
-    def exact_deduped(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        start, counts, hashes = time.perf_counter(), Counter(), {}
-        for hash_range in context.partition_keys:
-            drops, docs, digest = compute_exact_range(refinery.config, refinery.root, hash_range)
-            counts.update(docs_in_range=docs, duplicates_dropped=drops.height,
-                          duplicate_groups=drops["kept_key"].n_unique())
-            hashes[exact_drops_key(hash_range)] = digest
-        return dg.MaterializeResult(metadata=_global_metadata(
-            counts, settings, version, hashes, time.perf_counter() - start))
-
-    @dg.asset(
-        name="near_deduped",
-        automation_condition=eager_after("exact_deduped"),
+    near_deduped = global_step_asset(
+        "near_deduped", near_bands(version), version=version, group="funnel", kinds={"numpy", "parquet"},
+        automation_condition=eager_after("exact_deduped"), partitions_def=bands,
+        backfill_policy=parts.split_backfill,
         deps=[dg.AssetDep("dedup_signatures", partition_mapping=every),
               dg.AssetDep("exact_deduped", partition_mapping=every)],
-        partitions_def=bands,
-        backfill_policy=parts.split_backfill,
-        group_name="funnel",
-        code_version=version,
-        kinds={"numpy", "parquet"},
         description="MinHash LSH candidate pairs of one band, verified by signature similarity.",
     )
-    def near_deduped(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        start, counts, hashes = time.perf_counter(), Counter(), {}
-        for band in context.partition_keys:
-            _, band_counts, digest = compute_band_edges(refinery.config, refinery.root, band)
-            counts.update(band_counts)
-            hashes[edges_key(band)] = digest
-        return dg.MaterializeResult(metadata=_global_metadata(
-            counts, settings, version, hashes, time.perf_counter() - start))
-
-    @dg.asset(
-        name="near_dup_clusters",
+    near_dup_clusters = global_step_asset(
+        "near_dup_clusters", clusters(version), version=version, group="funnel", kinds={"polars", "parquet"},
         automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("near_deduped", partition_mapping=every)],
-        group_name="funnel",
-        code_version=version,
-        kinds={"polars", "parquet"},
         description="Union-find over every band's edges; one keeper (smallest doc_key) per cluster.",
     )
-    def near_dup_clusters(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        start = time.perf_counter()
-        table, digest = compute_clusters(refinery.config, refinery.root)
-        keepers = table.filter(pl.col("doc_key") == pl.col("keeper_key"))
-        counts = {"clusters": keepers.height, "members": table.height, "to_remove": table.height - keepers.height,
-                  "largest_cluster": int(table["cluster_size"].max() or 0)}
-        md = _global_metadata(counts, settings, version, {CLUSTERS_KEY: digest}, time.perf_counter() - start)
-        sizes = keepers.group_by("cluster_size").len().sort("cluster_size")
-        md["cluster_sizes"] = dg.MetadataValue.json({str(s): n for s, n in sizes.iter_rows()})
-        return dg.MaterializeResult(metadata=md)
-
-    @dg.asset(
-        name=STAGE,
-        automation_condition=eager_after("near_dup_clusters"),
+    deduped = batch_stage_asset(
+        STAGE, dedup_file, parts, version=version, automation_condition=eager_after("near_dup_clusters"),
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("exact_deduped", partition_mapping=every),
               dg.AssetDep("near_dup_clusters")],
-        partitions_def=parts.input_batches,
-        backfill_policy=parts.batch_backfill,
-        group_name="funnel",
-        code_version=version,
-        kinds={"polars", "parquet"},
         description="heuristic_filtered minus exact and near duplicates, with dup_cluster and dup_cluster_size.",
     )
-    def deduped(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        files = map_files(refinery, batch_shards(refinery.config, context.partition_keys), dedup_file)
-        stats = sum((combined_stats(exact, near) for exact, near, _, _ in files), StageStats(stage=STAGE))
-        hashes = {k: v for _, _, h, _ in files for k, v in h.items()}
-        samples = [sample for *_, sample in files if sample.height]
-        sample = pl.concat(samples, how="diagonal_relaxed").head(SAMPLE_ROWS) if samples else None
-        context.log.info(f"deduped: {len(files)} file(s), {stats.docs_in} -> {stats.docs_out} docs")
-        md = provenance_metadata(stats, settings.summary(), version, hashes, sample)
-        md["input_files"] = dg.MetadataValue.int(len(files))
-        return dg.MaterializeResult(metadata=md)
-
     return dg.Definitions(assets=[dedup_signatures, exact_deduped, near_deduped, near_dup_clusters, deduped])

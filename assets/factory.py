@@ -1,198 +1,191 @@
-"""One thin factory for every per-document funnel stage, and the provenance every asset attaches.
+"""The two asset factories: per-batch stages and global steps. Every asset of the graph is made by one
+of them, so every asset records the same provenance (assets/provenance.py).
 
-A partition is a batch of input files (assets/partitions.py). An asset body reads each file's input
-table, runs a pure stage from `refinery.stages`, writes that file's kept documents, rejects and stats
-to the data root (each atomically), and returns one `MaterializeResult` for the run whose metadata
-has the same keys for every stage.
+- `batch_stage_asset`: partitioned by input batch. For every file of the run's batches it runs a
+  file task (assets/fanout.py), fanned out over `partitions.workers`, and merges the files' stats,
+  hashes, settings and samples into one `MaterializeResult`.
+- `global_step_asset`: everything else, whose partition is a hash range, an LSH band, a bucket, a
+  curriculum phase, or nothing. Its step returns a `StepResult`: provenance, the metadata only that
+  asset has, and the verdicts of its checks.
 
 No `from __future__ import annotations` here: Dagster inspects the `context` annotation of the
 asset functions defined below and rejects it as a string.
 """
 
-import base64
-import hashlib
-import inspect
 import json
-import sys
+import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
-from multiprocessing import get_context
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional
 
 import dagster as dg
 import polars as pl
 
-from refinery.stages.base import Stage, StageOutput, StageStats, skips
-from orchestration.resources import RefineryResource
+from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage_on_file
+from assets.partitions import Partitions
+from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, provenance_metadata
+from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, batch_shards, documents_key, rejects_key, stats_key
-from refinery.storage import DataRoot
+from refinery.documents import InputShard, batch_shards
+from refinery.stages.stats import StageStats
 
-SAMPLE_ROWS = 3
-SAMPLE_CHARS = 160
-
-
-def code_version(*objs: Any) -> str:
-    """A short hash of the sources of the modules that define `objs` (modules, classes, functions),
-    in order: changes when the logic does. One object's hash is its module's source's alone."""
-    modules = [o if inspect.ismodule(o) else sys.modules[o.__module__] for o in objs]
-    return hashlib.sha256("\n".join(inspect.getsource(m) for m in modules).encode()).hexdigest()[:12]
+DEFAULT_KINDS = frozenset({"polars", "parquet"})
 
 
-def sample_rows_markdown(df: pl.DataFrame, text_column: str = "text") -> str:
-    if df.height == 0:
-        return "_no rows_"
-    lines = ["| doc_id | url | text |", "| --- | --- | --- |"]
-    for row in df.head(SAMPLE_ROWS).iter_rows(named=True):
-        text = (row.get(text_column) or "")[:SAMPLE_CHARS].replace("\n", " ").replace("|", "\\|")
-        lines.append(f"| {row['doc_id']} | {row.get('url') or ''} | {text} |")
-    return "\n".join(lines)
+def with_provenance(provenance: Provenance, metadata: dict[str, Any], first: bool = True) -> dict[str, Any]:
+    """The shared provenance keys and an asset's own entries in one dict (provenance first, or last
+    when `first` is false); an asset's entry may not reuse a provenance key."""
+    clash = sorted(set(metadata) & set(PROVENANCE_KEYS))
+    if clash:
+        raise ValueError(f"asset metadata {clash} would replace the shared provenance keys")
+    shared = provenance_metadata(provenance)
+    return {**shared, **metadata} if first else {**metadata, **shared}
 
 
-def provenance_metadata(
-    stats: StageStats,
-    config: dict[str, Any],
-    version: str,
-    outputs: dict[str, str],
-    sample: pl.DataFrame | None = None,
-    text_column: str = "text",
-) -> dict[str, Any]:
-    """The metadata keys every asset shares: counts, retention, reasons, bytes, timing, config,
-    code version, content hashes of what it wrote, and a few sample rows."""
-    top = dict(stats.dropped.most_common(10))
-    md: dict[str, Any] = {
-        "docs_in": dg.MetadataValue.int(stats.docs_in),
-        "docs_out": dg.MetadataValue.int(stats.docs_out),
-        "retention": dg.MetadataValue.float(round(stats.retention, 6)),
-        "bytes_in": dg.MetadataValue.int(stats.bytes_in),
-        "bytes_out": dg.MetadataValue.int(stats.bytes_out),
-        "byte_retention": dg.MetadataValue.float(round(stats.byte_retention, 6)),
-        "removed_by_rule": dg.MetadataValue.json(top),
-        "wall_s": dg.MetadataValue.float(round(stats.wall_s, 4)),
-        "docs_per_s": dg.MetadataValue.float(round(stats.docs_per_s, 1)),
-        "config": dg.MetadataValue.json(config),
-        "code_version": dg.MetadataValue.text(version),
-        "content_hashes": dg.MetadataValue.json(outputs),
-    }
-    if stats.counters:
-        md["counters"] = dg.MetadataValue.json(dict(sorted(stats.counters.items())))
-    if sample is not None:
-        md["sample_rows"] = dg.MetadataValue.md(sample_rows_markdown(sample, text_column))
-    return md
-
-
-def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageOutput) -> dict[str, str]:
-    """Write documents, rejects and stats for one input file; return content hashes by key."""
-    hashes = {
-        documents_key(stage, partition): root.write_parquet(documents_key(stage, partition), out.documents),
-        rejects_key(stage, partition): root.write_parquet(rejects_key(stage, partition), out.rejects),
-    }
-    root.write_json(stats_key(stage, partition), out.stats.to_dict())
-    return hashes
-
-
-# Builds the stage for one source's files (built once per source and fan-out worker).
-StageBuilder = Callable[[RefineryConfig, str], Stage]
-
-
-def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.DataFrame) -> StageOutput:
-    """One shard through one stage, with the config's per-record time budget and the shard's
-    source's `skip:` list applied."""
-    stage.record_timeout_s = cfg.stages.record_timeout_s
-    return stage.run_for_source(docs, cfg.source(shard.source).skip)
-
-
-def stage_config_summary(stage: Stage, cfg: RefineryConfig, shard: InputShard) -> dict[str, Any]:
-    skipped = skips(cfg.source(shard.source).skip, stage.skip_key)
-    return {"skipped_by_source": shard.source} if skipped else stage.config_summary()
-
-
-# ---- fan-out over the files of a partition ---------------------------------------------------------
-
-
-@dataclass
-class FileResult:
-    """What one input file's step returns to the asset: its stats, the hashes of what it wrote, the
-    settings it ran with and a few sample rows (never the whole table, which stays in the data root)."""
-
-    shard: str
-    source: str
-    stats: StageStats
-    hashes: dict[str, str]
-    settings: dict[str, Any]
-    sample: pl.DataFrame | None = None
-
-
-# A file's step: (resource, file, cache) -> its result (a FileResult for the funnel stages). The
-# cache lives as long as the fan-out and holds what is expensive to build once per source (a stage
-# with its model). A module-level function (or a partial of one) so a worker process can unpickle it.
-T = TypeVar("T")
-FileTask = Callable[[RefineryResource, InputShard, dict], T]
-
-_worker: dict[str, Any] = {}  # in a pool worker process: its resource and cache
-
-
-def _init_worker(config_path: str) -> None:
-    from orchestration.resources import build_resources
-
-    _worker["refinery"] = build_resources(config_path)["refinery"]
-    _worker["cache"] = {}
-
-
-def _run_in_worker(task: FileTask[T], shard: InputShard) -> T:
-    return task(_worker["refinery"], shard, _worker["cache"])
-
-
-def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask[T]) -> list[T]:
-    """Run `task` on every file, in `partitions.workers` processes (in this one when 1), and return
-    the results in file order whatever order the workers finish in."""
-    workers = min(refinery.config.partitions.workers, len(shards))
-    if workers <= 1:
-        cache: dict = {}
-        return [task(refinery, shard, cache) for shard in shards]
-    # spawn, not fork: the run's process has Dagster's threads, which a fork would copy mid-lock.
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(refinery.config_path,)) as pool:
-        return list(pool.map(partial(_run_in_worker, task), shards))
+# ---- per-batch stages ------------------------------------------------------------------------------
 
 
 def merged_stats(stage: str, results: list[FileResult]) -> StageStats:
     return sum((r.stats for r in results), StageStats(stage=stage))
 
 
-def batch_metadata(stage: str, results: list[FileResult], version: str, text_column: str = "text") -> dict[str, Any]:
+def batch_provenance(stage: str, results: list[FileResult], version: str, text_column: str = "text",
+                     documents_out: bool = True) -> Provenance:
     """Provenance of a run over one or more batches: the files' stats merged, every hash, the
     settings (one dict, or one per source when the sources' differ) and the first files' samples."""
     settings = {r.source: r.settings for r in results}
     distinct = {json.dumps(v, sort_keys=True) for v in settings.values()}
     config = next(iter(settings.values())) if len(distinct) == 1 else {"by_source": settings}
     samples = [r.sample for r in results if r.sample is not None and r.sample.height]
-    sample = pl.concat(samples, how="diagonal_relaxed").head(SAMPLE_ROWS) if samples else None
+    sample = pl.concat(samples, how="diagonal_relaxed").head(SAMPLE_ROWS) if samples else pl.DataFrame()
     hashes = {k: v for r in results for k, v in r.hashes.items()}
-    md = provenance_metadata(merged_stats(stage, results), config, version, hashes, sample, text_column)
-    md["input_files"] = dg.MetadataValue.int(len(results))
-    return md
+    provenance = Provenance.of_stats(merged_stats(stage, results), config, version, hashes, sample, text_column)
+    if not documents_out:
+        provenance = replace(provenance, bytes_in=None, bytes_out=None, byte_retention=None, sample=None)
+    return provenance
 
 
-def run_stage_on_file(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
-                      shard: InputShard, cache: dict) -> FileResult:
-    """One file through one stage: `upstream`'s table in, `name`'s documents, rejects and stats out."""
-    cfg, root = refinery.config, refinery.root
-    docs = root.read_parquet(documents_key(upstream, shard.key))
-    if (name, shard.source) not in cache:
-        cache[name, shard.source] = build(cfg, shard.source)
-    stage = cache[name, shard.source]
-    out = run_stage(stage, cfg, shard, docs)
-    hashes = publish_stage_output(root, name, shard.key, out)
-    return FileResult(shard.key, shard.source, out.stats, hashes, stage_config_summary(stage, cfg, shard),
-                      out.documents.head(SAMPLE_ROWS))
+def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:
+    """The file task of a pure stage: `upstream`'s table in, `name`'s table out (`build(cfg, source)`
+    returns the stage for a source's files)."""
+    return partial(run_stage_on_file, name, upstream, build)
 
 
-def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
-    """A PNG shown inline on the asset's metadata page (a data URI in markdown), with a caption."""
-    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
+# Entries an asset adds once every file is published: (resource, the run's files, their results).
+ExtraMetadata = Callable[[RefineryResource, list[InputShard], list[FileResult]], dict[str, Any]]
+
+
+def batch_stage_asset(
+    name: str,
+    file_task: FileTask,
+    parts: Partitions,
+    description: str,
+    version: str,
+    deps: list[dg.AssetDep],
+    kinds: set[str] = DEFAULT_KINDS,
+    automation_condition: dg.AutomationCondition = dg.AutomationCondition.eager(),
+    text_column: str = "text",
+    documents_out: bool = True,
+    extra_metadata: Optional[ExtraMetadata] = None,
+    check_input: Optional[Callable[[RefineryConfig], None]] = None,
+) -> dg.AssetsDefinition:
+    """A per-document step over input batches: `file_task` on every file of the run's batches,
+    fanned out over `partitions.workers`; one run may cover many batches (the batch backfill
+    policy). `version` is the asset's code version: `code_version` of the modules it runs.
+    `check_input(cfg)` may refuse the run before any file is read; `documents_out=False` (a step that
+    writes no document table) reports its bytes and sample rows as n/a."""
+
+    @dg.asset(
+        name=name,
+        automation_condition=automation_condition,
+        deps=deps,
+        partitions_def=parts.input_batches,
+        backfill_policy=parts.batch_backfill,
+        group_name="funnel",
+        description=description,
+        code_version=version,
+        kinds=set(kinds),
+    )
+    def _batch_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+        if check_input is not None:
+            check_input(refinery.config)
+        shards = batch_shards(refinery.config, context.partition_keys)
+        results = map_files(refinery, shards, file_task)
+        stats = merged_stats(name, results)
+        context.log.info(
+            f"{name}: {len(context.partition_keys)} batch(es), {len(shards)} file(s), {stats.docs_in} -> "
+            f"{stats.docs_out} docs ({stats.retention:.1%}) in {stats.wall_s:.2f}s of stage time"
+        )
+        extra = {"input_files": dg.MetadataValue.int(len(results))}
+        if extra_metadata is not None:
+            extra.update(extra_metadata(refinery, shards, results))
+        provenance = batch_provenance(name, results, version, text_column, documents_out)
+        return dg.MaterializeResult(metadata=with_provenance(provenance, extra))
+
+    return _batch_asset
+
+
+# ---- global steps ----------------------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    """What a global step hands its asset: its provenance (a `wall_s` left None is the step's
+    measured time), the metadata only this asset has, and its checks' verdicts."""
+
+    provenance: Provenance
+    metadata: dict[str, Any] = field(default_factory=dict)
+    check_results: list[dg.AssetCheckResult] = field(default_factory=list)
+
+
+Step = Callable[[dg.AssetExecutionContext, RefineryResource], StepResult]
+
+
+def global_step_asset(
+    name: str,
+    step: Step,
+    description: str,
+    version: str,
+    group: str,
+    kinds: set[str],
+    automation_condition: Optional[dg.AutomationCondition],
+    deps: list[dg.AssetDep],
+    partitions_def: Optional[dg.PartitionsDefinition] = None,
+    backfill_policy: Optional[dg.BackfillPolicy] = None,
+    check_specs: Optional[list[dg.AssetCheckSpec]] = None,
+    pool: Optional[str] = None,
+) -> dg.AssetsDefinition:
+    """A step over the whole corpus or one key of a hash range, band, bucket or phase: `step` does
+    the work through plain helpers and says what it made; the asset's own metadata comes first on
+    its page, then the shared provenance."""
+
+    @dg.asset(
+        name=name,
+        automation_condition=automation_condition,
+        deps=deps,
+        partitions_def=partitions_def,
+        backfill_policy=backfill_policy,
+        group_name=group,
+        description=description,
+        code_version=version,
+        kinds=kinds,
+        check_specs=check_specs,
+        pool=pool,
+    )
+    def _step_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+        start = time.perf_counter()
+        result = step(context, refinery)
+        provenance = result.provenance
+        if provenance.wall_s is None:
+            provenance = replace(provenance, wall_s=time.perf_counter() - start)
+        return dg.MaterializeResult(metadata=with_provenance(provenance, result.metadata, first=False),
+                                    check_results=result.check_results or None)
+
+    return _step_asset
+
+
+# ---- conditions and checks shared by the asset modules ---------------------------------------------
 
 
 def eager_after(dep: str) -> dg.AutomationCondition:
@@ -219,49 +212,3 @@ def phase_check_result(name: str, phase: str, passed: bool, verdict: str, metada
         check_name=name, passed=passed, metadata={"phase": dg.MetadataValue.text(phase), **metadata},
         description=f"phase {phase}: {verdict}",
     )
-
-
-def batch_stage_asset(
-    name: str,
-    upstream: str,
-    build: StageBuilder,
-    partitions_def: dg.PartitionsDefinition,
-    backfill_policy: dg.BackfillPolicy,
-    description: str,
-    version: str,
-    group: str = "funnel",
-    kinds: set[str] | None = None,
-    extra_metadata: Callable[[DataRoot, list[str]], dict[str, Any]] | None = None,
-) -> dg.AssetsDefinition:
-    """A per-document stage over input batches: for every file of the run's batches, `upstream`'s
-    table in, `name`'s table out, fanned out over `partitions.workers`. One run may cover many
-    batches (`backfill_policy`). `extra_metadata(root, file keys)` adds entries once
-    every file is published. `build(cfg, source)` returns the
-    stage for a source's files; a source whose `skip:` names the stage's `skip_key` gets the stage's
-    `skipped` output. `version` is the asset's code version: `code_version` of the modules it runs."""
-
-    @dg.asset(
-        name=name,
-        automation_condition=dg.AutomationCondition.eager(),
-        deps=[dg.AssetDep(upstream)],
-        partitions_def=partitions_def,
-        backfill_policy=backfill_policy,
-        group_name=group,
-        description=description,
-        code_version=version,
-        kinds=kinds or {"polars", "parquet"},
-    )
-    def _stage_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        shards = batch_shards(refinery.config, context.partition_keys)
-        results = map_files(refinery, shards, partial(run_stage_on_file, name, upstream, build))
-        stats = merged_stats(name, results)
-        context.log.info(
-            f"{name}: {len(context.partition_keys)} batch(es), {len(shards)} file(s), {stats.docs_in} -> "
-            f"{stats.docs_out} docs ({stats.retention:.1%}) in {stats.wall_s:.2f}s of stage time"
-        )
-        metadata = batch_metadata(name, results, version)
-        if extra_metadata is not None:
-            metadata.update(extra_metadata(refinery.root, [r.shard for r in results]))
-        return dg.MaterializeResult(metadata=metadata)
-
-    return _stage_asset

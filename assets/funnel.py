@@ -1,8 +1,8 @@
 """The per-document funnel, partitioned by input batch: `raw_documents` -> `extracted_text` ->
 `language_filtered` -> `heuristic_filtered`, group "funnel".
 
-raw_documents reads each file of the batch (refinery/stages/ingest.py); the other three are the
-factory's batch stages. A source that lists "language" or "heuristic" under `skip` passes its documents
+raw_documents reads each file of the batch (refinery/stages/ingest.py); the other three run a pure
+stage on each file. A source that lists "language" or "heuristic" under `skip` passes its documents
 through that stage untouched (the factory applies `skip:` through each stage's `skip_key`;
 language columns are then null, so every partition of
 language_filtered has the same schema).
@@ -10,15 +10,15 @@ language_filtered has the same schema).
 
 import dagster as dg
 
-from assets.factory import (
-    SAMPLE_ROWS, FileResult, batch_metadata, batch_stage_asset, code_version, map_files, merged_stats,
-    publish_stage_output,
-)
-from refinery.stages import custom, extract, heuristic, ingest, language
-from refinery.stages.base import Stage
-from orchestration.resources import RefineryResource
+from assets.factory import batch_stage_asset, stage_file_task
+from assets.fanout import FileResult, publish_stage_output
+from assets.partitions import Partitions
+from assets.provenance import SAMPLE_ROWS, code_version
+from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, batch_shards, input_shards
+from refinery.documents import InputShard, input_shards
+from refinery.stages import custom, extract, heuristic, ingest, language, readers
+from refinery.stages.base import Stage
 
 
 def _extractor(cfg: RefineryConfig, source: str) -> extract.Extractor:
@@ -50,30 +50,18 @@ def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> F
     return FileResult(shard.key, shard.source, out.stats, hashes, settings, out.documents.head(SAMPLE_ROWS))
 
 
-def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
-    ingest_version = code_version(ingest)
+def require_input_files(cfg: RefineryConfig) -> None:
+    if not input_shards(cfg):
+        raise dg.Failure("no input files match any source path in the config; fix sources[].path")
 
-    @dg.asset(
-        name=ingest.STAGE,
-        automation_condition=dg.AutomationCondition.eager(),
-        partitions_def=parts.input_batches,
-        backfill_policy=parts.batch_backfill,
-        group_name="funnel",
-        code_version=ingest_version,
-        kinds={"polars", "parquet"},
+
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
+    raw_documents = batch_stage_asset(
+        ingest.STAGE, ingest_file, parts, version=code_version(ingest, readers), deps=[], text_column="raw",
+        check_input=require_input_files,
         description="One row per WARC record, JSONL line or table row of each file of the batch, with provenance; "
         "bad records become ingest/* rejects.",
     )
-    def raw_documents(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        cfg = refinery.config
-        if not input_shards(cfg):
-            raise dg.Failure("no input files match any source path in the config; fix sources[].path")
-        shards = batch_shards(cfg, context.partition_keys)
-        results = map_files(refinery, shards, ingest_file)
-        stats = merged_stats(ingest.STAGE, results)
-        context.log.info(f"raw_documents: {len(shards)} file(s), {stats.docs_in} records -> {stats.docs_out} documents")
-        return dg.MaterializeResult(metadata=batch_metadata(ingest.STAGE, results, ingest_version, "raw"))
-
     stages = [
         (extract.STAGE, ingest.STAGE, _extractor, code_version(extract), "HTML to text with resiliparse (main "
          "content); text passes through; other content types and empty extractions are rejected."),
@@ -83,16 +71,8 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
          "and repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
          "config's custom filters."),
     ]
-    assets = [raw_documents] + [
-        batch_stage_asset(
-            name=name,
-            upstream=upstream,
-            build=build,
-            partitions_def=parts.input_batches,
-            backfill_policy=parts.batch_backfill,
-            description=description,
-            version=version,
-        )
+    return dg.Definitions(assets=[raw_documents] + [
+        batch_stage_asset(name, stage_file_task(name, upstream, build), parts, description=description,
+                          version=version, deps=[dg.AssetDep(upstream)])
         for name, upstream, build, version, description in stages
-    ]
-    return dg.Definitions(assets=assets)
+    ])

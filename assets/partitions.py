@@ -1,9 +1,10 @@
 """Partition definitions, all derived from the config so keys are stable for a given config.
 
 The per-document stages are partitioned by input batch (`partitions:` in the config, see
-refinery/documents.py:batch_key). Static batch keys are read from the input files when the
+refinery/documents/inputs.py:batch_key). Static batch keys are read from the input files when the
 definitions load; dynamic ones (`partitions.dynamic: true`) live in the Dagster instance, where
-`register_input_batches` (the demo, and the `input_batches_sensor`) adds the keys of new input.
+`register_input_batches` (the demo) and the `input_batches_sensor` (orchestration/sensors.py) add
+the keys of new input.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from orchestration.resources import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import input_batches
 
@@ -69,35 +69,11 @@ def register_input_batches(cfg: RefineryConfig, instance: dg.DagsterInstance) ->
     """Add the new batch keys to the instance, `partitions.register_chunk` at a time (one large
     insert is what makes SQLite fail at tens of thousands of keys); returns how many were added."""
     new = unregistered_batches(cfg, instance)
-    for chunk in _chunks(new, cfg.partitions.register_chunk):
+    for chunk in chunked(new, cfg.partitions.register_chunk):
         instance.add_dynamic_partitions(INPUT_BATCHES, chunk)
     return len(new)
 
 
-def _chunks(keys: list[str], size: int) -> list[list[str]]:
+def chunked(keys: list[str], size: int) -> list[list[str]]:
+    """`keys` in requests of at most `size` (`partitions.register_chunk`)."""
     return [keys[i : i + size] for i in range(0, len(keys), size)]
-
-
-SENSOR_INTERVAL_S = 300
-
-
-def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
-    """With dynamic batches, the sensor that registers the batches of new input files."""
-    if not cfg.partitions.dynamic:
-        return dg.Definitions()
-
-    @dg.sensor(name="input_batches_sensor", minimum_interval_seconds=SENSOR_INTERVAL_S,
-               default_status=dg.DefaultSensorStatus.RUNNING,
-               description="Adds the batch keys of new input files to the input_batches partitions, "
-                           f"{cfg.partitions.register_chunk} keys per request")
-    def input_batches_sensor(context: dg.SensorEvaluationContext, refinery: RefineryResource):
-        new = unregistered_batches(refinery.config, context.instance)
-        if not new:
-            return dg.SkipReason("every input batch is registered")
-        context.log.info(f"input_batches_sensor: registering {len(new)} new batch(es)")
-        return dg.SensorResult(dynamic_partitions_requests=[
-            dg.AddDynamicPartitionsRequest(INPUT_BATCHES, chunk)
-            for chunk in _chunks(new, refinery.config.partitions.register_chunk)
-        ])
-
-    return dg.Definitions(sensors=[input_batches_sensor])

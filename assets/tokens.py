@@ -7,13 +7,17 @@ Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuff
 
 import dagster as dg
 
-from assets.factory import code_version, eager_after, provenance_metadata
-from refinery.stages import shuffle as sh
-from refinery.stages import tokenize as tk
-from orchestration.resources import RefineryResource
+from refinery import layout
+from assets.factory import StepResult, eager_after, global_step_asset
+from assets.partitions import Partitions
+from assets.provenance import Provenance, code_version
+from assets.resource import RefineryResource
 from refinery import lineage as lin
 from refinery.config import RefineryConfig
-from refinery.documents import CLEAN_STAGE, input_batches, rejects_key, stats_key
+from refinery.documents import CLEAN_STAGE, input_batches
+from refinery.layout import rejects_key, stats_key
+from refinery.stages import shuffle as sh
+from refinery.stages import tokenize as tk
 
 GROUP = "tokens"
 
@@ -34,31 +38,21 @@ def _shard_metadata(index: dict) -> dict:
     }
 
 
-def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
-    # A batch holds one source's files, so it feeds one bucket; dynamic batches are unknown here.
-    to_bucket = {} if cfg.partitions.dynamic else {b.key: cfg.source(b.source).bucket for b in input_batches(cfg)}
-    clean_by_bucket = dg.AssetDep(
-        CLEAN_STAGE, partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping()
-    )
-    tokenize_version = code_version(tk)
+def _tokens_per_s(tokens: int, wall_s: float) -> dg.MetadataValue:
+    return dg.MetadataValue.float(round(tokens / wall_s, 1) if wall_s else 0.0)
 
-    @dg.asset(
-        name="tokenizer",
-        automation_condition=dg.AutomationCondition.on_missing(),
-        deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping())],
-        group_name=GROUP,
-        code_version=tokenize_version,
-        kinds={"tokenizers"},
-        description="Byte-level BPE trained on a seeded sample of the clean corpus, or tokenizer.path loaded; "
-        "written to tokenizer/tokenizer.json.",
-    )
-    def tokenizer(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        built = tk.build_tokenizer(refinery.root, refinery.config)
-        info = built.info
+
+def build_tokenizer(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        cfg = refinery.config
+        info = tk.build_tokenizer(refinery.root, cfg).info
         context.log.info(f"tokenizer: {info['source']}, vocab {info['vocab_size']}, sha256 {info['sha256'][:12]}")
         sample = info.get("sample", {})
-        return dg.MaterializeResult(
-            metadata={
+        return StepResult(
+            Provenance(version, {**cfg.tokenizer.model_dump(mode="json"), "seed": cfg.seed},
+                       {layout.TOKENIZER_KEY: info["sha256"]}, wall_s=info["wall_s"],
+                       docs_in=sample.get("docs", 0), bytes_in=sample.get("bytes", 0)),
+            {
                 "vocab_size": dg.MetadataValue.int(info["vocab_size"]),
                 "eod_id": dg.MetadataValue.int(info["eod_id"]),
                 "eod_token": dg.MetadataValue.text(info["eod_token"]),
@@ -67,32 +61,17 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                 "train_docs": dg.MetadataValue.int(sample.get("docs", 0)),
                 "train_bytes": dg.MetadataValue.int(sample.get("bytes", 0)),
                 "train_shards": dg.MetadataValue.json(sample.get("shards", {})),
-                "wall_s": dg.MetadataValue.float(round(info["wall_s"], 3)),
-                "config": dg.MetadataValue.json({**refinery.config.tokenizer.model_dump(mode="json"),
-                                                 "seed": refinery.config.seed}),
-                "code_version": dg.MetadataValue.text(tokenize_version),
-                "content_hashes": dg.MetadataValue.json({tk.TOKENIZER_KEY: info["sha256"]}),
-            }
+            },
         )
+    return step
 
-    @dg.asset(
-        name="tokenized_shards",
-        automation_condition=dg.AutomationCondition.eager(),
-        deps=[dg.AssetDep("tokenizer"), clean_by_bucket],
-        partitions_def=parts.buckets,
-        group_name=GROUP,
-        code_version=tokenize_version,
-        kinds={"numpy"},
-        description="Clean documents encoded in parallel batches, EOD appended, windowed at the packing window "
-        "with overlap, packed into shards/tokenized/<bucket>/ (.bin/.idx/.entries.parquet) plus entries.parquet.",
-    )
-    def tokenized_shards(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+
+def tokenize_bucket(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root, bucket = refinery.config, refinery.root, context.partition_key
-        tok = tk.read_tokenizer(root, cfg.tokenizer.eod_token)
-        result = tk.tokenize_bucket(root, cfg, bucket, tok)
-        outputs = {
-            rejects_key("tokenized_shards", bucket): root.write_parquet(rejects_key("tokenized_shards", bucket), result.rejects)
-        }
+        result = tk.tokenize_bucket(root, cfg, bucket, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
+        rejects = {rejects_key("tokenized_shards", bucket):
+                   root.write_parquet(rejects_key("tokenized_shards", bucket), result.rejects)}
         root.write_json(stats_key("tokenized_shards", bucket), result.stats.to_dict())
         index, stats = result.index, result.stats
         tokens_per_s = index["tokens"] / stats.wall_s if stats.wall_s else 0.0
@@ -100,73 +79,93 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                          f"{len(index['shards'])} shards ({tokens_per_s:,.0f} tokens/s)")
         settings = {"window": index["window"], "overlap": index["overlap"], "shard_tokens": cfg.shards.shard_tokens,
                     "encode_batch_docs": cfg.shards.encode_batch_docs, "vocab_size": index["vocab_size"]}
-        md = provenance_metadata(stats, settings, tokenize_version, {**outputs, **_shard_hashes(index)})
-        md.update(_shard_metadata(index))
-        md["tokens_per_s"] = dg.MetadataValue.float(round(tokens_per_s, 1))
-        md["windowed_docs"] = dg.MetadataValue.int(stats.counters["windowed_docs"])
-        return dg.MaterializeResult(metadata=md)
+        provenance = Provenance.of_stats(stats, settings, version, {**rejects, **_shard_hashes(index)})
+        return StepResult(provenance, {
+            **_shard_metadata(index),
+            "tokens_per_s": _tokens_per_s(index["tokens"], stats.wall_s),
+            "windowed_docs": dg.MetadataValue.int(stats.counters["windowed_docs"]),
+        })
+    return step
 
-    shuffle_version = code_version(sh)
 
-    @dg.asset(
-        name="shuffled_shards",
-        automation_condition=dg.AutomationCondition.eager(),
-        deps=[dg.AssetDep("tokenized_shards")],
-        partitions_def=parts.buckets,
-        group_name=GROUP,
-        code_version=shuffle_version,
-        kinds={"numpy"},
-        description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, into "
-        "shards/final/<bucket>/ with sha256 of every file in index.json.",
-    )
-    def shuffled_shards(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+def shuffle_bucket(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root, bucket = refinery.config, refinery.root, context.partition_key
         result = sh.shuffle_bucket(root, cfg.seed, bucket, cfg.shards.shard_tokens, cfg.shards.shuffle_buffer_mb)
         index = result.index
         context.log.info(f"shuffled_shards[{bucket}]: {index['entries']} entries through {result.runs} runs "
                          f"in {result.wall_s:.2f}s")
-        return dg.MaterializeResult(
-            metadata={
+        config = {"seed": cfg.seed, "shard_tokens": cfg.shards.shard_tokens,
+                  "shuffle_buffer_mb": cfg.shards.shuffle_buffer_mb}
+        return StepResult(
+            Provenance(version, config, _shard_hashes(index), wall_s=result.wall_s,
+                       docs_in=index["documents"], docs_out=index["documents"]),
+            {
                 **_shard_metadata(index),
-                "content_hashes": dg.MetadataValue.json(_shard_hashes(index)),
                 "runs": dg.MetadataValue.int(result.runs),
-                "wall_s": dg.MetadataValue.float(round(result.wall_s, 3)),
-                "tokens_per_s": dg.MetadataValue.float(round(index["tokens"] / result.wall_s, 1) if result.wall_s else 0.0),
-                "index": dg.MetadataValue.path(root.display(tk.index_key(tk.FINAL, bucket))),
-                "config": dg.MetadataValue.json({"seed": cfg.seed, "shard_tokens": cfg.shards.shard_tokens,
-                                                 "shuffle_buffer_mb": cfg.shards.shuffle_buffer_mb}),
-                "code_version": dg.MetadataValue.text(shuffle_version),
-            }
+                "tokens_per_s": _tokens_per_s(index["tokens"], result.wall_s),
+                "index": dg.MetadataValue.path(root.display(layout.shard_index_key(tk.FINAL, bucket))),
+            },
         )
+    return step
 
-    lineage_version = code_version(lin)
 
-    @dg.asset(
-        name="lineage_index",
-        automation_condition=eager_after("shuffled_shards"),
-        deps=[dg.AssetDep("shuffled_shards", partition_mapping=dg.AllPartitionMapping()),
-              dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping())],
-        group_name=GROUP,
-        code_version=lineage_version,
-        kinds={"parquet"},
-        description="lineage/documents.parquet (clean documents without text, sorted by doc_id) and "
-        "lineage/index.json: answers `refinery lineage --shard S --offset N` without scanning.",
-    )
-    def lineage_index(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        index = lin.build_lineage_index(refinery.root, refinery.config, log=context.log.info)
+def index_lineage(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        cfg = refinery.config
+        index = lin.build_lineage_index(refinery.root, cfg, log=context.log.info)
         context.log.info(f"lineage_index: {index['documents']} documents, "
                          f"{index['final_shards_verified']} final shards verified")
-        return dg.MaterializeResult(
-            metadata={
+        return StepResult(
+            Provenance(version, {"buckets": list(cfg.buckets)}, {layout.LINEAGE_DOCUMENTS_KEY: index["documents_sha256"]},
+                       wall_s=index["wall_s"], docs_in=index["documents"], docs_out=index["documents"]),
+            {
                 "documents": dg.MetadataValue.int(index["documents"]),
                 "row_groups": dg.MetadataValue.int(len(index["row_group_first_doc_ids"])),
                 "columns": dg.MetadataValue.json(index["columns"]),
                 "final_shards_verified": dg.MetadataValue.int(index["final_shards_verified"]),
                 "buckets": dg.MetadataValue.json(index["buckets"]),
-                "wall_s": dg.MetadataValue.float(round(index["wall_s"], 3)),
-                "code_version": dg.MetadataValue.text(lineage_version),
-                "content_hashes": dg.MetadataValue.json({lin.DOCUMENTS_KEY: index["documents_sha256"]}),
-            }
+            },
         )
+    return step
 
-    return dg.Definitions(assets=[tokenizer, tokenized_shards, shuffled_shards, lineage_index])
+
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
+    # A batch holds one source's files, so it feeds one bucket; dynamic batches are unknown here.
+    to_bucket = {} if cfg.partitions.dynamic else {b.key: cfg.source(b.source).bucket for b in input_batches(cfg)}
+    clean_by_bucket = dg.AssetDep(
+        CLEAN_STAGE, partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping()
+    )
+    every = dg.AllPartitionMapping()
+    tokenize_version, shuffle_version, lineage_version = code_version(tk), code_version(sh), code_version(lin)
+    return dg.Definitions(assets=[
+        global_step_asset(
+            "tokenizer", build_tokenizer(tokenize_version), version=tokenize_version, group=GROUP,
+            kinds={"tokenizers"}, automation_condition=dg.AutomationCondition.on_missing(),
+            deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=every)],
+            description="Byte-level BPE trained on a seeded sample of the clean corpus, or tokenizer.path loaded; "
+            "written to tokenizer/tokenizer.json.",
+        ),
+        global_step_asset(
+            "tokenized_shards", tokenize_bucket(tokenize_version), version=tokenize_version, group=GROUP,
+            kinds={"numpy"}, automation_condition=dg.AutomationCondition.eager(), partitions_def=parts.buckets,
+            deps=[dg.AssetDep("tokenizer"), clean_by_bucket],
+            description="Clean documents encoded in parallel batches, EOD appended, windowed at the packing window "
+            "with overlap, packed into shards/tokenized/<bucket>/ (.bin/.idx/.entries.parquet) plus entries.parquet.",
+        ),
+        global_step_asset(
+            "shuffled_shards", shuffle_bucket(shuffle_version), version=shuffle_version, group=GROUP,
+            kinds={"numpy"}, automation_condition=dg.AutomationCondition.eager(), partitions_def=parts.buckets,
+            deps=[dg.AssetDep("tokenized_shards")],
+            description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, into "
+            "shards/final/<bucket>/ with sha256 of every file in index.json.",
+        ),
+        global_step_asset(
+            "lineage_index", index_lineage(lineage_version), version=lineage_version, group=GROUP,
+            kinds={"parquet"}, automation_condition=eager_after("shuffled_shards"),
+            deps=[dg.AssetDep("shuffled_shards", partition_mapping=every),
+                  dg.AssetDep(CLEAN_STAGE, partition_mapping=every)],
+            description="lineage/documents.parquet (clean documents without text, sorted by doc_id) and "
+            "lineage/index.json: answers `refinery lineage --shard S --offset N` without scanning.",
+        ),
+    ])

@@ -1,34 +1,32 @@
 """`training_run`, per curriculum phase: the curriculum trainer launched through Dagster Pipes.
 
-Each launch runs `python -m orchestration.pipes_train` (that is, `refinery train`) in a subprocess
-with `--stop-after-phase <phase>` in the phase's own run directory. While it runs, the asset polls
-the Pipes session and logs step metrics and status changes; each new checkpoint is recorded as an
+Each launch runs `python -m assets.pipes_train` (that is, `refinery train`) in a subprocess with
+`--stop-after-phase <phase>` in the phase's own run directory. While it runs, the asset polls the
+Pipes session and logs step metrics and status changes; each new checkpoint is recorded as an
 observation, so the UI shows progress before the phase ends.
 
-Auto-resume: a launch that dies (crash, SIGKILL, OOM, preemption) is relaunched from the latest
+The relaunch loop is training/launcher.py: a launch that dies is relaunched from the latest
 checkpoint, at most `training.max_resume_attempts` times, with exponential backoff. A `halted`
-status is terminal: the asset fails with the halt reason and `allow_retries=False`, so neither this
+status is terminal: the asset fails with the halt reason and `allow_retries=False`, so neither the
 loop nor Dagster's run retries resubmit the same exhaustion. All phases share the
 `training_accelerator` pool, whose limit of 1 keeps two training runs off one accelerator.
 """
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from assets.factory import code_version, image_markdown
-from orchestration.resources import RefineryResource
+from assets.factory import StepResult, global_step_asset
+from assets.partitions import Partitions
+from assets.provenance import Provenance, code_version, image_markdown
+from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
+from refinery.storage import sha256_file
 
 POOL = "training_accelerator"
-POLL_S = 0.5
-EXIT_HALTED = 3  # training/cli.py: halted, or resume refused
-LOG_TAIL_CHARS = 2000
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,39 +50,35 @@ def contamination_gate(cfg: RefineryConfig, root, phase: str) -> str:
     return f"latest contamination scan of {phase!r} is current and passing"
 
 
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-LOG_TAIL_CHARS:] if path.is_file() else ""
+class PipesLaunch:
+    """One subprocess of the trainer under a Pipes session: its messages become log lines and, for
+    each new checkpoint, an asset observation."""
 
-
-class Launch:
-    """One subprocess of the trainer under a Pipes session, polled until it exits."""
-
-    def __init__(self, context: dg.AssetExecutionContext, command: list[str], log_path: Path):
-        self.context, self.command, self.log_path = context, command, log_path
+    def __init__(self, context: dg.AssetExecutionContext):
+        self.context = context
         self.status: dict[str, Any] = {}
         self.last_step: dict[str, Any] = {}
         self.checkpoints: list[str] = []
 
-    def run(self) -> int:
-        context = self.context
+    def run(self, command: list[str], log_path: Path) -> int:
+        from training.launcher import run_logged
+
         with dg.open_pipes_session(
-            context=context,
+            context=self.context,
             context_injector=dg.PipesTempFileContextInjector(),
             message_reader=dg.PipesTempFileMessageReader(),
         ) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "PYTHONUNBUFFERED": "1"}
-            with open(self.log_path, "ab") as log:
-                proc = subprocess.Popen(self.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-                seen = 0
-                while True:
-                    code = proc.poll()
-                    messages = session.get_custom_messages()
-                    for message in messages[seen:]:
-                        self._on_message(message)
-                    seen = len(messages)
-                    if code is not None:
-                        break
-                    time.sleep(POLL_S)
+            seen = 0
+
+            def drain() -> None:
+                nonlocal seen
+                messages = session.get_custom_messages()
+                for message in messages[seen:]:
+                    self._on_message(message)
+                seen = len(messages)
+
+            code = run_logged(command, REPO, env, log_path, drain)
         for message in session.get_custom_messages()[seen:]:
             self._on_message(message)
         return code
@@ -110,7 +104,7 @@ class Launch:
 
 
 def launch_command(config_path: str, run_dir: Path, phase: str, resume: str) -> list[str]:
-    return [sys.executable, "-m", "orchestration.pipes_train", "--config", config_path, "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "assets.pipes_train", "--config", config_path, "--run-dir", str(run_dir),
             "--stop-after-phase", phase, "--resume", resume]
 
 
@@ -140,81 +134,71 @@ def training_curves(run_dir: Path, phase: str) -> dict[str, Any]:
     }
 
 
-def train_phase(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-    from training.phase_runs import PhaseOrderError, phase_run_dir, resume_argument
-    from training.status import read_status
+def launches_metadata(training, checkpoints: list[str]) -> dict[str, Any]:
+    """The launches so far, on success and on failure alike."""
+    status = training.status
+    return {
+        "phase": training.phase, "run_dir": str(training.run_dir), "launch_attempts": len(training.attempts),
+        "attempts": dg.MetadataValue.json(training.attempts), "checkpoints": dg.MetadataValue.json(checkpoints),
+        "state": str(status.get("state")), "reason": str(status.get("reason") or ""),
+    }
 
-    cfg, phase = refinery.config, context.partition_key
-    gate = contamination_gate(cfg, refinery.root, phase)
-    context.log.info(f"training_run[{phase}]: {gate}")
-    run_dir = phase_run_dir(cfg, phase)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tc = cfg.training
-    attempts: list[dict[str, Any]] = []
-    checkpoints: list[str] = []
-    while True:
+
+def boundary_checkpoint_hashes(status: dict[str, Any]) -> dict[str, str]:
+    checkpoint = status.get("checkpoint")
+    return {str(checkpoint): sha256_file(checkpoint)} if checkpoint and Path(checkpoint).is_file() else {}
+
+
+def train(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        from training.launcher import PhaseTrainingFailed, train_phase
+        from training.phase_runs import PhaseOrderError
+
+        cfg, phase = refinery.config, context.partition_key
+        context.log.info(f"training_run[{phase}]: {contamination_gate(cfg, refinery.root, phase)}")
+        config_path = os.path.abspath(refinery.config_path)
+        checkpoints: list[str] = []
+
+        def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
+            launch = PipesLaunch(context)
+            code = launch.run(launch_command(config_path, log_path.parent, phase, resume), log_path)
+            checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
+            return code, launch.status
+
         try:
-            resume = resume_argument(cfg, phase)
+            training = train_phase(cfg, phase, launch_once, context.log.info, context.log.warning)
         except PhaseOrderError as e:
             raise dg.Failure(description=str(e), metadata={"phase": phase}, allow_retries=False) from e
-        attempt = len(attempts) + 1
-        log_path = run_dir / f"launch-{attempt}.log"
-        context.log.info(f"training_run[{phase}]: launch attempt {attempt} (resume from {resume})")
-        launch = Launch(context, launch_command(os.path.abspath(refinery.config_path), run_dir, phase, resume), log_path)
-        code = launch.run()
-        checkpoints += [c for c in launch.checkpoints if c not in checkpoints]
-        status = read_status(run_dir) or launch.status
-        attempts.append({"attempt": attempt, "resume": resume, "exit_code": code, "state": status.get("state"),
-                         "step": status.get("step"), "reason": status.get("reason")})
-        metadata = {
-            "phase": phase, "run_dir": str(run_dir), "launch_attempts": len(attempts),
-            "attempts": dg.MetadataValue.json(attempts), "checkpoints": dg.MetadataValue.json(checkpoints),
-            "state": str(status.get("state")), "reason": str(status.get("reason") or ""),
-        }
-        if code == 0 and status.get("state") == "completed":
-            break
-        if code == EXIT_HALTED:
+        except PhaseTrainingFailed as e:
             raise dg.Failure(
-                description=f"training_run[{phase}] halted: {status.get('reason') or _tail(log_path)}",
-                metadata={**metadata, "log_tail": dg.MetadataValue.text(_tail(log_path))},
-                allow_retries=False,
-            )
-        if len(attempts) > tc.max_resume_attempts:
-            raise dg.Failure(
-                description=f"training_run[{phase}] died {len(attempts)} times (limit training.max_resume_attempts="
-                            f"{tc.max_resume_attempts}); last exit code {code}",
-                metadata={**metadata, "log_tail": dg.MetadataValue.text(_tail(log_path))},
-            )
-        backoff = tc.resume_backoff_s * 2 ** (len(attempts) - 1)
-        context.log.warning(f"training_run[{phase}]: trainer exited with {code} at step {status.get('step')}; "
-                            f"relaunching from the latest checkpoint in {backoff:.1f}s")
-        time.sleep(backoff)
-    return dg.MaterializeResult(metadata={
-        **metadata,
-        "step": int(status["step"]), "total_steps": int(status["total_steps"]), "tokens": int(status["tokens"]),
-        "boundary_checkpoint": str(status.get("checkpoint")),
-        "per_bucket": dg.MetadataValue.md(phase_summary(status, phase)),
-        "summary": dg.MetadataValue.json(status.get("summary") or {}),
-        **training_curves(run_dir, phase),
-    })
+                description=str(e),
+                metadata={**launches_metadata(e.training, checkpoints),
+                          "log_tail": dg.MetadataValue.text(e.training.log_tail())},
+                allow_retries=e.relaunchable,
+            ) from e
+        status = training.status
+        return StepResult(
+            Provenance(version, cfg.training.model_dump(mode="json"), boundary_checkpoint_hashes(status)),
+            {
+                **launches_metadata(training, checkpoints),
+                "step": int(status["step"]), "total_steps": int(status["total_steps"]), "tokens": int(status["tokens"]),
+                "boundary_checkpoint": str(status.get("checkpoint")),
+                "per_bucket": dg.MetadataValue.md(phase_summary(status, phase)),
+                "summary": dg.MetadataValue.json(status.get("summary") or {}),
+                **training_curves(training.run_dir, phase),
+            },
+        )
+    return step
 
 
-def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     if parts.phases is None:
         return dg.Definitions()
-
-    @dg.asset(
-        name="training_run",
-        partitions_def=parts.phases,
+    version = code_version(sys.modules[__name__])
+    return dg.Definitions(assets=[global_step_asset(
+        "training_run", train(version), version=version, group="training", kinds={"pytorch"},
+        automation_condition=None, partitions_def=parts.phases, pool=POOL,
         deps=[dg.AssetDep("phase_manifests"), dg.AssetDep("contamination_scan")],
-        group_name="training",
-        pool=POOL,
-        kinds={"pytorch"},
-        code_version=code_version(sys.modules[__name__]),
         description="Train the curriculum GPT through this phase, from the previous phase's boundary checkpoint "
                     "(Pipes subprocess, auto-resume, stops on halted).",
-    )
-    def training_run(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
-        return train_phase(context, refinery)
-
-    return dg.Definitions(assets=[training_run])
+    )])

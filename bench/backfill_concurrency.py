@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from pg_instance import (  # noqa: E402
+from helpers.pg_instance import (  # noqa: E402
     RUN_CONFIG, BackfillDriver, LocalInstance, PostgresServer, backfill_selection, max_overlap, sample_config,
 )
 

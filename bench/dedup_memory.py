@@ -98,7 +98,8 @@ def generate(workdir: Path, docs: int, shards: int, stages: dict) -> Path:
     import polars as pl
 
     from refinery.config import load_config
-    from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
+    from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
+    from refinery.layout import documents_key
     from refinery.storage import LocalDataRoot
 
     config = write_config(workdir, shards, stages)
@@ -139,7 +140,7 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
     """`dedup_signatures` files of `docs` documents, without text (see the module docstring)."""
     import polars as pl
 
-    from refinery.stages import dedup_compute as dc
+    from refinery import layout
     from refinery.stages import exact_dedup as ex
     from refinery.stages import near_dedup as nd
     from refinery.config import load_config
@@ -173,7 +174,7 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
         }
         for band in range(SYNTH_BANDS):
             columns[nd.band_column(band)] = pl.Series(bands[:, band], dtype=pl.UInt64)
-        root.write_parquet(dc.signatures_key(shard.key), pl.DataFrame(columns))
+        root.write_parquet(layout.signatures_key(shard.key), pl.DataFrame(columns))
     return config
 
 

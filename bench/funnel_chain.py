@@ -142,7 +142,7 @@ def write_multilingual_corpus(path: Path) -> int:
 def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -> dict:
     imports_from = cpu_seconds()
     from assets import dedup
-    from assets.factory import publish_stage_output
+    from assets.fanout import publish_stage_output
     from refinery.stages import exact_dedup as ex
     from refinery.stages import near_dedup as nd
     from refinery.stages.extract import Extractor
@@ -151,7 +151,8 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
     from refinery.stages.language import LanguageFilter, LanguageModel
     from refinery.stages.pii import PiiRedactor
     from refinery.config import load_config
-    from refinery.documents import documents_key, input_shards
+    from refinery.documents import input_shards
+    from refinery.layout import documents_key
     from refinery.storage import LocalDataRoot
 
     config = Path(work) / "chain.yaml"

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import yaml  # noqa: E402
 
+from refinery import layout  # noqa: E402
 from refinery.stages import tokenize as tk  # noqa: E402
 from refinery import lineage as lin  # noqa: E402
 from refinery.config import load_config  # noqa: E402
@@ -102,7 +103,7 @@ def main() -> None:
             times.append((time.perf_counter() - t) * 1000)
             assert r["entry_start"] <= offset < r["entry_end"]
         scan_times = []
-        docs_path = root.local_path(lin.DOCUMENTS_KEY)
+        docs_path = root.local_path(layout.LINEAGE_DOCUMENTS_KEY)
         for shard, offset in positions[: args.baseline_queries]:
             t = time.perf_counter()
             doc_id = lin.resolve_token(root, cfg, shard, offset)["doc_id"]

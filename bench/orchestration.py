@@ -58,7 +58,7 @@ def bare_chain(config: Path) -> None:
     from refinery.stages import exact_dedup as ex
     from refinery.stages import extract, heuristic, ingest, language
     from refinery.stages import near_dedup as nd
-    from orchestration.resources import RefineryResource
+    from assets.resource import RefineryResource
     from refinery.documents import input_shards
 
     refinery = RefineryResource(config_path=str(config))

@@ -26,6 +26,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from refinery.stages import shuffle as sh  # noqa: E402
+from refinery import layout  # noqa: E402
 from refinery.stages import tokenize as tk  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 
@@ -64,7 +65,7 @@ def child(folder: str, buffer_mb: int) -> None:
     import pyarrow.parquet  # noqa: F401  (loaded by the shuffle; its libraries belong to the baseline)
 
     root = LocalDataRoot(folder)
-    pl.scan_parquet(root.local_path(tk.entries_key(tk.TOKENIZED, BUCKET))).head(1).collect()
+    pl.scan_parquet(root.local_path(layout.bucket_entries_key(tk.TOKENIZED, BUCKET))).head(1).collect()
     before = current_rss_mb()
     t0 = time.perf_counter()
     result = sh.shuffle_bucket(root, seed=1, bucket=BUCKET, shard_tokens=SHARD_TOKENS, buffer_mb=buffer_mb)

@@ -27,7 +27,8 @@ import yaml  # noqa: E402
 
 from refinery.stages import tokenize as tk  # noqa: E402
 from refinery.config import load_config  # noqa: E402
-from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id  # noqa: E402
+from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, input_shards, make_doc_id
+from refinery.layout import documents_key
 from refinery.storage import LocalDataRoot  # noqa: E402
 
 

@@ -11,33 +11,21 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets import contamination, curriculum, dedup, funnel, quality, report, tokens, training
 from assets.partitions import Partitions
+from orchestration import automation, schedules, sensors
 from orchestration.resources import build_resources, config_path_from_env
 from refinery import preflight
 
-# Modules (the asset groups, then schedules and sensors) that each contribute `build_definitions(cfg, partitions) -> dg.Definitions`.
-DEFINITION_MODULES: list[str] = [
-    "assets.partitions",
-    "assets.funnel",
-    "assets.contamination",
-    "assets.curriculum",
-    "assets.quality",
-    "assets.tokens",
-    "assets.dedup",
-    "assets.training",
-    "assets.report",
-    "orchestration.schedules",
-    "orchestration.sensors",
-    "orchestration.automation",
-]
+# The asset groups, then schedules and sensors: each contributes `build_definitions(cfg, partitions)`.
+DEFINITION_MODULES = (funnel, contamination, curriculum, quality, tokens, dedup, training, report,
+                      schedules, sensors, automation)
 
 
 def build_definitions(config_path: str) -> dg.Definitions:
-    import importlib
-
     cfg = preflight.require(config_path, preflight.DEFINITIONS)
     parts = Partitions.from_config(cfg)
-    pieces = [importlib.import_module(m).build_definitions(cfg, parts) for m in DEFINITION_MODULES]
+    pieces = [module.build_definitions(cfg, parts) for module in DEFINITION_MODULES]
     return dg.Definitions.merge(*pieces, dg.Definitions(resources=build_resources(config_path)))
 
 

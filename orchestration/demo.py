@@ -113,7 +113,7 @@ def demo_summary(config_path: str) -> str:
     """What the demo made: the funnel, the curriculum contract, the contamination scans and the
     per-phase, per-bucket training tokens and loss."""
     from refinery.config import load_config
-    from refinery.contamination import scan_report_key
+    from refinery.layout import scan_report_key
     from refinery.curriculum import validate_data_root
     from refinery.funnel_report import DEFAULT_BYTES_PER_TOKEN, build_report, format_report, load_stage_totals
     from refinery.storage import open_data_root

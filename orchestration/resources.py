@@ -1,46 +1,25 @@
 """The only place resources are built.
 
-`RefineryResource` is what every asset asks for: the loaded config and the data root. Which data
-root (a local folder or `s3://...`) comes from the config; S3 credentials come only from the
-environment (through dagster-aws's `S3Resource` and `EnvVar`), never from the config file.
+`RefineryResource` (assets/resource.py) is what every asset asks for: the loaded config and the data
+root. Which data root (a local folder or `s3://...`) comes from the config; S3 credentials come only
+from the environment (through dagster-aws's `S3Resource` and `EnvVar`), never from the config file.
 """
 
 from __future__ import annotations
 
 import os
-from functools import cached_property
-from typing import Optional
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from refinery.config import RefineryConfig, load_config
-from refinery.storage import DataRoot, open_data_root
+from assets.resource import RefineryResource
+from refinery.config import load_config
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.yaml")
 
 
 def config_path_from_env() -> str:
     return os.environ.get("REFINERY_CONFIG", DEFAULT_CONFIG)
-
-
-class RefineryResource(dg.ConfigurableResource):
-    """The run's config file and, through it, the data root every asset reads and writes."""
-
-    config_path: str
-    # Only an s3:// data root uses it; a local root leaves it unset.
-    s3: Optional[S3Resource] = None
-
-    @cached_property
-    def config(self) -> RefineryConfig:
-        return load_config(self.config_path)
-
-    @cached_property
-    def root(self) -> DataRoot:
-        url = self.config.resolve(self.config.data_root)
-        if url.startswith("s3://") and self.s3 is not None:
-            return open_data_root(url, client=self.s3.get_client())
-        return open_data_root(url)
 
 
 def s3_resource_from_env() -> S3Resource:

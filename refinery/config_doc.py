@@ -2,8 +2,9 @@
 
 Every section of `RefineryConfig` becomes a heading with its docstring and a table of its fields:
 type, default and description. A field's description is its `Field(description=...)`, else the
-comment on its line in refinery/config.py, else the comment lines right above it, so the schema
-stays the one place the reference is written. tests/test_config_doc.py fails when the file is stale.
+comment on its line in the schema (refinery/config/), else the comment lines right above it, so
+the schema stays the one place the reference is written. tests/test_config_doc.py fails when the
+file is stale.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from refinery.config import RefineryConfig
 
 HEADER = """# Config reference
 
-Generated from the schema in `refinery/config.py` by `python -m refinery.config_doc > docs/config.md`
+Generated from the schema in `refinery/config/` by `python -m refinery.config_doc > docs/config.md`
 (`tests/test_config_doc.py` fails when this file is stale). One YAML file declares a run;
 `configs/demo.yaml` is the demo's and `refinery init DIR` writes one for a folder of your own files.
 Unknown keys are refused, and relative paths resolve against the config file's folder.

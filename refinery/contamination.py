@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import numpy as np
 
 from refinery.config import ContaminationConfig, RefineryConfig
+from refinery.curriculum import PhaseManifest, read_manifest, read_selection
+from refinery.documents import CLEAN_STAGE
+from refinery.layout import documents_key, manifest_key, scan_report_key
+from refinery.progress import track
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from refinery.manifest import PhaseManifest
     from refinery.storage import DataRoot
 
 _WORD_HASH_SEED = 0x5EED
@@ -282,10 +285,8 @@ class _Counted:
             yield x
 
 
-def phase_doc_ids(root: "DataRoot", manifest: "PhaseManifest") -> dict[str, set[str]]:
+def phase_doc_ids(root: "DataRoot", manifest: PhaseManifest) -> dict[str, set[str]]:
     """The documents a phase may draw, per bucket: entries of its shards, after its selection."""
-    from refinery.manifest import read_selection
-
     out: dict[str, set[str]] = {}
     for bucket, sl in manifest.buckets.items():
         ids: list[str] = []
@@ -298,15 +299,13 @@ def phase_doc_ids(root: "DataRoot", manifest: "PhaseManifest") -> dict[str, set[
     return out
 
 
-def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str,
+def phase_documents(root: "DataRoot", manifest: PhaseManifest, stage: str,
                     wanted: dict[str, set[str]] | None = None) -> Iterator[tuple[str, str | None, str, str]]:
     """(doc_id, url, bucket, text) of every document a phase may draw, read from `stage`'s tables.
 
     Doc ids start with their input shard (`<partition>/<index>`), so only the tables of shards that
     hold phase documents are opened, and only their rows are read."""
     import polars as pl
-
-    from refinery.documents import documents_key
 
     wanted = wanted if wanted is not None else phase_doc_ids(root, manifest)
     for bucket in sorted(wanted):
@@ -327,61 +326,8 @@ def phase_documents(root: "DataRoot", manifest: "PhaseManifest", stage: str,
                 yield doc_id, url, bucket, text
 
 
-def exclusions_key(phase: str) -> str:
-    """Doc ids the drop policy removed from a phase; phase_manifests honours it on every rebuild."""
-    return f"contamination/{phase}/excluded_doc_ids.json"
-
-
-def hits_key(phase: str) -> str:
-    """The contaminated documents the latest contamination_scan found, before its policy applied."""
-    return f"contamination/{phase}/hits.parquet"
-
-
-def scan_report_key(phase: str) -> str:
-    return f"contamination/{phase}/scan.json"
-
-
-def apply_exclusions(root: "DataRoot", manifest: "PhaseManifest", excluded: set[str]) -> "PhaseManifest":
-    """The manifest with every entry of an excluded document removed from its bucket's selection.
-
-    Entry ids are global within the bucket (refinery/manifest.py), so the new selection is the old
-    one (or every entry) minus the excluded documents' entries; token counts are recomputed from the
-    shard offsets so the manifest stays truthful."""
-    import dataclasses
-    import io
-
-    from refinery.manifest import read_selection
-    from refinery.shard_format import read_index
-
-    buckets = {}
-    for name, sl in manifest.buckets.items():
-        doc_ids: list[str] = []
-        lengths: list[np.ndarray] = []
-        for ref in sl.shards:
-            doc_ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
-            lengths.append(np.diff(read_index(root.local_path(ref.prefix + ".idx")).offsets))
-        entry_tokens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-        selection = read_selection(root, sl)
-        current = selection if selection is not None else np.arange(len(doc_ids), dtype=np.int64)
-        keep = np.array([doc_ids[i] not in excluded for i in current], dtype=bool)
-        if keep.all():
-            buckets[name] = sl
-            continue
-        kept = current[keep].astype(np.int64)
-        key = f"manifests/{manifest.phase}/{name}-selection.npy"
-        buf = io.BytesIO()
-        np.save(buf, kept)
-        digest = root.write_bytes(key, buf.getvalue())
-        buckets[name] = dataclasses.replace(
-            sl, entries=len(kept), tokens=int(entry_tokens[kept].sum()), selection=key, selection_sha256=digest
-        )
-    return dataclasses.replace(manifest, buckets=buckets)
-
-
 def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[str, str]:
     """What a scan of `phase` depends on: the manifest's bytes and each eval set's bytes."""
-    from refinery.manifest import manifest_key
-
     return {"manifest": root.sha256(manifest_key(phase)), **{f"eval_set/{k}": v for k, v in sorted(index.sha256.items())}}
 
 
@@ -389,10 +335,6 @@ def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalInd
                log: Callable[[str], None] | None = None) -> ScanReport:
     """Scan the documents of `phase`'s manifest against the configured eval sets (read-only).
     Shows a bar on a terminal; `log` gets a progress line every 10%."""
-    from refinery.documents import CLEAN_STAGE
-    from refinery.manifest import read_manifest
-    from refinery.progress import track
-
     index = index or EvalIndex.build(cfg)
     manifest = read_manifest(root, phase)
     wanted = phase_doc_ids(root, manifest)

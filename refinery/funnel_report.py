@@ -20,13 +20,17 @@ import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from refinery.stages.base import StageStats
+from refinery.stages.stats import StageStats
 from refinery.config import ConfigError, RefineryConfig, load_config
+from refinery.layout import documents_prefix, stats_key
 from refinery.preflight import READ_ONLY
 from refinery.progress import Progress
 from refinery.storage import DataRoot, open_data_root
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # The funnel's stages in the order documents flow; later stages from other assets go here too.
 FUNNEL_ORDER = (
@@ -90,8 +94,6 @@ def load_stage_totals(root: DataRoot) -> dict[str, StageTotals]:
 def files_stage_stats(root: DataRoot, files: list[str]) -> list[StageStats]:
     """The named input files' stats merged per funnel stage, for the stages materialized for any of
     them, in funnel order: what one funnel chart over a run's files draws."""
-    from refinery.documents import stats_key
-
     merged = []
     for stage in FUNNEL_ORDER:
         keys = [stats_key(stage, f) for f in files if root.exists(stats_key(stage, f))]
@@ -264,7 +266,7 @@ def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str]
 
     from refinery.stages.language import STAGE as LANGUAGE_STAGE
 
-    for table in root.list(f"documents/{LANGUAGE_STAGE}"):
+    for table in root.list(documents_prefix(LANGUAGE_STAGE)):
         if not table.endswith(".parquet"):
             continue
         ids = root.read_parquet(table, columns=["doc_id", "url"])
@@ -277,12 +279,7 @@ def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str]
 def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str, Any] | None:
     """Every heuristic rule and custom filter the document fails ({rule, value, threshold}), or None
     when no document of the heuristic stage's input has that doc_id or url."""
-    from collections import Counter
-
-    import polars as pl
-
-    from refinery.stages.custom import build_custom_filter, in_family
-    from refinery.stages.heuristic import HeuristicFilter
+    from refinery.stages.heuristic.explain import explain_record
 
     found = find_heuristic_input(root, key)
     if found is None:
@@ -296,17 +293,7 @@ def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str,
             f"{key} comes from source {row['source']!r}, which the config does not declare; pass the "
             f"config the data root was materialized with"
         ) from None
-    heuristic = HeuristicFilter(cfg.stages.heuristic, source.rules_off)
-    failures = [(d.rule, d.value, d.detail) for d in heuristic.explain(row["text"], row["url"], row["language"])]
-    if cfg.stages.custom_filters:
-        # They see the text the rules keep (C4 may drop lines); on a document the rules drop, its own.
-        kept, _ = heuristic.apply(row["text"], row["url"], Counter(), row["language"])
-        custom_input = frame.with_columns(pl.lit(row["text"] if kept is None else kept).alias("text"))
-    for spec in cfg.stages.custom_filters:
-        stage = build_custom_filter(spec, cfg.base_dir)
-        stage.record_timeout_s = cfg.stages.record_timeout_s
-        rejects = in_family(stage.run(custom_input), spec.name).rejects
-        failures += rejects.select("rule", "value", "detail").rows()
+    explanation = explain_record(cfg, frame, source)
     return {
         "doc_id": row["doc_id"],
         "url": row["url"],
@@ -315,9 +302,9 @@ def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str,
         "language_score": row["language_score"],
         "table": table,
         "heuristic_skipped_by_source": "heuristic" in source.skip,
-        "rules_off": sorted(heuristic.rules_for(row["language"]).off),
+        "rules_off": explanation.rules_off,
         "custom_filters": [spec.name for spec in cfg.stages.custom_filters],
-        "failures": [{"rule": rule, "value": value, "threshold": detail} for rule, value, detail in failures],
+        "failures": [{"rule": rule, "value": value, "threshold": detail} for rule, value, detail in explanation.failures],
     }
 
 

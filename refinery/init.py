@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from refinery.config import HF_DATASET_DICT, ConfigError, hf_dataset_dirs, load_config
+from refinery.config import ConfigError, load_config
+from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
 
 # Bytes of clean text per token of the demo's tokenizer (byte-level BPE, vocab 4096, trained on the
 # sample's clean text by the `tokenizer` asset): 3.37 on data/sample's JSONL text.

@@ -31,13 +31,13 @@ import numpy as np
 import polars as pl
 
 from refinery.config import RefineryConfig
-from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, documents_key, input_shards
+from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
+from refinery.layout import (LINEAGE_DOCUMENTS_KEY, LINEAGE_INDEX_KEY, LINEAGE_SHARD_MAPS_PREFIX, bucket_shards_prefix,
+                             documents_key, final_index_key, shard_index_key, shard_map_key)
 from refinery.progress import track
 from refinery.shard_format import ShardFormatError, ShardReader, read_index
 from refinery.storage import DataRoot, sha256_file
 
-DOCUMENTS_KEY = "lineage/documents.arrow"
-INDEX_KEY = "lineage/index.json"
 LINEAGE_VERSION = 1
 ROW_GROUP_ROWS = 1024
 # One row per entry of a final shard: where its document sits in lineage/documents.arrow.
@@ -69,11 +69,6 @@ class LineageError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
-def shard_map_key(prefix: str) -> str:
-    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.npy`."""
-    return "lineage/" + prefix.removeprefix("shards/") + ".npy"
-
-
 def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) -> dict[str, dict[str, Any]]:
     """For each final shard, its entries' rows in the (sorted) documents table; returns what was
     indexed per bucket, with the sha256 of the bucket index.json it was built from."""
@@ -81,7 +76,7 @@ def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) ->
     out: dict[str, dict[str, Any]] = {}
     written: set[str] = set()
     for bucket in buckets:
-        key = f"shards/final/{bucket}/index.json"
+        key = final_index_key(bucket)
         if not root.exists(key):
             continue
         raw = root.read_bytes(key)
@@ -105,7 +100,7 @@ def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) ->
             root.write_bytes(shard_map_key(ref["prefix"]), buf.getvalue())
         out[bucket] = {"index_sha256": hashlib.sha256(raw).hexdigest(), "tokens": bucket_index["tokens"],
                        "entries": bucket_index["entries"], "shards": len(bucket_index["shards"])}
-    for stale in root.list("lineage/final"):
+    for stale in root.list(LINEAGE_SHARD_MAPS_PREFIX):
         if stale not in written:
             root.delete(stale)
     return out
@@ -113,8 +108,8 @@ def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) ->
 
 def verify_final_shards(root: DataRoot, cfg: RefineryConfig, log: Callable[[str], None] | None = None) -> int:
     """Check every final shard's files against its bucket's index.json; return the shard count."""
-    refs = [ref for bucket in cfg.buckets if root.exists(f"shards/final/{bucket}/index.json")
-            for ref in root.read_json(f"shards/final/{bucket}/index.json")["shards"]]
+    refs = [ref for bucket in cfg.buckets if root.exists(final_index_key(bucket))
+            for ref in root.read_json(final_index_key(bucket))["shards"]]
     for ref in track(refs, desc="lineage: verify final shards", unit="shard", log=log):
         local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
         ShardReader(local).verify(ref["sha256"])
@@ -150,7 +145,7 @@ def write_lineage_index(root: DataRoot, docs: pl.DataFrame, buckets: list[str], 
     if dupes.any():
         raise LineageError(f"doc_id repeats across the clean tables, e.g. {docs.filter(dupes)['doc_id'][0]!r}")
     table = docs.to_arrow()
-    with root.writer(DOCUMENTS_KEY) as tmp:
+    with root.writer(LINEAGE_DOCUMENTS_KEY) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=ROW_GROUP_ROWS)
     index = {
@@ -159,11 +154,11 @@ def write_lineage_index(root: DataRoot, docs: pl.DataFrame, buckets: list[str], 
         "row_group_rows": ROW_GROUP_ROWS,
         "row_group_first_doc_ids": docs["doc_id"].gather_every(ROW_GROUP_ROWS).to_list(),
         "columns": docs.columns,
-        "documents_sha256": root.sha256(DOCUMENTS_KEY),
+        "documents_sha256": root.sha256(LINEAGE_DOCUMENTS_KEY),
         "buckets": _write_shard_maps(root, buckets, docs),
         **extra,
     }
-    root.write_json(INDEX_KEY, index)
+    root.write_json(LINEAGE_INDEX_KEY, index)
     return index
 
 
@@ -201,7 +196,7 @@ def parse_shard(shard: str) -> tuple[str, str, str]:
     stage = m["stage"] or "final"
     if stage not in SHARD_STAGES:
         raise LineageError(f"shard {shard!r}: unknown shard stage {stage!r}; use one of {list(SHARD_STAGES)}")
-    return stage, m["bucket"], f"shards/{stage}/{m['bucket']}/{m['shard']}"
+    return stage, m["bucket"], f"{bucket_shards_prefix(stage, m['bucket'])}/{m['shard']}"
 
 
 def _find_shard(root: DataRoot, cfg: RefineryConfig, shard: str) -> tuple[str, str, int, dict[str, Any], int, str]:
@@ -209,7 +204,7 @@ def _find_shard(root: DataRoot, cfg: RefineryConfig, shard: str) -> tuple[str, s
     stage, bucket, prefix = parse_shard(shard)
     if bucket not in cfg.buckets:
         raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {cfg.buckets}")
-    key = f"shards/{stage}/{bucket}/index.json"
+    key = shard_index_key(stage, bucket)
     try:
         raw = root.read_bytes(key)
     except FileNotFoundError:
@@ -249,14 +244,14 @@ class LineageIndex:
     def __init__(self, root: DataRoot, cfg: RefineryConfig):
         self.root, self.cfg = root, cfg
         self._tokenizer: Any = None
-        self.index = _read_json(root, INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
+        self.index = _read_json(root, LINEAGE_INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
         if self.index.get("version") != LINEAGE_VERSION:
-            raise LineageError(f"{root.display(INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
+            raise LineageError(f"{root.display(LINEAGE_INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
 
     def _batch(self, number: int):
         import pyarrow as pa
 
-        with pa.memory_map(str(self.root.local_path(DOCUMENTS_KEY))) as source:
+        with pa.memory_map(str(self.root.local_path(LINEAGE_DOCUMENTS_KEY))) as source:
             return pa.ipc.open_file(source).get_batch(number)
 
     def document_at(self, row: int) -> dict[str, Any]:

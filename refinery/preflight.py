@@ -2,8 +2,11 @@
 
 `check(path, needs)` loads the YAML and returns every problem it finds, as `field: message` lines:
 
-- what the schema and the cross-references reject (refinery/config.py: types, unknown fields, a YAML
+- what the schema and the cross-references reject (refinery/config/: types, unknown fields, a YAML
   `no` read as false, unknown buckets and phases, bucket names unsafe as folder names);
+- custom filters that cannot be built: each `stages.custom_filters` entry is imported and built
+  here, so a wrong path, a class on another base or bad params stop the command naming the field
+  (loading the config runs no user code; this is the one place before a run that does);
 - paths: source globs that match no file, eval sets, `tokenizer.path` and `stages.language.model_path`
   that name no file (read from the YAML even when the schema rejects it, so these come together);
 - a data root that is a file, or a local one that cannot be written;
@@ -25,7 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from refinery.config import ConfigError, RefineryConfig, field_path, parse_config, read_yaml
+from pydantic import ValidationError
+
+from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
+                             read_yaml)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,25 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
                                 f"give a local file, or remove {field} for the default)")
+    return problems
+
+
+def custom_filter_problems(data: Any, base_dir: Path) -> list[str]:
+    """Import and build every custom filter of the raw config now, so a wrong path, a class on
+    another base or bad params fail before any work, naming the field, not in the middle of a run.
+    An entry the schema rejects is not built: the schema's problem names it already."""
+    from refinery.stages.custom import CustomFilterError, build_custom_filter
+
+    problems: list[str] = []
+    for i, raw in enumerate(_items(data, "stages", "custom_filters")):
+        try:
+            spec = CustomFilterConfig.model_validate(raw)
+        except ValidationError:
+            continue
+        try:
+            build_custom_filter(spec, str(base_dir))
+        except CustomFilterError as err:
+            problems.append(f"stages.custom_filters[{i}].{err.field}: {err}")
     return problems
 
 
@@ -200,6 +225,7 @@ def check(path: str | os.PathLike, needs: Needs = READ_ONLY) -> tuple[RefineryCo
     except ConfigError as err:
         problems.extend(err.problems)
         problems += [q for q in _beyond_the_schema(data, base_dir, str(p), err, needs) if q not in problems]
+    problems += custom_filter_problems(data, base_dir)
     problems += path_problems(data, base_dir, needs)
     problems += data_root_problems(data, base_dir, needs)
     if needs.curriculum and _value(data, "curriculum") is None:

@@ -12,9 +12,11 @@ import sys
 from typing import Any
 
 from refinery.config import load_config
-from refinery.contamination import ContaminationError, exclusions_key, hits_key, scan_phase, scan_report_key
-from refinery.documents import CLEAN_STAGE, documents_key
-from refinery.manifest import ManifestError
+from refinery.contamination import ContaminationError, scan_phase
+from refinery.layout import exclusions_key, hits_key, scan_report_key
+from refinery.curriculum import ManifestError
+from refinery.documents import CLEAN_STAGE
+from refinery.layout import documents_key
 from refinery.preflight import Needs
 from refinery.storage import DataRoot, open_data_root
 

@@ -23,8 +23,8 @@ from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, bu
 from refinery.preflight import Needs
 from refinery.shard_format import ShardFormatError
 from refinery.storage import DataRoot, atomic_path, open_data_root
+from refinery.layout import SCHEDULE_PLOT_KEY
 
-SCHEDULE_PLOT_KEY = "curriculum/schedule.png"
 PLOT_POINTS = 800
 
 

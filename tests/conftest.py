@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.moto import moto_s3  # noqa: F401  (a fixture: registered here for every test module)
+from helpers.ports import free_port
+
 WEED_START_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def weed_binary() -> str | None:
@@ -170,7 +166,7 @@ def s3_env(seaweedfs, monkeypatch, tmp_path) -> SeaweedServer:
     return seaweedfs
 
 
-# ---- a real multi-process Dagster instance: Postgres + code server + daemon (tests/pg_instance.py) ----
+# ---- a real multi-process Dagster instance: Postgres + code server + daemon (tests/helpers/pg_instance.py) ----
 
 
 @pytest.fixture
@@ -180,7 +176,7 @@ def postgres_server():
     Missing binaries skip the test on a developer machine, but fail it where REFINERY_REQUIRE_POSTGRES=1
     (.ci/run sets it after installing postgresql), so CI never passes by skipping it.
     """
-    from pg_instance import MissingPostgres, PostgresServer
+    from helpers.pg_instance import MissingPostgres, PostgresServer
 
     server = PostgresServer()
     try:
@@ -199,7 +195,7 @@ def postgres_server():
 def local_instance_factory(postgres_server, tmp_path):
     """`factory(config_path, max_concurrent_runs)` -> a started LocalInstance on `postgres_server`;
     every code server, run and daemon it started is stopped at teardown, pass or fail."""
-    from pg_instance import LocalInstance
+    from helpers.pg_instance import LocalInstance
 
     started: list[LocalInstance] = []
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
 from assets.partitions import INPUT_BATCHES
 from orchestration.automation import SENSOR_NAME
@@ -17,20 +16,16 @@ from orchestration.definitions import build_definitions
 from refinery.config import load_config
 from refinery.documents import input_batches
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.configs import demo_config, write_config
+
 PHASES = ["anneal", "main", "reasoning", "warmup"]
 BATCH_STAGES = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered", "dedup_signatures"]
 
 
-def write_config(tmp_path: Path, dynamic: bool) -> Path:
-    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    data["data_root"] = str(tmp_path / "out")
-    for source in [*data["sources"], *data["contamination"]["eval_sets"]]:
-        source["path"] = str((REPO / "configs" / source["path"]).resolve())
+def write_demo_config(tmp_path: Path, dynamic: bool) -> Path:
+    data = demo_config(tmp_path / "out")
     data["partitions"]["dynamic"] = dynamic
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_config(tmp_path, data)
 
 
 def conditions(defs: dg.Definitions) -> dict[str, str | None]:
@@ -41,7 +36,7 @@ def conditions(defs: dg.Definitions) -> dict[str, str | None]:
 
 
 def test_every_asset_but_training_has_its_condition(tmp_path):
-    defs = build_definitions(str(write_config(tmp_path, dynamic=False)))
+    defs = build_definitions(str(write_demo_config(tmp_path, dynamic=False)))
     assert conditions(defs) == {
         **{name: "eager" for name in [*BATCH_STAGES, "exact_deduped", "near_dup_clusters", "quality_scored",
                                       "pii_redacted", "funnel_report", "tokenized_shards", "shuffled_shards",
@@ -67,7 +62,7 @@ def requested(result: dg.EvaluateAutomationConditionsResult, graph) -> dict[str,
 
 @pytest.mark.slow
 def test_a_new_input_batch_flows_to_the_manifests_and_scans_once(tmp_path):
-    config = write_config(tmp_path, dynamic=True)
+    config = write_demo_config(tmp_path, dynamic=True)
     defs = build_definitions(str(config))
     graph = defs.resolve_asset_graph()
     *old, new = [b.key for b in input_batches(load_config(config))]

@@ -7,14 +7,16 @@ import json
 
 import polars as pl
 import pytest
-import yaml
 
 from orchestration.cli import COMMAND_MODULES, build_parser, main
-from refinery.contamination import exclusions_key, hits_key, scan_report_key
-from refinery.documents import CLEAN_STAGE, documents_key
+from refinery.layout import exclusions_key, hits_key, scan_report_key
+from refinery.documents import CLEAN_STAGE
+from refinery.layout import documents_key
 from refinery.scan import dropped_documents, format_dropped
 from refinery.storage import LocalDataRoot
-from test_manifests import config_dict
+
+from helpers.configs import write_config
+from helpers.final_shards import config_dict
 
 COMMANDS = ["demo", "scan", "lineage", "funnel", "validate", "init", "train"]
 
@@ -51,8 +53,7 @@ def test_every_command_has_a_paragraph_an_example_and_config(capsys, command):
 
 
 def test_validate_takes_the_config_by_flag_or_by_position(tmp_path, capsys):
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(config_dict(tmp_path)))
+    path = write_config(tmp_path, config_dict(tmp_path))
     outputs = []
     for argv in (["--config", str(path)], [str(path)]):
         assert main(["validate", *argv, "--json"]) == 0
@@ -63,7 +64,7 @@ def test_validate_takes_the_config_by_flag_or_by_position(tmp_path, capsys):
     # Both forms run the preflight: a bad config is refused the same way.
     bad = config_dict(tmp_path)
     bad["contamination"] = {"anneal_phase": "cool"}
-    path.write_text(yaml.safe_dump(bad))
+    write_config(tmp_path, bad)
     for argv in (["--config", str(path)], [str(path)]):
         assert main(["validate", *argv]) == 2
         assert "  contamination.anneal_phase: no phase 'cool'; use one of ['main', 'anneal']" in capsys.readouterr().err

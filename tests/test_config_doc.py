@@ -24,5 +24,5 @@ def test_every_section_and_field_is_documented():
     # the source fields a newcomer needs, with their defaults and what they do
     assert "| `text_field` | str | `\"text\"` | JSONL, Parquet and HF datasets: the field (column) holding" in doc
     assert "| `url_field` | str | `\"url\"` |" in doc and "| `id_field` | str \\| null | `null` |" in doc
-    # a comment in refinery/config.py becomes the description
+    # a comment in the schema (refinery/config/) becomes the description
     assert "| `url_blocklist` | list[str] | `[]` | Domains; subdomains match too. |" in doc

@@ -10,17 +10,22 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
-import yaml
 
+from assets.provenance import NOT_APPLICABLE, PROVENANCE_KEYS
 from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
 from refinery.config import load_config
-from refinery.contamination import exclusions_key, phase_doc_ids, scan_report_key
-from refinery.documents import CLEAN_STAGE, documents_key
-from refinery.manifest import read_manifest
+from refinery.contamination import phase_doc_ids
+from refinery.layout import exclusions_key, scan_report_key
+from refinery.documents import CLEAN_STAGE
+from refinery.layout import documents_key
+from refinery.curriculum import read_manifest
 from refinery.storage import LocalDataRoot
 from training.phase_runs import phase_run_dir
 from training.status import read_status
+
+from helpers.configs import demo_config, write_config
+from helpers.materialize import materialize_in_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -56,22 +61,10 @@ def plant(text: str, item: dict, how: str) -> str:
     raise ValueError(how)
 
 
-def write_config(tmp: Path, eval_sets: list[dict], policy: str) -> Path:
-    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    demo["data_root"] = str(tmp / "out")
-    for source in demo["sources"]:
-        source["path"] = str((REPO / "configs" / source["path"]).resolve())
+def write_contaminated_config(tmp: Path, eval_sets: list[dict], policy: str) -> Path:
+    demo = demo_config(tmp / "out")
     demo["contamination"].update(eval_sets=eval_sets, policy=policy, ngram=NGRAM, max_contaminated_docs=0)
-    path = tmp / "refinery.yaml"
-    path.write_text(yaml.safe_dump(demo))
-    return path
-
-
-def materialize(config: Path, instance: dg.DagsterInstance, asset: str, phase: str) -> dg.ExecuteInProcessResult:
-    defs = build_definitions(str(config))
-    assets = list(defs.assets) + list(defs.asset_checks or [])
-    return dg.materialize(assets, selection=[dg.AssetKey(asset)], partition_key=phase, instance=instance,
-                          resources=defs.resources, run_config=QUIET_RUN_CONFIG, raise_on_error=False)
+    return write_config(tmp, demo)
 
 
 def check_passed(result: dg.ExecuteInProcessResult, phase: str) -> bool:
@@ -88,13 +81,14 @@ def launch_logs(cfg, phase: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
-    """The sample through phase_manifests, the lineage index and a first contamination scan of every
-    phase against the demo eval set, in one instance the tests below keep using."""
+    """The sample through phase_manifests, the lineage index, the funnel report and a first
+    contamination scan of every phase against the demo eval set, in one instance the tests below
+    keep using."""
     tmp = tmp_path_factory.mktemp("contamination_graph")
     demo_eval = {"name": "demo_eval", "path": str(REPO / "data" / "evals" / "demo_eval.jsonl")}
-    config = write_config(tmp, [demo_eval], policy="none")
+    config = write_contaminated_config(tmp, [demo_eval], policy="none")
     defs = build_definitions(str(config))
-    wanted = dg.AssetSelection.assets("contamination_scan", "lineage_index").upstream()
+    wanted = dg.AssetSelection.assets("contamination_scan", "lineage_index", "funnel_report").upstream()
     selection = list(wanted.resolve(defs.resolve_asset_graph()))
     home = tmp / "dagster_home"
     home.mkdir()
@@ -183,29 +177,29 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, c
     leaked_path = tmp / "leaked_eval.jsonl"
     leaked_path.write_text("".join(json.dumps(item) + "\n" for item in LEAKED_ITEMS))
     eval_sets = [sample["demo_eval"], {"name": "leaked", "path": str(leaked_path)}]
-    config = write_config(tmp, eval_sets, policy="none")
+    config = write_contaminated_config(tmp, eval_sets, policy="none")
 
     # The stored scan no longer covers today's eval sets: training is refused before any launch.
-    stale = materialize(config, instance, "training_run", "anneal")
+    stale = materialize_in_workspace(config, instance, "training_run", "anneal", QUIET_RUN_CONFIG)
     assert not stale.success and "older than a change to eval_set/leaked" in str(stale.all_events)
 
-    scan = materialize(config, instance, "contamination_scan", "anneal")
+    scan = materialize_in_workspace(config, instance, "contamination_scan", "anneal", QUIET_RUN_CONFIG)
     assert not check_passed(scan, "anneal"), "the blocking check fails on a contaminated anneal manifest"
     hits = root.read_parquet("contamination/anneal/hits.parquet")
     assert set(hits["doc_id"]) == planted, "every planted leak found, the 12-word near miss and clean docs not"
     assert near_miss not in set(hits["doc_id"])
     assert set(hits["eval_set"]) == {"leaked"}
 
-    refused = materialize(config, instance, "training_run", "anneal")
+    refused = materialize_in_workspace(config, instance, "training_run", "anneal", QUIET_RUN_CONFIG)
     assert not refused.success
     [failure] = [e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     message = failure.step_failure_data.error.message
     assert "training_run[anneal] refused" in message and f"found {len(planted)} contaminated documents" in message
     assert launch_logs(cfg, "anneal") == [], "anneal training did not run"
 
-    config = write_config(tmp, eval_sets, policy="drop")
+    config = write_contaminated_config(tmp, eval_sets, policy="drop")
     for phase in PHASES:  # every phase's scan must be current with the new eval set before it trains
-        result = materialize(config, instance, "contamination_scan", phase)
+        result = materialize_in_workspace(config, instance, "contamination_scan", phase, QUIET_RUN_CONFIG)
         assert check_passed(result, phase), phase
         report = root.read_json(scan_report_key(phase))
         assert report["contaminated_docs"] == 0 and set(report["dropped"]) <= planted, phase
@@ -227,7 +221,32 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, c
     assert near_miss in set().union(*phase_doc_ids(root, read_manifest(root, "anneal")).values())
 
     for phase in PHASES:
-        assert materialize(config, instance, "training_run", phase).success, phase
+        assert materialize_in_workspace(config, instance, "training_run", phase, QUIET_RUN_CONFIG).success, phase
     status = read_status(phase_run_dir(cfg, "anneal"))
     assert status["state"] == "completed" and status["step"] == status["total_steps"]
     assert launch_logs(cfg, "anneal") == ["launch-1.log"]
+
+
+def test_every_assets_materialization_carries_the_same_provenance_keys(sample):
+    """All 20 assets of the graph record one provenance key set (assets/provenance.py), with their
+    code version, config and content hashes; training_run's name its boundary checkpoint. Reads the
+    materializations the tests above made (the graph, then every phase trained); run alone, it
+    trains warmup first."""
+    instance, config = sample["instance"], sample["config"]
+    defs = build_definitions(str(config))
+    graph = defs.resolve_asset_graph()
+    keys = sorted(graph.materializable_asset_keys, key=lambda k: k.to_user_string())
+    assert len(keys) == 20
+    if instance.get_latest_materialization_event(dg.AssetKey("training_run")) is None:
+        assert materialize_in_workspace(config, instance, "training_run", "warmup", QUIET_RUN_CONFIG).success
+    for key in keys:
+        event = instance.get_latest_materialization_event(key)
+        assert event is not None, f"{key.to_user_string()} was never materialized"
+        md = event.asset_materialization.metadata
+        name = key.to_user_string()
+        assert set(PROVENANCE_KEYS) <= set(md), f"{name} lacks {set(PROVENANCE_KEYS) - set(md)}"
+        assert md["code_version"].value == graph.get(key).code_version, name
+        assert md["config"] != dg.MetadataValue.text(NOT_APPLICABLE), f"{name} has no config"
+        assert isinstance(md["content_hashes"].value, dict), name
+    training = instance.get_latest_materialization_event(dg.AssetKey("training_run")).asset_materialization.metadata
+    assert list(training["content_hashes"].value) == [training["boundary_checkpoint"].value]

@@ -1,5 +1,5 @@
-"""Schedule maths and the validation contract (refinery/curriculum.py), on seed 000's worked example
-and on small hand-made curricula."""
+"""Schedule maths and the validation contract (refinery/curriculum/schedule.py and contract.py), on
+seed 000's worked example and on small hand-made curricula."""
 
 import math
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from refinery.config import parse_config
-from refinery.curriculum import BucketInventory, CurriculumError, apply_temperature, build_schedule, select_top_quality, validate
+from refinery.curriculum import (BucketInventory, CurriculumError, PhaseManifest, apply_temperature, build_schedule,
+                                 schedule_from_manifests, select_top_quality, validate)
 
 SEED_BUCKETS = ["web", "code", "math", "books", "wiki"]
 B = 1_000_000_000
@@ -147,6 +148,25 @@ def test_weights_interpolate_linearly_over_the_blend_window():
     # The blend's tokens are counted in the expected totals: anneal = 1024 at the mean mixture.
     assert schedule.phase_bucket_tokens()[1] == pytest.approx([640, 384])
     assert sum(schedule.bucket_tokens().values()) == pytest.approx(4096)
+
+
+def test_the_config_and_the_manifests_place_the_same_phase_spans():
+    """build_schedule and schedule_from_manifests go through the one builder of phase spans, so the
+    trainer's schedule (from the manifests) is the validator's (from the config)."""
+    cur = small_curriculum(temperature=2.0)
+    cur["phases"][1]["interpolation"] = 0.25
+    cur["phases"][1]["lr_scale"] = 0.5
+    from_config = build_schedule(make_cfg(cur, buckets=["web", "math"]))
+    manifests = [PhaseManifest(phase=p.name, index=p.index, token_budget=p.tokens, seq_len=p.seq_len,
+                               lr_scale=p.lr_scale, weights=dict(zip(from_config.buckets, p.weights.tolist())),
+                               interpolation=cur["phases"][p.index].get("interpolation", 0.0), buckets={})
+                 for p in reversed(from_config.phases)]
+    from_manifests = schedule_from_manifests(manifests, ["web", "math"])
+    assert from_manifests.buckets == from_config.buckets
+    for a, b in zip(from_config.phases, from_manifests.phases, strict=True):
+        assert (a.index, a.name, a.start, a.end, a.seq_len, a.lr_scale, a.blend_tokens) == \
+            (b.index, b.name, b.start, b.end, b.seq_len, b.lr_scale, b.blend_tokens)
+        assert a.weights.tolist() == b.weights.tolist()
 
 
 def test_lr_multiplier_warmup_stable_then_linear_decay_times_lr_scale():

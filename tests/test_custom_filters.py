@@ -12,7 +12,9 @@ import yaml
 from assets.funnel import _heuristic
 from refinery.config import ConfigError, load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA
-from texts import PROSE
+from refinery.preflight import require
+from helpers import configs
+from helpers.texts import PROSE
 
 EXAMPLE = {"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 3}}
 
@@ -24,9 +26,7 @@ def write_config(tmp_path: Path, custom_filters: list[dict], skip: list[str] | N
         "sources": [{"name": "web", "path": "in/*.jsonl", "format": "jsonl", "bucket": "web", "skip": skip or []}],
         "stages": {"custom_filters": custom_filters},
     }
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return configs.write_config(tmp_path, cfg)
 
 
 def docs(texts: list[str]) -> pl.DataFrame:
@@ -114,7 +114,7 @@ def test_module_beside_the_config_is_isolated_per_record_and_its_reasons_get_the
 ])
 def test_bad_custom_filters_are_config_errors_naming_the_field(tmp_path, spec, message):
     with pytest.raises(ConfigError) as err:
-        load_config(write_config(tmp_path, [spec]))
+        require(write_config(tmp_path, [spec]))  # the preflight builds them, not load_config
     assert message in str(err.value)
 
 
@@ -122,7 +122,7 @@ def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(t
     """Dagster marks heuristic_filtered, and what follows it, stale when its code version changes:
     the version covers each custom filter's module, and is the built-in rules' alone without any."""
     from assets import funnel
-    from assets.factory import code_version
+    from assets.provenance import code_version
     from assets.partitions import Partitions
     from refinery.stages import heuristic
 
@@ -165,12 +165,10 @@ def test_custom_filter_in_the_materialized_funnel_with_worker_processes(tmp_path
     imports the filter from the config and its rejects and counts reach the tables and metadata."""
     import json
 
-    import dagster as dg
-
-    from assets.funnel import build_definitions
-    from assets.partitions import Partitions
-    from orchestration.resources import RefineryResource
-    from refinery.documents import documents_key, input_batches, rejects_key, stats_key
+    from assets import funnel
+    from helpers.materialize import materialize, module_assets
+    from refinery.documents import input_batches
+    from refinery.layout import documents_key, rejects_key, stats_key
     from refinery.storage import LocalDataRoot
 
     (tmp_path / "in").mkdir()
@@ -184,9 +182,8 @@ def test_custom_filter_in_the_materialized_funnel_with_worker_processes(tmp_path
     config.write_text(yaml.safe_dump(raw))
     cfg = load_config(config)
     [batch] = input_batches(cfg)
-    assets = list(build_definitions(cfg, Partitions.from_config(cfg)).assets)
-    result = dg.materialize(assets, resources={"refinery": RefineryResource(config_path=str(config))},
-                            partition_key=batch.key)
+    assets = list(module_assets(funnel, config).values())
+    result = materialize(assets, config, partition_key=batch.key)
     root = LocalDataRoot(tmp_path / "out")
     kept = pl.concat([root.read_parquet(documents_key("heuristic_filtered", s.key)) for s in batch.shards])
     assert kept["url"].to_list() == ["https://harbour.example/0/numbers"]

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import yaml
 
 from refinery.config import load_config
-from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
+from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
+from refinery.layout import documents_key
 from refinery.storage import LocalDataRoot, sha256_file
+
+from helpers.configs import demo_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"lexeme{i}" for i in range(5000)]
@@ -57,8 +59,7 @@ def write_corpus(tmp: Path, name: str = "run", extra: dict | None = None) -> Pat
         ],
         "stages": {"exact_dedup": {"hash_ranges": 2}, "near_dedup": {"bands": 4, "rows": 8}, **(extra or {})},
     }
-    path = base / "refinery.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(base, config)
     cfg = load_config(path)
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     for shard in input_shards(cfg):
@@ -179,21 +180,16 @@ def test_rerun_gives_identical_bytes(dedup_run):
 
 
 def test_metadata_of_the_dedup_assets(dedup_run):
-    import dagster as dg
-
     from assets import dedup
-    from assets.partitions import Partitions
-    from orchestration.resources import build_resources
+    from helpers.materialize import materialize, module_assets
 
     config = dedup_run[0].parent / "refinery.yaml"
-    cfg = load_config(config)
-    defs = dedup.build_definitions(cfg, Partitions.from_config(cfg))
-    by_name = {a.key.to_user_string(): a for a in defs.assets}
-    result = dg.materialize([by_name["deduped"]], partition_key="web-b", resources=build_resources(str(config)))
+    by_name = module_assets(dedup, config)
+    result = materialize([by_name["deduped"]], config, partition_key="web-b")
     md = result.asset_materializations_for_node("deduped")[0].metadata
     assert {"docs_in", "docs_out", "retention", "removed_by_rule", "config", "code_version", "content_hashes"} <= set(md)
     assert md["docs_out"].value == 1
-    result = dg.materialize([by_name["near_dup_clusters"]], resources=build_resources(str(config)))
+    result = materialize([by_name["near_dup_clusters"]], config)
     md = result.asset_materializations_for_node("near_dup_clusters")[0].metadata
     assert md["clusters"].value == 1 and md["to_remove"].value == 2
 
@@ -211,11 +207,10 @@ def test_no_input_files_gives_empty_decisions(tmp_path):
     from assets import dedup
     from refinery.stages import near_dedup as nd
 
-    (tmp_path / "refinery.yaml").write_text(yaml.safe_dump({
+    cfg = load_config(write_config(tmp_path, {
         "data_root": "out", "buckets": ["web"],
         "sources": [{"name": "web", "path": "missing/*.jsonl", "format": "jsonl", "bucket": "web"}],
     }))
-    cfg = load_config(tmp_path / "refinery.yaml")
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     drops, docs, _ = dedup.compute_exact_range(cfg, root, "r00-of-04")
     assert (drops.height, docs) == (0, 0)
@@ -269,12 +264,7 @@ def sample_run(tmp_path_factory) -> Path:
     from orchestration.demo import materialize_graph
 
     tmp = tmp_path_factory.mktemp("sample")
-    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    demo["data_root"] = str(tmp / "out")
-    for source in [*demo["sources"], *demo["contamination"]["eval_sets"]]:
-        source["path"] = str((REPO / "configs" / source["path"]).resolve())
-    config = tmp / "demo.yaml"
-    config.write_text(yaml.safe_dump(demo))
+    config = write_config(tmp, demo_config(tmp / "out"), "demo.yaml")
     defs = build_definitions(str(config))
     upstream = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
     mine = ["dedup_signatures", "exact_deduped", "near_deduped", "near_dup_clusters", "deduped"]

@@ -8,15 +8,17 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
-import yaml
 
-from assets.partitions import Partitions
-from orchestration.resources import RefineryResource
+from assets import funnel
 from refinery.config import load_config
-from refinery.documents import documents_key, input_batches, input_shards, make_doc_id, rejects_key, stats_key
+from refinery.documents import input_batches, input_shards, make_doc_id
+from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.storage import LocalDataRoot
 from refinery.testing.crawl import gzip_member, http_response, warc_record
-from texts import BRACED_DOC, PROSE
+
+from helpers.configs import demo_config, write_config
+from helpers.materialize import materialize, module_assets
+from helpers.texts import BRACED_DOC, PROSE
 
 REPO = Path(__file__).resolve().parents[1]
 FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
@@ -69,23 +71,11 @@ def write_corpus(tmp_path: Path) -> Path:
         ],
         "stages": {"heuristic": {"url_blocklist": ["spam.example"]}},
     }
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_config(tmp_path, config)
 
 
 def funnel_assets(config_path: Path) -> list[dg.AssetsDefinition]:
-    from assets.funnel import build_definitions
-
-    cfg = load_config(config_path)
-    defs = build_definitions(cfg, Partitions.from_config(cfg))
-    return list(defs.assets)
-
-
-def materialize_shard(assets, config_path: Path, key: str) -> dg.ExecuteInProcessResult:
-    return dg.materialize(
-        assets, resources={"refinery": RefineryResource(config_path=str(config_path))}, partition_key=key
-    )
+    return list(module_assets(funnel, config_path).values())
 
 
 def metadata_by_asset(result: dg.ExecuteInProcessResult) -> dict[str, dict]:
@@ -113,7 +103,7 @@ def test_funnel_assets_on_a_tiny_corpus(tmp_path):
     assets = funnel_assets(config_path)
     keys = [s.key for s in input_shards(cfg)]
     assert keys == ["web-crawl-0", "code-lib-0"]
-    metadata = {key: metadata_by_asset(materialize_shard(assets, config_path, key)) for key in keys}
+    metadata = {key: metadata_by_asset(materialize(assets, config_path, key)) for key in keys}
 
     for key in keys:
         assert set(metadata[key]) == set(FUNNEL)
@@ -157,9 +147,9 @@ def test_rematerializing_gives_byte_identical_outputs(tmp_path):
     config_path = write_corpus(tmp_path)
     root = LocalDataRoot(tmp_path / "out")
     assets = funnel_assets(config_path)
-    materialize_shard(assets, config_path, "web-crawl-0")
+    materialize(assets, config_path, "web-crawl-0")
     first = {k: root.sha256(k) for k in root.list("documents") + root.list("rejects")}
-    materialize_shard(assets, config_path, "web-crawl-0")
+    materialize(assets, config_path, "web-crawl-0")
     assert {k: root.sha256(k) for k in root.list("documents") + root.list("rejects")} == first
 
 
@@ -167,34 +157,22 @@ def test_missing_upstream_fails_clearly_and_writes_nothing(tmp_path):
     config_path = write_corpus(tmp_path)
     assets = {a.key.to_user_string(): a for a in funnel_assets(config_path)}
     with pytest.raises(Exception, match="materialize the asset that writes it first"):
-        materialize_shard([assets["extracted_text"]], config_path, "web-crawl-0")
+        materialize([assets["extracted_text"]], config_path, "web-crawl-0")
     assert not (tmp_path / "out" / "documents" / "extracted_text").exists()
 
 
 # ---- the bundled sample ------------------------------------------------------------------------------
 
 
-def sample_config(tmp_path: Path) -> Path:
-    """configs/demo.yaml with absolute source paths and the data root in tmp_path."""
-    demo = REPO / "configs" / "demo.yaml"
-    data = yaml.safe_load(demo.read_text())
-    for src in [*data["sources"], *data["contamination"]["eval_sets"]]:
-        src["path"] = str((demo.parent / src["path"]).resolve())
-    data["data_root"] = str(tmp_path / "out")
-    path = tmp_path / "demo.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 @pytest.mark.slow
 def test_funnel_on_the_sample_meets_the_ground_truth(tmp_path):
     truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
-    config_path = sample_config(tmp_path)
+    config_path = write_config(tmp_path, demo_config(tmp_path / "out"), "demo.yaml")
     cfg = load_config(config_path)
     root = LocalDataRoot(tmp_path / "out")
     assets = funnel_assets(config_path)
     for batch in input_batches(cfg):  # the demo's partitions: batches of files, outputs per file
-        result = materialize_shard(assets, config_path, batch.key)
+        result = materialize(assets, config_path, batch.key)
         assert result.success
         for name, md in metadata_by_asset(result).items():
             assert PROVENANCE_KEYS <= set(md), f"{name}[{batch.key}]"
@@ -248,10 +226,9 @@ def test_a_sources_rules_off_from_the_config_reach_heuristic_filtered(tmp_path):
             {"name": "web", "path": "web/*.jsonl", "format": "jsonl", "bucket": "web"},
         ],
     }
-    config_path = tmp_path / "refinery.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    config_path = write_config(tmp_path, config)
     assets = funnel_assets(config_path)
-    md = {key: metadata_by_asset(materialize_shard(assets, config_path, key))["heuristic_filtered"]
+    md = {key: metadata_by_asset(materialize(assets, config_path, key))["heuristic_filtered"]
           for key in ("docs-part-0", "web-part-0")}
     assert (md["docs-part-0"]["docs_out"].value, md["docs-part-0"]["removed_by_rule"].data) == (1, {})
     assert (md["web-part-0"]["docs_out"].value, md["web-part-0"]["removed_by_rule"].data) == (0, {"c4/curly_bracket": 1})

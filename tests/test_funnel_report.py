@@ -1,35 +1,15 @@
 """`refinery funnel`: stages in funnel order, retention overall and per bucket, and seed 002's budget."""
 
 import json
-from collections import Counter
 
 import pytest
 import yaml
 
-from refinery.stages.base import BucketCounts, StageStats
 from orchestration.cli import main
 from refinery.funnel_report import stage_order
 from refinery.storage import LocalDataRoot
 
-
-def write_config(tmp_path, **extra):
-    (tmp_path / "in").mkdir(exist_ok=True)
-    config = {
-        "data_root": "out",
-        "buckets": ["web", "code"],
-        "sources": [{"name": "web", "path": "in/*.warc.gz", "format": "warc", "bucket": "web"}],
-        **extra,
-    }
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
-def stats(stage, buckets, dropped=None):
-    """buckets: {bucket: (docs_in, docs_out, bytes_in, bytes_out)}"""
-    by_bucket = {b: BucketCounts(*c) for b, c in buckets.items()}
-    total = [sum(c[i] for c in buckets.values()) for i in range(4)]
-    return StageStats(stage, *total, wall_s=0.5, dropped=Counter(dropped or {}), by_bucket=by_bucket)
+from helpers.funnel_stats import stats, write_funnel_config
 
 
 @pytest.fixture
@@ -50,7 +30,7 @@ def materialized(tmp_path):
     }
     for (stage, part), s in parts.items():
         root.write_json(f"stats/{stage}/{part}.json", s.to_dict())
-    return write_config(tmp_path)
+    return write_funnel_config(tmp_path)
 
 
 def test_json_report_orders_stages_and_merges_partitions(materialized, capsys):
@@ -91,13 +71,13 @@ def test_table_report_for_people(materialized, capsys):
 
 def test_target_tokens_default_to_the_curriculum_total(tmp_path, materialized, capsys):
     curriculum = {"total_tokens": 5000, "phases": [{"name": "main", "share": 1.0, "weights": {"web": 1.0}, "seq_len": 64}]}
-    config = write_config(tmp_path, curriculum=curriculum)
+    config = write_funnel_config(tmp_path, curriculum=curriculum)
     assert main(["funnel", "--config", config, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["budget"]["target_tokens"] == 5000
 
 
 def test_nothing_materialized_is_an_error_that_says_what_to_do(tmp_path, capsys):
-    config = write_config(tmp_path)
+    config = write_funnel_config(tmp_path)
     assert main(["funnel", "--config", config]) == 1
     err = capsys.readouterr().err
     assert "nothing materialized yet" in err and "make demo" not in err  # the user's own config, not the demo's
@@ -109,7 +89,7 @@ def test_nothing_materialized_is_an_error_that_says_what_to_do(tmp_path, capsys)
 def test_a_stage_where_nothing_survives_has_no_finite_budget(tmp_path, capsys):
     root = LocalDataRoot(tmp_path / "out")
     root.write_json("stats/raw_documents/web-0.json", stats("raw_documents", {"web": (5, 0, 100, 0)}).to_dict())
-    assert main(["funnel", "--config", write_config(tmp_path), "--json"]) == 0
+    assert main(["funnel", "--config", write_funnel_config(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["budget"]["raw_input_bytes"] is None
 
 
@@ -118,14 +98,14 @@ def test_an_unreadable_stats_file_is_named(tmp_path, capsys, content):
     bad = tmp_path / "out" / "stats" / "raw_documents" / "web-0.json"
     bad.parent.mkdir(parents=True)
     bad.write_text(content)
-    assert main(["funnel", "--config", write_config(tmp_path)]) == 1
+    assert main(["funnel", "--config", write_funnel_config(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert str(bad) in err and "re-materialize" in err
 
 
 def test_bad_arguments_and_missing_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["funnel", "--config", write_config(tmp_path), "--target-tokens", "-5"])
+        main(["funnel", "--config", write_funnel_config(tmp_path), "--target-tokens", "-5"])
     assert exit_info.value.code == 2
     assert main(["funnel", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err
@@ -156,7 +136,8 @@ CLEAN = "\n".join(
 def language_filtered(tmp_path):
     import polars as pl
 
-    from refinery.documents import PROVENANCE_SCHEMA, documents_key
+    from refinery.documents import PROVENANCE_SCHEMA
+    from refinery.layout import documents_key
 
     rows = [("web-0/0000000", "https://a.example/spam", SPAM), ("web-0/0000001", "https://a.example/town", CLEAN)]
     table = pl.DataFrame(
@@ -181,7 +162,7 @@ def language_filtered(tmp_path):
 
 
 def test_explain_lists_every_rule_a_document_fails(language_filtered, capsys):
-    config = write_config(language_filtered)
+    config = write_funnel_config(language_filtered)
     assert main(["funnel", "--config", config, "--explain", "https://a.example/spam"]) == 0
     out = capsys.readouterr().out
     assert "doc_id web-0/0000000" in out and "language en (0.90)" in out
@@ -200,7 +181,7 @@ def test_explain_lists_every_rule_a_document_fails(language_filtered, capsys):
 
 
 def test_explain_follows_the_sources_rule_switches(language_filtered, capsys):
-    config = write_config(language_filtered)
+    config = write_funnel_config(language_filtered)
     data = yaml.safe_load(open(config))
     data["sources"][0]["rules_off"] = ["c4/curly_bracket"]
     open(config, "w").write(yaml.safe_dump(data))
@@ -214,7 +195,7 @@ def test_explain_follows_the_sources_rule_switches(language_filtered, capsys):
 
 def test_explain_runs_the_configs_custom_filters_after_the_rules(language_filtered, capsys):
     digits = {"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 3}}
-    config = write_config(language_filtered, stages={"custom_filters": [digits]})
+    config = write_funnel_config(language_filtered, stages={"custom_filters": [digits]})
     assert main(["funnel", "--config", config, "--explain", "https://a.example/town", "--json"]) == 0
     exp = json.loads(capsys.readouterr().out)
     assert exp["custom_filters"] == ["digits"]
@@ -229,6 +210,6 @@ def test_explain_runs_the_configs_custom_filters_after_the_rules(language_filter
 
 
 def test_explain_of_an_unknown_document_says_where_it_looked(language_filtered, capsys):
-    assert main(["funnel", "--config", write_config(language_filtered), "--explain", "https://nowhere.example/"]) == 1
+    assert main(["funnel", "--config", write_funnel_config(language_filtered), "--explain", "https://nowhere.example/"]) == 1
     err = capsys.readouterr().err
     assert "no document with doc_id or url 'https://nowhere.example/'" in err and "language_filtered" in err

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.report import CHART_KEY, REPORT_KEY, build_definitions
-from assets.partitions import Partitions
-from orchestration.resources import build_resources
+from assets import report
+from refinery.layout import FUNNEL_CHART_KEY, FUNNEL_REPORT_KEY
 from orchestration.cli import main
-from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from test_funnel_report import stats, write_config
+
+from helpers.funnel_stats import stats, write_funnel_config
+from helpers.materialize import materialize, module_assets
 
 STAGES = {
     ("raw_documents", "web-0"): stats("raw_documents", {"web": (60, 50, 1_000_000, 900_000)}, {"ingest/binary_payload": 10}),
@@ -26,14 +26,13 @@ STAGES = {
 }
 
 
-def materialize(config: str) -> dg.ExecuteInProcessResult:
-    cfg = load_config(config)
-    [asset] = build_definitions(cfg, Partitions.from_config(cfg)).assets
-    return dg.materialize([asset], resources=build_resources(config), raise_on_error=False)
+def materialize_report(config: str) -> dg.ExecuteInProcessResult:
+    [asset] = module_assets(report, config).values()
+    return materialize([asset], config, raise_on_error=False)
 
 
 def test_page_shows_the_chart_and_the_table_of_refinery_funnel(tmp_path, capsys):
-    config = write_config(tmp_path)
+    config = write_funnel_config(tmp_path)
     root = LocalDataRoot(tmp_path / "out")
     for (stage, part), s in STAGES.items():
         root.write_json(f"stats/{stage}/{part}.json", s.to_dict())
@@ -42,7 +41,7 @@ def test_page_shows_the_chart_and_the_table_of_refinery_funnel(tmp_path, capsys)
     # tokenized_shards is downstream of the report: the command lists it, the asset does not
     root.write_json("stats/tokenized_shards/web.json", stats("tokenized_shards", {"web": (24, 24, 1, 1)}).to_dict())
 
-    result = materialize(config)
+    result = materialize_report(config)
     assert result.success
     md = {k: v.value for k, v in result.get_asset_materialization_events()[0].materialization.metadata.items()}
     chart, table = re.fullmatch(r"!\[corpus funnel: 100 records to 64 documents\]\(data:image/png;base64,([^)]+)\)"
@@ -56,15 +55,15 @@ def test_page_shows_the_chart_and_the_table_of_refinery_funnel(tmp_path, capsys)
     assert md["raw_input_bytes"] == round(md["report"]["budget"]["raw_input_bytes"])
 
     png = base64.b64decode(chart)
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and root.read_bytes(CHART_KEY) == png
-    assert md["content_hashes"] == {REPORT_KEY: hashlib.sha256(root.read_bytes(REPORT_KEY)).hexdigest(),
-                                    CHART_KEY: hashlib.sha256(png).hexdigest()}
-    assert root.read_json(REPORT_KEY) == md["report"]
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and root.read_bytes(FUNNEL_CHART_KEY) == png
+    assert md["content_hashes"] == {FUNNEL_REPORT_KEY: hashlib.sha256(root.read_bytes(FUNNEL_REPORT_KEY)).hexdigest(),
+                                    FUNNEL_CHART_KEY: hashlib.sha256(png).hexdigest()}
+    assert root.read_json(FUNNEL_REPORT_KEY) == md["report"]
 
 
 def test_without_funnel_stats_it_fails_naming_what_to_materialize(tmp_path):
-    config = write_config(tmp_path)
-    result = materialize(config)
+    config = write_funnel_config(tmp_path)
+    result = materialize_report(config)
     assert not result.success
     error = result.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert "no funnel stats under" in error and "materialize the funnel first" in error

@@ -7,18 +7,19 @@ import re
 import time
 from pathlib import Path
 
-import dagster as dg
 import polars as pl
 import pytest
-import yaml
 
 from refinery.stages.extract import Extractor
 from refinery.stages.heuristic import HeuristicFilter, url_rules
 from refinery.stages.ingest import read_input_shard
-from refinery.config import ExtractConfig, HeuristicConfig, SourceConfig, load_config
-from refinery.documents import InputShard, documents_key, make_doc_id, rejects_key
+from refinery.config import ExtractConfig, HeuristicConfig, SourceConfig
+from refinery.documents import InputShard, make_doc_id
+from refinery.layout import documents_key, rejects_key
 from refinery.testing.crawl import gzip_member, http_response, warc_record
-from texts import PROSE
+
+from helpers.configs import write_config
+from helpers.texts import PROSE
 
 
 
@@ -235,9 +236,8 @@ def test_malformed_url_is_a_counted_reject_not_an_exception():
 
 
 def test_funnel_partition_over_hostile_records_finishes_within_its_budget(tmp_path):
-    from assets.funnel import build_definitions
-    from assets.partitions import Partitions
-    from orchestration.resources import RefineryResource
+    from assets import funnel
+    from helpers.materialize import materialize, module_assets
 
     (tmp_path / "web").mkdir()
     records = (
@@ -255,14 +255,10 @@ def test_funnel_partition_over_hostile_records_finishes_within_its_budget(tmp_pa
                    # Deep pages reach the parser, so the time budget is what stops them.
                    "extract": {"max_tag_depth": 1_000_000}},
     }
-    config_path = tmp_path / "refinery.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    cfg = load_config(config_path)
-    assets = list(build_definitions(cfg, Partitions.from_config(cfg)).assets)
+    config_path = write_config(tmp_path, config)
+    assets = list(module_assets(funnel, config_path).values())
     start = time.perf_counter()
-    result = dg.materialize(
-        assets, resources={"refinery": RefineryResource(config_path=str(config_path))}, partition_key="web-crawl-0"
-    )
+    result = materialize(assets, config_path, partition_key="web-crawl-0")
     assert time.perf_counter() - start < 30
     assert result.success
     md = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
@@ -290,7 +286,7 @@ def test_funnel_partition_over_hostile_records_finishes_within_its_budget(tmp_pa
 
 
 def test_jsonl_line_whose_handling_raises_or_overruns_is_one_reject(tmp_path, monkeypatch):
-    import refinery.stages.ingest as ingest
+    from refinery.stages.readers import jsonl as ingest
 
     parse = ingest._parse_json_line
 
@@ -319,7 +315,7 @@ def test_jsonl_line_whose_handling_raises_or_overruns_is_one_reject(tmp_path, mo
 
 
 def test_warc_record_whose_handling_raises_is_one_reject(tmp_path, monkeypatch):
-    import refinery.stages.ingest as ingest
+    from refinery.stages.readers import warc as ingest
 
     row = ingest._warc_row
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from refinery.stages.ingest import RAW_SCHEMA, config_relative_file, gzip_damage_offset, read_input_shard
+from refinery.stages.ingest import RAW_SCHEMA, config_relative_file, read_input_shard
+from refinery.stages.readers import gzip_damage_offset
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import InputShard, make_doc_id
 from refinery.testing.crawl import gzip_member, http_request, http_response, warc_record

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from refinery.stages.ingest import InputColumnError, read_input_shard
+from refinery.stages.ingest import read_input_shard
+from refinery.stages.readers import InputColumnError
 from refinery.config import ExtractConfig, SourceConfig, parse_config
 from refinery.documents import InputShard, input_shards
 

@@ -13,7 +13,8 @@ import torch
 from refinery.config import ConfigError, load_config
 from training.length_jump import (attention_parameters, phase_rope_scalings, renorm_second_moments,
                                   reset_adam_state)
-from training.model import GPT, GPTConfig, RopeScaling, rope_tables, yarn_frequencies
+from training.model import GPT, GPTConfig
+from training.rope import RopeScaling, rope_tables, yarn_frequencies
 from refinery.testing.curriculum import SyntheticPhase, tiny_run
 from training.trainer import RunOptions, Trainer
 

@@ -10,12 +10,13 @@ import numpy as np
 import polars as pl
 import pytest
 
+from refinery import layout
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery import lineage as lin
 from orchestration.cli import main
 from refinery.shard_format import ShardFormatError, ShardReader
-from test_tokenize import make_corpus, token_bytes, tokenize_all
+from helpers.corpus import make_corpus, token_bytes, tokenize_all
 
 CONTEXT_TOKENS = 12
 
@@ -32,7 +33,7 @@ def built(tmp_path_factory):
 
 
 def shard_refs(c, stage: str) -> list[dict]:
-    return [ref for b in c.cfg.buckets for ref in c.root.read_json(tk.index_key(stage, b))["shards"]]
+    return [ref for b in c.cfg.buckets for ref in c.root.read_json(layout.shard_index_key(stage, b))["shards"]]
 
 
 def reader_of(c, prefix: str) -> ShardReader:
@@ -86,12 +87,12 @@ def test_every_surviving_document_is_at_rest_exactly_once(built):
     for doc, windows in seen.items():
         assert sorted(windows) == list(range(n_windows[doc])), doc
     assert entries == sum(n_windows.values()) > len(seen)
-    assert entries == sum(c.root.read_json(tk.index_key(tk.FINAL, b))["entries"] for b in c.cfg.buckets)
+    assert entries == sum(c.root.read_json(layout.shard_index_key(tk.FINAL, b))["entries"] for b in c.cfg.buckets)
 
 
 def test_lineage_reports_each_funnel_stage(built):
     c = built
-    ref = c.root.read_json(tk.index_key(tk.FINAL, "math"))["shards"][0]
+    ref = c.root.read_json(layout.shard_index_key(tk.FINAL, "math"))["shards"][0]
     r = lin.resolve_token(c.root, c.cfg, "math/shard-00000", 0)
     doc_index = int(r["doc_id"].rsplit("/", 1)[1]) // 3
     funnel = r["funnel"]
@@ -160,8 +161,8 @@ def test_missing_lineage_index_says_what_to_materialize(tmp_path):
 def test_documents_table_is_sorted_and_text_free(built):
     import pyarrow as pa
 
-    docs = pl.from_arrow(pa.ipc.open_file(str(built.root.local_path(lin.DOCUMENTS_KEY))).read_all())
-    index = built.root.read_json(lin.INDEX_KEY)
+    docs = pl.from_arrow(pa.ipc.open_file(str(built.root.local_path(layout.LINEAGE_DOCUMENTS_KEY))).read_all())
+    index = built.root.read_json(layout.LINEAGE_INDEX_KEY)
     assert docs["doc_id"].to_list() == sorted(built.texts)  # every clean document, rejected-at-tokenize included
     assert "text" not in docs.columns and "text_bytes" in docs.columns
     assert index["documents"] == docs.height == 250
@@ -198,7 +199,7 @@ def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(
     for bucket in c.cfg.buckets:
         sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
     lin.build_lineage_index(c.root, c.cfg)
-    c.root.delete(tk.TOKENIZER_KEY)
+    c.root.delete(layout.TOKENIZER_KEY)
     r = lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)
     assert r["doc_id"] in c.texts and r["text"]["token"] is None
     assert "no tokenizer; materialize the `tokenizer` asset first" in r["text"]["error"]

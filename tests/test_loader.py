@@ -183,7 +183,7 @@ def test_a_bucket_without_shards_or_with_an_entry_past_int32_is_refused(monkeypa
     """The per-entry tables hold lengths as int32 (20 bytes an entry, for every rank): an entry that
     does not fit is refused by name, as is a bucket whose manifest lists no shard."""
     import training.data as data_mod
-    from refinery.manifest import BucketSlice, ShardRef
+    from refinery.curriculum import BucketSlice, ShardRef
 
     class Cache:
         def local_prefix(self, prefix):

@@ -1,79 +1,23 @@
 """phase_manifests: per-phase shard lists pinned by hash, quality-cutoff selections, the blocking
-validation check, and bad input. Final shards are written here in shuffled_shards' layout
-(shards/final/<bucket>/shard-NNNNN.* + entries.parquet + index.json) with ShardWriter."""
+validation check, and bad input, over final shards in shuffled_shards' layout
+(helpers/final_shards.py)."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
 import pytest
 
 from refinery.config import parse_config
-from refinery.curriculum import (
-    CurriculumError,
-    build_phase_manifest,
-    build_schedule,
-    final_index_key,
-    schedule_from_manifests,
-    validate_data_root,
-)
-from refinery.manifest import ManifestError, read_manifest, read_selection, write_manifest
-from refinery.shard_format import ShardReader, ShardWriter, shard_hashes
+from refinery.curriculum import CurriculumError, build_phase_manifest, build_schedule, schedule_from_manifests, validate_data_root
+from refinery.layout import final_index_key
+from refinery.curriculum import (CurriculumMismatch, ManifestError, PhaseManifest, read_manifest, read_selection,
+                                 refuse_mismatch, write_manifest)
+from refinery.shard_format import ShardReader, shard_hashes
 from refinery.storage import LocalDataRoot
 
-DOCS_PER_BUCKET = {"web": 40, "math": 20}
-
-
-def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 16) -> None:
-    """Documents (doc_id, tokens, quality_score) in order; every fifth is cut into two windows."""
-    rng = np.random.default_rng(len(docs))
-    entries = []
-    for doc_id, n, score in docs:
-        if docs.index((doc_id, n, score)) % 5 == 4:
-            entries += [(doc_id, n // 2, 0, 2, score), (doc_id, n - n // 2, 1, 2, score)]
-        else:
-            entries.append((doc_id, n, 0, 1, score))
-    shards, rows = [], []
-    for number, start in enumerate(range(0, len(entries), per_shard)):
-        prefix = f"shards/final/{bucket}/shard-{number:05d}"
-        writer = ShardWriter(root.root / prefix, np.uint16)
-        for doc_id, n, window, n_windows, score in entries[start : start + per_shard]:
-            rows.append({"entry": len(rows), "doc_id": doc_id, "tokens": n, "quality_score": score})
-            writer.add(rng.integers(0, 1000, n), doc_id, window=window, n_windows=n_windows)
-        shards.append({"prefix": prefix, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": writer.close()})
-    table_key = f"shards/final/{bucket}/entries.parquet"
-    table = pl.DataFrame(rows, schema={"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "quality_score": pl.Float64})
-    digest = root.write_parquet(table_key, table)
-    root.write_json(final_index_key(bucket), {"bucket": bucket, "shards": shards, "entries_table": {"key": table_key, "sha256": digest}})
-
-
-def sample_docs(bucket: str, n: int) -> list[tuple[str, int, float | None]]:
-    rng = np.random.default_rng(7 if bucket == "web" else 8)
-    scores = rng.permutation(n) / n  # distinct, so the top fraction is exact
-    docs = [(f"{bucket}-0/{i:07d}", int(rng.integers(40, 200)), float(scores[i])) for i in range(n)]
-    docs[3] = (docs[3][0], docs[3][1], None)  # empty text: no score
-    return docs
-
-
-def config_dict(tmp_path, **curriculum):
-    cur = {
-        "total_tokens": 4096,
-        "buckets": {"math": {"max_epochs": 3}},
-        "phases": [
-            {"name": "main", "share": 0.75, "weights": {"web": 0.75, "math": 0.25}, "seq_len": 128},
-            {"name": "anneal", "share": 0.25, "weights": {"web": 0.5, "math": 0.5}, "seq_len": 256,
-             "interpolation": 0.05, "quality_top_fraction": 0.25},
-        ],
-    }
-    cur.update(curriculum)
-    return {
-        "data_root": str(tmp_path / "root"),
-        "buckets": ["web", "math"],
-        "sources": [{"name": b, "path": f"{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in ("web", "math")],
-        "shards": {"max_seq_len": 256, "overlap": 0},
-        "training": {"micro_batch_size": 1},
-        "curriculum": cur,
-    }
+from helpers.final_shards import DOCS_PER_BUCKET, config_dict, sample_docs, write_curriculum_config, write_final_shards
 
 
 def make_cfg(tmp_path, **curriculum):
@@ -145,6 +89,37 @@ def test_trainer_schedule_from_manifests_matches_the_config(tmp_path, corpus):
         assert from_manifests.weights_at(t) == pytest.approx(from_cfg.weights_at(t))
         assert from_manifests.seq_len_at(t) == from_cfg.seq_len_at(t)
         assert from_manifests.lr_multiplier(t, 256) == from_cfg.lr_multiplier(t, 256)
+
+
+def test_manifest_pins_rope_scaling_and_the_trainer_refuses_a_config_that_differs(tmp_path, corpus):
+    """The manifest carries the phase's RoPE scaling (every YaRN field); a config that declares
+    another is refused with the field named and both fingerprints."""
+    root, _ = corpus
+    data = config_dict(tmp_path)
+    data["curriculum"]["phases"][1]["rope_scaling"] = {"factor": 2.0, "original_seq_len": 32}
+    cfg = parse_config(data)
+    for phase in ("main", "anneal"):
+        write_manifest(root, build(cfg, root, phase)[1])
+    pinned = read_manifest(root, "anneal").rope_scaling
+    assert pinned == {"type": "yarn", "factor": 2.0, "original_seq_len": 32, "beta_fast": 32.0, "beta_slow": 1.0}
+    assert read_manifest(root, "main").rope_scaling is None
+    refuse_mismatch(cfg, root)  # the config they were built from trains
+    data["curriculum"]["phases"][1]["rope_scaling"] = "auto"
+    with pytest.raises(CurriculumMismatch) as err:
+        refuse_mismatch(parse_config(data), root)
+    assert "curriculum.phases[1] (anneal).rope_scaling: the config says auto" in str(err.value)
+    assert f"config fingerprint {cfg.fingerprint()}" in str(err.value)
+
+
+def test_a_manifest_from_before_rope_scaling_keeps_its_identity(tmp_path, corpus):
+    """Checkpoints fingerprint the manifests they read (training/schedule.py): a manifest written
+    before `rope_scaling` existed and its rebuild with the field at null are the same manifest."""
+    root, _ = corpus
+    manifest = build(make_cfg(tmp_path), root, "main")[1]
+    older = {k: v for k, v in manifest.to_json().items() if k != "rope_scaling"}
+    assert manifest.to_json()["rope_scaling"] is None and manifest.identity() == older
+    assert PhaseManifest.from_json(older).identity() == older
+    assert replace(manifest, rope_scaling="auto").identity() != older
 
 
 def test_manifests_are_byte_identical_on_rebuild(tmp_path, corpus):
@@ -231,26 +206,18 @@ def test_unknown_phase(tmp_path, corpus):
 # ---- the Dagster asset ----------------------------------------------------------------------------
 
 
-def materialize(tmp_path, curriculum, phase):
-    import dagster as dg
-    import yaml
+def materialize_manifest(tmp_path, curriculum, phase):
+    from assets import curriculum as curriculum_assets
+    from helpers.materialize import materialize, module_assets
 
-    from assets.curriculum import build_definitions
-    from assets.partitions import Partitions
-    from orchestration.resources import build_resources
-
-    data = config_dict(tmp_path, **curriculum)
-    cfg = parse_config(data)
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(data))
-    defs = build_definitions(cfg, Partitions.from_config(cfg))
-    asset = next(iter(defs.assets))
-    return dg.materialize([asset], resources=build_resources(str(path)), partition_key=phase, raise_on_error=False)
+    path = write_curriculum_config(tmp_path, **curriculum)
+    asset = next(iter(module_assets(curriculum_assets, path).values()))
+    return materialize([asset], path, partition_key=phase, raise_on_error=False)
 
 
 def test_asset_writes_manifest_with_contract_and_plot(tmp_path, corpus):
     root, _ = corpus
-    result = materialize(tmp_path, {}, "anneal")
+    result = materialize_manifest(tmp_path, {}, "anneal")
     assert result.success
     (check,) = result.get_asset_check_evaluations()
     assert check.check_name == "curriculum_valid" and check.passed
@@ -272,7 +239,7 @@ def test_asset_writes_manifest_with_contract_and_plot(tmp_path, corpus):
 
 def test_asset_check_blocks_an_invalid_curriculum(tmp_path, corpus):
     root, _ = corpus
-    result = materialize(tmp_path, {"buckets": {"math": {"max_epochs": 0.1}}}, "main")
+    result = materialize_manifest(tmp_path, {"buckets": {"math": {"max_epochs": 0.1}}}, "main")
     (check,) = result.get_asset_check_evaluations()
     assert not check.passed and check.partition == "main"
     assert check.description.startswith("phase main: curriculum invalid: 2 error(s)")
@@ -281,7 +248,7 @@ def test_asset_check_blocks_an_invalid_curriculum(tmp_path, corpus):
 
 
 def test_asset_without_final_shards_fails_clearly_and_writes_nothing(tmp_path):
-    result = materialize(tmp_path, {}, "main")
+    result = materialize_manifest(tmp_path, {}, "main")
     assert not result.success
     failure = result.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert "no final shards in any bucket; materialize shuffled_shards first" in failure

@@ -11,7 +11,7 @@ import pytest
 
 from refinery.config import load_config
 from refinery.curriculum import build_schedule
-from refinery.manifest import PhaseManifest
+from refinery.curriculum import PhaseManifest
 from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
 from training.sampler import CurriculumSampler, SamplerStateError, allocate_rows, quantize_rows

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-import training.model as model_module
-from training.model import (GPT, IGNORE, GPTConfig, _flex_kernel, apply_rope, dense_document_mask, document_block_mask,
-                            linear_cross_entropy, resolve_attention, rope_tables)
+import training.loss as loss_module
+from training.attention import _flex_kernel, dense_document_mask, document_block_mask, resolve_attention
+from training.loss import IGNORE, linear_cross_entropy
+from training.model import GPT, GPTConfig
+from training.rope import apply_rope, rope_tables
 
 torch.set_num_threads(1)
 
@@ -40,7 +42,7 @@ def test_forward_returns_logits_without_targets_and_mean_loss_over_counted_targe
 def test_chunked_linear_cross_entropy_matches_the_full_logits_loss_and_gradients(monkeypatch, upstream):
     """Chunks of 7 tokens over 30 (the last one short), three ignored targets; the uniform upstream
     gradient takes the gradients made in forward, any other recomputes them."""
-    monkeypatch.setattr(model_module, "_loss_chunk_tokens", lambda vocab: 7)
+    monkeypatch.setattr(loss_module, "_loss_chunk_tokens", lambda vocab: 7)
     torch.manual_seed(0)
     h = torch.randn(30, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
@@ -63,10 +65,10 @@ def test_chunked_linear_cross_entropy_matches_the_full_logits_loss_and_gradients
 def test_the_gradient_of_a_summed_loss_takes_the_forward_gradients_without_a_host_read(monkeypatch):
     """What the trainer backpropagates, sum / n: autograd hands the loss an expanded scalar, which
     scales the gradients made in forward on the device (no recompute, no `bool()` of a tensor)."""
-    monkeypatch.setattr(model_module, "_loss_chunk_tokens", lambda vocab: 7)
+    monkeypatch.setattr(loss_module, "_loss_chunk_tokens", lambda vocab: 7)
     passes = []
-    chunks = model_module.LinearCrossEntropy._chunks
-    monkeypatch.setattr(model_module.LinearCrossEntropy, "_chunks",
+    chunks = loss_module.LinearCrossEntropy._chunks
+    monkeypatch.setattr(loss_module.LinearCrossEntropy, "_chunks",
                         staticmethod(lambda *a: (passes.append(a[3]), chunks(*a))[1]))
     torch.manual_seed(0)
     h = torch.randn(30, 16, dtype=torch.float64, requires_grad=True)
@@ -242,8 +244,8 @@ def test_compiled_loss_kernel_matches_eager():
     logits = torch.randn(40, 300, dtype=torch.bfloat16)
     targets = torch.randint(0, 300, (40,))
     targets[[0, 7]] = IGNORE
-    loss, dlogits = model_module._loss_and_dlogits(logits, targets)
-    loss_c, dlogits_c = torch.compile(model_module._loss_and_dlogits)(logits, targets)
+    loss, dlogits = loss_module._loss_and_dlogits(logits, targets)
+    loss_c, dlogits_c = torch.compile(loss_module._loss_and_dlogits)(logits, targets)
     assert dlogits.dtype == torch.bfloat16 and float(dlogits[7].abs().sum()) == 0.0
     assert torch.allclose(loss, loss_c, atol=1e-4) and torch.allclose(dlogits.float(), dlogits_c.float(), atol=1e-2)
     assert torch.allclose(dlogits.float().sum(1)[1:7], torch.zeros(6), atol=2e-2)  # softmax - onehot sums to 0
@@ -283,3 +285,26 @@ def test_the_trainer_hands_its_switches_to_the_model(tmp_path):
     assert all(block._compiled_call_impl is not None for block in model.blocks)
     with pytest.raises(ValueError, match="CUDA only"):
         Trainer(load_config(tiny_run(tmp_path / "flex", training={"attention": "flex"})))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_an_attention_mask_built_ahead_gives_the_same_loss_as_doc_ids(attention):
+    """The trainer builds each micro-batch's mask before its step (`attention_mask`, passed as `mask=`)."""
+    model = tiny_model(attention=attention, flex_block_size=8)
+    idx, targets = torch.randint(0, 64, (2, 24)), torch.randint(0, 64, (2, 24))
+    doc_ids = torch.tensor([[0] * 10 + [1] * 14, [0] * 24])
+    mask = model.attention_mask(doc_ids, 2, 24, idx.device)
+    with warnings.catch_warnings(), torch.no_grad():  # flex has no backward on CPU
+        warnings.simplefilter("ignore")  # eager flex warns that it is unfused
+        _, built_here = model(idx, targets, doc_ids=doc_ids)
+        _, built_ahead = model(idx, targets, mask=mask)
+    assert torch.equal(built_here, built_ahead)
+
+
+def test_the_loss_weight_gradient_accumulates_as_product_then_add_off_cuda():
+    """The GEMM that adds into the fp32 accumulator is the CUDA path's; elsewhere the product, then the add."""
+    acc = torch.randn(6, 5)
+    a, b = torch.randn(4, 6).bfloat16().t(), torch.randn(4, 5).bfloat16()
+    want = acc + a @ b
+    loss_module._accumulate_mm(acc, a, b)
+    assert torch.equal(acc, want)

@@ -10,13 +10,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from refinery.stages.heuristic import HeuristicFilter, Verdict, gopher_quality, gopher_repetition
+from refinery.stages.heuristic import HeuristicFilter, Verdict, gopher_quality, gopher_repetition, resolve_rules
 from refinery.stages.language import LanguageFilter, load_language_model
 from refinery.stages.segment import segmenter, split_script_runs
 from refinery.stages.text import DocumentText
 from refinery.config import ConfigError, GopherQualityConfig, HeuristicConfig, LanguageConfig, parse_config
 from refinery.documents import PROVENANCE_SCHEMA
-from texts import BRACED_DOC
+from helpers.texts import BRACED_DOC
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "multilingual"
 REQUIRED_LANGUAGES = {"en", "zh", "ja", "ko", "el", "ro"}
@@ -323,6 +323,21 @@ def test_unknown_rule_names_are_config_errors_naming_the_valid_ones():
     cfg = parse_config(_config({}, rules_off=["c4/curly_bracket", "gopher_rep/top_4_gram"]))
     assert cfg.sources[0].rules_off == ["c4/curly_bracket", "gopher_rep/top_4_gram"]
 
+
+def test_rules_are_resolved_once_per_language_into_a_frozen_set():
+    import dataclasses
+
+    cfg = HeuristicConfig(rules_off=["c4/lorem_ipsum"],
+                          languages={"zh": {"stop_words": "gopher", "rules_off": ["fineweb/list_ratio"]}})
+    rules = resolve_rules(cfg, "zh")
+    assert rules.off == {"c4/lorem_ipsum", "fineweb/list_ratio", "gopher_quality/min_avg_word_length"}
+    assert rules.stop_words == resolve_rules(cfg, None).stop_words  # the entry's stop_words win over the built-in
+    assert rules.segment is not None  # the built-in segmenter stays: the entry does not set one
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rules.off = frozenset()
+    stage = HeuristicFilter(cfg, ["c4/curly_bracket"])
+    assert stage.rules_for("zh") is stage.rules_for("zh")
+    assert stage.rules_for("zh").off == rules.off | {"c4/curly_bracket"}
 
 def test_language_overrides_merge_over_the_built_in_ones():
     cfg = HeuristicConfig(languages={"zh": {"gopher_quality": {"min_words": 80}}})

@@ -8,17 +8,19 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
 from assets.partitions import INPUT_BATCHES, Partitions, register_input_batches
 from assets.quality import funnel_chart_metadata
 from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, execution_plan, materialize_graph
 from refinery.config import ConfigError, load_config
-from refinery.documents import documents_key, input_batches, input_shards, rejects_key, stats_key
+from refinery.documents import input_batches, input_shards
+from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.storage import LocalDataRoot
-from texts import PROSE
+
+from helpers import configs
+from helpers.texts import PROSE
 
 REPO = Path(__file__).resolve().parents[1]
 FUNNEL = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered"]
@@ -46,9 +48,7 @@ def write_config(tmp_path: Path, partitions: dict, name: str = "refinery.yaml", 
         "partitions": partitions,
         "stages": {"quality": {"enabled": False}},  # the funnel alone: no curated bucket to train a classifier
     }
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return configs.write_config(tmp_path, config, name)
 
 
 def batches_of(config: Path) -> dict[str, list[str]]:

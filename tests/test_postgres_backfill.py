@@ -1,6 +1,6 @@
 """The funnel and the global dedup stages backfilled on a real multi-process instance: Postgres
 storage, the QueuedRunCoordinator, a `dagster-daemon run` process, runs launched by the code server
-and executed by the multiprocess executor (fixtures in conftest.py, machinery in pg_instance.py).
+and executed by the multiprocess executor (fixtures in conftest.py, machinery in helpers/pg_instance.py).
 
 One test, because every check needs the same slow backfill: at least two runs overlap in time,
 every run succeeds, the outputs are byte-identical to the in-process demo path on a second data
@@ -20,8 +20,8 @@ import pytest
 from dagster import job, op
 
 from orchestration.demo import QUIET_RUN_CONFIG
-from digests import digests
-from pg_instance import (
+from helpers.digests import digests
+from helpers.pg_instance import (
     RUN_CONFIG, BackfillDriver, backfill_selection, descendants, max_overlap, run_groups, sample_config,
     started_pid,
 )
@@ -150,7 +150,7 @@ def test_local_instance_yaml_on_postgres(postgres_server, tmp_path, monkeypatch)
     from dagster._core.run_coordinator import QueuedRunCoordinator
     from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 
-    from pg_instance import INSTANCE_YAML
+    from helpers.pg_instance import INSTANCE_YAML
 
     home = tmp_path / "home"
     home.mkdir()

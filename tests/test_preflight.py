@@ -15,17 +15,10 @@ import yaml
 from refinery import preflight
 from orchestration.cli import build_parser, main
 
+from helpers.configs import demo_config
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_PHASES = ["warmup", "main", "reasoning", "anneal"]
-
-
-def demo_config(tmp_path: Path) -> dict:
-    """configs/demo.yaml with its paths made absolute and its data root under tmp_path."""
-    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    demo["data_root"] = str(tmp_path / "out")
-    for entry in [*demo["sources"], *demo["contamination"]["eval_sets"]]:
-        entry["path"] = str((REPO / "configs" / entry["path"]).resolve())
-    return demo
 
 
 def write(tmp_path: Path, data: dict, replace: dict[str, str] | None = None) -> str:
@@ -55,7 +48,7 @@ def refused(capsys, tmp_path: Path, data: dict, command: str = "demo", replace: 
 
 def test_quality_classifier_default_buckets_without_a_source(tmp_path, capsys):
     """(a) the default positive_buckets name books and wiki, which no source feeds any more."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["sources"] = [s for s in data["sources"] if s["bucket"] not in {"books", "wiki"}]
     err = refused(capsys, tmp_path, data)
     assert ("  stages.quality.positive_buckets: ['books', 'wiki'] is the default, and no source feeds any of those "
@@ -67,14 +60,14 @@ def test_quality_classifier_default_buckets_without_a_source(tmp_path, capsys):
 @pytest.mark.parametrize("command", ["demo", "train", "validate"])
 def test_no_curriculum_when_training_is_asked_for(tmp_path, capsys, command):
     """(b) the graph with training, the trainer and the contract all need a curriculum."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     del data["curriculum"]
     err = refused(capsys, tmp_path, data, command)
     assert "  curriculum: no curriculum declared; add a `curriculum:` section with total_tokens and phases" in err
 
 
 def test_no_curriculum_is_fine_for_the_funnel_report(tmp_path, capsys):
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     del data["curriculum"]
     assert preflight.check(write(tmp_path, data), preflight.DEFINITIONS)[1] == []
     assert main(["funnel", "--config", str(tmp_path / "refinery.yaml")]) == 1  # past the preflight: nothing made yet
@@ -86,7 +79,7 @@ def test_no_curriculum_is_fine_for_the_funnel_report(tmp_path, capsys):
 @pytest.mark.parametrize("command", ["demo", "validate", "scan"])
 def test_wrong_eval_set_path(tmp_path, capsys, command):
     """(c) passed `refinery validate` and failed 60 s into the run."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["contamination"]["eval_sets"][0]["path"] = "evals/demo_evl.jsonl"
     extra = ["--phase", "anneal"] if command == "scan" else []
     path = write(tmp_path, data)
@@ -99,7 +92,7 @@ def test_wrong_eval_set_path(tmp_path, capsys, command):
 
 def test_source_glob_that_matches_nothing(tmp_path, capsys):
     """(d) silently dropped that source's partitions."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["sources"][2]["path"] = "../data/sample/kode/*.jsonl.gz"
     err = refused(capsys, tmp_path, data)
     assert (f"  sources[2].path: glob '../data/sample/kode/*.jsonl.gz' matches no file (relative to the config's "
@@ -108,7 +101,7 @@ def test_source_glob_that_matches_nothing(tmp_path, capsys):
 
 def test_unwritable_data_root(tmp_path, capsys):
     """(e) surfaced only at the first write."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     if os.geteuid() == 0:  # root writes through permission bits; /proc takes no new folder from anyone
         data["data_root"] = "/proc/refinery-preflight/out"
         parent = Path("/proc")
@@ -138,7 +131,7 @@ def test_a_command_that_only_reads_the_data_root_does_not_need_to_write_it(tmp_p
 
 def test_data_root_that_is_a_file(tmp_path, capsys):
     """(f) and a data root under a file."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     (tmp_path / "out").write_text("my notes\n")
     err = refused(capsys, tmp_path, data)
     assert f"  data_root: {tmp_path / 'out'} is a file; point data_root at a folder" in err
@@ -150,7 +143,7 @@ def test_data_root_that_is_a_file(tmp_path, capsys):
 
 def test_unknown_anneal_phase(tmp_path, capsys):
     """(g) the rescan schedule and sensor watch contamination.anneal_phase."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["contamination"]["anneal_phase"] = "aneal"
     err = refused(capsys, tmp_path, data)
     assert f"  contamination.anneal_phase: no phase 'aneal'; use one of {DEMO_PHASES}" in err
@@ -158,7 +151,7 @@ def test_unknown_anneal_phase(tmp_path, capsys):
 
 def test_bucket_name_unsafe_as_a_path_part(tmp_path, capsys):
     """(h) a bucket names folders of the data root; `../web` would write beside it."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["buckets"][0] = "../web"
     data["sources"][0]["bucket"] = "../web"
     err = refused(capsys, tmp_path, data)
@@ -168,14 +161,14 @@ def test_bucket_name_unsafe_as_a_path_part(tmp_path, capsys):
 
 def test_yaml_no_in_a_language_list(tmp_path, capsys):
     """`languages: [en, no]`: YAML 1.1 reads Norwegian as false."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["stages"]["language"]["languages"] = ["en", "NORWEGIAN"]
     err = refused(capsys, tmp_path, data, replace={"- NORWEGIAN": "- no"})
     assert "  stages.language.languages: item 1, False, is not a language code" in err and "write 'no' in quotes" in err
 
 
 def test_yaml_boolean_where_any_text_was_meant(tmp_path, capsys):
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["contamination"]["eval_sets"][0]["name"] = "SWITCH"
     err = refused(capsys, tmp_path, data, "validate", replace={"name: SWITCH": "name: on"})
     assert ("  contamination.eval_sets[0].name: True is not text: YAML reads an unquoted no, off, yes or on as a "
@@ -184,14 +177,14 @@ def test_yaml_boolean_where_any_text_was_meant(tmp_path, capsys):
 
 def test_curriculum_that_cannot_make_manifests(tmp_path, capsys):
     """Weights that do not sum to 1 stopped the graph at phase_manifests; the demo now refuses first."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["curriculum"]["phases"][1]["weights"]["web"] = 0.9
     err = refused(capsys, tmp_path, data)
     assert "  curriculum.phases[1].weights: weights of phase 'main' sum to 1.28, not 1; scale them" in err
 
 
 def test_several_mistakes_are_reported_at_once(tmp_path, capsys):
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["sources"][1]["path"] = str(tmp_path / "nowhere" / "*.jsonl.gz")
     data["contamination"]["eval_sets"][0]["path"] = str(tmp_path / "missing.jsonl")
     data["contamination"]["anneal_phase"] = "cooldown"
@@ -226,7 +219,7 @@ def test_the_demo_config_passes_every_preflight():
 def test_dynamic_batches_and_s3_roots_are_not_probed(tmp_path):
     """Dynamic partitions take files as they arrive (an empty glob is the start); an s3:// data root
     is not probed (no network in the preflight)."""
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["sources"][0]["path"] = str(tmp_path / "later" / "*.warc.gz")
     data["partitions"]["dynamic"] = True
     data["data_root"] = "s3://bucket/run"
@@ -236,7 +229,7 @@ def test_dynamic_batches_and_s3_roots_are_not_probed(tmp_path):
 def test_the_dagster_definitions_refuse_to_load_with_every_problem(tmp_path):
     from orchestration.definitions import build_definitions
 
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["sources"][0]["path"] = str(tmp_path / "none" / "*.warc")
     data["contamination"]["anneal_phase"] = "cooldown"
     with pytest.raises(preflight.PreflightError) as err:
@@ -249,7 +242,7 @@ def test_the_dagster_definitions_refuse_to_load_with_every_problem(tmp_path):
 
 
 def test_a_refused_command_prints_no_traceback(tmp_path):
-    data = demo_config(tmp_path)
+    data = demo_config(tmp_path / "out")
     data["sources"][0]["path"] = str(tmp_path / "none" / "*.warc")
     out = subprocess.run([sys.executable, "-m", "orchestration.cli", "demo", "--config", write(tmp_path, data)],
                          cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -262,3 +255,47 @@ def test_a_refused_command_prints_no_traceback(tmp_path):
         f"  sources[0].path: glob '{tmp_path / 'none' / '*.warc'}' matches no file",
     ]
     assert not (tmp_path / "out").exists() and not (tmp_path / "home").exists()
+
+
+def test_loading_a_config_runs_no_user_code_and_the_preflight_builds_its_custom_filters(tmp_path):
+    """load_config checks the schema only; the preflight imports and builds each custom filter and
+    names the field of every one that cannot be built, even when the schema rejects another field."""
+    from refinery.config import load_config
+
+    (tmp_path / "loud_filter.py").write_text("raise RuntimeError('imported')\n")
+    data = demo_config(tmp_path / "out")
+    data["stages"]["custom_filters"] = [{"name": "loud", "path": "loud_filter:Loud"},
+                                        {"name": "digits", "path": "docs.examples.min_digits:MinDigits",
+                                         "params": {"min_digits": 0}}]
+    path = write(tmp_path, data)
+    assert load_config(path).stages.custom_filters[0].path == "loud_filter:Loud"
+    expected = ["stages.custom_filters[0].path: importing 'loud_filter' raised RuntimeError: imported",
+                "stages.custom_filters[1].params: MinDigits(**params) raised ValueError: min_digits must be at least "
+                "1, got 0"]
+    assert preflight.check(path, preflight.READ_ONLY)[1] == expected
+    data["seed"] = "any"
+    assert preflight.check(write(tmp_path, data), preflight.READ_ONLY)[1][1:] == expected
+
+
+def test_the_demo_and_the_dagster_definitions_refuse_a_custom_filter_that_cannot_be_built(tmp_path, capsys):
+    from orchestration.definitions import build_definitions
+
+    data = demo_config(tmp_path / "out")
+    data["stages"]["custom_filters"] = [{"name": "digits", "path": "no_such_pkg.filters:MinDigits"}]
+    problem = "stages.custom_filters[0].path: cannot import 'no_such_pkg.filters': No module named 'no_such_pkg'"
+    with pytest.raises(preflight.PreflightError) as err:
+        build_definitions(write(tmp_path, data))
+    assert err.value.problems[0].startswith(problem)
+    assert f"  {problem}" in refused(capsys, tmp_path, data)
+
+
+def test_config_curriculum_and_documents_load_without_the_stages_or_the_layers_above():
+    """Loading a config imports no stage (a custom filter's module is the preflight's to import),
+    and the config, curriculum and documents packages stand on the floor below assets/ and training/."""
+    code = ("import sys, refinery.config, refinery.curriculum, refinery.documents\n"
+            "refinery.config.load_config('configs/demo.yaml')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('refinery.stages', 'assets', 'training', "
+            "'orchestration'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -3,21 +3,24 @@ tables: files, metadata, planted PII, source skips, byte-identical reruns and a 
 
 import json
 import random
-from pathlib import Path
 
 import dagster as dg
 import polars as pl
 import pytest
-import yaml
 
-from assets.partitions import Partitions
-from assets.quality import build_definitions, training_documents
+from assets.provenance import NOT_APPLICABLE, PROVENANCE_KEYS
+from assets import quality
+from refinery.stages.quality_training import training_documents
 from refinery.stages import quality as q
 from refinery.stages.pii import PLACEHOLDERS
-from orchestration.resources import RefineryResource
 from refinery.config import load_config
-from refinery.documents import PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id, rejects_key, stats_key
+from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
+from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.storage import LocalDataRoot
+
+from helpers import configs
+from helpers.configs import REPO, demo_config
+from helpers.materialize import materialize, module_assets
 
 CURATED = ("the council approved a history of the valley written from parish records and letters kept by "
            "families who farmed the river plain for generations").split()
@@ -47,9 +50,7 @@ def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=Non
             "safety": safety or {"blocked_words": ["forbiddenword"], "blocked_domains": ["blocked.example"]},
         },
     }
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    return str(configs.write_config(tmp_path, cfg))
 
 
 def deduped_table(shard_key: str, bucket: str, n: int, rng: random.Random) -> pl.DataFrame:
@@ -93,14 +94,11 @@ def seed_deduped(config_path: str) -> tuple:
 
 def materialize_all(config_path: str):
     cfg = load_config(config_path)
-    defs = build_definitions(cfg, Partitions.from_config(cfg))
-    assets = {a.key.to_user_string(): a for a in defs.assets}
-    resources = {"refinery": RefineryResource(config_path=config_path)}
-    results = {"quality_model": dg.materialize([assets["quality_model"]], resources=resources)}
+    assets = module_assets(quality, config_path)
+    results = {"quality_model": materialize([assets["quality_model"]], config_path)}
     for name in ("quality_scored", "pii_redacted"):
         for shard in input_shards(cfg):
-            results[f"{name}[{shard.key}]"] = dg.materialize([assets[name]], resources=resources,
-                                                             partition_key=shard.key)
+            results[f"{name}[{shard.key}]"] = materialize([assets[name]], config_path, partition_key=shard.key)
     return results
 
 
@@ -216,10 +214,8 @@ def test_quality_model_without_positive_documents_fails_naming_the_field(tmp_pat
         if shard.bucket == "code":
             root.write_parquet(documents_key("deduped", shard.key),
                                deduped_table(shard.key, "code", 3, random.Random(1)).with_columns(text=pl.lit("")))
-    defs = build_definitions(cfg, Partitions.from_config(cfg))
-    model_asset = next(a for a in defs.assets if a.key.to_user_string() == "quality_model")
-    result = dg.materialize([model_asset], resources={"refinery": RefineryResource(config_path=config_path)},
-                            raise_on_error=False)
+    model_asset = module_assets(quality, config_path)["quality_model"]
+    result = materialize([model_asset], config_path, raise_on_error=False)
     assert not result.success
     failure = result.get_step_failure_events()[0].event_specific_data.error
     assert "stages.quality.positive_buckets" in failure.to_string()
@@ -230,7 +226,10 @@ def test_disabled_classifier_trains_nothing_and_keeps_every_document(tmp_path):
     config_path = write_config(tmp_path, enabled=False)
     cfg, root = seed_deduped(config_path)
     results = materialize_all(config_path)
-    assert metadata(results["quality_model"], "quality_model") == {"enabled": False}
+    model_md = metadata(results["quality_model"], "quality_model")
+    # Beside the provenance every asset records, only `enabled`; and the provenance names no output.
+    assert {k: v for k, v in model_md.items() if k not in PROVENANCE_KEYS} == {"enabled": False}
+    assert model_md["content_hashes"] == {} and model_md["docs_in"] == NOT_APPLICABLE
     assert not root.exists("models/quality/latest.json")
     for shard in input_shards(cfg):
         docs = root.read_parquet(documents_key("quality_scored", shard.key))
@@ -260,13 +259,7 @@ def test_sample_planted_pii_is_all_redacted_through_the_graph(tmp_path):
     from orchestration.definitions import build_definitions as build_workspace
     from orchestration.demo import materialize_graph
 
-    repo = Path(__file__).resolve().parents[1]
-    demo = yaml.safe_load((repo / "configs" / "demo.yaml").read_text())
-    demo["data_root"] = str(tmp_path / "out")
-    for source in [*demo["sources"], *demo["contamination"]["eval_sets"]]:
-        source["path"] = str((repo / "configs" / source["path"]).resolve())
-    config_path = tmp_path / "demo.yaml"
-    config_path.write_text(yaml.safe_dump(demo))
+    config_path = configs.write_config(tmp_path, demo_config(tmp_path / "out"), "demo.yaml")
     defs = build_workspace(str(config_path))
     selection = list(dg.AssetSelection.assets("pii_redacted").upstream().resolve(defs.resolve_asset_graph()))
     materialize_graph(defs, dg.DagsterInstance.ephemeral(), selection, log=lambda _: None)
@@ -275,7 +268,7 @@ def test_sample_planted_pii_is_all_redacted_through_the_graph(tmp_path):
     cfg = load_config(config_path)
     before = pl.concat([root.read_parquet(documents_key("quality_scored", s.key)) for s in input_shards(cfg)])
     after = pl.concat([root.read_parquet(documents_key("pii_redacted", s.key)) for s in input_shards(cfg)])
-    planted = json.loads((repo / "data" / "sample" / "ground_truth.json").read_text())["pii"]
+    planted = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())["pii"]
     kind_of = {"email": "email", "ipv4": "ip", "ipv6": "ip", "phone": "phone", "credit_card": "credit_card"}
     reached = [p for p in planted if p["url"] in set(after["url"])]
     assert len({p["url"] for p in reached}) >= 5, "too few planted documents reach pii_redacted to test anything"

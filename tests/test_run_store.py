@@ -16,8 +16,6 @@ from training.run_store import RunMirror, run_base
 from refinery.testing.curriculum import tiny_run
 from training.trainer import RunOptions, Trainer
 
-from test_storage import moto_s3  # noqa: F401  (fixture)
-
 URL = "s3://bkt/tiny"
 
 
@@ -36,7 +34,7 @@ def s3_copy_of(config: Path, tmp_path: Path, **training) -> Path:
     return path
 
 
-def test_training_on_s3_mirrors_the_run_and_resumes_on_a_fresh_machine(tmp_path, monkeypatch, moto_s3):  # noqa: F811
+def test_training_on_s3_mirrors_the_run_and_resumes_on_a_fresh_machine(tmp_path, monkeypatch, moto_s3):
     local_config = tiny_run(tmp_path / "local")
     spec = yaml.safe_load(local_config.read_text())
     spec.setdefault("training", {})["record_consumption"] = True
@@ -119,7 +117,7 @@ def test_logs_go_up_in_segments_of_new_lines_and_come_back_cut_to_the_resumed_st
     assert "lines 3-4 of metrics.jsonl are missing on the data root; restored the first 3" in capsys.readouterr().out
 
 
-def test_shards_larger_than_the_cache_bound_are_refused_at_start(tmp_path, monkeypatch, moto_s3):  # noqa: F811
+def test_shards_larger_than_the_cache_bound_are_refused_at_start(tmp_path, monkeypatch, moto_s3):
     config = s3_copy_of(tiny_run(tmp_path / "local"), tmp_path, shard_cache_gb=1e-6)
     monkeypatch.setenv("REFINERY_CACHE_DIR", str(tmp_path / "machine"))
     with pytest.raises(ValueError, match=r"more than training.shard_cache_gb=1e-06 holds"):

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import yaml
 
 from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter
 from refinery.shard_cache import ShardCache
 from refinery.storage.s3 import S3DataRoot, S3StorageError
-from digests import digests
+
+from helpers.configs import read_demo, write_beside_sample
+from helpers.digests import digests
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,20 +73,14 @@ def test_bad_credentials_fail_clearly_without_the_secret(s3_env, monkeypatch, tm
 def s3_config(tmp_path: Path, prefix: str) -> str:
     """configs/demo.yaml with the data root moved to `s3://refinery/<prefix>`, reading the first
     file of each source (5 partitions instead of 16: every object goes through the S3 server)."""
-    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    data = read_demo()
     data["data_root"] = f"s3://refinery/{prefix}"
     for source in data["sources"]:
         folder = Path(source["path"]).parent
         source["path"] = str(folder / sorted(p.name for p in (REPO / "configs" / folder).iterdir())[0])
     # One web file holds a third of the sample's web tokens; let the demo curriculum read it more often.
     data["curriculum"]["buckets"]["web"]["max_epochs"] = 12
-    configs = tmp_path / "configs"
-    configs.mkdir(exist_ok=True)
-    if not (tmp_path / "data").exists():
-        (tmp_path / "data").symlink_to(REPO / "data")
-    path = configs / f"{prefix}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
+    return write_beside_sample(tmp_path, prefix, data)
 
 
 def content_digests(root: S3DataRoot) -> dict[str, str]:
@@ -122,7 +117,7 @@ def all_event_text(instance) -> str:
 
 @pytest.mark.slow
 def test_graph_runs_on_s3_through_manifests_and_training(s3_env, tmp_path, caplog, capfd):
-    from refinery.manifest import read_manifest
+    from refinery.curriculum import read_manifest
     from refinery.config import load_config
 
     config_path = s3_config(tmp_path, "e2e")

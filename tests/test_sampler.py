@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from refinery.config import load_config
-from refinery.manifest import BucketSlice, ManifestError, PhaseManifest, ShardRef, write_manifest
+from refinery.curriculum import BucketSlice, ManifestError, PhaseManifest, ShardRef, write_manifest
 from refinery.shard_format import ShardFormatError, ShardWriter
 from refinery.storage import LocalDataRoot
 from training.data import CurriculumData

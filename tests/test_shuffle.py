@@ -8,16 +8,17 @@ import numpy as np
 import polars as pl
 import pytest
 
+from refinery import layout
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery.shard_format import HEADER, ShardFormatError, ShardReader
-from test_tokenize import make_corpus, tokenize_all
+from helpers.corpus import make_corpus, tokenize_all
 
 
 def entry_tokens(root, stage: str, bucket: str) -> dict[tuple[str, int], tuple[bytes, int]]:
     """(doc_id, window) -> (token bytes, overlap) over every shard of a bucket, asserting no repeats."""
     out = {}
-    for ref in root.read_json(tk.index_key(stage, bucket))["shards"]:
+    for ref in root.read_json(layout.shard_index_key(stage, bucket))["shards"]:
         reader = ShardReader(root.local_path(ref["prefix"] + ".idx").with_suffix(""))
         for i, row in enumerate(reader.entries.iter_rows(named=True)):
             key = (row["doc_id"], row["window"])
@@ -46,11 +47,11 @@ def test_shuffle_moves_every_entry_exactly_once(tokenized):
     assert len(after) == result.index["entries"] and result.index["documents"] == 250
     docs = {doc for doc, _ in after}
     assert docs == {d for d, b in tokenized.buckets.items() if b == "web"}
-    order_in = root.read_parquet(tk.entries_key(tk.TOKENIZED, "web"))["doc_id"].to_list()
-    table = root.read_parquet(tk.entries_key(tk.FINAL, "web"))
+    order_in = root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, "web"))["doc_id"].to_list()
+    table = root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))
     assert table["doc_id"].to_list() != order_in and sorted(table["doc_id"].to_list()) == sorted(order_in)
     assert table["entry"].to_list() == list(range(table.height))
-    src = root.read_parquet(tk.entries_key(tk.TOKENIZED, "web")).select("doc_id", "window", "quality_score", "n_windows")
+    src = root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, "web")).select("doc_id", "window", "quality_score", "n_windows")
     joined = table.join(src, on=["doc_id", "window"], suffix="_in")
     assert joined.height == table.height
     assert (joined["quality_score"] == joined["quality_score_in"]).all()
@@ -61,7 +62,7 @@ def test_shuffle_moves_every_entry_exactly_once(tokenized):
 
 def test_shuffle_mixes_documents_across_input_shards(tokenized):
     sh.shuffle_bucket(tokenized.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
-    first_shard = tokenized.root.read_parquet(tk.entries_key(tk.FINAL, "web")).filter(pl.col("shard") == 0)
+    first_shard = tokenized.root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web")).filter(pl.col("shard") == 0)
     sources = {d.split("/")[0] for d in first_shard["doc_id"]}
     assert sources == {"web-a", "web-b"}
 
@@ -86,9 +87,9 @@ def test_same_seed_same_bytes_other_seed_other_order(tokenized, tmp_path):
     first = shuffled_files(root)
     sh.shuffle_bucket(root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
     assert shuffled_files(root) == first
-    order_3 = root.read_parquet(tk.entries_key(tk.FINAL, "web"))["doc_id"].to_list()
+    order_3 = root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))["doc_id"].to_list()
     sh.shuffle_bucket(root, seed=4, bucket="web", shard_tokens=1024, buffer_mb=1)
-    order_4 = root.read_parquet(tk.entries_key(tk.FINAL, "web"))["doc_id"].to_list()
+    order_4 = root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))["doc_id"].to_list()
     assert order_3 != order_4 and sorted(order_3) == sorted(order_4)
 
 
@@ -106,7 +107,7 @@ def test_shuffle_keys_are_a_seeded_permutation():
 def test_empty_bucket_shuffles_to_an_empty_index(tokenized):
     result = sh.shuffle_bucket(tokenized.root, seed=3, bucket="code", shard_tokens=1024, buffer_mb=1)
     assert result.index["entries"] == 0 and result.index["shards"] == []
-    assert tokenized.root.read_parquet(tk.entries_key(tk.FINAL, "code")).height == 0
+    assert tokenized.root.read_parquet(layout.bucket_entries_key(tk.FINAL, "code")).height == 0
 
 
 def test_missing_tokenized_index_names_the_asset(tmp_path):
@@ -116,7 +117,7 @@ def test_missing_tokenized_index_names_the_asset(tmp_path):
 
 
 def _first_shard(c) -> str:
-    return str(c.root.local_path(tk.shard_key(tk.TOKENIZED, "web", 0) + ".idx"))
+    return str(c.root.local_path(layout.shard_key(tk.TOKENIZED, "web", 0) + ".idx"))
 
 
 def test_changed_shard_content_fails_its_hash_and_writes_nothing(tokenized):
@@ -126,7 +127,7 @@ def test_changed_shard_content_fails_its_hash_and_writes_nothing(tokenized):
     open(bin_path, "wb").write(bytes(data))
     with pytest.raises(ShardFormatError, match="content hash .* does not match"):
         sh.shuffle_bucket(tokenized.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
-    assert not tokenized.root.exists(tk.index_key(tk.FINAL, "web"))
+    assert not tokenized.root.exists(layout.shard_index_key(tk.FINAL, "web"))
 
 
 @pytest.mark.parametrize(

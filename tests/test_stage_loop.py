@@ -6,7 +6,8 @@ import time
 
 import polars as pl
 
-from refinery.stages.base import Drop, Filter, RecordStage, StageStats
+from refinery.stages.base import Chain, Drop, Filter, RecordStage
+from refinery.stages.stats import StageStats
 from refinery.stages.isolation import IsolatedWorker
 from refinery.documents import REJECTS_SCHEMA
 
@@ -168,3 +169,38 @@ def test_worker_sends_large_items_in_bounded_chunks(monkeypatch):
         ]
     finally:
         worker.close()
+
+
+class NoShortText(Filter):
+    name = "short"
+    family = "short"
+    reads = ("text",)
+
+    def check(self, record):
+        return Drop("short/too_short", len(record["text"])) if len(record["text"]) < 4 else None
+
+
+def test_chain_runs_its_parts_in_order_and_reports_one_stage():
+    chain = Chain("checked", [Shouting(), NoShortText()], {"parts": 2}, skip_key="check")
+    chain.record_timeout_s = 1.5
+    out = chain.run(docs(["Hello!", "QUIET", "Hi", "slow", "plain"]))
+    assert out.documents["text"].to_list() == ["hello!", "plain"]
+    assert out.rejects.select("doc_id", "stage", "rule").rows() == [
+        ("s/1", "checked", "shout/too_loud"), ("s/3", "checked", "shout/timeout"), ("s/2", "checked", "short/too_short"),
+    ]
+    s = out.stats
+    assert (s.stage, s.docs_in, s.docs_out) == ("checked", 5, 2)
+    assert s.dropped == {"shout/too_loud": 1, "shout/timeout": 1, "short/too_short": 1}
+    assert s.counters == {"shout/seen": 3}
+    assert (s.bytes_in, s.bytes_out) == (len("Hello!QUIETHislowplain"), len("hello!plain"))
+    assert all(part.record_timeout_s == 1.5 for part in chain.parts)
+    assert chain.config_summary() == {"parts": 2}
+
+
+def test_a_skipped_chain_keeps_everything_with_every_column_its_parts_write():
+    chain = Chain("checked", [NoShortText(), Shouting()], {}, skip_key="check")
+    out = chain.run_for_source(docs(["Hi", "QUIET"]), ["check"])
+    assert out.documents.select("text", "loudness").rows() == [("Hi", None), ("QUIET", None)]
+    assert out.rejects.height == 0
+    assert (out.stats.stage, out.stats.docs_in, out.stats.docs_out) == ("checked", 2, 2)
+    assert out.stats.counters == {"skipped_by_source": 2}

@@ -13,22 +13,7 @@ from refinery.storage import LocalDataRoot, open_data_root
 from refinery.shard_cache import ShardCache
 from refinery.storage.s3 import S3DataRoot, S3StorageError, parse_s3_url
 
-SECRET = "moto-secret-Zq81vX0p"
-
-
-@pytest.fixture
-def moto_s3(monkeypatch):
-    moto = pytest.importorskip("moto")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "motokey")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    for name in ("REFINERY_S3_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    with moto.mock_aws():
-        import boto3
-
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bkt")
-        yield
+from helpers.moto import SECRET
 
 
 @pytest.fixture(params=["local", "s3"])

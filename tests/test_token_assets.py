@@ -6,23 +6,22 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from assets.partitions import Partitions
+from refinery import layout
 from refinery.stages import tokenize as tk
-from assets.tokens import build_definitions
-from orchestration.resources import RefineryResource
+from assets import tokens
 from refinery import lineage as lin
-from test_tokenize import make_corpus
+
+from helpers.corpus import make_corpus
+from helpers.materialize import materialize, module_assets
 
 
 def materialize_tokens(c) -> dict[str, dg.ExecuteInProcessResult]:
-    defs = build_definitions(c.cfg, Partitions.from_config(c.cfg))
-    assets = {a.key.to_user_string(): a for a in defs.assets}
-    resources = {"refinery": RefineryResource(config_path=str(c.config_path))}
-    results = {"tokenizer": dg.materialize([assets["tokenizer"]], resources=resources)}
+    assets = module_assets(tokens, c.config_path)
+    results = {"tokenizer": materialize([assets["tokenizer"]], c.config_path)}
     for name in ("tokenized_shards", "shuffled_shards"):
         for bucket in c.cfg.buckets:
-            results[f"{name}[{bucket}]"] = dg.materialize([assets[name]], resources=resources, partition_key=bucket)
-    results["lineage_index"] = dg.materialize([assets["lineage_index"]], resources=resources)
+            results[f"{name}[{bucket}]"] = materialize([assets[name]], c.config_path, partition_key=bucket)
+    results["lineage_index"] = materialize([assets["lineage_index"]], c.config_path)
     return results
 
 
@@ -41,7 +40,7 @@ def test_every_partition_succeeds_with_provenance_metadata(run):
     assert all(r.success for r in results.values())
     tok = metadata(results["tokenizer"], "tokenizer")
     assert tok["vocab_size"] == 400 and tok["train_docs"] == 127 and tok["eod_id"] == 0
-    assert tok["content_hashes"] == {tk.TOKENIZER_KEY: c.root.sha256(tk.TOKENIZER_KEY)}
+    assert tok["content_hashes"] == {layout.TOKENIZER_KEY: c.root.sha256(layout.TOKENIZER_KEY)}
     web = metadata(results["tokenized_shards[web]"], "tokenized_shards")
     for key in ("docs_in", "docs_out", "retention", "removed_by_rule", "wall_s", "config", "code_version",
                 "content_hashes", "tokens", "entries", "shards", "tokens_per_s"):
@@ -49,13 +48,13 @@ def test_every_partition_succeeds_with_provenance_metadata(run):
     assert web["docs_in"] == 100 and web["docs_out"] == 98 and web["removed_by_rule"] == {"tokenize/empty_text": 2}
     final = metadata(results["shuffled_shards[web]"], "shuffled_shards")
     assert (final["tokens"], final["entries"], final["documents"]) == (web["tokens"], web["entries"], 98)
-    index = c.root.read_json(tk.index_key(tk.FINAL, "web"))
+    index = c.root.read_json(layout.shard_index_key(tk.FINAL, "web"))
     for ref in index["shards"]:
         for suffix, digest in ref["sha256"].items():
             assert final["content_hashes"][ref["prefix"] + suffix] == digest == c.root.sha256(ref["prefix"] + suffix)
     lineage = metadata(results["lineage_index"], "lineage_index")
     assert lineage["documents"] == 130 and lineage["final_shards_verified"] == sum(
-        len(c.root.read_json(tk.index_key(tk.FINAL, b))["shards"]) for b in c.cfg.buckets)
+        len(c.root.read_json(layout.shard_index_key(tk.FINAL, b))["shards"]) for b in c.cfg.buckets)
     assert lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)["bucket"] == "web"
 
 
@@ -70,8 +69,6 @@ def test_rematerializing_gives_byte_identical_shards(run, tmp_path):
 
 def test_shuffle_before_tokenizing_fails_with_the_fix(tmp_path):
     c = make_corpus(tmp_path)
-    defs = build_definitions(c.cfg, Partitions.from_config(c.cfg))
-    shuffled = next(a for a in defs.assets if a.key.to_user_string() == "shuffled_shards")
-    resources = {"refinery": RefineryResource(config_path=str(c.config_path))}
+    shuffled = module_assets(tokens, c.config_path)["shuffled_shards"]
     with pytest.raises(Exception, match=r"materialize tokenized_shards\[web\] first"):
-        dg.materialize([shuffled], resources=resources, partition_key="web")
+        materialize([shuffled], c.config_path, partition_key="web")

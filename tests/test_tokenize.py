@@ -1,133 +1,19 @@
-"""Tokenizer training and tokenized_shards on hand-made clean tables; also the corpus builder the
-shuffle, lineage and asset tests import (`make_corpus`, `token_bytes`)."""
+"""Tokenizer training and tokenized_shards on hand-made clean tables (helpers/corpus.py)."""
 
 from __future__ import annotations
-
-import random
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-import yaml
 
+from refinery import layout
 from refinery.stages import tokenize as tk
-from refinery.config import RefineryConfig, load_config, parse_config
-from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, documents_key, input_shards, make_doc_id
+from refinery.config import parse_config
+from refinery.documents import CLEAN_STAGE
+from refinery.layout import documents_key
 from refinery.shard_format import ShardReader, split_windows
-from refinery.storage import LocalDataRoot
 
-WORDS = (
-    "the of and to in is was for on that with as by at from his her an were are which this be has had it not "
-    "river mountain algebra theorem proof vector matrix kernel compiler function variable history empire café "
-    "naïve résumé Zürich straße 東京 数学 😀 ≥ ∑ λ-calculus C++ x86_64 e-mail http://example.org"
-).split()
-
-
-@dataclass
-class Corpus:
-    cfg: RefineryConfig
-    config_path: Path
-    root: LocalDataRoot
-    texts: dict[str, str]  # doc_id -> clean text (None/empty ones included)
-    buckets: dict[str, str]  # doc_id -> bucket
-
-
-def random_text(rng: random.Random, n_words: int) -> str:
-    out = []
-    for i in range(n_words):
-        out.append(rng.choice(WORDS))
-        if rng.random() < 0.08:
-            out.append(rng.choice([".", ",", "!\n", "\n\n", ";"]))
-    return " ".join(out)
-
-
-def make_corpus(
-    tmp_path: Path,
-    docs_per_shard: dict[str, int] | None = None,
-    seed: int = 7,
-    empty_docs: int = 0,
-    **overrides,
-) -> Corpus:
-    """Input files (empty: only their names matter) and hand-made `pii_redacted` tables for them."""
-    docs_per_shard = docs_per_shard or {"web/a": 60, "web/b": 40, "math/m": 30}
-    for name in docs_per_shard:
-        path = tmp_path / "in" / f"{name}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-    data = {
-        "seed": seed,
-        "data_root": "out",
-        "buckets": ["web", "math", "code"],
-        "sources": [
-            {"name": "web", "path": "in/web/*.jsonl", "format": "jsonl", "bucket": "web"},
-            {"name": "math", "path": "in/math/*.jsonl", "format": "jsonl", "bucket": "math", "skip": ["heuristic"]},
-        ],
-        "tokenizer": {"vocab_size": 400, "train_docs": 200},
-        "shards": {"max_seq_len": 64, "overlap": 16, "shard_tokens": 1024, "shuffle_buffer_mb": 1, "encode_batch_docs": 16},
-    }
-    for section, values in overrides.items():
-        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-    config_path = tmp_path / "refinery.yaml"
-    config_path.write_text(yaml.safe_dump(data))
-    cfg = load_config(config_path)
-    root = LocalDataRoot(cfg.resolve(cfg.data_root))
-    rng = random.Random(seed)
-    texts, buckets = {}, {}
-    for shard in input_shards(cfg):
-        n = docs_per_shard[f"{shard.source}/{Path(shard.path).stem}"]
-        rows = []
-        for i in range(n):
-            doc_id = make_doc_id(shard.key, i * 3)  # gaps, as after filtering
-            long_doc = rng.random() < 0.25
-            text = random_text(rng, rng.randint(60, 220) if long_doc else rng.randint(1, 30))
-            if i < empty_docs:
-                text = None if i % 2 else ""
-            texts[doc_id], buckets[doc_id] = text, shard.bucket
-            rows.append({
-                "doc_id": doc_id, "url": f"https://{shard.source}.example/{i}", "source": shard.source,
-                "bucket": shard.bucket, "file": shard.path, "record_index": i * 3, "record_offset": i * 1000,
-                "fetch_time": "2026-01-01T00:00:00Z", "content_type": "text/plain", "text": text,
-                "language": "en", "language_score": 0.9 + (i % 10) / 100, "dup_cluster": None,
-                "dup_cluster_size": 1, "quality_score": rng.random(),
-                "pii_counts": {"email": i % 3, "phone": 0},
-            })
-        schema = {**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String, "language_score": pl.Float64,
-                  "dup_cluster": pl.String, "dup_cluster_size": pl.Int64, "quality_score": pl.Float64,
-                  "pii_counts": pl.Struct({"email": pl.Int32, "phone": pl.Int32})}
-        root.write_parquet(documents_key(CLEAN_STAGE, shard.key), pl.DataFrame(rows, schema=schema))
-    return Corpus(cfg, config_path, root, texts, buckets)
-
-
-def token_bytes(tokenizer) -> list[bytes]:
-    """Each token id's bytes (byte-level BPE); special tokens map to b""."""
-    special = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-    table = []
-    for i in range(tokenizer.get_vocab_size()):
-        piece = tokenizer.id_to_token(i)
-        table.append(b"" if piece in special else bytes(_BYTE_DECODER[c] for c in piece))
-    return table
-
-
-def _byte_decoder() -> dict[str, int]:
-    from tokenizers import pre_tokenizers
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    # The GPT-2 byte-to-unicode map: printable bytes map to themselves, the rest to 256+n in order.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    mapping, n = {}, 0
-    for b in range(256):
-        if b in printable:
-            mapping[chr(b)] = b
-        else:
-            mapping[chr(256 + n)] = b
-            n += 1
-    assert set(mapping) == set(alphabet)
-    return mapping
-
-
-_BYTE_DECODER = _byte_decoder()
+from helpers.corpus import Corpus, make_corpus, tokenize_all
 
 
 @pytest.fixture
@@ -137,16 +23,16 @@ def corpus(tmp_path) -> Corpus:
 
 def test_tokenizer_training_is_deterministic_and_records_its_sample(tmp_path, corpus):
     first = tk.build_tokenizer(corpus.root, corpus.cfg)
-    bytes_a = corpus.root.read_bytes(tk.TOKENIZER_KEY)
+    bytes_a = corpus.root.read_bytes(layout.TOKENIZER_KEY)
     second = tk.build_tokenizer(corpus.root, corpus.cfg)
-    assert corpus.root.read_bytes(tk.TOKENIZER_KEY) == bytes_a
+    assert corpus.root.read_bytes(layout.TOKENIZER_KEY) == bytes_a
     assert first.info["sha256"] == second.info["sha256"]
     info = first.info
     assert info["vocab_size"] == 400
     assert info["eod_id"] == 0 and info["dtype"] == "uint16"
     assert info["sample"]["docs"] == 130  # fewer docs than train_docs: all of them
     assert info["sample"]["shards"] == {"math-m": 30, "web-a": 60, "web-b": 40}
-    assert corpus.root.read_json(tk.TOKENIZER_INFO_KEY)["sha256"] == info["sha256"]
+    assert corpus.root.read_json(layout.TOKENIZER_INFO_KEY)["sha256"] == info["sha256"]
 
 
 def test_training_sample_is_seeded_and_capped(tmp_path):
@@ -162,7 +48,7 @@ def test_training_sample_is_seeded_and_capped(tmp_path):
 def test_tokenizer_loaded_from_path_never_trains(tmp_path, corpus):
     built = tk.build_tokenizer(corpus.root, corpus.cfg)
     path = tmp_path / "my_tokenizer.json"
-    path.write_bytes(corpus.root.read_bytes(tk.TOKENIZER_KEY))
+    path.write_bytes(corpus.root.read_bytes(layout.TOKENIZER_KEY))
     c2 = make_corpus(tmp_path / "two", tokenizer={"path": str(path)})
     loaded = tk.build_tokenizer(c2.root, c2.cfg)
     assert loaded.info["source"] == "file" and loaded.info["sha256"] == built.info["sha256"]
@@ -179,7 +65,7 @@ def test_tokenizer_path_errors_are_clear(tmp_path, corpus):
         tk.build_tokenizer(c.root, c.cfg)
     tk.build_tokenizer(corpus.root, corpus.cfg)
     no_eod = tmp_path / "no_eod.json"
-    no_eod.write_bytes(corpus.root.read_bytes(tk.TOKENIZER_KEY))
+    no_eod.write_bytes(corpus.root.read_bytes(layout.TOKENIZER_KEY))
     c = make_corpus(tmp_path / "eod", tokenizer={"path": str(no_eod), "eod_token": "<|eos|>"})
     with pytest.raises(tk.TokenizeError, match="has no '<\\|eos\\|>' token"):
         tk.build_tokenizer(c.root, c.cfg)
@@ -199,11 +85,6 @@ def test_packing_window_follows_the_curriculum(corpus):
         tk.windowing_overlap(parse_config(data))
 
 
-def tokenize_all(c: Corpus) -> dict[str, tk.TokenizeResult]:
-    tok = tk.build_tokenizer(c.root, c.cfg).tokenizer
-    return {b: tk.tokenize_bucket(c.root, c.cfg, b, tok) for b in c.cfg.buckets}
-
-
 def test_tokenized_shards_hold_every_document_windowed_with_eod(corpus):
     results = tokenize_all(corpus)
     tok = tk.read_tokenizer(corpus.root, corpus.cfg.tokenizer.eod_token)
@@ -212,7 +93,7 @@ def test_tokenized_shards_hold_every_document_windowed_with_eod(corpus):
         index = result.index
         expected_docs = [d for d, b in corpus.buckets.items() if b == bucket]
         assert index["documents"] == len(expected_docs)
-        table = corpus.root.read_parquet(tk.entries_key(tk.TOKENIZED, bucket))
+        table = corpus.root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, bucket))
         assert table.height == index["entries"] and int(table["tokens"].sum() or 0) == index["tokens"]
         assert sorted(table.filter(pl.col("window") == 0)["doc_id"].to_list()) == sorted(expected_docs)
         for ref in index["shards"]:
@@ -225,7 +106,7 @@ def test_tokenized_shards_hold_every_document_windowed_with_eod(corpus):
             assert rows["window"].to_list() == list(range(len(cuts)))
             assert rows["n_windows"].to_list() == [len(cuts)] * len(cuts)
             for row, (a, b, ov) in zip(rows.iter_rows(named=True), cuts):
-                reader = ShardReader(corpus.root.local_path(f"{tk.shard_key(tk.TOKENIZED, bucket, row['shard'])}.idx").with_suffix(""))
+                reader = ShardReader(corpus.root.local_path(f"{layout.shard_key(tk.TOKENIZED, bucket, row['shard'])}.idx").with_suffix(""))
                 got = np.asarray(reader.entry(row["index"]))
                 assert np.array_equal(got, whole[a:b]) and row["overlap"] == ov
                 assert reader.overlaps[row["index"]] == ov
@@ -243,7 +124,7 @@ def test_tokenized_shards_are_byte_identical_on_rerun(tmp_path):
     files_a = {p.relative_to(a.root.root): p.read_bytes() for p in a.root.root.rglob("shards/**/*") if p.is_file()}
     files_b = {p.relative_to(b.root.root): p.read_bytes() for p in b.root.root.rglob("shards/**/*") if p.is_file()}
     assert files_a and files_a == files_b
-    assert a.root.read_bytes(tk.TOKENIZER_KEY) == b.root.read_bytes(tk.TOKENIZER_KEY)
+    assert a.root.read_bytes(layout.TOKENIZER_KEY) == b.root.read_bytes(layout.TOKENIZER_KEY)
 
 
 def test_empty_and_null_texts_are_counted_rejections(tmp_path):

@@ -14,7 +14,9 @@ from orchestration.cli import main
 from refinery.config import load_config
 from training.status import read_status
 from refinery.testing.curriculum import tiny_run
-from training.trainer import ResumeRefused, RunOptions, Trainer
+from training.checkpoint import ResumeRefused
+from training.model import GPT
+from training.trainer import RunOptions, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,66 @@ def test_a_nonfinite_loss_skips_the_step_then_halts_after_n_in_a_row(tmp_path):
     assert status["state"] == "halted" and status["step"] == 12
     assert status["reason"].startswith("nonfinite_loss: 3 consecutive steps")
     assert trainer.ckpt.latest() == trainer.ckpt.path_for(12)
+
+
+def test_the_device_side_nonfinite_skip_leaves_weights_and_adam_step_count_unchanged(tmp_path, monkeypatch):
+    """The CUDA path's skip (the fused AdamW's found_inf set from a device-side flag, the step queued
+    before the read) run on CPU, whose fused AdamW takes found_inf too: the NaN steps are skipped
+    and counted exactly as on the host path."""
+    configure = GPT.configure_optimizer
+
+    def fused_optimizer(self, lr, weight_decay, betas=(0.9, 0.95)):
+        optimizer = configure(self, lr, weight_decay, betas)
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+
+    monkeypatch.setattr(GPT, "configure_optimizer", fused_optimizer)
+    config = tiny_run(tmp_path, training={"max_consecutive_nonfinite": 3})
+    trainer = Trainer(load_config(config))
+    assert trainer.skip_nonfinite_on_device
+    forward = trainer.model.forward
+    poisoned = {4, 9, 10, 11}
+
+    def nan_on_poisoned_steps(*args, **kwargs):
+        logits, loss = forward(*args, **kwargs)
+        return logits, loss * float("nan") if trainer.step in poisoned else loss
+
+    trainer.ddp = nan_on_poisoned_steps
+    weight = trainer.model.lm_head.weight
+    snapshots = {}
+    trainer.metrics.sinks.append(lambda m: snapshots.__setitem__(
+        m["step"], (weight.clone(), float(trainer.optimizer.state[weight]["step"]))))
+    status = trainer.train()
+    assert [m["step"] for m in trainer.metrics.read() if m["nonfinite"]] == [5, 10, 11, 12]
+    assert torch.equal(snapshots[4][0], snapshots[5][0]), "a NaN step must not update the weights"
+    assert snapshots[4][1] == snapshots[5][1] == 4.0, "nor count as an Adam step"
+    assert not torch.equal(snapshots[5][0], snapshots[6][0]) and snapshots[6][1] == 5.0
+    assert snapshots[12][1] == 8.0 and not hasattr(trainer.optimizer, "found_inf")
+    assert status["state"] == "halted" and status["step"] == 12
+
+
+def test_the_lookahead_forced_on_cpu_trains_the_same_losses_and_weights(tmp_path, finished):
+    """The CUDA path's lookahead (the next batch fetched and its device inputs built inside the
+    step) changes when work is done, not what is trained; it never reaches across a phase's end."""
+    _, reference, _, reference_metrics = finished
+    trainer = Trainer(load_config(tiny_run(tmp_path)))
+    trainer.lookahead = True
+    built_ahead = []
+    train_step = trainer.train_step
+
+    def recording_step(batch, lr, inputs=None, before_read=None):
+        built_ahead.append(inputs is not None)
+        return train_step(batch, lr, inputs, before_read)
+
+    trainer.train_step = recording_step
+    assert trainer.train()["state"] == "completed"
+    metrics = trainer.metrics.read()
+    assert [m["loss/total"] for m in metrics] == [m["loss/total"] for m in reference_metrics]
+    assert [m["grad_norm"] for m in metrics] == [m["grad_norm"] for m in reference_metrics]
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(tensor, reference.model.state_dict()[name]), name
+    starts = trainer.schedule.phase_starts[:-1]
+    assert built_ahead == [step not in starts for step in range(trainer.schedule.total_steps)]
 
 
 def test_sigterm_checkpoints_and_reports_failed_then_auto_resume_finishes(tmp_path):

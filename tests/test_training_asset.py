@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from orchestration.definitions import build_definitions
-from orchestration.resources import RefineryResource
+from assets.resource import RefineryResource
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
 from training.metrics import JsonLines, data_wait_share
@@ -20,14 +20,10 @@ from training.status import write_status
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from training.trainer import KILL_AT_STEP_ENV, RunOptions, Trainer
 
+from helpers.materialize import materialize_in_workspace
+
 TRAINING = {"record_consumption": True, "resume_backoff_s": 0.01}
 PHASES = ["warmup", "main", "anneal"]
-
-
-def materialize_phase(config: Path, instance: dg.DagsterInstance, phase: str) -> dg.ExecuteInProcessResult:
-    defs = build_definitions(str(config))
-    return dg.materialize(list(defs.assets), selection=[dg.AssetKey("training_run")], partition_key=phase,
-                          instance=instance, resources=defs.resources, raise_on_error=False)
 
 
 def consumed(run_dirs: list[Path]) -> list[tuple]:
@@ -65,7 +61,7 @@ def test_killed_trainer_is_relaunched_and_every_entry_is_consumed_once(tmp_path,
     monkeypatch.setenv(KILL_AT_STEP_ENV, str(kill_at))
 
     with dg.instance_for_test() as instance:
-        results = {phase: materialize_phase(config, instance, phase) for phase in PHASES}
+        results = {phase: materialize_in_workspace(config, instance, "training_run", phase) for phase in PHASES}
         assert all(r.success for r in results.values())
         main = materialization(results["main"])
         assert main["launch_attempts"] == 2
@@ -102,8 +98,8 @@ def test_halted_trainer_fails_the_asset_with_its_reason_and_is_not_relaunched(tm
     config = tiny_run(tmp_path, training={**TRAINING, "max_resume_attempts": 3}, **OVER_DEMAND)
     cfg = load_config(config)
     with dg.instance_for_test() as instance:
-        assert materialize_phase(config, instance, "warmup").success
-        result = materialize_phase(config, instance, "main")
+        assert materialize_in_workspace(config, instance, "training_run", "warmup").success
+        result = materialize_in_workspace(config, instance, "training_run", "main")
         assert not result.success
         [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
         message = failure.step_failure_data.error.message
@@ -112,7 +108,7 @@ def test_halted_trainer_fails_the_asset_with_its_reason_and_is_not_relaunched(tm
         assert user.metadata["launch_attempts"].value == 1 and user.metadata["state"].value == "halted"
         assert len(launch_messages(instance, result.run_id)) == 1, "a halt is never relaunched"
         # A second materialization, by hand or by a retry, is refused by the trainer without training.
-        again = materialize_phase(config, instance, "main")
+        again = materialize_in_workspace(config, instance, "training_run", "main")
         assert not again.success and len(launch_messages(instance, again.run_id)) == 1
     run_dir = phase_run_dir(cfg, "main")
     assert sorted(p.name for p in run_dir.glob("launch-*.log")) == ["launch-1.log"]
@@ -142,9 +138,9 @@ def test_a_finished_main_branches_into_anneal_variants_without_touching_it(tmp_p
 
     with dg.instance_for_test() as instance:
         for phase in PHASES:
-            assert materialize_phase(config, instance, phase).success, phase
+            assert materialize_in_workspace(config, instance, "training_run", phase).success, phase
         before = main_dir_digest()
-        result = materialize_phase(variant, instance, "anneal_math")
+        result = materialize_in_workspace(variant, instance, "training_run", "anneal_math")
         assert result.success
     [attempt] = materialization(result)["attempts"]
     boundary = phase_start_step(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), "anneal")
@@ -158,7 +154,7 @@ def test_a_finished_main_branches_into_anneal_variants_without_touching_it(tmp_p
 def test_anneal_before_main_is_refused_with_the_phase_to_train_first(tmp_path):
     config = tiny_run(tmp_path, training=TRAINING)
     with dg.instance_for_test() as instance:
-        result = materialize_phase(config, instance, "anneal")
+        result = materialize_in_workspace(config, instance, "training_run", "anneal")
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert "materialize training_run[main] first" in failure.step_failure_data.error.message

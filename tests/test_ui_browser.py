@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import free_port
+from helpers.configs import read_demo, write_beside_sample
+from helpers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -62,12 +62,9 @@ def populate_instance(tmp_path: Path) -> tuple[Path, str]:
     from orchestration.definitions import build_definitions
     from orchestration.demo import materialize_graph
 
-    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    data = read_demo()
     data["data_root"] = "../out"
-    (tmp_path / "configs").mkdir()
-    (tmp_path / "data").symlink_to(REPO / "data")
-    config = tmp_path / "configs" / "ui.yaml"
-    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    config = write_beside_sample(tmp_path, "ui", data)
     home = tmp_path / "dagster_home"
     home.mkdir()
     with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -1,22 +1,16 @@
 """`refinery validate`: the printed contract, --json, --inventory, the schedule PNG and exit codes."""
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestration.cli import main
 from refinery.storage import LocalDataRoot
-from test_manifests import DOCS_PER_BUCKET, config_dict, sample_docs, write_final_shards
+
+from helpers.configs import demo_config, write_config
+from helpers.final_shards import DOCS_PER_BUCKET, config_dict, sample_docs, write_curriculum_config, write_final_shards
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def write_config(tmp_path, **curriculum):
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(config_dict(tmp_path, **curriculum)))
-    return str(path)
 
 
 def run(capsys, *argv):
@@ -26,7 +20,7 @@ def run(capsys, *argv):
 
 
 def test_without_shards_prints_schedule_and_unknown_inventory(tmp_path, capsys):
-    code, out, _ = run(capsys, "--config", write_config(tmp_path))
+    code, out, _ = run(capsys, "--config", write_curriculum_config(tmp_path))
     assert code == 0
     assert "curriculum: 2 phases, 4,096 tokens (total_tokens 4,096, temperature 1)" in out
     lines = out.splitlines()
@@ -45,7 +39,7 @@ def test_json_with_final_shards(tmp_path, capsys):
     for b, n in DOCS_PER_BUCKET.items():
         write_final_shards(root, b, sample_docs(b, n))
     plot = tmp_path / "plots" / "schedule.png"
-    code, out, _ = run(capsys, write_config(tmp_path), "--json", "--plot", str(plot))
+    code, out, _ = run(capsys, write_curriculum_config(tmp_path), "--json", "--plot", str(plot))
     assert code == 0
     data = json.loads(out)
     assert data["ok"] and data["errors"] == [] and data["plot"] == str(plot)
@@ -57,7 +51,7 @@ def test_json_with_final_shards(tmp_path, capsys):
 
 
 def test_plot_bytes_are_deterministic(tmp_path, capsys):
-    cfg = write_config(tmp_path)
+    cfg = write_curriculum_config(tmp_path)
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     run(capsys, cfg, "--plot", str(a))
     run(capsys, cfg, "--plot", str(b))
@@ -67,31 +61,30 @@ def test_plot_bytes_are_deterministic(tmp_path, capsys):
 def test_inventory_file_and_blocking_error_exit_code(tmp_path, capsys):
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"web": 2000, "math": 10_000}))
-    code, out, _ = run(capsys, write_config(tmp_path), "--inventory", str(inventory))
+    code, out, _ = run(capsys, write_curriculum_config(tmp_path), "--inventory", str(inventory))
     assert code == 1
     assert "error: curriculum.buckets.web.max_epochs: bucket 'web' needs 2,842 tokens but holds 2,000" in out
     assert "FAILED: 1 blocking error(s)" in out
-    code, out, _ = run(capsys, write_config(tmp_path, allow_bucket_exhaustion=True), "--inventory", str(inventory), "--json")
+    code, out, _ = run(capsys, write_curriculum_config(tmp_path, allow_bucket_exhaustion=True), "--inventory", str(inventory), "--json")
     assert code == 0 and json.loads(out)["warnings"][0].startswith("curriculum.buckets.web.max_epochs")
 
 
 def test_bad_inventory_file(tmp_path, capsys):
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"web": 2000, "poetry": 5}))
-    code, _, err = run(capsys, write_config(tmp_path), "--inventory", str(inventory))
+    code, _, err = run(capsys, write_curriculum_config(tmp_path), "--inventory", str(inventory))
     assert code == 2 and "unknown buckets ['poetry']; the config declares ['web', 'math']" in err
     inventory.write_text("{not json")
-    code, _, err = run(capsys, write_config(tmp_path), "--inventory", str(inventory))
+    code, _, err = run(capsys, write_curriculum_config(tmp_path), "--inventory", str(inventory))
     assert code == 2 and "not valid JSON" in err
-    code, _, err = run(capsys, write_config(tmp_path), "--inventory", str(tmp_path / "missing.json"))
+    code, _, err = run(capsys, write_curriculum_config(tmp_path), "--inventory", str(tmp_path / "missing.json"))
     assert code == 2 and "missing.json: inventory file not found" in err
 
 
 def test_schedule_that_cannot_be_computed_reports_errors_without_plot(tmp_path, capsys):
     cfg = config_dict(tmp_path)
     cfg["curriculum"]["phases"][0]["weights"] = {"web": -0.5, "math": 1.5}
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = write_config(tmp_path, cfg, "bad.yaml")
     code, out, _ = run(capsys, str(path))
     assert code == 1
     assert "error: curriculum.phases[0].weights.math" not in out
@@ -102,8 +95,7 @@ def test_schedule_that_cannot_be_computed_reports_errors_without_plot(tmp_path, 
 def test_config_without_curriculum_and_missing_config(tmp_path, capsys):
     cfg = config_dict(tmp_path)
     del cfg["curriculum"]
-    path = tmp_path / "plain.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = write_config(tmp_path, cfg, "plain.yaml")
     code, _, err = run(capsys, str(path))
     assert code == 2 and "no curriculum declared; add a `curriculum:` section" in err
     code, _, err = run(capsys, str(tmp_path / "nope.yaml"))
@@ -113,12 +105,8 @@ def test_config_without_curriculum_and_missing_config(tmp_path, capsys):
 
 
 def test_demo_curriculum_schedule_is_valid(tmp_path, capsys):
-    demo = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "demo.yaml").read_text())
-    demo["data_root"] = str(tmp_path / "root")  # no final shards there: the schedule alone is checked
-    for es in demo["contamination"]["eval_sets"]:  # relative to configs/, where the demo lives
-        es["path"] = str((Path(__file__).resolve().parents[1] / "configs" / es["path"]).resolve())
-    path = tmp_path / "demo.yaml"
-    path.write_text(yaml.safe_dump(demo))
+    demo = demo_config(tmp_path / "root")  # no final shards there: the schedule alone is checked
+    path = write_config(tmp_path, demo, "demo.yaml")
     code, out, _ = run(capsys, str(path), "--json")
     data = json.loads(out)
     assert code == 0, data["errors"]

@@ -15,8 +15,10 @@ from refinery.storage import LocalDataRoot
 from training.metrics import JsonLines
 from training.status import read_status
 from refinery.testing.curriculum import TINY_PHASES, SyntheticPhase, tiny_run
-from training.trainer import ResumeRefused, RunOptions, Trainer
-from training.validation import bucket_entry_docs, choose_heldout, doc_rank_keys, rising_buckets, val_rise
+from training.checkpoint import ResumeRefused
+from training.trainer import RunOptions, Trainer
+from training.heldout import bucket_entry_docs, choose_heldout, doc_rank_keys
+from training.validation import rising_buckets, val_rise
 
 EVAL = {"eval_every_tokens": 256, "eval_entries_per_bucket": 8, "record_consumption": True}
 # an anneal whose LR is 40x the main phase's: the validation loss of both buckets climbs

@@ -1,8 +1,15 @@
-"""Checkpoints: one `step-XXXXXXXX.pt` per save (model, optimizer, scheduler, sampler, train state,
-RNG states), written to a temp name, fsynced and renamed, then a `.json` sidecar holding its sha256.
-The sidecar is the completion marker: a checkpoint without one, or whose bytes no longer match it,
-is skipped in favour of the newest good one. Only tensors and primitives are stored, so loading uses
+"""Checkpoints: the run's named stateful parts in one file per save, and where a run resumes from.
+
+`CheckpointManager` keeps the files: one `step-XXXXXXXX.pt` per save, written to a temp name,
+fsynced and renamed, then a `.json` sidecar holding its sha256. The sidecar is the completion
+marker: a checkpoint without one, or whose bytes no longer match it, is skipped in favour of the
+newest good one. Only tensors and primitives are stored, so loading uses
 `torch.load(weights_only=True)`. Retention keeps the last `keep_last` plus every phase-boundary one.
+
+`Checkpointer` fills them from the parts under constant keys (torchtitan's shape): the model, its
+shape, the optimizer, the LR scheduler, the sampler, the train state (step and tokens, the run's
+accounting and its validation history) and the RNG states; and it applies the resume policy of
+status.json (a halted run is not auto-resumed).
 """
 
 from __future__ import annotations
@@ -12,12 +19,32 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 import torch
 
 from refinery.storage import atomic_path, dumps_json, sha256_file
+from refinery.layout import CHECKPOINTS_DIR
+
+if TYPE_CHECKING:
+    from training.run_store import RunMirror
+
+MODEL, MODEL_ARGS, OPTIMIZER, SCHEDULER, SAMPLER, TRAIN_STATE, RNG = (
+    "model", "model_args", "optimizer", "scheduler", "sampler", "train", "rng")
+# The model's shape is checked before its weights load, and the train state (which refuses other
+# held-out entries) before the sampler's cursors into the entry sets that exclude them.
+LOAD_ORDER = (MODEL_ARGS, MODEL, OPTIMIZER, SCHEDULER, TRAIN_STATE, SAMPLER, RNG)
+
+
+class ResumeRefused(RuntimeError):
+    """The run may not continue as asked; the message says why and what to change."""
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
 
 
 def _fsync_dir(path: Path) -> None:
@@ -45,6 +72,62 @@ def set_rng_state(state: dict[str, Any]) -> None:
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
     random.setstate((3, tuple(state["python"]), None))
+
+
+class RNGState:
+    """The process's torch, CUDA, numpy and Python RNG states, as a part."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+
+class ModelShape:
+    """The model's config (GPTConfig as a dict): a checkpoint resumes only into the model it was saved from."""
+
+    def __init__(self, args: dict[str, Any]):
+        self.args = args
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.args
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state != self.args:
+            raise ResumeRefused(
+                f"the checkpoint's model {state} differs from the config's {self.args}; "
+                "restore training.model or start a new run_dir"
+            )
+
+
+class PureLR:
+    """The LR scheduler's part: the LR is a pure function of the step (StepSchedule.lr_at), so it
+    records the step and restores nothing."""
+
+    def __init__(self, step: Callable[[], int]):
+        self.step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "warmup_stable_decay", "step": self.step()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class SharedKey:
+    """Several parts under one key as one flat dict (their keys never collide): the train state is
+    the trainer's step and tokens, the run's accounting and the evaluator's history."""
+
+    def __init__(self, *parts: Stateful):
+        self.parts = parts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for part in self.parts for k, v in part.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part in self.parts:
+            part.load_state_dict(state)
 
 
 class CheckpointManager:
@@ -124,3 +207,55 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if problem:
         raise ValueError(f"{path}: {problem}; pick an older checkpoint or use --resume auto")
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class Checkpointer(CheckpointManager):
+    """The checkpoints of `<run_dir>/checkpoints`, filled from `parts` (key -> stateful part, in the
+    order the file stores them); `path` is the checkpoint last written or resumed from."""
+
+    def __init__(self, run_dir: str | Path, keep_last: int, parts: dict[str, Stateful], rank: int,
+                 mirror: "RunMirror | None"):
+        super().__init__(Path(run_dir) / CHECKPOINTS_DIR, keep_last)
+        self.run_dir, self.parts, self.rank, self.mirror = Path(run_dir), parts, rank, mirror
+        self.path: str | None = None
+
+    def write(self, step: int, boundary: str | None) -> None:
+        """Checkpoint `step`: every rank gathers its parts' state, rank 0 writes it (and copies it to
+        the data root when that is remote). `boundary` names the phase it closes."""
+        state = {key: part.state_dict() for key, part in self.parts.items()}
+        if self.rank == 0:
+            self.path = str(self.save(step, state, boundary))
+            if self.mirror is not None:
+                self.mirror.push_checkpoints()
+
+    def load(self, path: str | Path) -> None:
+        state = load_checkpoint(path)
+        for key in LOAD_ORDER:
+            self.parts[key].load_state_dict(state[key])
+        self.path = str(path)
+
+    def resume(self, how: str, status: dict[str, Any], allow_exhaustion: bool) -> Path | None:
+        """Load the checkpoint the run starts from, enforcing the halted/completed rules of
+        status.json, and return it (None: a fresh start). `how`: "never", "auto" (the latest good
+        checkpoint) or a checkpoint path (e.g. a previous phase's boundary checkpoint)."""
+        path: Path | None
+        if how == "never":
+            if self.complete():
+                raise ResumeRefused(f"{self.run_dir} already has checkpoints; use --resume auto or another run_dir")
+            path = None
+        elif how == "auto":
+            if status.get("state") == "halted":
+                flag_changed = (status.get("halt_kind") == "bucket_exhausted" and allow_exhaustion
+                                and not status.get("allow_bucket_exhaustion"))
+                if not flag_changed:
+                    raise ResumeRefused(
+                        f"the run halted: {status.get('reason')}. Auto-resume would repeat it; set "
+                        "curriculum.allow_bucket_exhaustion: true to continue with renormalized weights, or pass "
+                        "--resume PATH to restart from a chosen checkpoint"
+                    )
+            path = self.latest()
+        else:
+            path = Path(how)
+        if path is not None:
+            self.load(path)
+        return path

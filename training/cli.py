@@ -76,10 +76,11 @@ def phase_label(names: list[str], phase: int, stop_after: str | None) -> str:
 
 
 def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) -> int:
-    """`sinks` receive every step's metrics (orchestration/pipes_train.py forwards them over Dagster Pipes)."""
+    """`sinks` receive every step's metrics (assets/pipes_train.py forwards them over Dagster Pipes)."""
     from refinery.config import load_config
     from refinery.progress import Progress
-    from training.trainer import ResumeRefused, RunOptions, Trainer
+    from training.checkpoint import ResumeRefused
+    from training.trainer import RunOptions, Trainer
 
     cfg = load_config(args.config)
     options = RunOptions(resume=args.resume, stop_after_phase=args.stop_after_phase, run_dir=args.run_dir,
@@ -100,7 +101,7 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
         bar.describe(f"refinery train {phase_label(names, record['phase'], args.stop_after_phase)}")
         bar.update(record["step"] - bar.done)
 
-    if trainer.rank == 0:
+    if trainer.dist.rank == 0:
         trainer.metrics.sinks.append(progress)
     try:
         status = trainer.train()
@@ -110,7 +111,7 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
     finally:
         bar.close()
         trainer.close()
-    if trainer.rank == 0:
+    if trainer.dist.rank == 0:
         if args.json:
             print(json.dumps({**status, "phases": summary_rows(status)}, sort_keys=True))
         else:

@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from refinery.config import RefineryConfig
-from refinery.manifest import BucketSlice, read_manifest, read_selection
+from refinery.curriculum import BucketSlice, read_manifest, read_selection
 from refinery.shard_format import ShardReader
 from refinery.storage import DataRoot
 from refinery.shard_cache import ShardCache
 from training.sampler import ChunkPlan, CurriculumSampler, EntrySet, StepPlan, ordinals
 from training.schedule import StepSchedule
-from training.validation import heldout_entries  # e-run-safety
+from training.heldout import heldout_entries  # e-run-safety
 
 
 @dataclass
@@ -99,15 +99,14 @@ class RowLayout:
     def doc_ids(self, device: torch.device | str | None = None) -> torch.Tensor:
         """int32 (rows, seq_len): each token's entry ordinal within its row, for attention masking."""
         flat = torch.zeros(self.rows * self.seq_len, dtype=torch.int32, device=device)
-        flat[torch.from_numpy(self.starts).to(flat.device, non_blocking=True)] = 1
+        flat.index_fill_(0, _positions(self.starts, flat.device), 1)
         return flat.view(self.rows, self.seq_len).cumsum(1, dtype=torch.int32)
 
     def target_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
         """bool (rows, seq_len): position i's target (token i+1) counts in the loss unless it starts
         another entry of the row, lies past the row's end, or sits in an overlap prefix."""
         flat = torch.ones(self.rows * self.seq_len, dtype=torch.bool, device=device)
-        cut = torch.from_numpy(np.concatenate([self.starts - 1, self.skipped])).to(flat.device, non_blocking=True)
-        flat[cut] = False
+        flat.index_fill_(0, _positions(np.concatenate([self.starts - 1, self.skipped]), flat.device), False)
         mask = flat.view(self.rows, self.seq_len)
         mask[:, -1] = False
         return mask
@@ -119,6 +118,16 @@ class RowLayout:
         return cls(sum(lay.rows for lay in layouts), layouts[0].seq_len,
                    np.concatenate([lay.starts + d for lay, d in zip(layouts, shift)]),
                    np.concatenate([lay.skipped + d for lay, d in zip(layouts, shift)]))
+
+
+def _positions(positions: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64 positions on `device`. To CUDA through pinned memory, so that the copy is queued
+    behind the device's work instead of waiting for it (a pageable copy may wait), and filled with
+    `index_fill_` by the callers: `flat[idx] = value` copies the value to the device and waits."""
+    t = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
@@ -162,7 +171,7 @@ class CurriculumData:
         cache = ShardCache(root, max_bytes=int(cfg.training.shard_cache_gb * (1 << 30)), threads=4)
         cache.prefetch([ref.prefix for m in manifests for _, bs in sorted(m.buckets.items()) for ref in bs.shards])
         verified: set[str] = set()
-        # -- e-run-safety: validation entries held out of training (training/validation.py); they are
+        # -- e-run-safety: validation entries held out of training (training/heldout.py); they are
         # removed from every entry set below, so the sampler can never serve them.
         heldout = heldout_entries(root, manifests, cfg.training.eval_entries_per_bucket, cfg.seed)
         buckets: dict[str, BucketShards] = {}

@@ -1,9 +1,9 @@
 """What changes at the step where the curriculum's seq_len changes (seed 000): the RoPE scaling of
 the phase that starts there, and optionally Adam's state.
 
-RoPE: each phase's `rope_scaling` resolves to a `RopeScaling` or None (plain RoPE); see
-refinery/config.py PhaseConfig for the spellings. Everything is a pure function of the config, the
-manifests and the step, so a resumed run sets the same scaling at the same step.
+RoPE: each phase's `rope_scaling`, as its manifest pins it, resolves to a `RopeScaling` or None
+(plain RoPE); see refinery/config/curriculum.py PhaseConfig for the spellings. Everything is a pure
+function of the manifests and the step, so a resumed run sets the same scaling at the same step.
 
 Adam (training.length_jump_adam), applied once, in the optimizer step of the first step at the new
 length (after gradient clipping, before the update):
@@ -22,10 +22,18 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from training.model import GPT, RopeScaling
+from refinery.config import RopeScalingConfig
+from training.model import GPT
+from training.rope import RopeScaling
 from training.schedule import StepSchedule
 
 LENGTH_JUMP_MODES = ("none", "reset", "renorm")
+
+
+def manifest_rope_spec(stored: str | dict[str, Any] | None) -> Any:
+    """A manifest's `rope_scaling` as `phase_rope_scalings` takes it: YaRN fields become the config's
+    section again (validated, with its defaults)."""
+    return RopeScalingConfig.model_validate(stored) if isinstance(stored, dict) else stored
 
 
 def phase_rope_scalings(seq_lens: Sequence[int], specs: Sequence[Any]) -> list[RopeScaling | None]:
@@ -91,13 +99,13 @@ class LengthJump:
     the first step of a new seq_len arms the Adam treatment, which an optimizer step pre-hook applies
     in the next optimizer step that runs (that step's, unless its loss was non-finite and skipped)."""
 
-    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, schedule: StepSchedule, rope_specs: dict[str, Any],
-                 adam_mode: str = "none"):
+    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, schedule: StepSchedule, adam_mode: str = "none"):
         if adam_mode not in LENGTH_JUMP_MODES:
             raise ValueError(f"training.length_jump_adam {adam_mode!r}: one of {LENGTH_JUMP_MODES}")
         self.model, self.optimizer, self.schedule, self.adam_mode = model, optimizer, schedule, adam_mode
+        # What was validated is what is trained: each phase's RoPE spec and seq_len from its manifest.
         self.scalings = phase_rope_scalings([m.seq_len for m in schedule.manifests],
-                                            [rope_specs.get(name) for name in schedule.phase_names])
+                                            [manifest_rope_spec(m.rope_scaling) for m in schedule.manifests])
         self.armed = False
         if adam_mode != "none":
             optimizer.register_step_pre_hook(self._before_optimizer_step)

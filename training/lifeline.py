@@ -1,4 +1,7 @@
-"""Trainer processes that do not outlive their launcher.
+"""Trainer processes that do not outlive their launcher, and SIGTERM as the way to stop one.
+
+`SigtermFlag` turns SIGTERM into a flag the training loop reads after each step: the step
+finishes, the trainer checkpoints and exits, so an orchestrator resumes it.
 
 Killing torchrun's agent with SIGKILL leaves its rank processes training: nothing tells them. Two
 guards, both ending in the trainer's SIGTERM path (finish the step, checkpoint, exit):
@@ -82,6 +85,25 @@ class ParentWatch:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+class SigtermFlag:
+    """`raised` once SIGTERM arrived between `install()` and `restore()` (which puts back the
+    handler found). Installed explicitly: a process may inherit SIGTERM ignored, and then a
+    preemption would go unseen."""
+
+    def __init__(self):
+        self.raised = False
+        self._previous = None
+
+    def install(self) -> None:
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.raised = True
 
 
 def worker_init(worker_id: int) -> None:

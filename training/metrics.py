@@ -15,12 +15,16 @@ event files in `<run_dir>/tensorboard` (tag = key, global step = `step`); withou
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from refinery.storage import atomic_path
+
+if TYPE_CHECKING:
+    from training.run_store import RunMirror
 
 MetricsSink = Callable[[dict[str, Any]], None]
 TENSORBOARD_DIR = "tensorboard"
@@ -174,3 +178,24 @@ class ConsumptionLog(JsonLines):
         record = {k: v.tolist() for k, v in pieces.items()}
         record["bucket"] = [bucket_names[i] for i in record["bucket"]]
         self.append({"step": step, **record})
+
+
+def cut_back_logs(step: int, rank: int, world: int, metrics: MetricsLogger, consumption: ConsumptionLog,
+                  mirror: "RunMirror | None") -> None:
+    """Cut the JSON-lines logs back to the resumed `step`: later records are replayed, a torn last
+    line is dropped, and consumption logs of ranks beyond a shrunk world size are cut back too (by
+    rank 0), so the logs on disk name exactly what the checkpoint consumed."""
+    logs: list[JsonLines] = [consumption]
+    if rank == 0:
+        logs.append(metrics)
+        for path in sorted(metrics.path.parent.glob("consumption-rank*.jsonl")):
+            other = path.stem.removeprefix("consumption-rank")
+            if other.isdigit() and int(other) >= world:
+                logs.append(ConsumptionLog(path))
+    for log in logs:
+        torn = log.truncate_after(step)
+        if torn:
+            print(f"refinery train: {log.path}: cut {torn} unreadable line(s) at its end (a write interrupted "
+                  "by a crash)", file=sys.stderr)
+        if mirror is not None:
+            mirror.sync_log(log.path)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from refinery.config import RefineryConfig
+from refinery.layout import CHECKPOINTS_DIR
 from training.checkpoint import CheckpointManager
-from training.run_store import RunMirror
-from training.trainer import RunOptions, run_dir_of
+from training.run_store import RunMirror, run_base
 
 if TYPE_CHECKING:
     from refinery.storage import DataRoot
@@ -33,11 +33,11 @@ def phase_names(cfg: RefineryConfig) -> list[str]:
 def phase_run_dir(cfg: RefineryConfig, phase: str) -> Path:
     if phase not in phase_names(cfg):
         raise ValueError(f"no phase {phase!r}; the curriculum's phases are {phase_names(cfg)}")
-    return run_dir_of(cfg, RunOptions()) / phase
+    return run_base(cfg) / phase
 
 
 def checkpoints(run_dir: Path) -> CheckpointManager:
-    return CheckpointManager(run_dir / "checkpoints", keep_last=1)
+    return CheckpointManager(run_dir / CHECKPOINTS_DIR, keep_last=1)
 
 
 def restore_from_data_root(cfg: RefineryConfig, run_dir: Path) -> None:
@@ -84,7 +84,7 @@ def resume_argument(cfg: RefineryConfig, phase: str) -> str:
 
 def phase_start_step(cfg: RefineryConfig, root: "DataRoot", phase: str) -> int:
     """The global step at which `phase` begins, from the phase manifests (the trainer's own plan)."""
-    from refinery.manifest import read_manifest
+    from refinery.curriculum import read_manifest
     from training.schedule import StepSchedule
 
     manifests = [read_manifest(root, name) for name in phase_names(cfg)]

@@ -5,7 +5,8 @@ checkpoints, so a second one is refused with the holder's pid, host and start ti
 the lock file by the holder). The kernel drops a flock when its holder dies, so a lock left by a
 crashed trainer is stale by construction: the next trainer takes it and says whose it was. Each
 rank locks its own file, so every rank of a second torchrun job is refused, not only rank 0 (a lone
-refused rank 0 would leave the others waiting in a collective).
+refused rank 0 would leave the others waiting in a collective), and `lock_all_ranks` refuses every
+rank when any one is refused.
 """
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from training.checkpoint import ResumeRefused
 
 
 class RunLocked(RuntimeError):
     """Another live trainer holds the run directory; the message names it."""
+
+
+class RunDirBusy(ResumeRefused, RunLocked):
+    """Another trainer holds the run directory."""
 
 
 def lock_path(run_dir: str | Path, rank: int) -> Path:
@@ -88,3 +95,20 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def lock_all_ranks(run_dir: str | Path, rank: int, any_rank: Callable[[bool], bool]) -> RunLock:
+    """This rank's lock on the run directory; every rank is refused (RunDirBusy) when any one is, so
+    none is left waiting in a collective for a rank that gave up. `any_rank(flag)`: whether `flag`
+    holds on some rank."""
+    lock, refusal = RunLock(run_dir, rank), None
+    try:
+        lock.acquire()
+    except RunLocked as err:
+        refusal = str(err)
+    if any_rank(refusal is not None) and refusal is None:
+        lock.release()
+        refusal = f"{run_dir}: another rank's lock is held by another trainer (see its message)"
+    if refusal is not None:
+        raise RunDirBusy(refusal)
+    return lock

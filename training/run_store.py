@@ -22,6 +22,7 @@ import numpy as np
 from refinery.config import RefineryConfig
 from refinery.storage import DataRoot, atomic_path, open_data_root
 from refinery.storage.s3 import cache_base_dir
+from refinery.layout import CHECKPOINTS_DIR, run_key
 
 MIRRORED_FILES = ("status.json",)
 LOG_SEGMENTS = "logs"  # <run key>/logs/<log file name>/<first line>-<end line>.jsonl
@@ -56,7 +57,7 @@ class RunMirror:
             relative = Path(run_dir).resolve().relative_to(base.resolve())
         except ValueError:
             return None
-        key = "/".join([cfg.training.run_dir.strip("/"), *relative.parts])
+        key = run_key(cfg.training.run_dir, *relative.parts)
         return cls(open_data_root(cfg.data_root), key, run_dir)
 
     def _key(self, path: Path) -> str:
@@ -74,8 +75,8 @@ class RunMirror:
     def push_checkpoints(self) -> None:
         """Upload local checkpoints the root lacks (each `.pt` before its `.json` sidecar) and delete
         the root's copies of checkpoints pruned locally."""
-        ckpt_dir = self.local / "checkpoints"
-        remote = set(self.root.list(f"{self.prefix}/checkpoints"))
+        ckpt_dir = self.local / CHECKPOINTS_DIR
+        remote = set(self.root.list(run_key(self.prefix, CHECKPOINTS_DIR)))
         local = {self._key(p) for p in ckpt_dir.glob("step-*")} if ckpt_dir.is_dir() else set()
         for side in sorted(ckpt_dir.glob("step-*.json")) if ckpt_dir.is_dir() else ():
             pt = side.with_suffix(".pt")

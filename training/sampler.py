@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from refinery.hashing import splitmix64
+from training.accounting import mixture_report
 from training.schedule import StepSchedule
 
 # Version 2: rows are allocated to buckets exactly per step (version 1 drew each row's bucket at
@@ -443,12 +444,8 @@ class CurriculumSampler:
 
     def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
         """phase -> bucket -> {"planned": tokens the mixture plans for the whole phase, "served": tokens
-        served before `self.step`}: what a run's status shows (restore the run's sampler state first)."""
-        served = self.served_tokens()
-        return {
-            phase: {b: {"planned": planned, "served": served.get(phase, {}).get(b, 0)} for b, planned in by_bucket.items()}
-            for phase, by_bucket in self.planned_tokens().items()
-        }
+        served before `self.step`} (restore the run's sampler state first)."""
+        return mixture_report(self.planned_tokens(), self.served_tokens())
 
     # ---- state -----------------------------------------------------------------------------------
 

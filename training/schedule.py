@@ -1,4 +1,4 @@
-"""The step plan of a curriculum run: the token schedule of refinery/curriculum.py (phase
+"""The step plan of a curriculum run: the token schedule of refinery/curriculum/schedule.py (phase
 boundaries, blended mixtures, the LR shape) laid onto optimizer steps.
 
 A step trains on `global_batch` rows of the current phase's seq_len. Step s belongs to the phase that
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refinery.curriculum import Schedule, schedule_from_manifests
-from refinery.manifest import PhaseManifest
+from refinery.curriculum import PhaseManifest
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,6 @@ class StepSchedule:
         started = self.phase_at(step - 1) + 1 if step > 0 else 0
         # One serialisation per phase prefix, not per step: the manifests are immutable here.
         if started not in self._fingerprints:
-            payload = {"global_batch": self.global_batch, "manifests": [m.to_json() for m in self.manifests[:started]]}
+            payload = {"global_batch": self.global_batch, "manifests": [m.identity() for m in self.manifests[:started]]}
             self._fingerprints[started] = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
         return self._fingerprints[started]

@@ -1,8 +1,9 @@
 """The run status file, `<run_dir>/status.json`: what an orchestrator reads to decide whether to
 resume. `halted` is terminal for auto-resume (gpt-simple's rule): a bucket ran dry, the loss went
 non-finite, or a validation loss rose during anneal, and resubmitting the same run would only do it
-again. Besides state and reason, the trainer records `mixture` (tokens planned and served per phase
-and bucket) and `validation` (the latest per-bucket validation loss).
+again. Besides state and reason, `RunStatus` records where the run stands (step, tokens, phase, the
+latest checkpoint), `summary` and `mixture` (tokens planned and served per phase and bucket, from
+training/accounting.py) and `validation` (the latest per-bucket validation loss).
 """
 
 from __future__ import annotations
@@ -10,9 +11,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refinery.storage import atomic_path, dumps_json
+
+if TYPE_CHECKING:
+    from training.accounting import RunAccounting
+    from training.checkpoint import Checkpointer
+    from training.run_store import RunMirror
+    from training.schedule import StepSchedule
+    from training.validation import Evaluator
 
 STATES = ("running", "completed", "halted", "failed")
 STATUS_FILE = "status.json"
@@ -33,3 +41,30 @@ def read_status(run_dir: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
+
+
+class RunStatus:
+    """status.json of one run, written by rank 0 (other ranks write nothing) from the components that
+    own each field, then copied to the data root when that is remote, with the metrics log."""
+
+    def __init__(self, run_dir: Path, rank: int, schedule: "StepSchedule", allow_bucket_exhaustion: bool,
+                 accounting: "RunAccounting", evaluator: "Evaluator", checkpointer: "Checkpointer",
+                 mirror: "RunMirror | None", metrics_path: Path):
+        self.run_dir, self.rank, self.schedule, self.allow = run_dir, rank, schedule, allow_bucket_exhaustion
+        self.accounting, self.evaluator, self.checkpointer = accounting, evaluator, checkpointer
+        self.mirror, self.metrics_path = mirror, metrics_path
+
+    def write(self, state: str, reason: str, step: int, tokens: int, **extra: Any) -> dict[str, Any]:
+        if self.rank != 0:
+            return {"state": state, "reason": reason}
+        phase = self.schedule.phase_at(min(step, self.schedule.total_steps - 1))
+        status = write_status(
+            self.run_dir, state, reason, step=step, tokens=tokens, phase=self.schedule.phase_names[phase],
+            checkpoint=self.checkpointer.path, total_steps=self.schedule.total_steps,
+            allow_bucket_exhaustion=self.allow, summary=self.accounting.summary,
+            mixture=self.accounting.mixture_report(), validation=self.evaluator.val_last, **extra,
+        )
+        if self.mirror is not None:
+            self.mirror.push_run_files()
+            self.mirror.push_log(self.metrics_path)
+        return status

@@ -1,67 +1,30 @@
-"""The anneal playbook's validation loss (seed 000): per-bucket loss on held-out entries, every
-`training.eval_every_tokens` trained tokens, and the rule that halts a run when a bucket's
-validation loss rises during anneal.
+"""The anneal playbook's validation loss (seed 000): per-bucket loss on held-out entries (chosen in
+training/heldout.py), every `training.eval_every_tokens` trained tokens, and the rule that halts a
+run when a bucket's validation loss rises during the phase `training.anneal_halt_on_val_rise` watches.
 
-Held-out entries are whole documents, so no window of a held-out document is ever trained on: per
-bucket, documents are ordered by a seeded hash of their doc_id, and the first ones are taken until
-they hold at least `eval_entries_per_bucket` entries. The choice depends only on the seed and the
-bucket's shards (the same in every phase), and `training.data` removes these entries from every entry
-set the sampler reads.
+`Evaluator` runs the evaluations and keeps their history; its state travels in the checkpoint's
+train state with the held-out entries' fingerprints, so a resumed run evaluates at the same steps
+and refuses held-out entries that changed.
 """
 
 from __future__ import annotations
 
-import hashlib
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+
+from training.checkpoint import ResumeRefused
+from training.heldout import heldout_fingerprints
+from training.loss import IGNORE
 
 if TYPE_CHECKING:
-    from refinery.manifest import BucketSlice, PhaseManifest
-    from refinery.storage import DataRoot
-    from training.data import BucketShards
-
-
-def doc_rank_keys(doc_ids: list[str], seed: int) -> np.ndarray:
-    """A seeded, platform-stable sort key per document (sha256 of seed and doc_id)."""
-    return np.array([int.from_bytes(hashlib.sha256(f"{seed}:{d}".encode()).digest()[:8], "little") for d in doc_ids],
-                    dtype=np.uint64)
-
-
-def choose_heldout(entry_docs: list[str], k: int, seed: int) -> np.ndarray:
-    """Sorted int64 ids of the held-out entries of one bucket, given each entry's doc_id: every entry
-    of the first documents in seeded order, until at least `k` entries (or all) are held out."""
-    if k <= 0 or not entry_docs:
-        return np.zeros(0, dtype=np.int64)
-    docs, entry_doc = np.unique(np.array(entry_docs, dtype=object), return_inverse=True)
-    per_doc = np.bincount(entry_doc, minlength=len(docs))
-    order = np.argsort(doc_rank_keys(list(docs), seed), kind="stable")
-    taken = order[: int(np.searchsorted(np.cumsum(per_doc[order]), k)) + 1]
-    return np.flatnonzero(np.isin(entry_doc, taken)).astype(np.int64)
-
-
-def bucket_entry_docs(root: "DataRoot", bucket: "BucketSlice") -> list[str]:
-    """doc_id of every global entry of the bucket, in global entry order."""
-    docs: list[str] = []
-    for ref in bucket.shards:
-        docs.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
-    return docs
-
-
-def heldout_entries(root: "DataRoot", manifests: list["PhaseManifest"], k: int, seed: int) -> dict[str, np.ndarray]:
-    """Held-out entry ids of every bucket the manifests name (empty arrays when k is 0)."""
-    slices = {name: bs for m in manifests for name, bs in m.buckets.items()}
-    return {name: choose_heldout(bucket_entry_docs(root, bs) if k > 0 else [], k, seed) for name, bs in sorted(slices.items())}
-
-
-def heldout_fingerprints(heldout: dict[str, np.ndarray]) -> dict[str, str]:
-    """Per bucket, what identifies its held-out entries ("" when none). A checkpoint refuses to
-    resume when a bucket it shares with the run holds out other entries: its entry sets, and so the
-    sampler's cursors into them, would mean something else. A bucket only one side knows is fine (an
-    anneal variant may add one)."""
-    return {name: hashlib.sha256(np.ascontiguousarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16] if ids.size else ""
-            for name, ids in sorted(heldout.items())}
+    from refinery.config import ValRiseHaltConfig
+    from training.data import BucketShards, CurriculumData
+    from training.distributed import Distributed
+    from training.model import GPT
 
 
 @dataclass
@@ -117,3 +80,88 @@ def rising_buckets(history: dict[str, list[float]], patience: int, min_delta: fl
         if fired is not None:
             out[bucket] = fired
     return out
+
+
+class Evaluator:
+    """Validation loss per bucket every `every_tokens` trained tokens (none when 0), with the history
+    per phase the halt rule reads."""
+
+    def __init__(self, data: "CurriculumData", model: "GPT", dist: "Distributed", micro_batch_size: int,
+                 every_tokens: int, rule: "ValRiseHaltConfig | None"):
+        self.data, self.model, self.dist = data, model, dist
+        self.micro_batch_size, self.every_tokens, self.rule = micro_batch_size, every_tokens, rule
+        self.val_history: dict[str, dict[str, list[float]]] = {}  # phase -> bucket -> validation losses, in order
+        self.val_last: dict[str, Any] = {}  # the latest evaluation: step and loss per bucket
+        self._eval_rows: dict[tuple[str, int], EvalRows] = {}
+
+    def after_step(self, step: int, tokens: int, step_tokens: int, seq_len: int, phase: str,
+                   record: dict[str, Any]) -> str | None:
+        """When the step that brought the run to `tokens` crossed a multiple of every_tokens: per-bucket
+        validation loss into `record` (`val_loss/<bucket>`); returns the halt reason when the anneal
+        rule fires, else None."""
+        every = self.every_tokens
+        if not every or tokens // every == (tokens - step_tokens) // every:
+            return None
+        t0 = time.perf_counter()
+        losses = self.losses(seq_len)
+        for name, loss in losses.items():
+            record[f"val_loss/{name}"] = loss
+            self.val_history.setdefault(phase, {}).setdefault(name, []).append(loss)
+        record["time/eval_s"] = time.perf_counter() - t0
+        self.val_last = {"step": step, "phase": phase, "loss": losses}
+        rule = self.rule
+        if rule is None or phase != rule.phase:
+            return None
+        fired = rising_buckets(self.val_history.get(phase, {}), rule.patience, rule.min_delta)
+        if not fired:
+            return None
+        detail = "; ".join(f"{b}: best {best:.4f}, then {', '.join(f'{x:.4f}' for x in rising)}"
+                           for b, (best, rising) in fired.items())
+        return (f"val_loss_rise: validation loss of bucket(s) {sorted(fired)} rose during phase {phase!r} for "
+                f"{rule.patience} evaluation(s) in a row by more than {rule.min_delta:g} ({detail}); rule "
+                "training.anneal_halt_on_val_rise")
+
+    def losses(self, seq_len: int) -> dict[str, float]:
+        """Mean loss per bucket over its held-out entries packed into rows of `seq_len`, with the
+        current weights (no gradient, no RNG use, so training is unchanged by evaluating)."""
+        device = self.dist.device
+        names = [n for n in self.data.bucket_names if self.data.heldout.get(n) is not None and self.data.heldout[n].size]
+        sums = torch.zeros(2, len(names), device=device, dtype=torch.float64)
+        mb = self.micro_batch_size
+        self.model.eval()
+        with torch.no_grad():
+            for i, name in enumerate(names):
+                key = (name, seq_len)
+                if key not in self._eval_rows:
+                    self._eval_rows[key] = pack_eval_rows(self.data.buckets[name], self.data.heldout[name], seq_len)
+                rows = self._eval_rows[key]
+                for lo in range(0, len(rows.tokens), mb):
+                    tokens = torch.from_numpy(rows.tokens[lo:lo + mb]).to(device)
+                    mask = torch.from_numpy(rows.target_mask[lo:lo + mb]).to(device)
+                    targets = torch.full_like(tokens, IGNORE)
+                    targets[:, :-1] = tokens[:, 1:]
+                    targets[~mask] = IGNORE
+                    doc_ids = torch.from_numpy(rows.doc_ids[lo:lo + mb]).to(device)
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                        _, per_token = self.model(tokens, targets=targets, doc_ids=doc_ids, reduction="none")
+                    sums[0, i] += per_token.double().sum()
+                    sums[1, i] += mask.sum()
+        self.model.train()
+        self.dist.all_reduce(sums)  # the ranks hold the same weights; summing keeps their verdicts identical
+        return {name: float(sums[0, i] / sums[1, i]) for i, name in enumerate(names) if sums[1, i] > 0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"val_history": self.val_history, "val_last": self.val_last,
+                "heldout": heldout_fingerprints(self.data.heldout)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        now = heldout_fingerprints(self.data.heldout)
+        saved = state.get("heldout") or dict.fromkeys(now, "")  # a checkpoint from before held-out entries
+        changed = sorted(b for b in saved.keys() & now.keys() if saved[b] != now[b])
+        if changed:
+            raise ResumeRefused(
+                f"the held-out validation entries of bucket(s) {changed} differ from the checkpoint's "
+                "(training.eval_entries_per_bucket or the seed changed), so the entry sets the sampler's cursors point "
+                "into differ too; restore training.eval_entries_per_bucket or start a new run_dir"
+            )
+        self.val_history, self.val_last = state.get("val_history", {}), state.get("val_last", {})

@@ -21,170 +21,27 @@ the table goes on. A stage writes only its own logic:
             return {"text": record["text"].lower()}   # or None: keep the document as it is
 
 `Filter` is the RecordStage that only keeps or drops: it implements `check(record) -> Drop | None`.
+`Chain` runs stages one after the other and reports them as one stage (heuristic_filtered with
+the config's custom filters; pii_redacted's safety filter, then redaction).
 
-Reason strings are an API: `<rule family>/<rule>`, snake_case, e.g. `gopher_rep/dup_line_frac`.
-Counters are `total`, `kept`, `dropped`, `dropped/<reason>`.
+Counts and reject rows are refinery/stages/stats.py's; per-record isolation (error and timeout
+rejects, the worker process) is refinery/stages/isolation.py's.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, NamedTuple, Union
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
 
 import polars as pl
 
-from refinery.documents import EXCERPT_CHARS, REJECTS_SCHEMA, empty_rejects
-
-
-class Drop(NamedTuple):
-    rule: str
-    value: float | None = None
-    detail: str = ""
-
-
-@dataclass
-class BucketCounts:
-    docs_in: int = 0
-    docs_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-
-    def __add__(self, other: "BucketCounts") -> "BucketCounts":
-        return BucketCounts(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
-
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        return (self.docs_in, self.docs_out, self.bytes_in, self.bytes_out)
-
-
-@dataclass
-class StageStats:
-    """Counts for one stage over one partition; `+` merges partitions and workers."""
-
-    stage: str
-    docs_in: int = 0
-    docs_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    wall_s: float = 0.0
-    dropped: Counter = field(default_factory=Counter)  # reason -> documents
-    counters: Counter = field(default_factory=Counter)  # anything else, e.g. pii/email replacements
-    by_bucket: dict[str, BucketCounts] = field(default_factory=dict)
-
-    def __add__(self, other: "StageStats") -> "StageStats":
-        buckets = dict(self.by_bucket)
-        for b, c in other.by_bucket.items():
-            buckets[b] = buckets.get(b, BucketCounts()) + c
-        return StageStats(
-            stage=self.stage,
-            docs_in=self.docs_in + other.docs_in,
-            docs_out=self.docs_out + other.docs_out,
-            bytes_in=self.bytes_in + other.bytes_in,
-            bytes_out=self.bytes_out + other.bytes_out,
-            wall_s=self.wall_s + other.wall_s,
-            dropped=self.dropped + other.dropped,
-            counters=self.counters + other.counters,
-            by_bucket=buckets,
-        )
-
-    @property
-    def retention(self) -> float:
-        return self.docs_out / self.docs_in if self.docs_in else 1.0
-
-    @property
-    def byte_retention(self) -> float:
-        return self.bytes_out / self.bytes_in if self.bytes_in else 1.0
-
-    @property
-    def docs_per_s(self) -> float:
-        return self.docs_in / self.wall_s if self.wall_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "docs_in": self.docs_in,
-            "docs_out": self.docs_out,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "wall_s": round(self.wall_s, 6),
-            "dropped": dict(sorted(self.dropped.items())),
-            "counters": dict(sorted(self.counters.items())),
-            "by_bucket": {b: vars(c) for b, c in sorted(self.by_bucket.items())},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StageStats":
-        return cls(
-            stage=d["stage"],
-            docs_in=d["docs_in"],
-            docs_out=d["docs_out"],
-            bytes_in=d["bytes_in"],
-            bytes_out=d["bytes_out"],
-            wall_s=d["wall_s"],
-            dropped=Counter(d.get("dropped", {})),
-            counters=Counter(d.get("counters", {})),
-            by_bucket={b: BucketCounts(**c) for b, c in d.get("by_bucket", {}).items()},
-        )
-
-
-def text_bytes(df: pl.DataFrame, column: str = "text") -> pl.Series:
-    if column not in df.columns:
-        return pl.Series([0] * df.height, dtype=pl.Int64)
-    return df[column].str.len_bytes().fill_null(0).cast(pl.Int64)
-
-
-def count_in_out(
-    stats: StageStats, before: pl.DataFrame, after: pl.DataFrame, column: str = "text", out_column: str | None = None
-) -> None:
-    """Fill docs/bytes in and out, overall and per bucket, from the tables either side of a stage.
-    Bytes are those of `column` before and `out_column` (default: the same) after."""
-    for df, suffix, col in ((before, "in", column), (after, "out", out_column or column)):
-        sizes = df.select(pl.col("bucket"), text_bytes(df, col).alias("_bytes"))
-        setattr(stats, f"docs_{suffix}", getattr(stats, f"docs_{suffix}") + df.height)
-        setattr(stats, f"bytes_{suffix}", getattr(stats, f"bytes_{suffix}") + int(sizes["_bytes"].sum() or 0))
-        for row in sizes.group_by("bucket").agg(pl.len().alias("n"), pl.col("_bytes").sum().alias("b")).iter_rows():
-            bucket, n, b = row
-            counts = stats.by_bucket.setdefault(bucket, BucketCounts())
-            setattr(counts, f"docs_{suffix}", getattr(counts, f"docs_{suffix}") + n)
-            setattr(counts, f"bytes_{suffix}", getattr(counts, f"bytes_{suffix}") + int(b or 0))
-
-
-def rejects_frame(df: pl.DataFrame, stage: str, drops: dict[int, Drop], text_column: str = "text") -> pl.DataFrame:
-    """Reject rows for the documents at the given row indices of `df`."""
-    if not drops:
-        return empty_rejects()
-    rows = sorted(drops)
-    sub = df[rows]
-    excerpt = (
-        sub[text_column].str.slice(0, EXCERPT_CHARS)
-        if text_column in sub.columns
-        else pl.Series([None] * len(rows), dtype=pl.String)
-    )
-    return pl.DataFrame(
-        {
-            "doc_id": sub["doc_id"],
-            "url": sub["url"],
-            "source": sub["source"],
-            "bucket": sub["bucket"],
-            "stage": [stage] * len(rows),
-            "rule": [drops[i].rule for i in rows],
-            "value": [None if drops[i].value is None else float(drops[i].value) for i in rows],
-            "detail": [drops[i].detail for i in rows],
-            "excerpt": excerpt,
-        },
-        schema=REJECTS_SCHEMA,
-    )
-
-
-
-
-DEFAULT_RECORD_TIMEOUT_S = 5.0
+from refinery.documents import empty_rejects
+from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S, guarded, record_alarm
+from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 
 
 @dataclass
@@ -245,69 +102,6 @@ class Stage(ABC):
 def skips(skip: list[str] | tuple[str, ...], key: str | None) -> bool:
     """Whether a source's `skip:` list bypasses the stage whose skip key is `key`."""
     return key is not None and key in skip
-
-
-# --------------------------------------------------------------------------------------------------
-# Per-record isolation
-# --------------------------------------------------------------------------------------------------
-
-ERROR_DETAIL_CHARS = 300
-
-
-class RecordTimeout(Exception):
-    """A record ran past its time budget (raised by the budget's alarm inside the record's work)."""
-
-
-def error_drop(family: str, err: BaseException) -> Drop:
-    """`<family>/error`, with the exception's type and message as the detail."""
-    return Drop(f"{family}/error", None, f"{type(err).__name__}: {err}"[:ERROR_DETAIL_CHARS])
-
-
-def timeout_drop(family: str, elapsed: float, budget: float) -> Drop:
-    return Drop(f"{family}/timeout", round(elapsed, 3), f"ran past the {budget:g} s budget per record")
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise RecordTimeout()
-
-
-@contextmanager
-def record_alarm(budget: float | None) -> Iterator[bool]:
-    """Installs the SIGALRM handler that turns an overrun into `RecordTimeout` for the duration of a
-    stage run; yields whether the alarm is armed. Signals reach only the main thread, so in any
-    other thread (or with no budget) records are timed, not interrupted: an overrun is still
-    rejected, once the record finishes. Code in C that never returns to the interpreter (a parser
-    deep inside one call) is not interrupted either; such work runs in an `IsolatedWorker` process."""
-    if not budget or threading.current_thread() is not threading.main_thread():
-        yield False
-        return
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    try:
-        yield True
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def guarded(family: str, budget: float | None, armed: bool, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, or the Drop that rejects the record: `<family>/error` when it raises,
-    `<family>/timeout` when it runs past `budget` seconds."""
-    start = time.perf_counter()
-    try:
-        try:
-            if armed:
-                signal.setitimer(signal.ITIMER_REAL, budget)
-            result = fn(*args)
-        finally:
-            if armed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except RecordTimeout:
-        return timeout_drop(family, time.perf_counter() - start, budget or 0.0)
-    except Exception as err:  # noqa: BLE001 - any failure of one record is that record's reject
-        return error_drop(family, err)
-    if budget and time.perf_counter() - start > budget:
-        return timeout_drop(family, time.perf_counter() - start, budget)
-    return result
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,3 +199,50 @@ class Filter(RecordStage):
 
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
         return self.check(record)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stages in sequence
+# --------------------------------------------------------------------------------------------------
+
+
+class Chain(Stage):
+    """Stages run one after the other, each on the documents the one before kept, reported as one
+    stage named `name`: one documents table, one rejects table (every row under `name`), and one
+    StageStats whose drops and counters are the parts' added up and whose documents and bytes are
+    counted at the two ends of the chain. Every part runs with the chain's `record_timeout_s`.
+
+    `skip_key` is the `skip:` entry that bypasses the whole chain; a skipped chain still gives
+    every column its parts would write (as null), so every partition of its table has one schema.
+    `summary` is its `config_summary`: the settings of the parts, as the chain's users name them."""
+
+    def __init__(self, name: str, parts: Sequence[Stage], summary: dict[str, Any], skip_key: str | None = None):
+        self.name = name
+        self.parts = tuple(parts)
+        self.summary = summary
+        self.skip_key = skip_key
+
+    def run(self, docs: pl.DataFrame) -> StageOutput:
+        start = time.perf_counter()
+        stats = StageStats(stage=self.name)
+        rejects, kept = [], docs
+        for part in self.parts:
+            part.record_timeout_s = self.record_timeout_s
+            out = part.run(kept)
+            rejects.append(out.rejects)
+            stats.dropped += out.stats.dropped
+            stats.counters += out.stats.counters
+            kept = out.documents
+        count_in_out(stats, docs, kept)
+        stats.wall_s = time.perf_counter() - start
+        return StageOutput(kept, pl.concat(rejects).with_columns(stage=pl.lit(self.name)), stats)
+
+    def skipped(self, docs: pl.DataFrame) -> StageOutput:
+        out = super().skipped(docs)
+        documents = out.documents
+        for part in self.parts:
+            documents = part.skipped(documents).documents
+        return StageOutput(documents, out.rejects, out.stats)
+
+    def config_summary(self) -> dict[str, Any]:
+        return self.summary

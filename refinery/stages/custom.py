@@ -3,9 +3,9 @@
 A custom filter is a class on the same base as the built-in filters (`Filter`, or `RecordStage` for
 one that also rewrites columns), so it gets the same per-record isolation, timeouts, reject rows
 and counters. It runs inside `heuristic_filtered`, after the built-in rules, on the documents they
-kept: `FilterChain` runs the stages one after the other and reports them as one stage. The
-config's `name` is the filter's reason family: its rejects read `<name>/<reason>` (a reason it
-returns without that prefix gets it) and its counters `<name>/<counter>`.
+kept: a `Chain` (refinery/stages/base.py) runs the stages one after the other and reports them as
+one stage. The config's `name` is the filter's reason family: its rejects read `<name>/<reason>`
+(a reason it returns without that prefix gets it) and its counters `<name>/<counter>`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import polars as pl
 
-from refinery.stages.base import RecordStage, Stage, StageOutput, StageStats, count_in_out
 from refinery.config import CustomFilterConfig, RefineryConfig
+from refinery.stages.base import Chain, RecordStage, Stage, StageOutput
 
 
 class CustomFilterError(ValueError):
@@ -87,40 +87,19 @@ def in_family(out: StageOutput, family: str) -> StageOutput:
     return StageOutput(out.documents, rejects, stats)
 
 
-class FilterChain(Stage):
-    """A built-in stage, then each custom filter on the documents the one before kept, reported as
-    the built-in stage: one documents table, one rejects table, one stats."""
+class FamilyScoped(Stage):
+    """A custom filter as a part of a chain: every reason and counter it reports under its family."""
 
-    def __init__(self, first: Stage, custom: list[RecordStage], specs: list[dict[str, Any]]):
-        self.name = first.name
-        self.skip_key = first.skip_key
-        self.first, self.custom, self.specs = first, custom, specs
+    def __init__(self, stage: RecordStage):
+        self.stage = stage
+        self.name = stage.name
 
     def run(self, docs: pl.DataFrame) -> StageOutput:
-        stats = StageStats(stage=self.name)
-        rejects, kept = [], docs
-        for stage in (self.first, *self.custom):
-            stage.record_timeout_s = self.record_timeout_s
-            out = stage.run(kept)
-            if stage is not self.first:
-                out = in_family(out, stage.family)
-            rejects.append(out.rejects)
-            stats.dropped += out.stats.dropped
-            stats.counters += out.stats.counters
-            stats.wall_s += out.stats.wall_s
-            kept = out.documents
-        count_in_out(stats, docs, kept)
-        return StageOutput(kept, pl.concat(rejects), stats)
+        self.stage.record_timeout_s = self.record_timeout_s
+        return in_family(self.stage.run(docs), self.stage.family)
 
     def skipped(self, docs: pl.DataFrame) -> StageOutput:
-        out = self.first.skipped(docs)
-        documents = out.documents
-        for stage in self.custom:  # the columns a custom stage writes are null, as the built-in's are
-            documents = stage.skipped(documents).documents
-        return StageOutput(documents, out.rejects, out.stats)
-
-    def config_summary(self) -> dict[str, Any]:
-        return {**self.first.config_summary(), "custom_filters": self.specs}
+        return self.stage.skipped(docs)
 
 
 def with_custom_filters(first: Stage, cfg: RefineryConfig) -> Stage:
@@ -128,5 +107,6 @@ def with_custom_filters(first: Stage, cfg: RefineryConfig) -> Stage:
     specs = cfg.stages.custom_filters
     if not specs:
         return first
-    custom = [build_custom_filter(spec, cfg.base_dir, first.name) for spec in specs]
-    return FilterChain(first, custom, [spec.model_dump(mode="json") for spec in specs])
+    custom = [FamilyScoped(build_custom_filter(spec, cfg.base_dir, first.name)) for spec in specs]
+    summary = {**first.config_summary(), "custom_filters": [spec.model_dump(mode="json") for spec in specs]}
+    return Chain(first.name, [first, *custom], summary, skip_key=first.skip_key)

@@ -11,24 +11,13 @@ from refinery.stages import exact_dedup as ex
 from refinery.stages import near_dedup as nd
 from refinery.stages.base import StageOutput, skips
 from refinery.config import RefineryConfig
-from refinery.documents import documents_key, input_shards, rejects_key, stats_key
+from refinery.documents import input_shards
+from refinery.layout import (NEAR_CLUSTERS_KEY, documents_key, exact_drops_key, near_edges_key, rejects_key,
+                             signatures_key, stats_key)
 from refinery.storage import DataRoot
 
 UPSTREAM = "heuristic_filtered"
 STAGE = "deduped"
-CLUSTERS_KEY = "dedup/near/clusters.parquet"
-
-
-def signatures_key(shard: str) -> str:
-    return f"dedup/signatures/{shard}.parquet"
-
-
-def exact_drops_key(hash_range: str) -> str:
-    return f"dedup/exact/{hash_range}.parquet"
-
-
-def edges_key(band: str) -> str:
-    return f"dedup/near/edges/{band}.parquet"
 
 
 def shard_ordinals(cfg: RefineryConfig) -> dict[str, int]:
@@ -130,13 +119,13 @@ def compute_band_edges(cfg: RefineryConfig, root: DataRoot, band_key: str) -> tu
         dropped = scan_exact_drops(cfg, root).select("doc_key")
         shards = scan_shard_signatures(cfg, root)
         edges, counts = nd.band_edges(sigs, shards, dropped, keys_of_bands.index(band_key), settings, splits)
-    return edges, counts, root.write_parquet(edges_key(band_key), edges)
+    return edges, counts, root.write_parquet(near_edges_key(band_key), edges)
 
 
 def compute_clusters(cfg: RefineryConfig, root: DataRoot) -> tuple[pl.DataFrame, str]:
     """Union-find over every band's edges; one row per cluster member with its keeper's doc_id."""
     settings = nd.DedupSettings.from_config(cfg)
-    edge_scan = _scan_all(root, [edges_key(b) for b in nd.band_keys(settings.bands)], "near_deduped")
+    edge_scan = _scan_all(root, [near_edges_key(b) for b in nd.band_keys(settings.bands)], "near_deduped")
     edges = edge_scan.select("src", "dst").unique().collect() if edge_scan is not None else pl.DataFrame(schema={"src": pl.UInt64, "dst": pl.UInt64})
     table = nd.clusters(edges["src"].to_numpy(), edges["dst"].to_numpy())
     sigs = scan_signatures(cfg, root)
@@ -146,7 +135,7 @@ def compute_clusters(cfg: RefineryConfig, root: DataRoot) -> tuple[pl.DataFrame,
     else:
         table = table.with_columns(pl.lit(None, dtype=pl.String).alias("keeper_doc_id"))
     table = table.select("doc_key", "keeper_key", "keeper_doc_id", "cluster_size")
-    return table, root.write_parquet(CLUSTERS_KEY, table)
+    return table, root.write_parquet(NEAR_CLUSTERS_KEY, table)
 
 
 def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[StageOutput, StageOutput, dict[str, str]]:
@@ -155,7 +144,7 @@ def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[Sta
     docs = root.read_parquet(documents_key(UPSTREAM, shard))
     on_shard = ex.shard_of(pl.col("doc_key")) == ordinal
     exact_drops = scan_exact_drops(cfg, root).filter(on_shard).collect()
-    clusters = pl.scan_parquet(str(root.local_path(CLUSTERS_KEY))).filter(on_shard).collect()
+    clusters = pl.scan_parquet(str(root.local_path(NEAR_CLUSTERS_KEY))).filter(on_shard).collect()
     exact_out, near_out = nd.apply_decisions(docs, ordinal, exact_drops, clusters)
     rejects = pl.concat([exact_out.rejects, near_out.rejects])
     hashes = {

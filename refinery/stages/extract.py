@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 import polars as pl
 
-from refinery.stages.base import ERROR_DETAIL_CHARS, Drop, Outcome, RecordStage, timeout_drop
+from refinery.stages.base import Outcome, RecordStage
 from refinery.stages.html import full_text, main_content_text, tag_depth
-from refinery.stages.isolation import shared_worker
+from refinery.stages.isolation import ERROR_DETAIL_CHARS, shared_worker, timeout_drop
+from refinery.stages.stats import Drop
 from refinery.config import ExtractConfig
 
 STAGE = "extracted_text"

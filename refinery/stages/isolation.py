@@ -1,10 +1,17 @@
-"""A worker process that runs one function over items and can be killed in the middle of one.
+"""Per-record isolation: one record's failure or overrun costs that record only.
 
-For work that a signal cannot interrupt (C code that never returns to the interpreter, such as
-resiliparse's HTML parser): the parent sends a batch, the child answers item by item, and the
-parent waits at most `budget_s` for each answer. When an item overruns, the child is killed, that
-item is reported as timed out, and a fresh child takes the rest of the batch. A child that dies on
-an item (a crash in C) costs that item only, in the same way.
+Two ways, for two kinds of work:
+
+- In the stage's own process (`record_alarm`, `guarded`): a record whose handling raises becomes
+  `<family>/error`, one that runs past its budget `<family>/timeout` (a `Drop` the stage turns into
+  the record's reject), and the rest of the table goes on. The budget is `record_timeout_s`
+  (`stages.record_timeout_s` in the config; DEFAULT_RECORD_TIMEOUT_S otherwise).
+- In a worker process (`IsolatedWorker`), for work that a signal cannot interrupt (C code that
+  never returns to the interpreter, such as resiliparse's HTML parser): the parent sends a batch,
+  the child answers item by item, and the parent waits at most `budget_s` for each answer. When an
+  item overruns, the child is killed, that item is reported as timed out, and a fresh child takes
+  the rest of the batch. A child that dies on an item (a crash in C) costs that item only, in the
+  same way.
 
 The child is started with `spawn` (a fork would copy the parent's polars and Dagster threads) and
 imports only the function's module, so its start costs a Python start-up plus that import; it is
@@ -15,9 +22,84 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Literal
+
+from refinery.stages.stats import Drop
+
+DEFAULT_RECORD_TIMEOUT_S = 5.0
+ERROR_DETAIL_CHARS = 300
+
+
+# --------------------------------------------------------------------------------------------------
+# In the stage's process: an alarm per record
+# --------------------------------------------------------------------------------------------------
+
+
+class RecordTimeout(Exception):
+    """A record ran past its time budget (raised by the budget's alarm inside the record's work)."""
+
+
+def error_drop(family: str, err: BaseException) -> Drop:
+    """`<family>/error`, with the exception's type and message as the detail."""
+    return Drop(f"{family}/error", None, f"{type(err).__name__}: {err}"[:ERROR_DETAIL_CHARS])
+
+
+def timeout_drop(family: str, elapsed: float, budget: float) -> Drop:
+    return Drop(f"{family}/timeout", round(elapsed, 3), f"ran past the {budget:g} s budget per record")
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise RecordTimeout()
+
+
+@contextmanager
+def record_alarm(budget: float | None) -> Iterator[bool]:
+    """Installs the SIGALRM handler that turns an overrun into `RecordTimeout` for the duration of a
+    stage run; yields whether the alarm is armed. Signals reach only the main thread, so in any
+    other thread (or with no budget) records are timed, not interrupted: an overrun is still
+    rejected, once the record finishes. Code in C that never returns to the interpreter (a parser
+    deep inside one call) is not interrupted either; such work runs in an `IsolatedWorker` process."""
+    if not budget or threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        yield True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def guarded(family: str, budget: float | None, armed: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or the Drop that rejects the record: `<family>/error` when it raises,
+    `<family>/timeout` when it runs past `budget` seconds."""
+    start = time.perf_counter()
+    try:
+        try:
+            if armed:
+                signal.setitimer(signal.ITIMER_REAL, budget)
+            result = fn(*args)
+        finally:
+            if armed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except RecordTimeout:
+        return timeout_drop(family, time.perf_counter() - start, budget or 0.0)
+    except Exception as err:  # noqa: BLE001 - any failure of one record is that record's reject
+        return error_drop(family, err)
+    if budget and time.perf_counter() - start > budget:
+        return timeout_drop(family, time.perf_counter() - start, budget)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# In a worker process that can be killed in the middle of an item
+# --------------------------------------------------------------------------------------------------
 
 Status = Literal["ok", "error", "timeout"]
 # A child gets this long to start and import its function before the first item's budget begins.

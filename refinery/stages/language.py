@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import polars as pl
 
-from refinery.stages.base import Drop, Outcome, RecordStage
+from refinery.stages.base import Outcome, RecordStage
+from refinery.stages.stats import Drop
 from refinery.config import LanguageConfig
 
 STAGE = "language_filtered"

@@ -42,7 +42,8 @@ import numpy as np
 import polars as pl
 
 from refinery.stages import exact_dedup as ex
-from refinery.stages.base import Drop, StageOutput, StageStats, stage_output, without_drops
+from refinery.stages.base import StageOutput, stage_output, without_drops
+from refinery.stages.stats import Drop, StageStats
 from refinery.stages.minhash import EMPTY_HASH, MinHasher, bottom_k_jaccard, lsh_params
 from refinery.config import RefineryConfig
 

@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import polars as pl
 
-from refinery.stages.base import Outcome, RecordStage, Stage, StageOutput, StageStats, count_in_out, guarded, record_alarm
+from refinery.stages.base import Chain, Outcome, RecordStage
+from refinery.stages.isolation import guarded, record_alarm
 from refinery.stages.safety import SafetyFilter
 
 PLACEHOLDERS = {
@@ -279,33 +279,13 @@ class PiiRedactor(RecordStage):
             ]
 
 
-class SafetyThenRedact(Stage):
+class SafetyThenRedact(Chain):
     """The `pii_redacted` stage: the safety filter on raw text and URL, then PII redaction."""
 
-    name = "pii_redacted"
-
     def __init__(self, safety: SafetyFilter, redactor: PiiRedactor):
-        self.safety = safety
-        self.redactor = redactor
+        summary = {"order": ["safety", "pii"], "safety": safety.config_summary(), "pii": redactor.config_summary()}
+        super().__init__("pii_redacted", [safety, redactor], summary)
 
     @classmethod
     def from_config(cls, stages_cfg: Any) -> "SafetyThenRedact":
         return cls(SafetyFilter.from_config(stages_cfg.safety), PiiRedactor.from_config(stages_cfg.pii))
-
-    def config_summary(self) -> dict[str, Any]:
-        return {"order": ["safety", "pii"], "safety": self.safety.config_summary(), "pii": self.redactor.config_summary()}
-
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        start = time.perf_counter()
-        self.safety.record_timeout_s = self.redactor.record_timeout_s = self.record_timeout_s
-        safe = self.safety.run(docs)
-        redacted = self.redactor.run(safe.documents)
-        stats = StageStats(
-            stage=self.name,
-            dropped=safe.stats.dropped + redacted.stats.dropped,
-            counters=safe.stats.counters + redacted.stats.counters,
-        )
-        count_in_out(stats, docs, redacted.documents)
-        stats.wall_s = time.perf_counter() - start
-        rejects = pl.concat([safe.rejects, redacted.rejects]).with_columns(stage=pl.lit(self.name))
-        return StageOutput(redacted.documents, rejects, stats)

@@ -34,13 +34,14 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
-from refinery.stages.base import Drop, Outcome, RecordStage, StageOutput, StageStats, count_in_out, rejects_frame
+from refinery.stages.base import Outcome, RecordStage, StageOutput
+from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
+from refinery.layout import QUALITY_MODEL_DIR
 from refinery.storage import DataRoot
 
 MODEL_FORMAT = 1
-MODEL_DIR = "models/quality"
-LATEST_KEY = f"{MODEL_DIR}/latest.json"
+LATEST_KEY = f"{QUALITY_MODEL_DIR}/latest.json"
 WORD_PATTERN = r"\w+"
 SCORE_BATCH_DOCS = 2048
 TRAIN_BATCH_DOCS = 32
@@ -390,7 +391,7 @@ def publish_model(root: DataRoot, model: QualityModel, report: TrainingReport, s
     pointer moves only after the model file is complete. Returns the pointer."""
     data = model.to_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    key = f"{MODEL_DIR}/quality-{sha[:16]}.pt"
+    key = f"{QUALITY_MODEL_DIR}/quality-{sha[:16]}.pt"
     root.write_bytes(key, data)
     pointer = {
         "model_key": key,

@@ -17,7 +17,8 @@ from collections import Counter
 from typing import Any
 
 from refinery.stages import urls
-from refinery.stages.base import Drop, Filter
+from refinery.stages.base import Filter
+from refinery.stages.stats import Drop
 
 
 def url_host(url: str | None) -> str | None:

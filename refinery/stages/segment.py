@@ -11,7 +11,7 @@
   mark), Thai-like scripts, other letters and digits, and punctuation. For Japanese this splits at most word
   boundaries that change script (kanji stems, kana endings and particles, katakana loanwords);
   runs of Thai letters are phrases, not words, which is why the Thai-script languages switch the
-  word-length and stop-word rules off (refinery/config.py, docs/languages.md).
+  word-length and stop-word rules off (refinery/config/languages.py, docs/languages.md).
 - `whitespace`: `str.split()`, the published rules' unit.
 """
 

@@ -33,10 +33,9 @@ from refinery.stages.tokenize import (
     FINAL,
     TOKENIZED,
     ShardSeries,
-    entries_key,
-    index_key,
     staging_dir,
 )
+from refinery.layout import bucket_entries_key, shard_index_key
 from refinery.shard_format import ShardFormatError, ShardReader
 from refinery.storage import DataRoot
 
@@ -71,7 +70,7 @@ def run_of(keys: np.ndarray, runs: int) -> np.ndarray:
 
 
 def load_index(root: DataRoot, stage: str, bucket: str) -> dict[str, Any]:
-    key = index_key(stage, bucket)
+    key = shard_index_key(stage, bucket)
     if not root.exists(key):
         asset = "tokenized_shards" if stage == TOKENIZED else "shuffled_shards"
         raise ShuffleError(f"{root.display(key)}: no shard index for bucket {bucket!r}; materialize {asset}[{bucket}] first")
@@ -139,7 +138,7 @@ def plan_runs(total_tokens: int, itemsize: int, buffer_bytes: int) -> int:
 
 def shard_entries(root: DataRoot, stage: str, bucket: str, shard: int) -> pl.DataFrame:
     """One shard's rows of the bucket entry table (row groups of other shards are skipped)."""
-    path = root.local_path(entries_key(stage, bucket))
+    path = root.local_path(bucket_entries_key(stage, bucket))
     return pl.scan_parquet(path).filter(pl.col("shard") == shard).collect()
 
 
@@ -151,7 +150,7 @@ def _scatter(root: DataRoot, source: dict[str, Any], seed: int, bucket: str, sca
         entries = shard_entries(root, TOKENIZED, bucket, number)
         if entries.height != n or not np.array_equal(entries["tokens"].to_numpy(), np.diff(reader.offsets)):
             raise ShuffleError(
-                f"{root.display(entries_key(TOKENIZED, bucket))}: rows of shard {number} do not match "
+                f"{root.display(bucket_entries_key(TOKENIZED, bucket))}: rows of shard {number} do not match "
                 f"{ref['prefix']}.idx; rebuild tokenized_shards[{bucket}]"
             )
         keys = shuffle_keys(seed, bucket, first, n)
@@ -212,7 +211,7 @@ def shuffle_bucket(root: DataRoot, seed: int, bucket: str, shard_tokens: int, bu
         "seed": seed,
         "runs": runs,
         "shuffle_buffer_mb": buffer_mb,
-        "source_index_sha256": root.sha256(index_key(TOKENIZED, bucket)),
+        "source_index_sha256": root.sha256(shard_index_key(TOKENIZED, bucket)),
         **{k: source[k] for k in ("vocab_size", "eod_id", "window", "overlap") if k in source},
     }
     work = staging_dir(root)

@@ -29,14 +29,14 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
-from refinery.stages.base import Drop, StageStats, rejects_frame
+from refinery.stages.stats import Drop, StageStats, rejects_frame
 from refinery.config import RefineryConfig
-from refinery.documents import CLEAN_STAGE, InputShard, documents_key, empty_rejects, input_shards
+from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
+from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix, documents_key,
+                             shard_index_key, shard_key)
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
 
-TOKENIZER_KEY = "tokenizer/tokenizer.json"
-TOKENIZER_INFO_KEY = "tokenizer/info.json"
 TOKENIZED = "tokenized"
 FINAL = "final"
 INDEX_VERSION = 1
@@ -67,22 +67,6 @@ class TokenizeError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Keys
 # --------------------------------------------------------------------------------------------------
-
-
-def bucket_prefix(stage: str, bucket: str) -> str:
-    return f"shards/{stage}/{bucket}"
-
-
-def shard_key(stage: str, bucket: str, number: int) -> str:
-    return f"{bucket_prefix(stage, bucket)}/shard-{number:05d}"
-
-
-def index_key(stage: str, bucket: str) -> str:
-    return f"{bucket_prefix(stage, bucket)}/index.json"
-
-
-def entries_key(stage: str, bucket: str) -> str:
-    return f"{bucket_prefix(stage, bucket)}/entries.parquet"
 
 
 def packing_window(cfg: RefineryConfig) -> int:
@@ -354,7 +338,7 @@ class ShardSeries:
             files = shard_files(staged)
             for suffix in (".bin", ".entries.parquet", ".idx"):  # .idx last: it marks the shard complete
                 publish_file(self.root, files[suffix], key + suffix)
-        table_key = entries_key(self.stage, self.bucket)
+        table_key = bucket_entries_key(self.stage, self.bucket)
         table_sha = hashlib.sha256(self._table_path.read_bytes()).hexdigest()
         publish_file(self.root, self._table_path, table_key)
         index = {
@@ -369,10 +353,10 @@ class ShardSeries:
             "entries_table": {"key": table_key, "sha256": table_sha},
             **self.extra_index,
         }
-        key = index_key(self.stage, self.bucket)
+        key = shard_index_key(self.stage, self.bucket)
         self.root.write_json(key, index)
         keep = {key, table_key} | {s["prefix"] + suffix for s in self._shards for suffix in SHARD_SUFFIXES}
-        for stale in self.root.list(bucket_prefix(self.stage, self.bucket)):
+        for stale in self.root.list(bucket_shards_prefix(self.stage, self.bucket)):
             if stale not in keep:
                 self.root.delete(stale)
         return index

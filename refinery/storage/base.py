@@ -11,7 +11,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from refinery.manifest import BucketSlice, PhaseManifest, ShardRef, write_manifest
+from refinery.curriculum import BucketSlice, PhaseManifest, ShardRef, write_manifest
 from refinery.shard_format import ShardWriter, split_windows
 from refinery.storage import LocalDataRoot
+from refinery.layout import selection_key, shard_key
 
 EOD = 0
 
@@ -47,7 +48,7 @@ def write_bucket(root: LocalDataRoot, name: str, spec: SyntheticBucket, rng: np.
     per_shard = -(-spec.docs // spec.shards)
     refs = []
     for s in range(spec.shards):
-        prefix = f"shards/final/{name}/shard-{s:05d}"
+        prefix = shard_key("final", name, s)
         writer = ShardWriter(root.root / prefix, np.uint16)
         for d in range(s * per_shard, min(spec.docs, (s + 1) * per_shard)):
             doc = rng.integers(1, vocab, size=int(lengths[d]), dtype=np.int64)
@@ -82,7 +83,7 @@ def write_synthetic_curriculum(
             entries, tokens = total, all_tokens
             if name in ph.top_fraction:
                 keep = np.sort(rng.permutation(total)[: max(1, int(total * ph.top_fraction[name]))]).astype(np.int64)
-                selection = f"manifests/selections/{ph.name}-{name}.npy"
+                selection = selection_key(ph.name, name)
                 with root.writer(selection) as tmp:
                     with open(tmp, "wb") as f:
                         np.save(f, keep)
@@ -92,7 +93,7 @@ def write_synthetic_curriculum(
             slices[name] = BucketSlice(name, refs[name], tokens, entries, spec.max_epochs, selection, sha)
         manifest = PhaseManifest(
             phase=ph.name, index=i, token_budget=ph.tokens, seq_len=ph.seq_len, lr_scale=ph.lr_scale,
-            weights=dict(ph.weights), interpolation=ph.interpolation, buckets=slices,
+            weights=dict(ph.weights), interpolation=ph.interpolation, buckets=slices, rope_scaling=ph.rope_scaling,
             validation={"ok": True, "errors": [], "warnings": []},
         )
         write_manifest(root, manifest)

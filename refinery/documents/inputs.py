@@ -1,66 +1,43 @@
-"""Document tables: where they live in the data root, their provenance columns, input files (shards)
-and the batches of them that partition the per-document stages.
-
-A document table is one Parquet file per partition. Every stage carries the provenance columns
-through unchanged and may add its own (language, scores, cluster ids); `doc_id` and `url` are
-never dropped. Removed documents go to a rejects table of a fixed schema.
-"""
+"""Input discovery: the files each source's glob matches (a DatasetDict's splits for `hf_dataset`),
+each file as an input shard, and the batches of them that partition the per-document stages."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
 
-import polars as pl
+from refinery.config import PartitionsConfig, RefineryConfig
 
-from refinery.config import HF_DATASET_DICT, PartitionsConfig, RefineryConfig, input_files
-
-# Provenance columns, present in every document table from raw_documents on.
-PROVENANCE_SCHEMA: dict[str, pl.DataType] = {
-    "doc_id": pl.String(),
-    "url": pl.String(),
-    "source": pl.String(),
-    "bucket": pl.String(),
-    "file": pl.String(),
-    "record_index": pl.Int64(),
-    "record_offset": pl.Int64(),
-    "fetch_time": pl.String(),
-    "content_type": pl.String(),
-}
-PROVENANCE_COLUMNS = list(PROVENANCE_SCHEMA)
-
-REJECTS_SCHEMA: dict[str, pl.DataType] = {
-    "doc_id": pl.String(),
-    "url": pl.String(),
-    "source": pl.String(),
-    "bucket": pl.String(),
-    "stage": pl.String(),
-    "rule": pl.String(),
-    "value": pl.Float64(),
-    "detail": pl.String(),
-    "excerpt": pl.String(),
-}
-EXCERPT_CHARS = 500
-# The last document stage of the funnel: what gets tokenized, and what lineage and scans read.
-CLEAN_STAGE = "pii_redacted"
+# A DatasetDict saved with `save_to_disk`: its directory holds this index of its splits.
+HF_DATASET_DICT = "dataset_dict.json"
 
 
-def documents_key(stage: str, partition: str) -> str:
-    return f"documents/{stage}/{partition}.parquet"
+def hf_dataset_dirs(paths: list[str]) -> list[str]:
+    """The `save_to_disk` Dataset directories among `paths`: a DatasetDict's directory stands for its
+    splits, in the order its dataset_dict.json lists them. Anything else stays, to be refused by
+    name when it is read."""
+    out: list[str] = []
+    for path in paths:
+        index = os.path.join(path, HF_DATASET_DICT)
+        if os.path.isfile(index):
+            with open(index) as f:
+                out += [os.path.join(path, split) for split in json.load(f).get("splits", [])]
+        else:
+            out.append(path)
+    return out
 
 
-def rejects_key(stage: str, partition: str) -> str:
-    return f"rejects/{stage}/{partition}.parquet"
-
-
-def stats_key(stage: str, partition: str) -> str:
-    return f"stats/{stage}/{partition}.json"
-
-
-def empty_rejects() -> pl.DataFrame:
-    return pl.DataFrame(schema=REJECTS_SCHEMA)
+def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
+    """Every source's inputs (files; directories for `hf_dataset`), sorted so partition keys are stable."""
+    out: dict[str, list[str]] = {}
+    for src in cfg.sources:
+        matched = sorted(glob.glob(cfg.resolve(src.path)))
+        out[src.name] = hf_dataset_dirs(matched) if src.format == "hf_dataset" else matched
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,8 +124,3 @@ def batch_shards(cfg: RefineryConfig, keys: list[str]) -> list[InputShard]:
         raise KeyError(f"no input batch {unknown[0]!r} (partitions.by: {cfg.partitions.by}); "
                        f"known: {sorted(known)[:10]}")
     return [s for b in input_batches(cfg) if b.key in wanted for s in b.shards]
-
-
-def make_doc_id(partition: str, record_index: int) -> str:
-    """Stable, readable, and unique across the corpus: the input shard plus the record's index."""
-    return f"{partition}/{record_index:07d}"

@@ -1,6 +1,6 @@
 """The child side of `training_run`: `refinery train` under Dagster Pipes.
 
-`python -m orchestration.pipes_train [refinery train options]` runs exactly what `refinery train`
+`python -m assets.pipes_train [refinery train options]` runs exactly what `refinery train`
 runs, and sends each step's metrics and every change of the run's status file (state, step,
 checkpoint path) to the orchestrator as Pipes custom messages, so the asset shows progress while
 the trainer runs. It imports `dagster_pipes` (the small protocol package), never `dagster`, and
@@ -46,7 +46,7 @@ class PipesForwarder:
 def train_parser() -> argparse.ArgumentParser:
     from training.cli import register
 
-    parser = argparse.ArgumentParser(prog="python -m orchestration.pipes_train")
+    parser = argparse.ArgumentParser(prog="python -m assets.pipes_train")
     register(parser.add_subparsers(dest="command", required=True))
     return parser
 

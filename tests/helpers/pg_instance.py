@@ -16,7 +16,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from helpers.configs import read_demo, write_beside_sample
+from helpers.ports import free_port
 from orchestration.demo import QUIET_RUN_CONFIG
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INSTANCE_YAML = REPO / "deploy" / "local" / "dagster.yaml"
 LOCATION = "refinery"
 START_TIMEOUT_S = 120
@@ -45,12 +44,6 @@ RUN_CONFIG = {**QUIET_RUN_CONFIG, "execution": {"config": {"multiprocess": {
 
 class MissingPostgres(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def postgres_bin_dir() -> Path:
@@ -400,7 +393,7 @@ class BackfillDriver:
 
 def sample_config(workdir: Path, name: str) -> str:
     """configs/demo.yaml reading three sample files into its own data root, `workdir/out/<name>`."""
-    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    data = read_demo()
     data["data_root"] = f"../out/{name}"
     data["sources"] = [{**data["sources"][0], "path": INPUT_FILES}]
     assert data["sources"][0]["name"] == "web"
@@ -409,13 +402,7 @@ def sample_config(workdir: Path, name: str) -> str:
     data["stages"]["exact_dedup"]["hash_ranges"] = 2
     data["stages"]["near_dedup"].update(bands=4, rows=8)
     data["stages"]["quality"] = {"enabled": False}  # web alone: no curated bucket to train a classifier on
-    configs = workdir / "configs"
-    configs.mkdir(exist_ok=True)
-    if not (workdir / "data").exists():
-        (workdir / "data").symlink_to(REPO / "data")
-    path = configs / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
+    return write_beside_sample(workdir, name, data)
 
 
 def backfill_selection(defs):

@@ -1,0 +1,109 @@
+"""One file at a time: a per-batch asset's work on each input file of its batches, fanned out over
+`partitions.workers` processes, and what each file's step hands back to the asset.
+
+A partition is a batch of input files (assets/partitions.py). A file's step reads the file's input
+table, runs a pure stage from `refinery.stages`, writes that file's kept documents, rejects and
+stats to the data root (each atomically), and returns a `FileResult`: the tables stay in the data
+root, only stats, hashes, settings and a few sample rows travel back.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing import get_context
+from typing import Any, Callable
+
+import polars as pl
+
+from assets.provenance import SAMPLE_ROWS
+from assets.resource import RefineryResource
+from refinery.config import RefineryConfig
+from refinery.documents import InputShard
+from refinery.layout import documents_key, rejects_key, stats_key
+from refinery.stages.base import Stage, StageOutput, skips
+from refinery.stages.stats import StageStats
+from refinery.storage import DataRoot
+
+
+@dataclass
+class FileResult:
+    """What one input file's step returns to the asset: its stats, the hashes of what it wrote, the
+    settings it ran with and a few sample rows (never the whole table, which stays in the data root)."""
+
+    shard: str
+    source: str
+    stats: StageStats
+    hashes: dict[str, str]
+    settings: dict[str, Any]
+    sample: pl.DataFrame | None = None
+
+
+# A file's step: (resource, file, cache) -> its FileResult. The cache lives as long as the fan-out
+# and holds what is expensive to build once per source (a stage with its model). A module-level
+# function (or a partial of one) so a worker process can unpickle it.
+FileTask = Callable[[RefineryResource, InputShard, dict], FileResult]
+
+# Builds the stage for one source's files (built once per source and fan-out worker).
+StageBuilder = Callable[[RefineryConfig, str], Stage]
+
+_worker: dict[str, Any] = {}  # in a pool worker process: its resource and cache
+
+
+def _init_worker(config_path: str, s3: dict[str, Any] | None) -> None:
+    _worker["refinery"] = RefineryResource.from_worker_settings(config_path, s3)
+    _worker["cache"] = {}
+
+
+def _run_in_worker(task: FileTask, shard: InputShard) -> FileResult:
+    return task(_worker["refinery"], shard, _worker["cache"])
+
+
+def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask) -> list[FileResult]:
+    """Run `task` on every file, in `partitions.workers` processes (in this one when 1), and return
+    the results in file order whatever order the workers finish in."""
+    workers = min(refinery.config.partitions.workers, len(shards))
+    if workers <= 1:
+        cache: dict = {}
+        return [task(refinery, shard, cache) for shard in shards]
+    # spawn, not fork: the run's process has Dagster's threads, which a fork would copy mid-lock.
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=refinery.worker_settings()) as pool:
+        return list(pool.map(partial(_run_in_worker, task), shards))
+
+
+def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageOutput) -> dict[str, str]:
+    """Write documents, rejects and stats for one input file; return content hashes by key."""
+    hashes = {
+        documents_key(stage, partition): root.write_parquet(documents_key(stage, partition), out.documents),
+        rejects_key(stage, partition): root.write_parquet(rejects_key(stage, partition), out.rejects),
+    }
+    root.write_json(stats_key(stage, partition), out.stats.to_dict())
+    return hashes
+
+
+def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.DataFrame) -> StageOutput:
+    """One shard through one stage, with the config's per-record time budget and the shard's
+    source's `skip:` list applied."""
+    stage.record_timeout_s = cfg.stages.record_timeout_s
+    return stage.run_for_source(docs, cfg.source(shard.source).skip)
+
+
+def stage_config_summary(stage: Stage, cfg: RefineryConfig, shard: InputShard) -> dict[str, Any]:
+    skipped = skips(cfg.source(shard.source).skip, stage.skip_key)
+    return {"skipped_by_source": shard.source} if skipped else stage.config_summary()
+
+
+def run_stage_on_file(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
+                      shard: InputShard, cache: dict) -> FileResult:
+    """One file through one stage: `upstream`'s table in, `name`'s documents, rejects and stats out."""
+    cfg, root = refinery.config, refinery.root
+    docs = root.read_parquet(documents_key(upstream, shard.key))
+    if (name, shard.source) not in cache:
+        cache[name, shard.source] = build(cfg, shard.source)
+    stage = cache[name, shard.source]
+    out = run_stage(stage, cfg, shard, docs)
+    hashes = publish_stage_output(root, name, shard.key, out)
+    return FileResult(shard.key, shard.source, out.stats, hashes, stage_config_summary(stage, cfg, shard),
+                      out.documents.head(SAMPLE_ROWS))

@@ -1,0 +1,141 @@
+"""The provenance every asset's materialization records, and the metadata values it is drawn with.
+
+`provenance_metadata` is the one function that turns what an asset did into metadata: every one of
+the 20 assets carries the same `PROVENANCE_KEYS` (counts in and out, retention, bytes, wall time,
+config, code version, content hashes, sample rows). Where an asset has no such thing (a tokenizer
+has no sample rows, a manifest no bytes in) the value is the explicit text "n/a", never a missing
+key, so every asset page reads the same way and a test can hold them to it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from refinery.stages.stats import StageStats
+
+SAMPLE_ROWS = 3
+SAMPLE_CHARS = 160
+TOP_REASONS = 10
+NOT_APPLICABLE = "n/a"
+
+PROVENANCE_KEYS = (
+    "docs_in", "docs_out", "retention", "bytes_in", "bytes_out", "byte_retention", "removed_by_rule", "counters",
+    "wall_s", "docs_per_s", "config", "code_version", "content_hashes", "sample_rows",
+)
+
+
+def module_sources(module: ModuleType) -> list[str]:
+    """A module's source; a package's is every module file under it, in path order (a rule family
+    or a reader lives in its own file, and editing one must change the stage's version)."""
+    if not hasattr(module, "__path__"):
+        return [inspect.getsource(module)]
+    files = sorted(Path(p) for folder in module.__path__ for p in Path(folder).rglob("*.py"))
+    return [f.read_text(encoding="utf-8") for f in files]
+
+
+def code_version(*objs: Any) -> str:
+    """A short hash of the sources of the modules that define `objs` (modules, packages, classes,
+    functions), in order: changes when the logic does. One object's hash is its module's source's alone."""
+    modules = [o if inspect.ismodule(o) else sys.modules[o.__module__] for o in objs]
+    return hashlib.sha256("\n".join(src for m in modules for src in module_sources(m)).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Provenance:
+    """What one materialization did. A field left None is one the asset has no such thing for, and
+    shows as "n/a"; `retention` and `byte_retention` default to out / in when both counts are known."""
+
+    code_version: str
+    config: dict[str, Any] | None
+    content_hashes: dict[str, str]
+    wall_s: float | None = None  # None until the asset factory fills in the step's measured time
+    docs_in: int | None = None
+    docs_out: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+    retention: float | None = None
+    byte_retention: float | None = None
+    removed_by_rule: dict[str, int] | None = None
+    counters: dict[str, Any] | None = None
+    sample: pl.DataFrame | None = None  # a few output rows with doc_id, url and text
+    text_column: str = "text"
+
+    @classmethod
+    def of_stats(cls, stats: StageStats, config: dict[str, Any], version: str, hashes: dict[str, str],
+                 sample: pl.DataFrame | None = None, text_column: str = "text") -> "Provenance":
+        """A document stage's provenance from its merged stats: the top removal reasons by rule."""
+        return cls(
+            code_version=version, config=config, content_hashes=hashes, wall_s=stats.wall_s,
+            docs_in=stats.docs_in, docs_out=stats.docs_out, bytes_in=stats.bytes_in, bytes_out=stats.bytes_out,
+            retention=stats.retention, byte_retention=stats.byte_retention,
+            removed_by_rule=dict(stats.dropped.most_common(TOP_REASONS)), counters=dict(sorted(stats.counters.items())),
+            sample=sample, text_column=text_column,
+        )
+
+
+def _ratio(given: float | None, out: int | None, into: int | None) -> float | None:
+    if given is not None:
+        return given
+    if out is None or into is None:
+        return None
+    return out / into if into else 1.0
+
+
+def _int(value: int | None) -> dg.MetadataValue:
+    return dg.MetadataValue.int(int(value)) if value is not None else dg.MetadataValue.text(NOT_APPLICABLE)
+
+
+def _float(value: float | None, digits: int) -> dg.MetadataValue:
+    return dg.MetadataValue.float(round(value, digits)) if value is not None else dg.MetadataValue.text(NOT_APPLICABLE)
+
+
+def _json(value: dict | None) -> dg.MetadataValue:
+    return dg.MetadataValue.json(value) if value is not None else dg.MetadataValue.text(NOT_APPLICABLE)
+
+
+def provenance_metadata(p: Provenance) -> dict[str, dg.MetadataValue]:
+    """The metadata keys every asset shares (`PROVENANCE_KEYS`, in that order)."""
+    docs_per_s = None if p.docs_in is None else (p.docs_in / p.wall_s if p.wall_s > 0 else 0.0)
+    sample = (dg.MetadataValue.md(sample_rows_markdown(p.sample, p.text_column)) if p.sample is not None
+              else dg.MetadataValue.text(NOT_APPLICABLE))
+    return {
+        "docs_in": _int(p.docs_in),
+        "docs_out": _int(p.docs_out),
+        "retention": _float(_ratio(p.retention, p.docs_out, p.docs_in), 6),
+        "bytes_in": _int(p.bytes_in),
+        "bytes_out": _int(p.bytes_out),
+        "byte_retention": _float(_ratio(p.byte_retention, p.bytes_out, p.bytes_in), 6),
+        "removed_by_rule": _json(p.removed_by_rule),
+        "counters": _json(p.counters),
+        "wall_s": dg.MetadataValue.float(round(p.wall_s, 4)),
+        "docs_per_s": _float(docs_per_s, 1),
+        "config": _json(p.config),
+        "code_version": dg.MetadataValue.text(p.code_version),
+        "content_hashes": dg.MetadataValue.json(p.content_hashes),
+        "sample_rows": sample,
+    }
+
+
+def sample_rows_markdown(df: pl.DataFrame, text_column: str = "text") -> str:
+    if df.height == 0:
+        return "_no rows_"
+    lines = ["| doc_id | url | text |", "| --- | --- | --- |"]
+    for row in df.head(SAMPLE_ROWS).iter_rows(named=True):
+        text = (row.get(text_column) or "")[:SAMPLE_CHARS].replace("\n", " ").replace("|", "\\|")
+        lines.append(f"| {row['doc_id']} | {row.get('url') or ''} | {text} |")
+    return "\n".join(lines)
+
+
+def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
+    """A PNG shown inline on the asset's metadata page (a data URI in markdown), with a caption."""
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")

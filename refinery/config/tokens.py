@@ -1,0 +1,32 @@
+"""The tokenizer and the shards: how the clean corpus becomes packed token windows."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from refinery.config.section import Section
+
+
+class TokenizerConfig(Section):
+    """Train a byte-level BPE on the clean corpus, or load `path` (a tokenizer.json). Never downloads."""
+
+    path: str | None = None
+    vocab_size: int = Field(default=8192, ge=260)
+    train_docs: int = Field(default=20_000, ge=1)
+    eod_token: str = "<|endoftext|>"
+
+
+class ShardsConfig(Section):
+    """Packing window, windowing overlap, shard size and the external shuffle's memory bound."""
+
+    max_seq_len: int = Field(default=2048, ge=8)  # the packing window; the curriculum's longest seq_len
+    overlap: int = Field(default=128, ge=0)
+    shard_tokens: int = Field(default=4_000_000, ge=1024)
+    shuffle_buffer_mb: int = Field(default=64, ge=1)
+    encode_batch_docs: int = Field(default=512, ge=1)
+
+    @model_validator(mode="after")
+    def _overlap(self) -> "ShardsConfig":
+        if self.overlap * 2 > self.max_seq_len:
+            raise ValueError(f"overlap {self.overlap} is more than half of max_seq_len {self.max_seq_len}")
+        return self

@@ -1,0 +1,28 @@
+"""The curriculum as data: phases over a token budget, checked before any compute and pinned in
+per-phase manifests.
+
+schedule.py holds the schedule maths (phase spans, blended mixtures, seq_len, the LR shape) and the
+one builder of phase spans; inventory.py reads what the final shards hold per bucket and what a
+quality cutoff keeps of it; contract.py is the validation contract `refinery validate` prints;
+manifests.py writes and reads the phase manifests and checks the config against them.
+"""
+
+from refinery.curriculum.contract import (CurriculumMismatch, Finding, ValidationReport, contract, refuse_invalid,
+                                          structure_findings, validate, validate_data_root)
+from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, has_final_shards, phase_selections, read_bucket_inventory, read_inventory, select_top_quality
+from refinery.curriculum.manifests import MANIFEST_VERSION, WEIGHT_TOLERANCE, BucketSlice, ManifestError, PhaseManifest, apply_exclusions, build_phase_manifest, drawn_buckets, manifest_differences, read_manifest, read_selection, refuse_mismatch, selection_npy, stored_manifests, write_manifest
+from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, PhasePlan, PhaseSpan, Schedule,
+                                          apply_temperature, batch_tokens, build_schedule, phase_budgets, phase_kind,
+                                          place_phases, schedule_from_manifests, warmup_tokens)
+
+__all__ = [
+    "MANIFEST_VERSION", "SUM_TOLERANCE", "WEIGHT_TOLERANCE",
+    "BucketInventory", "BucketSlice", "CurriculumError", "CurriculumMismatch", "Finding", "ManifestError",
+    "PhaseManifest", "PhasePlan", "PhaseSpan", "QualitySelection", "Schedule", "ShardRef", "ValidationReport",
+    "apply_exclusions", "apply_temperature", "batch_tokens", "build_phase_manifest", "build_schedule", "contract", "drawn_buckets",
+    "has_final_shards", "manifest_differences", "phase_budgets", "phase_kind",
+    "phase_selections", "place_phases", "read_bucket_inventory", "read_inventory", "read_manifest", "read_selection",
+    "refuse_invalid", "refuse_mismatch", "schedule_from_manifests", "select_top_quality", 
+    "selection_npy", "stored_manifests", "structure_findings", "validate", "validate_data_root", "warmup_tokens",
+    "write_manifest",
+]

@@ -1,0 +1,330 @@
+"""Per-phase shard manifests: what a curriculum phase may read, pinned by content hash; how they
+are built from the schedule and the inventory, and how the config is checked against them.
+
+`phase_manifests` writes one JSON per phase at `manifests/<phase>.json`; the trainer and the
+contamination scan read them. Entries of a bucket are numbered globally across its final shards in
+shard order (shard 0's entries first), so one integer names one entry of the bucket.
+
+A phase that keeps only part of a bucket (a quality cutoff, or contaminated documents dropped)
+lists the kept global entry ids in a `.npy` file (int64, sorted) referenced by key and sha256.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from refinery.config import RefineryConfig, RopeScalingConfig
+from refinery.curriculum.contract import CurriculumMismatch, ValidationReport, refuse_invalid
+from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef
+from refinery.curriculum.schedule import CurriculumError, PhaseSpan, Schedule, build_schedule
+from refinery.layout import MANIFESTS_PREFIX, exclusions_key, manifest_key, manifest_phase, selection_key
+from refinery.shard_format import read_index
+
+if TYPE_CHECKING:
+    from refinery.storage import DataRoot
+
+MANIFEST_VERSION = 1
+# Fields added within version 1, with the value a manifest written before them means.
+ADDED_FIELDS: dict[str, Any] = {"rope_scaling": None}
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, malformed, or no longer matches the shards it names."""
+
+
+@dataclass(frozen=True)
+class BucketSlice:
+    bucket: str
+    shards: list[ShardRef]
+    tokens: int  # tokens in the entries this phase may draw
+    entries: int  # how many entries this phase may draw
+    max_epochs: float = 1.0
+    selection: str | None = None  # key of the .npy of kept global entry ids; None = every entry
+    selection_sha256: str | None = None
+    quality_cutoff: float | None = None  # the phase's quality cutoff kept documents scoring at least this
+
+    @property
+    def total_entries(self) -> int:
+        return sum(s.entries for s in self.shards)
+
+
+@dataclass(frozen=True)
+class PhaseManifest:
+    phase: str
+    index: int  # position in the curriculum, 0-based
+    token_budget: int
+    seq_len: int
+    lr_scale: float
+    weights: dict[str, float]  # after temperature; sums to 1
+    interpolation: float
+    buckets: dict[str, BucketSlice]
+    # The phase's declared RoPE scaling (None: keep the previous phase's; "none"; "auto"; or the YaRN
+    # parameters), resolved against the manifests' seq_lens by the trainer (training/length_jump.py).
+    rope_scaling: str | dict[str, Any] | None = None
+    validation: dict[str, Any] = field(default_factory=dict)  # {"ok": bool, "errors": [...], "warnings": [...], ...}
+    config_fingerprint: str = ""
+    version: int = MANIFEST_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def identity(self) -> dict[str, Any]:
+        """What identifies the manifest's contents: its JSON without the fields added since version 1
+        while they hold the value an older manifest implies, so a run checkpointed against an older
+        manifest resumes against a rebuilt one that says the same."""
+        return {k: v for k, v in self.to_json().items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "PhaseManifest":
+        try:
+            if d.get("version") != MANIFEST_VERSION:
+                raise ManifestError(f"manifest version {d.get('version')}, this reader supports {MANIFEST_VERSION}")
+            buckets = {
+                name: BucketSlice(**{**b, "shards": [ShardRef(**s) for s in b["shards"]]})
+                for name, b in d["buckets"].items()
+            }
+            return cls(**{**d, "buckets": buckets})
+        except (KeyError, TypeError) as err:
+            raise ManifestError(f"malformed manifest: {err}") from None
+
+
+def rope_scaling_spec(declared: Any) -> str | dict[str, Any] | None:
+    """A phase's `rope_scaling` as the manifest stores it: the string, None, or every YaRN field
+    (defaults included, so a config and a manifest compare field by field). Raises
+    pydantic.ValidationError on YaRN fields the config schema refuses."""
+    if isinstance(declared, dict):
+        declared = RopeScalingConfig.model_validate(declared)
+    return declared.model_dump(mode="json") if isinstance(declared, RopeScalingConfig) else declared
+
+
+def write_manifest(root: DataRoot, manifest: PhaseManifest) -> str:
+    return root.write_json(manifest_key(manifest.phase), manifest.to_json())
+
+
+def read_manifest(root: DataRoot, phase: str) -> PhaseManifest:
+    key = manifest_key(phase)
+    if not root.exists(key):
+        raise ManifestError(
+            f"{root.display(key)}: no manifest for phase {phase!r}; materialize phase_manifests[{phase}] first"
+        )
+    return PhaseManifest.from_json(root.read_json(key))
+
+
+def read_selection(root: DataRoot, bucket: BucketSlice) -> np.ndarray | None:
+    """The kept global entry ids of `bucket` (sorted int64), verified against the manifest; None = all."""
+    if bucket.selection is None:
+        return None
+    actual = root.sha256(bucket.selection)
+    if actual != bucket.selection_sha256:
+        raise ManifestError(
+            f"{root.display(bucket.selection)}: content hash does not match the manifest; rebuild phase_manifests"
+        )
+    return np.load(root.local_path(bucket.selection))
+
+
+def selection_npy(entry_ids: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(entry_ids, dtype=np.int64))
+    return buf.getvalue()
+
+
+def drawn_buckets(schedule: Schedule, span: PhaseSpan) -> list[str]:
+    """Buckets the phase may draw from: its own positive weights, and during its blend window the
+    previous phase's."""
+    drawn = span.weights > 0
+    if span.index > 0 and span.blend_tokens:
+        drawn |= schedule.phases[span.index - 1].weights > 0
+    return [b for b, d in zip(schedule.buckets, drawn) if d]
+
+
+def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str]) -> PhaseManifest:
+    """The manifest with every entry of an excluded document removed from its bucket's selection.
+
+    Entry ids are global within the bucket (refinery/curriculum/inventory.py), so the new selection is
+    the old one (or every entry) minus the excluded documents' entries; token counts are recomputed
+    from the shard offsets so the manifest stays truthful."""
+    buckets = {}
+    for name, sl in manifest.buckets.items():
+        doc_ids: list[str] = []
+        lengths: list[np.ndarray] = []
+        for ref in sl.shards:
+            doc_ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
+            lengths.append(np.diff(read_index(root.local_path(ref.prefix + ".idx")).offsets))
+        entry_tokens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        selection = read_selection(root, sl)
+        current = selection if selection is not None else np.arange(len(doc_ids), dtype=np.int64)
+        keep = np.array([doc_ids[i] not in excluded for i in current], dtype=bool)
+        if keep.all():
+            buckets[name] = sl
+            continue
+        kept = current[keep].astype(np.int64)
+        key = selection_key(manifest.phase, name)
+        digest = root.write_bytes(key, selection_npy(kept))
+        buckets[name] = replace(
+            sl, entries=len(kept), tokens=int(entry_tokens[kept].sum()), selection=key, selection_sha256=digest
+        )
+    return replace(manifest, buckets=buckets)
+
+
+def build_phase_manifest(
+    cfg: RefineryConfig,
+    root: "DataRoot",
+    phase: str,
+    report: ValidationReport,
+    inventory: dict[str, BucketInventory],
+    selections: dict[str, dict[str, QualitySelection]],
+) -> PhaseManifest:
+    """The manifest of `phase`: per drawn bucket its final shards (pinned by sha256) and, under a
+    quality cutoff, the kept entries written as a sorted int64 .npy; plus the phase's budget,
+    weights after temperature, seq_len, lr_scale, blend width and the validation result. Documents
+    the contamination drop policy excluded from this phase stay excluded."""
+
+    assert cfg.curriculum is not None
+    schedule = build_schedule(cfg)
+    names = [p.name for p in schedule.phases]
+    if phase not in names:
+        raise CurriculumError(f"unknown phase {phase!r}; the curriculum has {names}")
+    span = schedule.phases[names.index(phase)]
+    policy = cfg.curriculum.buckets
+    buckets = {}
+    for b in drawn_buckets(schedule, span):
+        inv = inventory[b]
+        max_epochs = policy[b].max_epochs if b in policy else 1.0
+        sel = selections.get(phase, {}).get(b)
+        if sel is None:
+            buckets[b] = BucketSlice(bucket=b, shards=inv.shards, tokens=inv.tokens, entries=inv.entries, max_epochs=max_epochs)
+            continue
+        key = selection_key(phase, b)
+        digest = root.write_bytes(key, selection_npy(sel.entry_ids))
+        buckets[b] = BucketSlice(
+            bucket=b,
+            shards=inv.shards,
+            tokens=sel.tokens,
+            entries=len(sel.entry_ids),
+            max_epochs=max_epochs,
+            selection=key,
+            selection_sha256=digest,
+            quality_cutoff=sel.cutoff,
+        )
+    manifest = PhaseManifest(
+        phase=phase,
+        index=span.index,
+        token_budget=span.tokens,
+        seq_len=span.seq_len,
+        lr_scale=span.lr_scale,
+        weights={b: float(w) for b, w in zip(schedule.buckets, span.weights)},
+        interpolation=cfg.curriculum.phases[span.index].interpolation,
+        buckets=buckets,
+        rope_scaling=rope_scaling_spec(cfg.curriculum.phases[span.index].rope_scaling),
+        validation=report.to_json(),
+        config_fingerprint=cfg.fingerprint(),
+    )
+    excluded_key = exclusions_key(phase)
+    if root.exists(excluded_key):
+        manifest = apply_exclusions(root, manifest, set(root.read_json(excluded_key)))
+    return manifest
+
+
+# Weights in a manifest went through JSON and the temperature; a difference below this is rounding.
+WEIGHT_TOLERANCE = 1e-9
+
+
+def manifest_differences(cfg: RefineryConfig, manifests: dict[str, PhaseManifest]) -> list[str]:
+    """What differs between the config's curriculum and `manifests` (the data root's phase manifests
+    by phase name), one sentence per field; empty when the config is what they were built from.
+
+    A config phase without a manifest was added (or renamed: a manifest of another name sits at its
+    position); a manifest at another position means phases before it were added or removed. Extra
+    manifests of phases the config does not name (another anneal variant's) are not differences."""
+    assert cfg.curriculum is not None
+    cur, schedule = cfg.curriculum, build_schedule(cfg)
+    by_index = {m.index: name for name, m in manifests.items()}
+    diffs: list[str] = []
+    for i, (p, span) in enumerate(zip(cur.phases, schedule.phases)):
+        where = f"curriculum.phases[{i}] ({p.name})"
+        m = manifests.get(p.name)
+        if m is None:
+            other = by_index.get(i)
+            renamed = f" or renamed from {other!r}, whose manifest sits at this position" if other else ""
+            diffs.append(f"{where}: no manifest manifests/{p.name}.json: the phase was added{renamed}")
+            continue
+        if m.index != i:
+            before = [by_index[j] for j in sorted(by_index) if j < m.index]
+            diffs.append(f"{where}: its manifest was built for position {m.index} (after {before}): phases before it "
+                         "were added, removed or reordered")
+        if m.token_budget != span.tokens:
+            field = "tokens" if p.tokens is not None else "share"
+            diffs.append(f"{where}.{field}: the config gives {span.tokens:,} tokens, the manifest {m.token_budget:,}")
+        for name in ("seq_len", "lr_scale", "interpolation"):
+            if getattr(p, name) != getattr(m, name):
+                diffs.append(f"{where}.{name}: the config says {getattr(p, name)}, the manifest {getattr(m, name)}")
+        try:
+            pinned = rope_scaling_spec(m.rope_scaling)
+        except ValidationError:
+            pinned = m.rope_scaling
+        if rope_scaling_spec(p.rope_scaling) != pinned:
+            diffs.append(f"{where}.rope_scaling: the config says {rope_scaling_spec(p.rope_scaling)}, the manifest "
+                         f"{m.rope_scaling}")
+        for b, w in zip(schedule.buckets, span.weights):
+            built = m.weights.get(b, 0.0)
+            if abs(float(w) - built) > WEIGHT_TOLERANCE:
+                diffs.append(f"{where}.weights.{b}: the config gives {float(w):.6g} (after temperature), the manifest "
+                             f"{built:.6g}")
+        for b, bs in sorted(m.buckets.items()):
+            max_epochs = cur.buckets[b].max_epochs if b in cur.buckets else 1.0
+            if bs.max_epochs != max_epochs:
+                diffs.append(f"curriculum.buckets.{b}.max_epochs: the config says {max_epochs:g}, manifest {p.name} "
+                             f"{bs.max_epochs:g}")
+        cut = any(bs.quality_cutoff is not None for bs in m.buckets.values())
+        if (p.quality_top_fraction is not None) != cut:
+            diffs.append(f"{where}.quality_top_fraction: the config says {p.quality_top_fraction}, the manifest "
+                         f"{'has' if cut else 'has no'} quality cutoff")
+    built = [manifests[p.name] for p in cur.phases if p.name in manifests]
+    built_total = sum(m.token_budget for m in built)
+    if len(built) == len(cur.phases) and built_total != schedule.total_tokens:
+        diffs.append(f"curriculum.total_tokens: the config schedules {schedule.total_tokens:,} tokens, its phases' "
+                     f"manifests {built_total:,}")
+    return diffs
+
+
+def stored_manifests(root: "DataRoot", needed: set[str]) -> dict[str, PhaseManifest]:
+    """The phase manifests on the data root (manifests/<phase>.json) by phase name. Those of phases
+    in `needed` must read; another one that does not (an old variant's) is left out."""
+    names = [phase for phase in map(manifest_phase, root.list(MANIFESTS_PREFIX)) if phase is not None]
+    out = {}
+    for name in sorted(names):
+        try:
+            out[name] = read_manifest(root, name)
+        except ManifestError:
+            if name in needed:
+                raise
+    return out
+
+
+def refuse_mismatch(cfg: RefineryConfig, root: "DataRoot") -> None:
+    """Before training: raise CurriculumMismatch when the curriculum is invalid or is not the one the
+    data root's manifests were built from, naming every difference. The trainer reads every per-phase
+    field from the manifests alone; this is where the config is held to them. A config whose
+    fingerprint differs from the manifests' (any other section changed) passes when no field the
+    manifests carry differs."""
+    refuse_invalid(cfg)
+    assert cfg.curriculum is not None
+    manifests = stored_manifests(root, {p.name for p in cfg.curriculum.phases})
+    if not manifests:
+        raise CurriculumMismatch(f"{root.display('manifests')}: no phase manifests; materialize phase_manifests first")
+    diffs = manifest_differences(cfg, manifests)
+    if diffs:
+        lines = "\n".join(f"  {d}" for d in diffs)
+        built_from = sorted({m.config_fingerprint for m in manifests.values()})
+        raise CurriculumMismatch(
+            f"the config's curriculum differs from the phase manifests on {root.display('manifests')} (built from "
+            f"config fingerprint {', '.join(built_from)}, this config's is {cfg.fingerprint()}); nothing was "
+            f"trained:\n{lines}\n"
+            "rematerialize phase_manifests from this config, or train with the config they were "
+            "built from"
+        )

@@ -1,0 +1,161 @@
+"""The map of the data root: every key an asset, the trainer or a command reads or writes, named once.
+
+A key is a POSIX path relative to the data root (refinery/storage/ reads and writes it, locally or on
+S3). Nothing else in the code spells a data-root path; a change of layout is a change here.
+
+    documents/<stage>/<partition>.parquet      each per-document stage's kept documents
+    rejects/<stage>/<partition>.parquet        what it removed, with stage, rule and value
+    stats/<stage>/<partition>.json             its counters
+    dedup/signatures/<input shard>.parquet     hash, MinHash and band hashes per document
+    dedup/exact/<hash range>.parquet           exact duplicates dropped, per hash range
+    dedup/near/edges/<band>.parquet            verified near-duplicate pairs, per LSH band
+    dedup/near/clusters.parquet                near-duplicate clusters and their survivors
+    models/quality/                            the quality classifier
+    tokenizer/tokenizer.json, info.json        the tokenizer and what it was trained on
+    shards/<stage>/<bucket>/shard-NNNNN.*      token shards (stage `tokenized`, then `final`)
+    shards/<stage>/<bucket>/index.json         a bucket's shards with their sha256
+    lineage/documents.arrow, index.json        the lineage index; lineage/final/... maps shard entries
+    manifests/<phase>.json                     a phase's manifest; manifests/<phase>/<bucket>-selection.npy
+    contamination/<phase>/...                  scan report, hits, and the drop policy's exclusions
+    curriculum/schedule.png                    the schedule picture
+    reports/funnel.json, funnel.png            the whole funnel's report
+    <training.run_dir>/<phase>/checkpoints/    a training run's mirror on a remote data root
+"""
+
+from __future__ import annotations
+
+# --- per-document stages ----------------------------------------------------------------------
+
+
+def documents_prefix(stage: str) -> str:
+    return f"documents/{stage}"
+
+
+def documents_key(stage: str, partition: str) -> str:
+    return f"{documents_prefix(stage)}/{partition}.parquet"
+
+
+def rejects_key(stage: str, partition: str) -> str:
+    return f"rejects/{stage}/{partition}.parquet"
+
+
+def stats_key(stage: str, partition: str) -> str:
+    return f"stats/{stage}/{partition}.json"
+
+
+STATS_PREFIX = "stats"
+
+# --- dedup --------------------------------------------------------------------------------------
+
+NEAR_CLUSTERS_KEY = "dedup/near/clusters.parquet"
+
+
+def signatures_key(shard: str) -> str:
+    return f"dedup/signatures/{shard}.parquet"
+
+
+def exact_drops_key(hash_range: str) -> str:
+    return f"dedup/exact/{hash_range}.parquet"
+
+
+def near_edges_key(band: str) -> str:
+    return f"dedup/near/edges/{band}.parquet"
+
+
+# --- models and tokenizer -----------------------------------------------------------------------
+
+QUALITY_MODEL_DIR = "models/quality"
+TOKENIZER_KEY = "tokenizer/tokenizer.json"
+TOKENIZER_INFO_KEY = "tokenizer/info.json"
+
+# --- token shards -------------------------------------------------------------------------------
+
+FINAL_SHARDS_PREFIX = "shards/final"
+
+
+def bucket_shards_prefix(stage: str, bucket: str) -> str:
+    """`shards/<stage>/<bucket>`: stage `tokenized` (per bucket, in document order) or `final` (shuffled)."""
+    return f"shards/{stage}/{bucket}"
+
+
+def shard_key(stage: str, bucket: str, number: int) -> str:
+    """A shard's key without its suffix (`.bin`, `.idx`, `.entries.parquet`)."""
+    return f"{bucket_shards_prefix(stage, bucket)}/shard-{number:05d}"
+
+
+def shard_index_key(stage: str, bucket: str) -> str:
+    """A bucket's shards, each with its token count and sha256."""
+    return f"{bucket_shards_prefix(stage, bucket)}/index.json"
+
+
+def bucket_entries_key(stage: str, bucket: str) -> str:
+    """Every entry of a bucket's shards in shard order: doc_id, window and the columns carried with it."""
+    return f"{bucket_shards_prefix(stage, bucket)}/entries.parquet"
+
+
+def final_index_key(bucket: str) -> str:
+    return shard_index_key("final", bucket)
+
+
+# --- lineage ------------------------------------------------------------------------------------
+
+LINEAGE_DOCUMENTS_KEY = "lineage/documents.arrow"
+LINEAGE_INDEX_KEY = "lineage/index.json"
+LINEAGE_SHARD_MAPS_PREFIX = "lineage/final"
+
+
+def shard_map_key(shard_prefix: str) -> str:
+    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.npy`."""
+    return "lineage/" + shard_prefix.removeprefix("shards/") + ".npy"
+
+
+# --- curriculum ---------------------------------------------------------------------------------
+
+MANIFESTS_PREFIX = "manifests"
+SCHEDULE_PLOT_KEY = "curriculum/schedule.png"
+
+
+def manifest_key(phase: str) -> str:
+    return f"{MANIFESTS_PREFIX}/{phase}.json"
+
+
+def manifest_phase(key: str) -> str | None:
+    """The phase whose manifest `key` is (`manifests/<phase>.json`), or None for any other key."""
+    name = key.removeprefix(MANIFESTS_PREFIX + "/")
+    if name == key or "/" in name or not name.endswith(".json"):
+        return None
+    return name.removesuffix(".json")
+
+
+def selection_key(phase: str, bucket: str) -> str:
+    """The sorted global entry ids a phase keeps of a bucket (a quality cutoff, or dropped documents)."""
+    return f"{MANIFESTS_PREFIX}/{phase}/{bucket}-selection.npy"
+
+
+# --- contamination ------------------------------------------------------------------------------
+
+
+def exclusions_key(phase: str) -> str:
+    """Doc ids the drop policy removed from a phase; phase_manifests honours it on every rebuild."""
+    return f"contamination/{phase}/excluded_doc_ids.json"
+
+
+def hits_key(phase: str) -> str:
+    """The contaminated documents the latest contamination_scan found, before its policy applied."""
+    return f"contamination/{phase}/hits.parquet"
+
+
+def scan_report_key(phase: str) -> str:
+    return f"contamination/{phase}/scan.json"
+
+
+# --- reports and training runs ------------------------------------------------------------------
+
+FUNNEL_REPORT_KEY = "reports/funnel.json"
+FUNNEL_CHART_KEY = "reports/funnel.png"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def run_key(run_dir: str, *parts: str) -> str:
+    """A file of a training run mirrored on the data root: `<training.run_dir>/<parts...>`."""
+    return "/".join([run_dir.strip("/"), *parts])

@@ -1,0 +1,40 @@
+"""FineWeb quality (Penedo et al. 2024, section 3.3; datatrove FineWebQualityFilter): lines ending
+in punctuation, short lines, characters in duplicated lines, newlines per word
+(`fineweb/<rule>`), read on the text C4's line rules kept, as in the FineWeb pipeline.
+"""
+
+from __future__ import annotations
+
+from refinery.config import FineWebQualityConfig
+from refinery.stages.heuristic.gopher_repetition import repeated
+from refinery.stages.heuristic.verdict import Verdict, over, rule_family, under
+
+# Sentence-final marks across scripts (from Unicode's Sentence_Terminal property, the common ones),
+# which FineWeb's line-punctuation rule counts as a line ending in punctuation.
+TERMINAL_PUNCTUATION = frozenset(
+    ".!?‼‽⁇⁈⁉⸮։؟؞؝۔܀܁܂।॥၊။።፧፨᙮។៕᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟。．！？｡︒﹒﹖﹗꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫"
+)
+
+
+@rule_family
+def fineweb_quality(v: Verdict, text: str, cfg: FineWebQualityConfig, words: int | None = None) -> None:
+    """FineWeb's rules on C4's edited text; `words` is its word count when the caller has it (a
+    segmented document), else its whitespace words are counted."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines:
+        v.fail("fineweb/empty", 0, "no non-blank line")
+        return
+    ratio = sum(1 for line in lines if line[-1] in TERMINAL_PUNCTUATION) / len(lines)
+    if ratio < cfg.line_punct_thr and v.fail("fineweb/line_punct_ratio", ratio, under(cfg.line_punct_thr)):
+        return
+    ratio = sum(1 for line in lines if len(line) <= cfg.short_line_length) / len(lines)
+    if ratio > cfg.short_line_thr and v.fail("fineweb/short_line_ratio", ratio, over(cfg.short_line_thr)):
+        return
+    ratio = repeated(lines)[1] / max(1, len(text) - text.count("\n"))
+    if ratio > cfg.char_duplicates_ratio and v.fail("fineweb/char_dup_ratio", ratio, over(cfg.char_duplicates_ratio)):
+        return
+    newlines = text.count("\n")
+    if newlines:
+        ratio = newlines / max(1, len(text.split()) if words is None else words)
+        if ratio > cfg.new_line_ratio:
+            v.fail("fineweb/list_ratio", ratio, over(cfg.new_line_ratio))

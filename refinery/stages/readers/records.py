@@ -1,0 +1,174 @@
+"""What every reader shares: the record as read (a row or a reject), the record size limit, UTF-8
+decoding that counts what it replaces, and opening a file that may be gzip.
+
+A reader appends one `RawRecord` per record to a `ReadResult`, with `raw` set (a document) or
+`drop` set (a reject, `ingest/<reason>`); refinery/stages/ingest.py turns them into the
+`raw_documents` table and its rejects.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import threading
+from dataclasses import dataclass, field
+from typing import IO
+
+from refinery.config import ExtractConfig, SourceConfig
+from refinery.documents import EXCERPT_CHARS
+from refinery.stages.stats import Drop
+
+# Above this fraction of invalid bytes a payload is garbage or in another encoding; below it (a
+# stray byte in a footer, one mis-encoded name) replacement characters cost a few words of a real
+# document.
+MAX_INVALID_UTF8_FRACTION = 0.01
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+# --------------------------------------------------------------------------------------------------
+# Records as read, before they become rows
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RawRecord:
+    index: int
+    offset: int
+    url: str | None
+    fetch_time: str | None
+    content_type: str | None
+    raw: str | None = None
+    drop: Drop | None = None
+    excerpt: str | None = None
+    payload_bytes: int = 0
+
+
+@dataclass
+class ReadResult:
+    records: list[RawRecord] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+
+def too_large(size: int, limit: int) -> Drop:
+    """The reject of a record over `extract.max_record_bytes`."""
+    return Drop("ingest/too_large", float(size), f"{size} bytes > max_record_bytes {limit}")
+
+
+def excerpt_of(payload: bytes) -> str:
+    return payload[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace")[:EXCERPT_CHARS]
+
+
+def add_truncation(result: ReadResult, index: int, offset: int, detail: str, end: int | None = None) -> None:
+    """The reject for a file whose tail, from `offset` (to `end`, the file's size, when known), cannot
+    be read."""
+    if end is not None:
+        detail = f"{detail}; bytes {offset}..{end} unreadable"
+    result.records.append(
+        RawRecord(
+            index=index,
+            offset=offset,
+            url=None,
+            fetch_time=None,
+            content_type=None,
+            drop=Drop("ingest/truncated_file", float(offset), f"damaged at byte offset {offset}: {detail}"),
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------------
+
+_invalid_bytes = threading.local()
+
+
+def _count_and_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+    _invalid_bytes.n += err.end - err.start
+    return "\ufffd", err.end
+
+
+codecs.register_error("refinery_count_replace", _count_and_replace)
+
+
+def decode_utf8(data: bytes) -> tuple[str, int]:
+    """UTF-8 with each invalid sequence replaced by U+FFFD; also the number of invalid bytes."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        _invalid_bytes.n = 0
+        text = data.decode("utf-8", errors="refinery_count_replace")
+        return text, _invalid_bytes.n
+
+
+def utf8_or_drop(rec: RawRecord, data: bytes, result: ReadResult) -> str | None:
+    """`data` as UTF-8, with replacement below the invalid-byte limit; above it, None and the drop."""
+    text, invalid = decode_utf8(data)
+    if not invalid:
+        return text
+    fraction = invalid / len(data)
+    if fraction > MAX_INVALID_UTF8_FRACTION:
+        rec.drop = Drop("ingest/bad_utf8", fraction, f"{invalid} of {len(data)} bytes are not valid UTF-8")
+        rec.excerpt = text[:EXCERPT_CHARS]
+        return None
+    result.count("utf8_replaced")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# Fields: a JSON object's or a table row's
+# --------------------------------------------------------------------------------------------------
+
+
+def take_fields(rec: RawRecord, obj: dict, source: SourceConfig, extract: ExtractConfig | None,
+                result: ReadResult, excerpt: str) -> bool:
+    """A record's url and text from its fields (a JSON object, a table row) into `rec`; False with
+    the drop set when the text cannot be a document. `extract` bounds the text's size where nothing
+    bounded the record before (a row of a table)."""
+    url = obj.get(source.url_field)
+    rec.url = url if isinstance(url, str) and url else None
+    if rec.url is None and source.id_field is not None:
+        ident = obj.get(source.id_field)
+        # A record without a URL is named by its own id, so rejects and lineage can point at it.
+        rec.url = str(ident) if isinstance(ident, (str, int)) and not isinstance(ident, bool) and ident != "" else None
+    body = obj.get(source.text_field)
+    if isinstance(body, bytes):  # a binary column: its bytes are meant to be UTF-8 text
+        rec.payload_bytes = len(body)
+        body = utf8_or_drop(rec, body, result)
+        if body is None:
+            return False
+    if not isinstance(body, str):
+        kind = "missing" if body is None else f"a {type(body).__name__}"
+        rec.drop = Drop("ingest/missing_text", None, f"field {source.text_field!r} is {kind}")
+        rec.excerpt = excerpt[:EXCERPT_CHARS]
+        return False
+    if extract is not None:
+        size = len(body.encode("utf-8", "surrogatepass")) if len(body) * 4 > extract.max_record_bytes else len(body)
+        rec.payload_bytes = size
+        if size > extract.max_record_bytes:
+            rec.drop = too_large(size, extract.max_record_bytes)
+            rec.excerpt = body[:EXCERPT_CHARS]
+            return False
+    if "\x00" in body:
+        rec.drop = Drop("ingest/binary_payload", None, "NUL characters in the text field")
+        return False
+    rec.raw = body
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------------
+
+
+def is_gzip_member_start(path: str, offset: int) -> bool:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(2) == GZIP_MAGIC
+
+
+def open_decompressed(path: str) -> IO[bytes]:
+    """The file's bytes, gunzipped when it is gzip (whatever its name says)."""
+    return gzip.open(path, "rb") if is_gzip_member_start(path, 0) else open(path, "rb")

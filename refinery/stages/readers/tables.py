@@ -1,0 +1,129 @@
+"""The table reader: Parquet files, and Hugging Face datasets saved to disk (the Arrow stream files
+their state.json lists; no `datasets` import).
+
+A row is a record, its fields read as a JSONL object's (`ingest/missing_text` for a null or
+non-string text; a binary column is decoded as UTF-8, `ingest/bad_utf8`). A row group that cannot
+be read is one `ingest/bad_rows` naming its rows, and the next is read; a file whose footer is
+gone, or an Arrow file cut short, is one `ingest/truncated_file` after the rows read before it. A
+table without the source's text (or id) column raises `InputColumnError`: no row of it can be read.
+
+`record_offset` is the row's number (across a dataset's Arrow files, a damaged file counting as one
+row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from refinery.config import ExtractConfig, SourceConfig
+from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
+from refinery.stages.readers.records import RawRecord, ReadResult, take_fields
+from refinery.stages.stats import Drop
+
+_TABLE_BATCH_ROWS = 1024
+
+
+class InputColumnError(ValueError):
+    """A Parquet or Arrow input without a column its source names: no row of it can be read."""
+
+
+def _table_columns(names: list[str], source: SourceConfig, path: str) -> list[str]:
+    """The columns to read from a table with columns `names`; raises naming the missing field."""
+    required = [("text_field", source.text_field)]
+    if source.id_field is not None:
+        required.append(("id_field", source.id_field))
+    for field_name, column in required:
+        if column not in names:
+            raise InputColumnError(
+                f"source {source.name!r}: {path} has no column {column!r} (the source's {field_name}); "
+                f"its columns are {names}; set {field_name} to one of them"
+            )
+    wanted = [source.text_field, source.url_field, source.id_field]
+    return [c for c in dict.fromkeys(wanted) if c is not None and c in names]
+
+
+@dataclass
+class _TableDamage:
+    """Rows of a table that cannot be read, from where reading got to: `rows` of them (None: the
+    rest of the file)."""
+
+    rows: int | None
+    detail: str
+
+
+def _parquet_batches(path: str, source: SourceConfig) -> Iterator[Any]:
+    """Record batches of the source's columns, row group by row group; a row group that cannot be
+    read is one `_TableDamage` and reading goes on with the next."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a broken footer
+        yield _TableDamage(None, f"not a readable Parquet file: {err}")
+        return
+    columns = _table_columns(pf.schema_arrow.names, source, path)
+    for group in range(pf.num_row_groups):
+        rows = pf.metadata.row_group(group).num_rows
+        try:
+            batches = list(pf.iter_batches(batch_size=_TABLE_BATCH_ROWS, row_groups=[group], columns=columns))
+        except Exception as err:  # noqa: BLE001 - a corrupt page or column chunk
+            yield _TableDamage(rows, f"row group {group} unreadable: {err}")
+        else:
+            yield from batches
+
+
+def _hf_dataset_batches(path: str, source: SourceConfig) -> Iterator[Any]:
+    """Record batches of a `save_to_disk` directory's Arrow stream files, in the order its
+    state.json lists them; a file cut short or corrupt ends that file with one `_TableDamage`."""
+    import pyarrow as pa
+
+    state = os.path.join(path, "state.json")
+    if not os.path.isfile(state):
+        raise InputColumnError(f"source {source.name!r}: {path} is not a Hugging Face dataset saved with "
+                               f"save_to_disk (no state.json); point the source's path at such a directory")
+    with open(state) as f:
+        files = [entry["filename"] for entry in json.load(f).get("_data_files", [])]
+    for name in files:
+        try:
+            with pa.memory_map(os.path.join(path, name)) as source_file:
+                reader = pa.ipc.open_stream(source_file)
+                columns = _table_columns(reader.schema.names, source, f"{path}/{name}")
+                for batch in reader:
+                    yield batch.select(columns)
+        except InputColumnError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a missing, cut-short or corrupt Arrow stream
+            yield _TableDamage(None, f"{name}: {err}")
+
+
+def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
+                budget: float | None) -> None:
+    """One row per record: the text column as the document, url and id columns as for JSONL;
+    `record_offset` is the row's number in the file (in the dataset, for a Hugging Face dataset)."""
+    batches = _parquet_batches(path, source) if source.format == "parquet" else _hf_dataset_batches(path, source)
+    row = 0  # the next row's number; a damaged stretch is one reject numbered by its first row
+    with record_alarm(budget) as armed:
+        for batch in batches:
+            if isinstance(batch, _TableDamage):
+                span = f"rows {row}..{row + batch.rows}" if batch.rows is not None else f"rows from {row}"
+                result.records.append(RawRecord(row, row, None, None, None, drop=Drop(
+                    "ingest/bad_rows" if batch.rows is not None else "ingest/truncated_file", float(row),
+                    f"{span} unreadable: {batch.detail}"[:ERROR_DETAIL_CHARS])))
+                row += batch.rows or 1
+                continue
+            for obj in batch.to_pylist():
+                rec = RawRecord(index=row, offset=row, url=None, fetch_time=None, content_type="text/plain")
+                row += 1
+                result.records.append(rec)
+                failed = guarded("ingest", budget, armed, _take_row, rec, obj, source, extract, result)
+                if failed is not None:
+                    rec.raw, rec.drop = None, failed
+    if not result.records:
+        result.count("empty_file")
+
+
+def _take_row(rec: RawRecord, obj: dict, source: SourceConfig, extract: ExtractConfig, result: ReadResult) -> None:
+    take_fields(rec, obj, source, extract, result, excerpt=str(obj))

@@ -1,0 +1,383 @@
+"""The WARC reader: one row per response or resource record.
+
+`raw` is the record's payload decoded with its charset (the HTTP header's, else an HTML meta
+charset, else UTF-8); a payload that is not text by its content type, or holds NUL bytes, is
+`ingest/binary_payload`. Past a record FastWARC cannot read, reading resumes at the next
+`WARC/1.x` record start (plain files) or the next gzip member holding one (per-record gzip files).
+The bad stretch is one `ingest/bad_record` (a header that cannot be parsed, such as a 3 MB HTTP
+header), `ingest/bad_gzip_member` (a member that does not decompress) or
+`ingest/bad_content_length` (a record that does not end where its Content-Length says; what it
+read belongs to the records after it), and its detail names the byte range skipped. Damage with no
+record after it is one `ingest/truncated_file` with the range lost. A WARC compressed as one gzip
+member has no boundaries to resume at, so damage inside it ends reading there.
+
+`record_offset` is the record's byte offset in the file as stored (for a per-record gzip WARC, the
+offset of its gzip member, so a reader can seek straight to it).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import zlib
+from dataclasses import dataclass
+
+from refinery.config import ExtractConfig
+from refinery.documents import EXCERPT_CHARS
+from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
+from refinery.stages.readers.records import (
+    GZIP_MAGIC,
+    RawRecord,
+    ReadResult,
+    add_truncation,
+    excerpt_of,
+    is_gzip_member_start,
+    too_large,
+    utf8_or_drop,
+)
+from refinery.stages.stats import Drop
+
+# Content types that are text even though they are not text/*.
+_TEXTUAL_APPLICATION = re.compile(r"^application/([a-z0-9.+-]*\+)?(xml|json|javascript|ecmascript|x-javascript|xhtml\+xml)$")
+_META_CHARSET = re.compile(rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]{1,40})""", re.IGNORECASE)
+_CHARSET_SNIFF_BYTES = 4096
+# Small reads keep the copy of a finished member's unused input cheap on per-record gzip files.
+_GZIP_CHECK_CHUNK = 64 * 1024
+
+
+def gzip_damage_offset(path: str, start: int = 0, chunk: int = _GZIP_CHECK_CHUNK) -> int | None:
+    """The byte offset of the first gzip member at or after `start` (a member boundary) that is cut
+    short or corrupt, or None if every member is whole. FastWARC stops silently at a truncated
+    member, so this is how we notice."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        member_start = start
+        consumed = start  # compressed bytes fed to finished members and the current one
+        d = zlib.decompressobj(wbits=31)
+        pending = b""
+        while True:
+            data = pending or f.read(chunk)
+            pending = b""
+            if not data:
+                break
+            try:
+                d.decompress(data)
+            except zlib.error:
+                return member_start
+            if d.eof:
+                used = len(data) - len(d.unused_data)
+                consumed += used
+                member_start = consumed
+                pending = d.unused_data
+                d = zlib.decompressobj(wbits=31)
+            else:
+                consumed += len(data)
+        if consumed > member_start:
+            return member_start  # a member started but never reached its end
+    return None
+
+
+@dataclass
+class _Segment:
+    """What one pass of FastWARC over the file, from one offset, ended with."""
+
+    start: int  # where this pass began
+    index: int  # the last record index given out
+    last_pos: int | None = None  # stream position and declared length of the last record read
+    last_length: int = 0  # its WARC Content-Length
+    last_row: int | None = None  # its place in result.records, when it became a row
+    error: str | None = None  # why reading stopped before the end of the file
+    cut_at: int | None = None  # a record whose payload ends early starts here
+
+
+def _warc_segment(path: str, start: int, gzipped: bool, index: int, extract: ExtractConfig,
+                  result: ReadResult, budget: float | None) -> _Segment:
+    """Read records from byte `start` (a record or gzip member start) until the end of the file or
+    the first record FastWARC cannot parse."""
+    from fastwarc.stream_io import GzipReader
+    from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+    wanted = WarcRecordType.response | WarcRecordType.resource
+    seg = _Segment(start=start, index=index)
+    # Given a bare path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz, so
+    # the codec is chosen here by content. A resumed pass reads through a Python file object (slower,
+    # but only after damage), whose positions FastWARC reports as absolute file offsets.
+    raw = open(path, "rb") if start else None
+    if raw is not None:
+        raw.seek(start)
+    stream = GzipReader(raw or path, fsspec_args=False) if gzipped else (raw or path)
+    try:
+        with record_alarm(budget) as armed:
+            for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
+                seg.index += 1
+                seg.last_pos, seg.last_row = record.stream_pos, None
+                seg.last_length = _warc_content_length(record)
+                if not record.record_type & wanted:
+                    result.count(f"skipped_{record.record_type}")
+                    continue
+                rec = guarded("ingest", budget, armed, _warc_row, record, seg.index, extract, result)
+                if isinstance(rec, Drop):  # this record's own handling failed: a reject of its own
+                    headers = record.headers
+                    rec = RawRecord(seg.index, record.stream_pos, headers.get("WARC-Target-URI"),
+                                  headers.get("WARC-Date"), None, drop=rec)
+                if rec is None:
+                    seg.cut_at = record.stream_pos
+                    break
+                seg.last_row = len(result.records)
+                result.records.append(rec)
+    except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
+        seg.error = str(err) or type(err).__name__
+    finally:
+        if gzipped:
+            stream.close()
+        if raw is not None:
+            raw.close()
+    return seg
+
+
+def _warc_content_length(record) -> int:
+    """The record's declared block length (its WARC Content-Length; FastWARC's `content_length`
+    is what is left after the HTTP headers it parsed)."""
+    try:
+        return int(record.headers.get("Content-Length") or -1)
+    except ValueError:
+        return -1
+
+
+def _warc_row(record, index: int, extract: ExtractConfig, result: ReadResult) -> RawRecord | None:
+    """The row of one response/resource record, or None when its payload ends before its
+    declared length (the file is cut short there)."""
+    headers = record.headers
+    content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
+    content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
+    rec = RawRecord(
+        index=index,
+        offset=record.stream_pos,
+        url=headers.get("WARC-Target-URI"),
+        fetch_time=headers.get("WARC-Date"),
+        content_type=content_type,
+    )
+    declared, limit = record.content_length, extract.max_record_bytes
+    if declared > limit:
+        rec.payload_bytes = declared
+        rec.excerpt = excerpt_of(record.reader.read(EXCERPT_CHARS))
+        rec.drop = too_large(declared, limit)
+        return rec
+    payload = record.reader.read(declared + 1)
+    if len(payload) < declared:
+        return None
+    binary = None if is_textual(content_type, extract) else f"content type {content_type}"
+    codec = sniff_charset(payload, record.http_charset if record.is_http else None)
+    return _text_or_drop(rec, payload, codec, result, binary)
+
+
+def read_warc(path: str, extract: ExtractConfig, result: ReadResult, budget: float | None) -> None:
+    """Every record FastWARC can read; past a record it cannot, reading resumes at the next record
+    start (plain WARC) or the next gzip member that holds one (per-record gzip WARC), and the bytes
+    in between become one reject that names their range."""
+    gzipped = is_gzip_member_start(path, 0)
+    start: int | None = 0
+    index = -1
+    while start is not None:
+        seg = _warc_segment(path, start, gzipped, index, extract, result, budget)
+        index = seg.index
+        start, index = _resynchronise(path, gzipped, seg, result)
+    if index < 0 and not result.records:
+        result.count("empty_file")
+
+
+def _resynchronise(path: str, gzipped: bool, seg: _Segment, result: ReadResult) -> tuple[int | None, int]:
+    """Where reading goes on after `seg` (None: the file is done) and the last record index used;
+    adds the reject for what was skipped."""
+    rule = "ingest/bad_record"
+    if seg.cut_at is not None:
+        bad, why = seg.cut_at, "the record's payload ends before its Content-Length"
+        seg.index -= 1  # the cut record's index goes to its reject
+    elif seg.error is None:
+        if not gzipped:
+            return None, seg.index
+        # FastWARC ends quietly at a cut-short or corrupt gzip member. Members before the last record
+        # read are whole, so on a per-record gzip WARC only the tail is checked; a single-member
+        # file (positions inside it are not boundaries) is checked whole.
+        tail = seg.last_pos if seg.last_pos is not None and is_gzip_member_start(path, seg.last_pos) else 0
+        bad = gzip_damage_offset(path, tail)
+        if bad is None:
+            return None, seg.index
+        rule, why = "ingest/bad_gzip_member", "gzip member cut short or corrupt"
+    else:
+        why = seg.error
+        last = seg.last_pos if seg.last_pos is not None else seg.start
+        if gzipped and not is_gzip_member_start(path, last):
+            # One gzip member for the whole file: no record boundary inside it can be reached.
+            add_truncation(result, seg.index + 1, last, f"{why} (inside the file's one gzip member, whose records "
+                            "cannot be reached past it)", os.path.getsize(path))
+            return None, seg.index + 1
+        end = _record_end(path, seg.last_pos, seg.last_length, gzipped) if seg.last_pos is not None else None
+        if end is None and seg.last_row is not None:
+            # The last record read does not end where its Content-Length says: it is the bad one,
+            # and what it read as its payload belongs to the records after it.
+            resume = _next_record_start(path, last + 1, gzipped)
+            rec = result.records[seg.last_row]
+            stop = resume if resume is not None else os.path.getsize(path)
+            rec.raw, rec.drop = None, Drop(
+                "ingest/bad_content_length", float(seg.last_length),
+                f"Content-Length {seg.last_length} does not end the record; bytes {last}..{stop} skipped "
+                f"to the next record",
+            )
+            return resume, seg.index
+        bad = end if end is not None else last
+        if gzipped and gzip_damage_offset(path, bad) == bad:
+            rule, why = "ingest/bad_gzip_member", f"corrupt gzip member ({why})"
+    resume = _next_record_start(path, bad + 1, gzipped)
+    index = seg.index + 1
+    if resume is None:
+        add_truncation(result, index, bad, why, os.path.getsize(path))
+        return None, index
+    head = _record_head(path, bad, gzipped)
+    url = _TARGET_URI.search(head)
+    result.records.append(
+        RawRecord(
+            index=index,
+            offset=bad,
+            url=url.group(1).decode("utf-8", "replace") if url else None,
+            fetch_time=None,
+            content_type=None,
+            drop=Drop(rule, float(resume - bad), f"bytes {bad}..{resume} unreadable: {why}"[:ERROR_DETAIL_CHARS]),
+            excerpt=excerpt_of(head),
+            payload_bytes=resume - bad,
+        )
+    )
+    return resume, index
+
+
+_WARC_START = re.compile(rb"(?:^|\n)(WARC/1\.[01]\r?\n)")
+_TARGET_URI = re.compile(rb"\nWARC-Target-URI:[ \t]*(\S{1,2000})")
+_SCAN_CHUNK = 1 << 20
+_HEAD_BYTES = 64 * 1024
+
+
+def _next_record_start(path: str, after: int, gzipped: bool) -> int | None:
+    """The offset of the first record start at or after `after`: a `WARC/1.x` line at the start of
+    a line, or for a gzip WARC a gzip member whose content begins with one."""
+    with open(path, "rb") as f:
+        pos = after
+        while True:
+            # Look back a little so a marker that straddles two chunks is still found.
+            back = min(pos, 16)
+            f.seek(pos - back)
+            chunk = f.read(_SCAN_CHUNK + back)
+            if len(chunk) <= back:
+                return None
+            if gzipped:
+                at = chunk.find(GZIP_MAGIC + b"\x08", back)
+                while at >= 0:
+                    if _member_starts_warc(path, pos - back + at):
+                        return pos - back + at
+                    at = chunk.find(GZIP_MAGIC + b"\x08", at + 1)
+            else:
+                for m in _WARC_START.finditer(chunk):
+                    if m.start(1) >= back:
+                        return pos - back + m.start(1)
+            pos += len(chunk) - back
+
+
+def _member_starts_warc(path: str, offset: int) -> bool:
+    try:
+        return _record_head(path, offset, True, 16).startswith(b"WARC/")
+    except zlib.error:
+        return False
+
+
+def _record_head(path: str, offset: int, gzipped: bool, size: int = _HEAD_BYTES) -> bytes:
+    """Up to `size` bytes of the record at `offset`, decompressed when the file is gzip."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if not gzipped:
+            return f.read(size)
+        try:
+            return zlib.decompressobj(wbits=31).decompress(f.read(_HEAD_BYTES), size)
+        except zlib.error:
+            return b""
+
+
+def _record_end(path: str, offset: int, length: int, gzipped: bool) -> int | None:
+    """Where the record at `offset` ends when it ends where its Content-Length says (the block, then
+    CRLF CRLF, and in a gzip WARC nothing else in its member); None when it does not."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if gzipped:
+            d = zlib.decompressobj(wbits=31)
+            data = b""
+            while not d.eof:
+                chunk = f.read(_SCAN_CHUNK)
+                if not chunk:
+                    return None
+                try:
+                    data += d.decompress(chunk)
+                except zlib.error:
+                    return None
+                if len(data) > length + _SCAN_CHUNK:
+                    return None  # far longer than one record: not a per-record member
+            head_end = data.find(b"\r\n\r\n")
+            rest = data[head_end + 4 + length :]
+            if head_end < 0 or length < 0 or len(rest) < 4 or rest.strip(b"\r\n"):
+                return None
+            return f.tell() - len(d.unused_data)
+        head = f.read(_HEAD_BYTES)
+        head_end = head.find(b"\r\n\r\n")
+        if head_end < 0:
+            return None
+        end = offset + head_end + 4 + length
+        f.seek(end)
+        # The block must be followed by the CRLF CRLF that closes a record: a Content-Length that
+        # lies ends inside other bytes (a payload, the next record's headers).
+        return end + 4 if f.read(4) == b"\r\n\r\n" else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Payloads
+# --------------------------------------------------------------------------------------------------
+
+
+def sniff_charset(payload: bytes, header_charset: str | None) -> str:
+    """The payload's codec: the HTTP header's charset, else an HTML meta charset, else UTF-8.
+    Unknown names fall back to UTF-8."""
+    name = header_charset
+    if not name:
+        m = _META_CHARSET.search(payload, 0, _CHARSET_SNIFF_BYTES)
+        name = m.group(1).decode("ascii") if m else None
+    if not name:
+        return "utf-8"
+    try:
+        info = codecs.lookup(name)
+    except LookupError:
+        return "utf-8"
+    # bytes-to-bytes codecs (base64, zlib) are found by lookup but cannot decode to str
+    return info.name if getattr(info, "_is_text_encoding", True) else "utf-8"
+
+
+def is_textual(content_type: str, extract: ExtractConfig) -> bool:
+    ct = content_type.lower()
+    if ct.startswith("text/") or ct in extract.html_content_types:
+        return True
+    if any(ct.startswith(prefix) for prefix in extract.text_content_types):
+        return True
+    return bool(_TEXTUAL_APPLICATION.match(ct))
+
+
+def _text_or_drop(
+    rec: RawRecord, payload: bytes, codec: str, result: ReadResult, binary_reason: str | None
+) -> RawRecord:
+    """Decode `payload` into `rec.raw`, or set the drop that rejects it."""
+    rec.payload_bytes = len(payload)
+    if binary_reason is None and b"\x00" in payload:
+        binary_reason = "NUL bytes in the payload"
+    if binary_reason is not None:
+        rec.drop = Drop("ingest/binary_payload", None, binary_reason)
+        return rec
+    if codec != "utf-8":
+        rec.raw = payload.decode(codec, errors="replace")
+        return rec
+    rec.raw = utf8_or_drop(rec, payload, result)
+    return rec

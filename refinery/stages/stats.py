@@ -1,0 +1,161 @@
+"""What a stage counts and what it rejects: the floor every stage module stands on.
+
+`StageStats` holds one stage's counts over one partition (documents and bytes in and out, overall
+and per bucket, drops by reason, other counters, wall time) and merges with `+` across partitions
+and workers (datatrove's `Stats`). `Drop` is the reason one document was removed; `rejects_frame`
+turns the drops of a table into its reject rows.
+
+Counters are `total`, `kept`, `dropped`, `dropped/<reason>`; reason strings are an API:
+`<rule family>/<rule>`, snake_case, e.g. `gopher_rep/dup_line_frac`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import polars as pl
+
+from refinery.documents import EXCERPT_CHARS, REJECTS_SCHEMA, empty_rejects
+
+
+class Drop(NamedTuple):
+    """Why one document was removed: its rule, the measured value, and a detail (the threshold)."""
+
+    rule: str
+    value: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class BucketCounts:
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def __add__(self, other: "BucketCounts") -> "BucketCounts":
+        return BucketCounts(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.docs_in, self.docs_out, self.bytes_in, self.bytes_out)
+
+
+@dataclass
+class StageStats:
+    """Counts for one stage over one partition; `+` merges partitions and workers."""
+
+    stage: str
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    wall_s: float = 0.0
+    dropped: Counter = field(default_factory=Counter)  # reason -> documents
+    counters: Counter = field(default_factory=Counter)  # anything else, e.g. pii/email replacements
+    by_bucket: dict[str, BucketCounts] = field(default_factory=dict)
+
+    def __add__(self, other: "StageStats") -> "StageStats":
+        buckets = dict(self.by_bucket)
+        for b, c in other.by_bucket.items():
+            buckets[b] = buckets.get(b, BucketCounts()) + c
+        return StageStats(
+            stage=self.stage,
+            docs_in=self.docs_in + other.docs_in,
+            docs_out=self.docs_out + other.docs_out,
+            bytes_in=self.bytes_in + other.bytes_in,
+            bytes_out=self.bytes_out + other.bytes_out,
+            wall_s=self.wall_s + other.wall_s,
+            dropped=self.dropped + other.dropped,
+            counters=self.counters + other.counters,
+            by_bucket=buckets,
+        )
+
+    @property
+    def retention(self) -> float:
+        return self.docs_out / self.docs_in if self.docs_in else 1.0
+
+    @property
+    def byte_retention(self) -> float:
+        return self.bytes_out / self.bytes_in if self.bytes_in else 1.0
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.docs_in / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "docs_in": self.docs_in,
+            "docs_out": self.docs_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "wall_s": round(self.wall_s, 6),
+            "dropped": dict(sorted(self.dropped.items())),
+            "counters": dict(sorted(self.counters.items())),
+            "by_bucket": {b: vars(c) for b, c in sorted(self.by_bucket.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StageStats":
+        return cls(
+            stage=d["stage"],
+            docs_in=d["docs_in"],
+            docs_out=d["docs_out"],
+            bytes_in=d["bytes_in"],
+            bytes_out=d["bytes_out"],
+            wall_s=d["wall_s"],
+            dropped=Counter(d.get("dropped", {})),
+            counters=Counter(d.get("counters", {})),
+            by_bucket={b: BucketCounts(**c) for b, c in d.get("by_bucket", {}).items()},
+        )
+
+
+def text_bytes(df: pl.DataFrame, column: str = "text") -> pl.Series:
+    if column not in df.columns:
+        return pl.Series([0] * df.height, dtype=pl.Int64)
+    return df[column].str.len_bytes().fill_null(0).cast(pl.Int64)
+
+
+def count_in_out(
+    stats: StageStats, before: pl.DataFrame, after: pl.DataFrame, column: str = "text", out_column: str | None = None
+) -> None:
+    """Fill docs/bytes in and out, overall and per bucket, from the tables either side of a stage.
+    Bytes are those of `column` before and `out_column` (default: the same) after."""
+    for df, suffix, col in ((before, "in", column), (after, "out", out_column or column)):
+        sizes = df.select(pl.col("bucket"), text_bytes(df, col).alias("_bytes"))
+        setattr(stats, f"docs_{suffix}", getattr(stats, f"docs_{suffix}") + df.height)
+        setattr(stats, f"bytes_{suffix}", getattr(stats, f"bytes_{suffix}") + int(sizes["_bytes"].sum() or 0))
+        for row in sizes.group_by("bucket").agg(pl.len().alias("n"), pl.col("_bytes").sum().alias("b")).iter_rows():
+            bucket, n, b = row
+            counts = stats.by_bucket.setdefault(bucket, BucketCounts())
+            setattr(counts, f"docs_{suffix}", getattr(counts, f"docs_{suffix}") + n)
+            setattr(counts, f"bytes_{suffix}", getattr(counts, f"bytes_{suffix}") + int(b or 0))
+
+
+def rejects_frame(df: pl.DataFrame, stage: str, drops: dict[int, Drop], text_column: str = "text") -> pl.DataFrame:
+    """Reject rows for the documents at the given row indices of `df`."""
+    if not drops:
+        return empty_rejects()
+    rows = sorted(drops)
+    sub = df[rows]
+    excerpt = (
+        sub[text_column].str.slice(0, EXCERPT_CHARS)
+        if text_column in sub.columns
+        else pl.Series([None] * len(rows), dtype=pl.String)
+    )
+    return pl.DataFrame(
+        {
+            "doc_id": sub["doc_id"],
+            "url": sub["url"],
+            "source": sub["source"],
+            "bucket": sub["bucket"],
+            "stage": [stage] * len(rows),
+            "rule": [drops[i].rule for i in rows],
+            "value": [None if drops[i].value is None else float(drops[i].value) for i in rows],
+            "detail": [drops[i].detail for i in rows],
+            "excerpt": excerpt,
+        },
+        schema=REJECTS_SCHEMA,
+    )

@@ -1,0 +1,11 @@
+"""Free TCP ports on 127.0.0.1 for the servers tests start (SeaweedFS, Postgres, Dagster)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

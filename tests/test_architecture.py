@@ -1,0 +1,189 @@
+"""The floors hold: refinery/ is the pure library, training/ stands on it alone, assets/ only wires
+Dagster over both, orchestration/ assembles everything (docs/architecture.md).
+
+Every import counts: top-level, inside functions, `importlib.import_module("...")` and
+`__import__("...")` with a literal name, and `python -m MODULE` launches written as a literal
+`"-m", "MODULE"` pair. A violation or an import cycle between the project's modules fails with the
+file and line that makes it. Imports under `if TYPE_CHECKING:` never run, so they count for the floors
+but not for cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("refinery", "training", "assets", "orchestration")
+# What each floor may import from the project's packages (its own package always).
+ALLOWED = {
+    "refinery": set(),
+    "training": {"refinery"},
+    "assets": {"refinery", "training"},
+    "orchestration": {"refinery", "training", "assets"},
+}
+# Third-party packages a floor may never import.
+FORBIDDEN_THIRD_PARTY = {"refinery": {"dagster"}, "training": {"dagster"}}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of `name` that is a project module (`a.b.C` -> `a.b`)."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def type_checking_lines(tree: ast.AST) -> set[int]:
+    """Lines inside `if TYPE_CHECKING:` blocks."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported name, line) for every import the module makes, wherever it is made."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.append((full if full in modules else base, node.lineno))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+                found.append((str(node.args[0].value), node.lineno))
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            items = node.elts
+            for flag, target in zip(items, items[1:]):
+                if (isinstance(flag, ast.Constant) and flag.value == "-m"
+                        and isinstance(target, ast.Constant) and isinstance(target.value, str)):
+                    found.append((target.value, node.lineno))
+    return found
+
+
+def dependency_graph() -> tuple[dict[str, set[str]], list[str]]:
+    modules = project_modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    violations = []
+    for module, path in modules.items():
+        floor = module.split(".")[0]
+        where = path.relative_to(REPO)
+        type_only = type_checking_lines(ast.parse(path.read_text(encoding="utf-8")))
+        for name, line in imports_of(module, path, modules):
+            top = name.split(".")[0]
+            if top in FORBIDDEN_THIRD_PARTY.get(floor, set()) or top.startswith("dagster_") and floor in FORBIDDEN_THIRD_PARTY:
+                violations.append(f"{where}:{line}: {floor}/ imports {name}")
+            if top not in PACKAGES:
+                continue
+            if top != floor and top not in ALLOWED[floor]:
+                violations.append(f"{where}:{line}: {floor}/ imports {name}")
+            target = resolve(name, modules)
+            if target is not None and target != module and line not in type_only:
+                graph[module].add(target)
+    return graph, violations
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_every_floor_imports_only_the_floors_below_it():
+    _, violations = dependency_graph()
+    assert not violations, "imports that break the floors (docs/architecture.md):\n" + "\n".join(violations)
+
+
+def test_no_import_cycles_between_modules():
+    graph, _ = dependency_graph()
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import assets.funnel\n", ["assets.funnel"]),
+    ("def f():\n    from orchestration import resources\n", ["orchestration.resources"]),
+    ("import importlib\nimportlib.import_module('training.cli')\n", ["training.cli"]),
+    ("cmd = ['python', '-m', 'orchestration.cli', 'train']\n", ["orchestration.cli"]),
+    ("from .base import Stage\n", ["refinery.stages.base"]),
+])
+def test_the_scanner_sees_every_kind_of_import(tmp_path, source, expected):
+    """The checker itself: each way of importing is found (a checker that misses one passes anything)."""
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    modules = project_modules()
+    names = [resolve(name, modules) or name for name, _ in imports_of("refinery.stages.probe", path, modules)]
+    assert [n for n in names if n.split(".")[0] in PACKAGES] == expected
+
+
+def test_a_cycle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
