@@ -63,6 +63,38 @@ def run_preflight(args: argparse.Namespace) -> None:
     preflight.require(path, needs(args) if callable(needs) else needs)
 
 
+def _causes(err: BaseException) -> list[BaseException]:
+    """`err` and what it wraps: its cause and context chain, and a Dagster step failure's user exception."""
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is seen for seen in out):
+            continue
+        out.append(e)
+        todo += [e.__cause__, e.__context__, getattr(e, "user_exception", None)]
+    return out
+
+
+def input_problem(err: BaseException) -> str | None:
+    """The message of an input problem behind `err`, however deep a run wrapped it (None: not one):
+    a config problem, a table without its source's column, an S3 data root without credentials."""
+    from refinery.stages.readers.tables import InputColumnError
+
+    chain = _causes(err)
+    for e in chain:
+        if isinstance(e, (ConfigError, InputColumnError)):
+            return str(e)
+    for e in chain:
+        if type(e).__module__.startswith("botocore") and type(e).__name__ in ("NoCredentialsError",
+                                                                                "PartialCredentialsError"):
+            storage = next((str(c) for c in chain if type(c).__name__ == "S3StorageError"), "")
+            where = f" ({storage.split(' failed:')[0]})" if storage else ""
+            return (f"no S3 credentials: {e}{where}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                    f"AWS_PROFILE) in the environment for the s3:// data root, then re-run")
+    return None
+
+
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse `argv`, run the preflight, then the command; a config or input problem exits 2."""
     args = parser.parse_args(argv)
@@ -77,3 +109,9 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as err:
+        problem = input_problem(err)
+        if problem is None:
+            raise
+        print(f"refinery {args.command}: {problem}", file=sys.stderr)
+        return 2

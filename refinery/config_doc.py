@@ -26,7 +26,7 @@ HEADER = """# Config reference
 Generated from the schema in `refinery/config/` by `python -m refinery.config_doc > docs/config.md`
 (`tests/test_config_doc.py` fails when this file is stale). One YAML file declares a run;
 `configs/demo.yaml` is the demo's and `refinery init DIR` writes one for a folder of your own files.
-Unknown keys are refused, and relative paths resolve against the config file's folder.
+Unknown keys are refused, and relative paths resolve against the config file's folder. Numbers must be finite (no `.nan` or `.inf`), heuristic fractions lie in [0, 1] and counts are never negative, text holds no control characters, and the YAML may nest at most 64 levels deep and its aliases add at most 100,000 nodes.
 
 A path such as `sources[]` is a list of the section below it; `stages.heuristic.languages.<key>`
 is a mapping whose keys you choose (here, language codes).

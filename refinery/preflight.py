@@ -2,13 +2,18 @@
 
 `check(path, needs)` loads the YAML and returns every problem it finds, as `field: message` lines:
 
+- YAML nested too deep or whose aliases expand too far, refused before any object is built;
 - what the schema and the cross-references reject (refinery/config/: types, unknown fields, a YAML
-  `no` read as false, unknown buckets and phases, bucket names unsafe as folder names);
+  `no` read as false, NaN or infinite numbers, thresholds out of range, text with control
+  characters, unknown buckets and phases, bucket names unsafe as folder names);
 - custom filters that cannot be built: each `stages.custom_filters` entry is imported and built
   here, so a wrong path, a class on another base or bad params stop the command naming the field
   (loading the config runs no user code; this is the one place before a run that does);
 - paths: source globs that match no file, eval sets, `tokenizer.path` and `stages.language.model_path`
   that name no file (read from the YAML even when the schema rejects it, so these come together);
+- inputs that cannot be read: a glob match that is a directory, FIFO, dangling symlink or symlink
+  loop (or, for `hf_dataset`, not a save_to_disk directory), a Parquet or Arrow table without the
+  source's text (or id) column (its schema only is read), and a glob that reaches into the data root;
 - a data root that is a file, or a local one that cannot be written;
 - what the command needs: the quality classifier's buckets fed by a source, a curriculum to train.
 
@@ -21,8 +26,12 @@ it at once) and nothing goes to the network: an `s3://` data root is not probed.
 from __future__ import annotations
 
 import copy
+import errno
+import fnmatch
 import glob
+import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,16 +93,145 @@ def _resolve(base_dir: Path, path: str) -> str:
     return os.path.normpath(base_dir / path)
 
 
+def _not_a_file(path: str) -> str | None:
+    """What a glob match is when it is not a readable regular file (None: it is one)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symlink loop"
+        if os.path.islink(path):
+            return f"a dangling symlink (to {os.readlink(path)})"
+        return f"not readable ({err.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "not a regular file (a socket or device)"
+
+
+def _hf_dataset_problem(path: str) -> str | None:
+    """What an `hf_dataset` match is when it is not a `save_to_disk` directory (None: it is one)."""
+    kind = _not_a_file(path)
+    if kind is None:
+        return "a file (an hf_dataset source matches directories saved with save_to_disk)"
+    if kind != "a directory":
+        return kind
+    if not any(os.path.isfile(os.path.join(path, name)) for name in ("state.json", "dataset_dict.json")):
+        return "a directory without state.json or dataset_dict.json (not saved with save_to_disk)"
+    return None
+
+
+def _missing_columns(names: list[str], src: dict) -> list[tuple[str, str]]:
+    """(field, column) of each column a table source reads that the table lacks."""
+    wanted = [("text_field", src.get("text_field", "text")), ("id_field", src.get("id_field"))]
+    return [(field, column) for field, column in wanted if isinstance(column, str) and column not in names]
+
+
+def _table_schemas(path: str, fmt: str) -> list[tuple[str, list[str]]]:
+    """(file, column names) of each table a Parquet file or a save_to_disk dataset holds; a file
+    whose schema cannot be read is left out (reading it is a counted reject, not a config problem)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if fmt == "parquet":
+        files = [path]
+    else:
+        try:
+            with open(os.path.join(path, "state.json")) as f:
+                files = [os.path.join(path, e["filename"]) for e in json.load(f).get("_data_files", [])]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return []
+    out = []
+    for file in files:
+        try:
+            if fmt == "parquet":
+                names = pq.read_schema(file).names
+            else:
+                with pa.memory_map(file) as stream:
+                    names = pa.ipc.open_stream(stream).schema.names
+        except Exception:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+            continue
+        out.append((file, names))
+    return out
+
+
+def source_file_problems(src: dict, i: int, matched: list[str]) -> list[str]:
+    """Glob matches that cannot be read as the source's format: a directory, FIFO, dangling
+    symlink or symlink loop where a file is expected (a file or a bare folder where a dataset is),
+    and a table without the column the source reads its text (or id) from."""
+    fmt = src.get("format")
+    problems = []
+    for path in matched:
+        kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else _not_a_file(path)
+        if kind is not None:
+            problems.append(f"sources[{i}].path: {path} is {kind}; narrow the glob so it matches only "
+                            f"{'save_to_disk directories' if fmt == 'hf_dataset' else 'files'}")
+            continue
+        if fmt not in ("parquet", "hf_dataset"):
+            continue
+        if fmt == "hf_dataset" and not os.path.isfile(os.path.join(path, "state.json")):
+            continue  # a DatasetDict: its splits are datasets of their own, checked when read
+        for file, names in _table_schemas(path, fmt):
+            for field, column in _missing_columns(names, src):
+                problems.append(f"sources[{i}].{field}: {file} has no column {column!r}; its columns are {names}; "
+                                f"set {field} to one of them")
+    return problems
+
+
+def _glob_reaches(pattern: str, root: str) -> bool:
+    """Whether a (non-recursive) glob can match the folder `root` or a path inside it: each of
+    root's components matches the pattern's component at its place, as glob.glob matches them."""
+    parts, root_parts = Path(pattern).parts, Path(root).parts
+    if len(parts) < len(root_parts):
+        return False
+    for part, name in zip(parts, root_parts):
+        if name.startswith(".") and not part.startswith("."):
+            return False  # glob's `*` skips hidden names
+        if not fnmatch.fnmatchcase(name, part):
+            return False
+    return True
+
+
+def data_root_in_source_problems(data: Any, base_dir: Path) -> list[str]:
+    """Source globs that reach into a local data root: the run's own outputs would be read back as
+    input on the next run."""
+    root = _value(data, "data_root")
+    if not isinstance(root, str) or "://" in root:
+        return []
+    roots = {_resolve(base_dir, root), os.path.realpath(_resolve(base_dir, root))}
+    problems = []
+    for i, src in enumerate(_items(data, "sources")):
+        path = src.get("path") if isinstance(src, dict) else None
+        if not isinstance(path, str) or "://" in path:
+            continue
+        pattern = _resolve(base_dir, path)
+        inside = [m for m in glob.glob(pattern)
+                  if any(os.path.realpath(m) == r or os.path.realpath(m).startswith(r + os.sep) for r in roots)]
+        if any(_glob_reaches(pattern, r) for r in roots) or inside:
+            problems.append(f"sources[{i}].path: glob {path!r} reaches into the data root {_resolve(base_dir, root)}, "
+                            f"so the run's own outputs would be read back as input; move data_root out of the "
+                            f"sources' folders or narrow the glob")
+    return problems
+
+
 def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
-    """Input paths of the raw config that name nothing."""
+    """Input paths of the raw config that name nothing, or that match what cannot be read."""
     problems: list[str] = []
     dynamic = _value(data, "partitions", "dynamic") is True
-    if needs.sources and not dynamic:  # dynamic batches are registered as files arrive
+    if needs.sources:
         for i, src in enumerate(_items(data, "sources")):
             path = src.get("path") if isinstance(src, dict) else None
-            if isinstance(path, str) and "://" not in path and not glob.glob(_resolve(base_dir, path)):
+            if not isinstance(path, str) or "://" in path:
+                continue
+            matched = sorted(glob.glob(_resolve(base_dir, path)))
+            if not matched and not dynamic:  # dynamic batches are registered as files arrive
                 where = "" if os.path.isabs(path) else f" (relative to the config's folder: {_resolve(base_dir, path)})"
                 problems.append(f"sources[{i}].path: glob {path!r} matches no file{where}")
+            problems += source_file_problems(src, i, matched)
+        problems += data_root_in_source_problems(data, base_dir)
     if needs.eval_sets:
         for i, es in enumerate(_items(data, "contamination", "eval_sets")):
             path = es.get("path") if isinstance(es, dict) else None

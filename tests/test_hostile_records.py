@@ -319,10 +319,10 @@ def test_warc_record_whose_handling_raises_is_one_reject(tmp_path, monkeypatch):
 
     row = ingest._warc_row
 
-    def hostile_row(record, index, extract, result):
+    def hostile_row(record, index, *args):
         if record.headers.get("WARC-Target-URI") == "https://ok.example/2":
             raise RuntimeError("charset sniffing fell over")
-        return row(record, index, extract, result)
+        return row(record, index, *args)
 
     monkeypatch.setattr(ingest, "_warc_row", hostile_row)
     path = tmp_path / "odd.warc"

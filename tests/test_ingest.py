@@ -302,6 +302,28 @@ def test_jsonl_stray_invalid_byte_is_replaced_and_kept(tmp_path):
     assert out.rejects.height == 0
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_jsonl_utf8_bom_costs_no_record(tmp_path, compress):
+    data = b"\xef\xbb\xbf" + jsonl([{"text": f"doc {i}", "url": f"https://b.example/{i}"} for i in range(3)])
+    path = tmp_path / ("bom.jsonl.gz" if compress else "bom.jsonl")
+    path.write_bytes(gzip.compress(data, mtime=0) if compress else data)
+    out = read(path, jsonl_source())
+    assert out.documents.select("url", "raw").rows() == [(f"https://b.example/{i}", f"doc {i}") for i in range(3)]
+    assert out.rejects.height == 0
+
+
+def test_jsonl_integer_past_the_int_limit_costs_no_record(tmp_path):
+    huge = b"9" * 5000
+    lines = [b'{"text": "doc 0", "views": ' + huge + b"}", b'{"text": "doc 1", "id": ' + huge + b"}",
+             b'{"text": "doc 2"}']
+    path = tmp_path / "ints.jsonl"
+    path.write_bytes(jsonl(lines))
+    out = read(path, jsonl_source(id_field="id"))
+    assert out.documents["raw"].to_list() == ["doc 0", "doc 1", "doc 2"]
+    assert out.documents["url"].to_list() == [None, huge.decode(), None]  # the id keeps its exact digits
+    assert out.rejects.height == 0
+
+
 def test_jsonl_offsets_point_into_the_decompressed_stream(tmp_path):
     rows = [{"text": f"doc {i} " + "é" * i, "url": f"https://o.example/{i}"} for i in range(20)]
     data = jsonl(rows)

@@ -77,7 +77,7 @@ class RefineryConfig(Section):
 
 
 # A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...).
-SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would let a trailing newline through
 
 
 def cross_reference_problems(cfg: RefineryConfig) -> list[str]:

@@ -46,6 +46,27 @@ class SourceConfig(Section):
     # HeuristicConfig.rule_names() when the whole config loads.
     rules_off: list[str] = Field(default_factory=list, description="Heuristic rules switched off for this "
                                  "source, by reason name (e.g. `c4/curly_bracket` for code).")
+    http_status_kept: list[int | str] = Field(
+        default_factory=lambda: ["200-299"], description="WARC: the HTTP statuses whose responses are kept, "
+        "each a code (`200`) or an inclusive range (`200-299`); any other response is one `ingest/http_status` "
+        "reject (an error page is not the document its URL names).")
+
+    @field_validator("http_status_kept")
+    @classmethod
+    def _status_ranges(cls, v: list[int | str]) -> list[int | str]:
+        for item in v:
+            lo, _, hi = str(item).partition("-")
+            if not (lo.strip().isdigit() and (not hi or hi.strip().isdigit())
+                    and 100 <= int(lo) <= int(hi or lo) <= 599):
+                raise ValueError(f"{item!r} is not an HTTP status (100-599) or a range of them such as '200-299'")
+        return v
+
+    def keeps_http_status(self, status: int) -> bool:
+        for item in self.http_status_kept:
+            lo, _, hi = str(item).partition("-")
+            if int(lo) <= status <= int(hi or lo):
+                return True
+        return False
 
 
 class PartitionsConfig(Section):

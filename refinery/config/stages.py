@@ -56,6 +56,7 @@ class HeuristicConfig(Section):
 
     url_blocklist: list[str] = Field(default_factory=list)  # domains; subdomains match too
     url_banned_words: list[str] = Field(default_factory=list)  # substrings of the URL
+    url_banned_whole_words: list[str] = Field(default_factory=list)  # whole words (letter/digit runs) of the URL
     gopher_quality: GopherQualityConfig = GopherQualityConfig()
     gopher_repetition: GopherRepetitionConfig = GopherRepetitionConfig()
     c4: C4Config = C4Config()
@@ -90,7 +91,9 @@ class HeuristicConfig(Section):
                 try:
                     RULE_SECTIONS[section].model_validate(merged)
                 except ValidationError as err:
-                    raise ValueError(f"languages.{lang}.{section}: {err.errors()[0]['msg']}") from None
+                    first = err.errors()[0]
+                    where = ".".join(str(part) for part in (lang, section, *first["loc"]))
+                    raise ValueError(f"languages.{where}: {first['msg'].removeprefix('Value error, ')}") from None
         return self
 
 
@@ -184,6 +187,8 @@ class CustomFilterConfig(Section):
     built-in rules, in the order listed, on the documents those rules kept; a source that skips
     `heuristic` skips them."""
 
+    free_fields = ("params",)  # the filter's own keyword arguments: its class checks them
+
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="The filter's reason family: its rejects read "
                       "`<name>/<reason>` and its counters `dropped/<name>/<reason>`.")
     path: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
@@ -203,8 +208,9 @@ class CustomFilterConfig(Section):
 class StagesConfig(Section):
     """Settings of the funnel's stages, one section each, in the order documents meet them."""
 
-    # Seconds one record may take in any per-document stage before it is rejected <stage>/timeout.
-    record_timeout_s: float = Field(default=5.0, gt=0)
+    # Seconds one record may take in any per-document stage before it is rejected <stage>/timeout;
+    # an hour is far beyond any one document's work, so a larger value is a mistake, not a budget.
+    record_timeout_s: float = Field(default=5.0, gt=0, le=3600)
     extract: ExtractConfig = ExtractConfig()
     language: LanguageConfig = LanguageConfig()
     heuristic: HeuristicConfig = HeuristicConfig()

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from refinery.config.section import Section
+
+
+# The largest vocabulary a config may ask for: 4x Gemma's 262,144 (Gemma Team 2024), the largest
+# published language-model vocabulary, and far inside what the shards' uint32 tokens hold
+# (refinery/shard_format.py token_dtype). The BPE trainer reserves about 70 bytes per requested
+# token up front: 10^9 asked it for 70 GB and 2^31 aborted the process (SIGABRT) mid-run.
+MAX_VOCAB_SIZE = 1 << 20
+
+
+def check_vocab_size(v: int | None) -> int | None:
+    if v is not None and v > MAX_VOCAB_SIZE:
+        raise ValueError(f"{v} is above {MAX_VOCAB_SIZE:,} tokens, the largest vocabulary Refinery trains or "
+                         f"packs (the BPE trainer reserves memory per requested token up front); give at most "
+                         f"{MAX_VOCAB_SIZE}")
+    return v
 
 
 class TokenizerConfig(Section):
@@ -12,6 +27,7 @@ class TokenizerConfig(Section):
 
     path: str | None = None
     vocab_size: int = Field(default=8192, ge=260)
+    _vocab_bound = field_validator("vocab_size")(check_vocab_size)
     train_docs: int = Field(default=20_000, ge=1)
     eod_token: str = "<|endoftext|>"
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from refinery.config.section import Section
+from refinery.config.tokens import check_vocab_size
 
 
 class ModelConfig(Section):
     """The GPT in training/model.py. vocab_size None takes tokenizer.vocab_size."""
 
     vocab_size: int | None = Field(default=None, ge=2)
+    _vocab_bound = field_validator("vocab_size")(check_vocab_size)
     n_layer: int = Field(default=2, ge=1)
     n_head: int = Field(default=4, ge=1)
     n_embd: int = Field(default=128, ge=8)

@@ -63,7 +63,7 @@ def read_input_shard(
         )
     result = ReadResult()
     if source.format == "warc":
-        read_warc(shard.path, extract, result, record_timeout_s)
+        read_warc(shard.path, source, extract, result, record_timeout_s)
     elif source.format == "jsonl":
         read_jsonl(shard.path, source, extract, result, record_timeout_s)
     else:

@@ -10,12 +10,15 @@ a fake value, so a model never learns a fake address as real):
 | `iban`        | `<IBAN>`         | 2 letters, 2 check digits, 11-30 alphanumerics; ISO 7064 mod 97 |
 | `credit_card` | `<CREDIT_CARD>`  | 13-19 digits (spaces or dashes between), card-network prefix, Luhn |
 | `us_ssn`      | `<SSN>`          | AAA-GG-SSSS with dashes; SSA-invalid areas/groups/serials skipped |
-| `ip` (v6)     | `<IP_ADDRESS>`   | colon-hex groups that `ipaddress` accepts, with a digit, and `::` or 3+ colons |
+| `ip` (v6)     | `<IP_ADDRESS>`   | colon-hex groups that `ipaddress` accepts, with a digit, and `::` or 3+ colons; with a `/0`-`/128` network prefix |
 | `ip` (v4)     | `<IP_ADDRESS>`   | four dotted octets 0-255 without leading zeros, not inside a longer dotted number |
 | `phone`       | `<PHONE>`        | `+` and 8-15 digits (E.164), or NANP `(AAA) EEE-NNNN` shapes     |
 
 Kinds run in that order, so an address inside an email is one `<EMAIL>`, and a placeholder is
-never matched again. Choices that keep false positives down:
+never matched again. A match ends where ASCII letters, `_` and digits end, whatever script is next
+to it: `张伟zhangwei@example.com或者` is `张伟<EMAIL>或者` (and an address with other letters in its
+local part loses its ASCII tail: `müller@example.com` is `mü<EMAIL>`). Choices that keep false
+positives down:
 - Private (10.x, 192.168.x, 172.16-31.x), loopback and documentation (192.0.2.x) IPv4 addresses
   are redacted like any other: they still describe someone's network, and in crawl text they
   are as often a real host as an example.
@@ -24,7 +27,8 @@ never matched again. Choices that keep false positives down:
 - Phone numbers need a leading `+`, or the NANP shape with a separator before the last four
   digits: years (2019-2020), ISO dates (2023-10-05), times (12:30:45) and bare 10-digit ids are
   kept. An SSN needs its dashes, a card number a network prefix and the Luhn check.
-- "Foo::Bar" and "dead::beef" (no digit) are not IPv6 addresses; "fe80::1" and "::1" are.
+- "Foo::Bar" and "dead::beef" (no digit) are not IPv6 addresses; "fe80::1" and "::1" are, and so
+  is the network "::/0" (a bare "::" is not). IPv4 networks keep their prefix: `<IP_ADDRESS>/8`.
 
 Speed: each kind's regex runs only on the documents its prefilter (a looser Rust regex that polars
 evaluates over the whole column) says could hold a match.
@@ -103,10 +107,14 @@ def _ssn(text: str) -> bool:
 
 
 def _ipv6(text: str) -> bool:
-    if not any(c.isdigit() for c in text) or ("::" not in text and text.count(":") < 3):
+    address, network, _ = text.partition("/")
+    # A digit keeps code (`dead::beef`) out; `::` alone is an address only as a network (`::/0`).
+    if not (any(c.isdigit() for c in address) or (address == "::" and network)):
+        return False
+    if "::" not in address and address.count(":") < 3:
         return False
     try:
-        ipaddress.IPv6Address(text)
+        ipaddress.IPv6Address(address)
     except ValueError:
         return False
     return True
@@ -116,7 +124,7 @@ def _ipv4(text: str) -> bool:
     return all(int(octet) <= 255 and (octet == "0" or not octet.startswith("0")) for octet in text.split("."))
 
 
-_VERSION_CONTEXT = re.compile(r"(?:\b(?:version|ver|release|build)\.?\s*|\bv)$", re.IGNORECASE)
+_VERSION_CONTEXT = re.compile(r"(?<![A-Za-z_\d])(?:(?:version|ver|release|build)\.?\s*|v)$", re.IGNORECASE)
 
 
 def _phone(text: str) -> bool:
@@ -129,6 +137,10 @@ def _phone(text: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"  # IPv4 inside IPv6 only; bare IPv4 is checked by _ipv4
+# What continues a word around PII: ASCII letters, `_` and digits. Letters of other scripts do not,
+# since no address, number or email here is written with them: `张伟zhangwei@example.com或者` and
+# `メールはtaro.yamada@example.jpまで` hold an email between two CJK words (`\w` would join them).
+_WORD = r"A-Za-z_\d"
 # Patterns that can open with a character class put their look-behind after that first character,
 # so the regex engine scans for the class instead of trying the look-behind at every position
 # (3x faster on long documents).
@@ -150,14 +162,15 @@ PATTERNS: tuple[PiiPattern, ...] = (
     PiiPattern(
         "email",
         re.compile(
-            r"[A-Za-z0-9](?<![\w.%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*@"
-            r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b"
+            rf"[A-Za-z0-9](?<![{_WORD}.%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*@"
+            rf"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{{2,24}}(?![{_WORD}])"
         ),
         prefilter=r"[A-Za-z0-9]@[A-Za-z0-9]",
     ),
     PiiPattern(
         "iban",
-        re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"),
+        re.compile(rf"[A-Z](?<![{_WORD}][A-Z])[A-Z]\d{{2}}(?: ?[A-Z0-9]{{4}}){{2,7}}(?: ?[A-Z0-9]{{1,3}})?"
+                   rf"(?![{_WORD}])"),
         prefilter=r"[A-Z]{2}\d{2} ?[A-Z0-9]{4}",
         validate=iban_valid,
     ),
@@ -176,28 +189,31 @@ PATTERNS: tuple[PiiPattern, ...] = (
     PiiPattern(
         "ip",
         re.compile(
-            r"(?=[0-9A-Fa-f:])(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}"
-            rf"(?:{_OCTET}(?:\.{_OCTET}){{3}}|[0-9A-Fa-f]{{1,4}})?(?![\w:]|\.\d)"
+            rf"(?=[0-9A-Fa-f:])(?<![{_WORD}:.])(?:[0-9A-Fa-f]{{0,4}}:){{2,7}}"
+            rf"(?:{_OCTET}(?:\.{_OCTET}){{3}}|[0-9A-Fa-f]{{1,4}})?"
+            # A network's prefix length (0-128) belongs to it: `::1/128` is one address, not `::1` and `/128`.
+            rf"(?:/(?:12[0-8]|1[01]\d|[1-9]?\d))?(?![{_WORD}:]|\.\d)"
         ),
         prefilter=r":[0-9A-Fa-f]{0,4}:",
         validate=_ipv6,
     ),
     PiiPattern(
         "ip",
-        re.compile(r"\d(?<![\w.]\d)\d{0,2}(?:\.\d{1,3}){3}(?!\.?\d|\w)"),
+        re.compile(rf"\d(?<![{_WORD}.]\d)\d{{0,2}}(?:\.\d{{1,3}}){{3}}(?!\.?\d|[{_WORD}])"),
         prefilter=r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}",
         validate=_ipv4,
         keep_after=_VERSION_CONTEXT,
     ),
     PiiPattern(
         "phone",
-        re.compile(r"\+(?<![\w+]\+)\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,5})){1,6}(?!\w)"),
+        re.compile(rf"\+(?<![{_WORD}+]\+)\d{{1,3}}(?:[ .-]?(?:\(\d{{1,4}}\)|\d{{1,5}})){{1,6}}(?![{_WORD}])"),
         prefilter=r"\+\d",
         validate=_phone,
     ),
     PiiPattern(
         "phone",
-        re.compile(r"(?=[\d(])(?<![\w(+.-])(?:1[ .-]?)?(?:\(\d{3}\)[ .-]?|\d{3}[ .-]?)\d{3}[ .-]\d{4}(?!\w|[.-]\d)"),
+        re.compile(rf"(?=[\d(])(?<![{_WORD}(+.-])(?:1[ .-]?)?(?:\(\d{{3}}\)[ .-]?|\d{{3}}[ .-]?)\d{{3}}[ .-]\d{{4}}"
+                   rf"(?![{_WORD}]|[.-]\d)"),
         prefilter=r"\d{3}[ .-]\d{4}",
         validate=_phone,
     ),

@@ -1,7 +1,9 @@
 """The safety filter: configurable blocked words and blocked domains.
 
 - `safety/blocked_domain`: the URL's host is a blocked domain or a subdomain of one
-  (`ads.example.com` matches `example.com`; `notexample.com` does not). Value: none; detail: host.
+  (`ads.example.com` matches `example.com`; `notexample.com` does not). The host is read as a
+  browser reads it (refinery/stages/urls.py: scheme-less URLs, user-info, ports, IP forms, IDN
+  names in punycode or Unicode). Value: none; detail: host.
 - `safety/blocked_words`: whole-word, case-insensitive hits of the blocked words (or phrases) in
   the text; the document is dropped when hits exceed `max_blocked_word_hits` (default 0: any hit
   drops). Value: the number of hits; detail: the words that hit, most frequent first.

@@ -41,6 +41,7 @@ class HeuristicFilter(RecordStage):
         self.rules_off = frozenset(rules_off)
         self.domains = frozenset(d.lower().strip(".") for d in cfg.url_blocklist)
         self.banned_words = frozenset(w.lower() for w in cfg.url_banned_words)
+        self.banned_whole_words = frozenset(w.lower() for w in cfg.url_banned_whole_words)
         self._rules: dict[str | None, LanguageRules] = {}
 
     def rules_for(self, language: str | None) -> LanguageRules:
@@ -54,7 +55,7 @@ class HeuristicFilter(RecordStage):
     def _evaluate(self, text: str | None, url: str | None, removed: Counter, language: str | None,
                   verdict: Verdict) -> str | None:
         """The kept text, or None with the failures in `verdict`."""
-        drop = url_rules(url, self.domains, self.banned_words)
+        drop = url_rules(url, self.domains, self.banned_whole_words, substrings=self.banned_words)
         if drop is not None and verdict.fail(drop.rule, drop.value, drop.detail):
             return None
         rules = self.rules_for(language)

@@ -11,8 +11,11 @@ from refinery.stages.urls import blocked_suffix, url_host
 _URL_WORD = re.compile(r"[a-z0-9]+")
 
 
-def url_rules(url: str | None, domains: frozenset[str], banned_words: frozenset[str]) -> Drop | None:
-    """Blocklisted domains (and their subdomains), then banned words among the URL's words.
+def url_rules(url: str | None, domains: frozenset[str], whole_words: frozenset[str] = frozenset(), *,
+              substrings: frozenset[str] = frozenset()) -> Drop | None:
+    """Blocklisted domains (and their subdomains), then banned words: `substrings` anywhere in the
+    lower-cased URL (`casino` in `bestcasinoguide.example`), `whole_words` only as a whole run of
+    letters and digits (`casino` in `/casino-guide`, not in `/casinoguide`). Every set is lower-case.
     A document without a URL has nothing to match; one whose host cannot be parsed
     (`http://[bad/x`) is `url/malformed` when there is a blocklist to check it against."""
     if not url:
@@ -27,8 +30,10 @@ def url_rules(url: str | None, domains: frozenset[str], banned_words: frozenset[
         suffix = blocked_suffix(host, domains)
         if suffix is not None:
             return Drop("url/blocklisted_domain", None, suffix)
-    if banned_words:
-        hit = banned_words.intersection(_URL_WORD.findall(url.lower()))
+    if whole_words or substrings:
+        lowered = url.lower()
+        hit = set(whole_words.intersection(_URL_WORD.findall(lowered))) if whole_words else set()
+        hit.update(w for w in substrings if w and w in lowered)  # an empty entry is no word
         if hit:
             return Drop("url/banned_word", float(len(hit)), min(hit))
     return None

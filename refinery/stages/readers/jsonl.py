@@ -5,12 +5,15 @@ object, or nested past the parser's recursion limit), `ingest/missing_text`,
 `ingest/lone_surrogate` (a `\\ud800` escape, which no UTF-8 writer accepts), `ingest/bad_utf8`,
 `ingest/binary_payload`, `ingest/too_large`; a gzip stream cut short keeps every whole line before
 the cut and adds one `ingest/truncated_file` naming the offset.
+A UTF-8 byte order mark before the first line is dropped, and an integer longer than Python's
+int conversion limit stays a string of its digits, so neither costs a valid record.
 
 `record_offset` is the line's byte offset in the decompressed stream.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import zlib
@@ -63,6 +66,8 @@ def read_jsonl(
         try:
             for offset, line, length in _lines(f, limit):
                 reached = offset + length
+                if offset == 0 and line.startswith(codecs.BOM_UTF8):
+                    line = line[len(codecs.BOM_UTF8) :]  # a byte order mark is no part of the first record
                 if not line.strip():
                     result.count("blank_lines")
                     continue
@@ -84,6 +89,28 @@ def read_jsonl(
         result.count("empty_file")
 
 
+def _digits_beyond_int_limit(digits: str) -> int | str:
+    """An integer field, or its digits as a string past Python's int conversion limit (4300 digits
+    by default, sys.get_int_max_str_digits()): such a number in a field we never read costs
+    nothing, and an id field keeps its exact digits."""
+    try:
+        return int(digits)
+    except ValueError:
+        return digits
+
+
+def _json_object(text: str):
+    """`json.loads`, except that an integer too long for Python's int conversion is no error; the
+    slower hook runs only on a line that failed."""
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        try:
+            return json.loads(text, parse_int=_digits_beyond_int_limit)
+        except ValueError:
+            raise err from None
+
+
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -92,7 +119,7 @@ def _parse_json_line(rec: RawRecord, line: bytes, source: SourceConfig, result: 
     if text is None:
         return
     try:
-        obj = json.loads(text)
+        obj = _json_object(text)
     except ValueError as err:
         rec.drop = Drop("ingest/bad_json", None, str(err)[:200])
         rec.excerpt = text[:EXCERPT_CHARS]

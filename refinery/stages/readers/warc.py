@@ -1,8 +1,11 @@
 """The WARC reader: one row per response or resource record.
 
-`raw` is the record's payload decoded with its charset (the HTTP header's, else an HTML meta
-charset, else UTF-8); a payload that is not text by its content type, or holds NUL bytes, is
-`ingest/binary_payload`. Past a record FastWARC cannot read, reading resumes at the next
+`raw` is the record's payload as a browser reads it (refinery/stages/readers/http.py: only the
+statuses the source keeps, `ingest/http_status`; de-chunked; gzip, deflate and br decoded; decoded
+with the charset its bytes are in); a payload that is not text by its content type, or holds NUL
+bytes, is `ingest/binary_payload`. A record whose WARC header lines end in LF alone (FastWARC reads
+it as one header line and runs into the next record) is one `ingest/bad_record` with its own URL,
+and reading resumes at the next record. Past a record FastWARC cannot read, reading resumes at the next
 `WARC/1.x` record start (plain files) or the next gzip member holding one (per-record gzip files).
 The bad stretch is one `ingest/bad_record` (a header that cannot be parsed, such as a 3 MB HTTP
 header), `ingest/bad_gzip_member` (a member that does not decompress) or
@@ -17,15 +20,15 @@ offset of its gzip member, so a reader can seek straight to it).
 
 from __future__ import annotations
 
-import codecs
 import os
 import re
 import zlib
 from dataclasses import dataclass
 
-from refinery.config import ExtractConfig
+from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import EXCERPT_CHARS
 from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
+from refinery.stages.readers.http import Rejected, decode_payload, http_body
 from refinery.stages.readers.records import (
     GZIP_MAGIC,
     RawRecord,
@@ -34,14 +37,11 @@ from refinery.stages.readers.records import (
     excerpt_of,
     is_gzip_member_start,
     too_large,
-    utf8_or_drop,
 )
 from refinery.stages.stats import Drop
 
 # Content types that are text even though they are not text/*.
 _TEXTUAL_APPLICATION = re.compile(r"^application/([a-z0-9.+-]*\+)?(xml|json|javascript|ecmascript|x-javascript|xhtml\+xml)$")
-_META_CHARSET = re.compile(rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]{1,40})""", re.IGNORECASE)
-_CHARSET_SNIFF_BYTES = 4096
 # Small reads keep the copy of a finished member's unused input cheap on per-record gzip files.
 _GZIP_CHECK_CHUNK = 64 * 1024
 
@@ -88,11 +88,12 @@ class _Segment:
     last_length: int = 0  # its WARC Content-Length
     last_row: int | None = None  # its place in result.records, when it became a row
     error: str | None = None  # why reading stopped before the end of the file
-    cut_at: int | None = None  # a record whose payload ends early starts here
+    cut_at: int | None = None  # a record whose payload ends early, or whose header lines end in LF, starts here
+    cut_why: str = "the record's payload ends before its Content-Length"
 
 
-def _warc_segment(path: str, start: int, gzipped: bool, index: int, extract: ExtractConfig,
-                  result: ReadResult, budget: float | None) -> _Segment:
+def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: SourceConfig,
+                  extract: ExtractConfig, result: ReadResult, budget: float | None) -> _Segment:
     """Read records from byte `start` (a record or gzip member start) until the end of the file or
     the first record FastWARC cannot parse."""
     from fastwarc.stream_io import GzipReader
@@ -113,10 +114,15 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, extract: Ext
                 seg.index += 1
                 seg.last_pos, seg.last_row = record.stream_pos, None
                 seg.last_length = _warc_content_length(record)
+                if any("\n" in value for _, value in record.headers.items()):
+                    # LF-only header lines: FastWARC read them as one line and may have run on into
+                    # the next record's headers and block, so nothing it says past here is trusted.
+                    seg.cut_at, seg.cut_why = record.stream_pos, "WARC header lines end in LF, not CRLF"
+                    break
                 if not record.record_type & wanted:
                     result.count(f"skipped_{record.record_type}")
                     continue
-                rec = guarded("ingest", budget, armed, _warc_row, record, seg.index, extract, result)
+                rec = guarded("ingest", budget, armed, _warc_row, record, seg.index, source, extract, result)
                 if isinstance(rec, Drop):  # this record's own handling failed: a reject of its own
                     headers = record.headers
                     rec = RawRecord(seg.index, record.stream_pos, headers.get("WARC-Target-URI"),
@@ -145,7 +151,7 @@ def _warc_content_length(record) -> int:
         return -1
 
 
-def _warc_row(record, index: int, extract: ExtractConfig, result: ReadResult) -> RawRecord | None:
+def _warc_row(record, index: int, source: SourceConfig, extract: ExtractConfig, result: ReadResult) -> RawRecord | None:
     """The row of one response/resource record, or None when its payload ends before its
     declared length (the file is cut short there)."""
     headers = record.headers
@@ -159,20 +165,36 @@ def _warc_row(record, index: int, extract: ExtractConfig, result: ReadResult) ->
         content_type=content_type,
     )
     declared, limit = record.content_length, extract.max_record_bytes
+    rec.payload_bytes = declared
     if declared > limit:
-        rec.payload_bytes = declared
         rec.excerpt = excerpt_of(record.reader.read(EXCERPT_CHARS))
         rec.drop = too_large(declared, limit)
         return rec
     payload = record.reader.read(declared + 1)
     if len(payload) < declared:
         return None
-    binary = None if is_textual(content_type, extract) else f"content type {content_type}"
-    codec = sniff_charset(payload, record.http_charset if record.is_http else None)
-    return _text_or_drop(rec, payload, codec, result, binary)
+    status = record.http_headers.status_code if record.is_http else None
+    if record.is_http and (status is None or not source.keeps_http_status(status)):
+        rec.excerpt = excerpt_of(payload)
+        rec.drop = Drop("ingest/http_status", None if status is None else float(status),
+                        f"HTTP {status or 'status unreadable'}; kept: {', '.join(map(str, source.http_status_kept))}")
+        return rec
+    if not is_textual(content_type, extract):
+        rec.drop = Drop("ingest/binary_payload", None, f"content type {content_type}")
+        return rec
+    if record.is_http:
+        headers = record.http_headers
+        try:
+            payload = http_body(payload, headers.get("Transfer-Encoding"), headers.get("Content-Encoding"), limit)
+        except Rejected as err:
+            rec.drop, rec.excerpt = err.drop, excerpt_of(payload)
+            return rec
+    rec.raw = decode_payload(rec, payload, record.http_charset if record.is_http else None, result)
+    return rec
 
 
-def read_warc(path: str, extract: ExtractConfig, result: ReadResult, budget: float | None) -> None:
+def read_warc(path: str, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
+              budget: float | None) -> None:
     """Every record FastWARC can read; past a record it cannot, reading resumes at the next record
     start (plain WARC) or the next gzip member that holds one (per-record gzip WARC), and the bytes
     in between become one reject that names their range."""
@@ -180,7 +202,7 @@ def read_warc(path: str, extract: ExtractConfig, result: ReadResult, budget: flo
     start: int | None = 0
     index = -1
     while start is not None:
-        seg = _warc_segment(path, start, gzipped, index, extract, result, budget)
+        seg = _warc_segment(path, start, gzipped, index, source, extract, result, budget)
         index = seg.index
         start, index = _resynchronise(path, gzipped, seg, result)
     if index < 0 and not result.records:
@@ -192,7 +214,7 @@ def _resynchronise(path: str, gzipped: bool, seg: _Segment, result: ReadResult) 
     adds the reject for what was skipped."""
     rule = "ingest/bad_record"
     if seg.cut_at is not None:
-        bad, why = seg.cut_at, "the record's payload ends before its Content-Length"
+        bad, why = seg.cut_at, seg.cut_why
         seg.index -= 1  # the cut record's index goes to its reject
     elif seg.error is None:
         if not gzipped:
@@ -340,23 +362,6 @@ def _record_end(path: str, offset: int, length: int, gzipped: bool) -> int | Non
 # --------------------------------------------------------------------------------------------------
 
 
-def sniff_charset(payload: bytes, header_charset: str | None) -> str:
-    """The payload's codec: the HTTP header's charset, else an HTML meta charset, else UTF-8.
-    Unknown names fall back to UTF-8."""
-    name = header_charset
-    if not name:
-        m = _META_CHARSET.search(payload, 0, _CHARSET_SNIFF_BYTES)
-        name = m.group(1).decode("ascii") if m else None
-    if not name:
-        return "utf-8"
-    try:
-        info = codecs.lookup(name)
-    except LookupError:
-        return "utf-8"
-    # bytes-to-bytes codecs (base64, zlib) are found by lookup but cannot decode to str
-    return info.name if getattr(info, "_is_text_encoding", True) else "utf-8"
-
-
 def is_textual(content_type: str, extract: ExtractConfig) -> bool:
     ct = content_type.lower()
     if ct.startswith("text/") or ct in extract.html_content_types:
@@ -364,20 +369,3 @@ def is_textual(content_type: str, extract: ExtractConfig) -> bool:
     if any(ct.startswith(prefix) for prefix in extract.text_content_types):
         return True
     return bool(_TEXTUAL_APPLICATION.match(ct))
-
-
-def _text_or_drop(
-    rec: RawRecord, payload: bytes, codec: str, result: ReadResult, binary_reason: str | None
-) -> RawRecord:
-    """Decode `payload` into `rec.raw`, or set the drop that rejects it."""
-    rec.payload_bytes = len(payload)
-    if binary_reason is None and b"\x00" in payload:
-        binary_reason = "NUL bytes in the payload"
-    if binary_reason is not None:
-        rec.drop = Drop("ingest/binary_payload", None, binary_reason)
-        return rec
-    if codec != "utf-8":
-        rec.raw = payload.decode(codec, errors="replace")
-        return rec
-    rec.raw = utf8_or_drop(rec, payload, result)
-    return rec
