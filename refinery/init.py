@@ -28,6 +28,7 @@ import yaml
 
 from refinery.config import ConfigError, load_config
 from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
+from refinery.documents.inputs import outside_folder
 
 # Bytes of clean text per token of the demo's tokenizer (byte-level BPE, vocab 4096, trained on the
 # sample's clean text by the `tokenizer` asset): 3.37 on data/sample's JSONL text.
@@ -38,6 +39,8 @@ DEMO_VOCAB_SIZE = 4096
 BUDGET_MARGIN = 0.5
 SAMPLE_FILES = 3  # per source: the first, middle and last file
 ROOT_BUCKET = "web"
+# How `scan` marks, among the files it does not read, a symlink whose target is outside the scanned folder.
+OUTSIDE_NOTE = " (a symlink out of this folder)"
 # A language goes into stages.language.languages when at least this share of the sampled documents is in it.
 MIN_LANGUAGE_SHARE = 0.1
 TEXT_FIELDS = ("text", "content", "body", "document", "raw_content", "article", "markdown", "passage", "code")
@@ -121,6 +124,10 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
 
     def visit(path: str, bucket: str) -> None:
         if os.path.abspath(path) in exclude:
+            return
+        if outside_folder(path, root) is not None:
+            # Ingest refuses it too (`ingest/outside_source`): a link out of the folder is not its data.
+            ignored.append(os.path.relpath(path, root) + OUTSIDE_NOTE)
             return
         fmt = detect_format(path)
         if fmt is None and os.path.isdir(path):
@@ -394,9 +401,12 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
         if s.skip:
             entry["skip"] = s.skip
         lines.append(f"  {'# ' if s.problem else ''}- {_flow(entry)}")
-    if ignored:
-        shown = ", ".join(ignored[:10]) + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else "")
-        lines.append(f"  # Not read (no format Refinery knows): {shown}")
+    unknown = [i for i in ignored if not i.endswith(OUTSIDE_NOTE)]
+    outside = [i.removesuffix(OUTSIDE_NOTE) for i in ignored if i.endswith(OUTSIDE_NOTE)]
+    for names, why in ((unknown, "no format Refinery knows"), (outside, "symlinks out of this folder")):
+        if names:
+            shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+            lines.append(f"  # Not read ({why}): {shown}")
     count = max(1, min(64, math.ceil(max(len(s.paths) for s in sources) / 16)))
     lines += [
         "",

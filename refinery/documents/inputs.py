@@ -31,6 +31,27 @@ def hf_dataset_dirs(paths: list[str]) -> list[str]:
     return out
 
 
+def source_folder(pattern: str) -> str | None:
+    """The folder of a source's path pattern (the part before its first glob component), which
+    every input must stay inside once its symlinks are resolved; None for a URL (no symlinks)."""
+    if "://" in pattern:
+        return None
+    parts = pattern.split(os.sep)
+    fixed = 0
+    while fixed < len(parts) - 1 and not any(c in parts[fixed] for c in "*?["):
+        fixed += 1
+    return os.sep.join(parts[:fixed]) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+
+
+def outside_folder(path: str, folder: str) -> str | None:
+    """Where `path` really is when, its symlinks resolved, it leaves `folder` (itself resolved, so a
+    symlinked data folder still holds its own files); None when it stays inside. A file reached
+    through such a link is not the source's, and reading it would put any file on the machine into
+    the corpus and its rejects."""
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return None if os.path.commonpath([real, root]) == root else real
+
+
 def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
     """Every source's inputs (files; directories for `hf_dataset`), sorted so partition keys are stable."""
     out: dict[str, list[str]] = {}
@@ -48,6 +69,8 @@ class InputShard:
     source: str
     bucket: str
     path: str
+    # The source's folder, which `path` must resolve into to be read (None: not checked).
+    folder: str | None = None
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -71,6 +94,7 @@ def input_shards(cfg: RefineryConfig) -> list[InputShard]:
     shards: list[InputShard] = []
     seen: set[str] = set()
     for src in cfg.sources:
+        folder = source_folder(cfg.resolve(src.path))
         for path in input_files(cfg)[src.name]:
             key = f"{src.name}-{_stem(path)}"
             n = 2
@@ -78,7 +102,7 @@ def input_shards(cfg: RefineryConfig) -> list[InputShard]:
                 key = f"{src.name}-{_stem(path)}-{n}"
                 n += 1
             seen.add(key)
-            shards.append(InputShard(key=key, source=src.name, bucket=src.bucket, path=path))
+            shards.append(InputShard(key=key, source=src.name, bucket=src.bucket, path=path, folder=folder))
     return shards
 
 

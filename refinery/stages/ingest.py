@@ -6,8 +6,10 @@ One row per response/resource WARC record, JSONL line or table row, with the pro
 `refinery.documents` and `raw`, the decoded payload (HTML for WARC responses, the text field for
 JSONL and tables). Hostile input never stops the file: a bad record becomes one reject row
 `ingest/<reason>` (each reader's docstring lists its reasons) and reading goes on. Only a missing
-file, and a table without the source's text (or id) column, raise. Handling one record (decoding,
-parsing) that raises or runs past `record_timeout_s` is that record's reject, `ingest/error` or
+file, and a table without the source's text (or id) column, raise. A file whose symlinks lead
+outside its source's folder is not read: it is one `ingest/outside_source` reject, without an
+excerpt; so is a file whose name is not valid UTF-8 (`ingest/bad_file_name`, named with `\\xNN`
+escapes). Handling one record (decoding, parsing) that raises or runs past `record_timeout_s` is that record's reject, `ingest/error` or
 `ingest/timeout` (refinery/stages/isolation.py).
 
 `record_offset` locates the record in its file: a byte offset for WARC (in the file as stored) and
@@ -23,10 +25,11 @@ import polars as pl
 
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import PROVENANCE_SCHEMA, InputShard, make_doc_id
+from refinery.documents.inputs import outside_folder
 from refinery.stages.base import StageOutput
 from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S
-from refinery.stages.readers import ReadResult, read_jsonl, read_table, read_warc
-from refinery.stages.stats import StageStats, count_in_out, rejects_frame
+from refinery.stages.readers import RawRecord, ReadResult, read_jsonl, read_table, read_warc
+from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 
 STAGE = "raw_documents"
 RAW_SCHEMA: dict[str, pl.DataType] = {**PROVENANCE_SCHEMA, "raw": pl.String()}
@@ -47,6 +50,28 @@ def config_relative_file(path: str, pattern: str) -> str:
     return "/".join(parts[:fixed] + path.split(os.sep)[-tail:])
 
 
+def escaped_name(path: str) -> str:
+    """`path` with each byte that is not UTF-8 (held as a surrogate by os.fsdecode) shown as `\\xNN`."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def read_records(shard: InputShard, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
+                 record_timeout_s: float | None) -> None:
+    """Every record of the file, by the reader of the source's format, into `result`."""
+    exists = os.path.isdir if source.format == "hf_dataset" else os.path.isfile
+    if not exists(shard.path):
+        raise FileNotFoundError(
+            f"input {shard.path} of source {source.name!r} (path {source.path!r}) does not exist; "
+            f"fix the source's path or restore the file"
+        )
+    if source.format == "warc":
+        read_warc(shard.path, source, extract, result, record_timeout_s)
+    elif source.format == "jsonl":
+        read_jsonl(shard.path, source, extract, result, record_timeout_s)
+    else:
+        read_table(shard.path, source, extract, result, record_timeout_s)
+
+
 def read_input_shard(
     shard: InputShard, source: SourceConfig, extract: ExtractConfig,
     record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S,
@@ -55,22 +80,22 @@ def read_input_shard(
     record (decoding, parsing its JSON) that raises or runs past `record_timeout_s` is that
     record's reject, `ingest/error` or `ingest/timeout`."""
     start = time.perf_counter()
-    exists = os.path.isdir if source.format == "hf_dataset" else os.path.isfile
-    if not exists(shard.path):
-        raise FileNotFoundError(
-            f"input {shard.path} of source {source.name!r} (path {source.path!r}) does not exist; "
-            f"fix the source's path or restore the file"
-        )
     result = ReadResult()
-    if source.format == "warc":
-        read_warc(shard.path, source, extract, result, record_timeout_s)
-    elif source.format == "jsonl":
-        read_jsonl(shard.path, source, extract, result, record_timeout_s)
+    outside = outside_folder(shard.path, shard.folder) if shard.folder is not None else None
+    name = escaped_name(shard.path)
+    if name != shard.path:
+        # No text column can hold the name, and lineage could not point back at the file: refuse it.
+        result.records.append(RawRecord(index=0, offset=0, url=None, fetch_time=None, content_type=None, drop=Drop(
+            "ingest/bad_file_name", None, f"file name is not valid UTF-8: {name}")))
+    elif outside is not None:
+        # One reject for the file, without an excerpt: nothing of a file outside the source is read.
+        result.records.append(RawRecord(index=0, offset=0, url=None, fetch_time=None, content_type=None, drop=Drop(
+            "ingest/outside_source", None, f"resolves to {outside}, outside the source's folder {shard.folder}")))
     else:
-        read_table(shard.path, source, extract, result, record_timeout_s)
+        read_records(shard, source, extract, result, record_timeout_s)
 
     records = result.records
-    file_label = config_relative_file(shard.path, source.path)
+    file_label = escaped_name(config_relative_file(shard.path, source.path))
     table = pl.DataFrame(
         {
             "doc_id": [make_doc_id(shard.key, r.index) for r in records],
