@@ -226,14 +226,6 @@ def test_torn_tails_and_the_logs_of_ranks_beyond_a_shrunk_world_are_cut_back(tmp
     assert rank1.path.read_text().endswith("}\n")
 
 
-def test_a_torn_line_is_dropped_with_everything_after_it(tmp_path):
-    log = JsonLines(tmp_path / "m.jsonl")
-    log.path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "x\n{"step": 4}\n')
-    assert [r["step"] for r in log.read()] == [1, 2]
-    assert log.truncate_after(10) == 2
-    assert json.loads(log.path.read_text().splitlines()[-1]) == {"step": 2}
-
-
 
 # ---- torchrun: two CPU ranks over gloo -----------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,23 +30,46 @@ if TYPE_CHECKING:
 MetricsSink = Callable[[dict[str, Any]], None]
 TENSORBOARD_DIR = "tensorboard"
 TENSORBOARD_FLUSH_S = 10
+DAMAGED_LINES_NAMED = 10  # line numbers one resume message lists, so it stays one readable line
 
 
-def parse_lines(text: str) -> tuple[list[dict[str, Any]], int]:
-    """The records of a JSON-lines text up to its first unreadable line, and how many lines were
-    unreadable from there on. A crash mid-append leaves a torn last line (no newline, cut JSON);
-    what follows a bad line cannot be trusted to be in order, so it is dropped too."""
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The record of one log line, or None when the line is damaged: not JSON (bit rot, a block of
+    NULs), or JSON that is not an object with an integer `step` (every record the trainer writes has one)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the parser's depth
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def parse_lines(text: str) -> tuple[list[dict[str, Any]], list[int], int]:
+    """The records of a JSON-lines text, the 1-based numbers of its damaged complete lines, and 1
+    when its last line is torn (else 0). A crash mid-append can only tear the last line, the one
+    without a newline; a damaged line with a newline costs that line alone, so the valid lines
+    after it are kept."""
     lines = text.split("\n")
     complete, tail = lines[:-1], lines[-1]  # text after the last newline was never finished
-    records = []
-    for i, line in enumerate(complete):
+    records, damaged = [], []
+    for number, line in enumerate(complete, 1):
         if not line:
             continue
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            return records, sum(1 for x in complete[i:] if x) + bool(tail)
-    return records, int(bool(tail))
+        record = parse_record(line)
+        if record is None:
+            damaged.append(number)
+        else:
+            records.append(record)
+    return records, damaged, int(bool(tail))
+
+
+@dataclass(frozen=True)
+class LogCut:
+    """What cutting one log back removed besides the replayed steps."""
+
+    torn: int  # 1 when its last line had no newline (a write interrupted by a crash), else 0
+    damaged: list[int]  # 1-based numbers of the damaged lines dropped
+    intact_lines: int  # leading lines of the file left byte for byte as they were (a mirror keeps those)
 
 
 class JsonLines:
@@ -55,16 +79,19 @@ class JsonLines:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def truncate_after(self, step: int) -> int:
-        """Drop records of steps after `step` (they are replayed from the checkpoint) and a torn
-        tail; returns how many unreadable lines were cut."""
+    def truncate_after(self, step: int) -> LogCut:
+        """Drop records of steps after `step` (they are replayed from the checkpoint), damaged
+        lines and a torn tail, keeping every valid line up to `step`."""
         if not self.path.is_file():
-            return 0
-        records, torn = parse_lines(self.path.read_text(errors="replace"))
-        kept = [r for r in records if r["step"] <= step]
+            return LogCut(torn=0, damaged=[], intact_lines=0)
+        text = self.path.read_text(errors="replace")
+        records, damaged, torn = parse_lines(text)
+        kept = [json.dumps(r, sort_keys=True) for r in records if r["step"] <= step]
+        before = text.split("\n")[:-1]
+        intact = next((i for i, (old, new) in enumerate(zip(before, kept)) if old != new), min(len(before), len(kept)))
         with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-        return torn
+            tmp.write_text("".join(line + "\n" for line in kept))
+        return LogCut(torn=torn, damaged=damaged, intact_lines=intact)
 
     def append(self, record: dict[str, Any]) -> None:
         # One write of one whole line: a crash can tear only the last line, which resume cuts back.
@@ -74,7 +101,7 @@ class JsonLines:
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
             return []
-        return parse_lines(self.path.read_text(errors="replace"))[0]
+        return parse_lines(self.path.read_text(errors="replace"))[0]  # valid lines only
 
 
 class TensorBoardSink:
@@ -183,8 +210,9 @@ class ConsumptionLog(JsonLines):
 def cut_back_logs(step: int, rank: int, world: int, metrics: MetricsLogger, consumption: ConsumptionLog,
                   mirror: "RunMirror | None") -> None:
     """Cut the JSON-lines logs back to the resumed `step`: later records are replayed, a torn last
-    line is dropped, and consumption logs of ranks beyond a shrunk world size are cut back too (by
-    rank 0), so the logs on disk name exactly what the checkpoint consumed."""
+    line and damaged lines are dropped (each named in one message per log, the valid lines around
+    them kept), and consumption logs of ranks beyond a shrunk world size are cut back too (by rank
+    0), so the logs on disk name exactly what the checkpoint consumed."""
     logs: list[JsonLines] = [consumption]
     if rank == 0:
         logs.append(metrics)
@@ -193,9 +221,15 @@ def cut_back_logs(step: int, rank: int, world: int, metrics: MetricsLogger, cons
             if other.isdigit() and int(other) >= world:
                 logs.append(ConsumptionLog(path))
     for log in logs:
-        torn = log.truncate_after(step)
-        if torn:
-            print(f"refinery train: {log.path}: cut {torn} unreadable line(s) at its end (a write interrupted "
+        cut = log.truncate_after(step)
+        if cut.damaged:
+            named = ", ".join(map(str, cut.damaged[:DAMAGED_LINES_NAMED]))
+            unnamed = len(cut.damaged) - DAMAGED_LINES_NAMED
+            more = f" and {unnamed} more" if unnamed > 0 else ""
+            print(f"refinery train: {log.path}: dropped {len(cut.damaged)} damaged line(s) (line {named}{more}): not a "
+                  "JSON record with a step; the valid lines before and after kept", file=sys.stderr)
+        if cut.torn:
+            print(f"refinery train: {log.path}: cut {cut.torn} unreadable line(s) at its end (a write interrupted "
                   "by a crash)", file=sys.stderr)
         if mirror is not None:
-            mirror.sync_log(log.path)
+            mirror.sync_log(log.path, intact_lines=cut.intact_lines)

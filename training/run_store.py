@@ -118,15 +118,17 @@ class RunMirror:
         if new:
             self._pushed[path.name] = (self._write_segment(path.name, lines, new), offset + len(new))
 
-    def sync_log(self, path: Path) -> None:
+    def sync_log(self, path: Path, intact_lines: int | None = None) -> None:
         """Make the root's segments of log `path` hold the local file's whole lines and no more (resume
-        cut the file back to the checkpoint): segments reaching past its end or after a gap are
-        deleted, and the lines after the last kept one are pushed again."""
+        cut the file back to the checkpoint): segments reaching past its end, past its first
+        `intact_lines` (resume rewrote the lines after those: a damaged one was dropped) or after a
+        gap are deleted, and the lines after the last kept one are pushed again."""
         data = path.read_bytes() if path.is_file() else b""
         data = data[: data.rfind(b"\n") + 1]
         total, kept = data.count(b"\n"), 0
+        intact = total if intact_lines is None else min(intact_lines, total)
         for first, end, key in self._segments(path.name):
-            if first == kept and end <= total:
+            if first == kept and end <= intact:
                 kept = end
             else:
                 self.root.delete(key)
