@@ -10,14 +10,16 @@ import polars as pl
 import pytest
 
 from refinery.config import parse_config
-from refinery.curriculum import CurriculumError, build_phase_manifest, build_schedule, schedule_from_manifests, validate_data_root
+from refinery.curriculum import (CurriculumError, build_phase_manifest, build_schedule, read_bucket_inventory,
+                                 schedule_from_manifests, validate_data_root)
 from refinery.layout import final_index_key
 from refinery.curriculum import (CurriculumMismatch, ManifestError, PhaseManifest, read_manifest, read_selection,
                                  refuse_mismatch, write_manifest)
 from refinery.shard_format import ShardReader, shard_hashes
 from refinery.storage import LocalDataRoot
 
-from helpers.final_shards import DOCS_PER_BUCKET, config_dict, sample_docs, write_curriculum_config, write_final_shards
+from helpers.final_shards import (DOCS_PER_BUCKET, config_dict, sample_docs, write_curriculum_config, write_final_index,
+                                  write_final_shards)
 
 
 def make_cfg(tmp_path, **curriculum):
@@ -161,6 +163,40 @@ def test_failed_validation_is_recorded_in_the_manifest(tmp_path, corpus):
     assert not report.ok
     assert not m.validation["ok"]
     assert any(e.startswith("curriculum.buckets.math.max_epochs: bucket 'math' needs") for e in m.validation["errors"])
+
+
+# ---- totals past 32 bits ------------------------------------------------------------------------
+
+# Each entry's tokens fit the entry table's Int32 column; twelve of them overflow 32 bits even unsigned.
+BIG_ENTRY = 2**31 - 1
+BIG_DOCS = 12
+
+
+def test_bucket_totals_past_two_to_the_32_are_exact_in_inventory_validation_and_manifests(tmp_path):
+    root = LocalDataRoot(tmp_path / "root")
+    for bucket in ("web", "math"):
+        # distinct scores, so the anneal phase's top quarter is exactly the last three documents
+        write_final_index(root, bucket, [(f"{bucket}-0/{i:07d}", BIG_ENTRY, (i + 1) / BIG_DOCS) for i in range(BIG_DOCS)])
+    total = BIG_DOCS * BIG_ENTRY
+    assert total > 2**32
+    inventory = read_bucket_inventory(root, "web")
+    assert (inventory.tokens, inventory.entries) == (total, BIG_DOCS + 2)
+    assert sum(ref.tokens for ref in inventory.shards) == total
+
+    cfg = make_cfg(tmp_path)
+    report, main = build(cfg, root, "main")
+    assert report.ok, report.errors
+    assert report.contract["buckets"]["web"]["inventory_tokens"] == total
+    _, anneal = build(cfg, root, "anneal")
+    for m in (main, anneal):
+        write_manifest(root, m)
+    main, anneal = read_manifest(root, "main"), read_manifest(root, "anneal")
+    assert {b: (s.tokens, s.entries) for b, s in main.buckets.items()} == {b: (total, BIG_DOCS + 2) for b in ("web", "math")}
+    # documents 9, 10 and 11 (9 cut into two windows), each BIG_ENTRY tokens: past 2^32 as well
+    for sl in anneal.buckets.values():
+        assert (sl.tokens, sl.entries) == (3 * BIG_ENTRY, 4)
+        assert read_selection(root, sl).tolist() == [10, 11, 12, 13]
+    assert anneal.validation["contract"]["buckets"]["web"]["inventory_tokens"] == total
 
 
 # ---- bad input ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import polars as pl
 
 from refinery.config import RefineryConfig
 from refinery.curriculum.schedule import CurriculumError
@@ -72,15 +73,18 @@ def read_bucket_inventory(root: "DataRoot", bucket: str) -> BucketInventory:
     except (KeyError, TypeError) as err:
         raise CurriculumError(f"{root.display(key)}: malformed shard index ({err}); re-materialize shuffled_shards[{bucket}]") from None
     table = root.read_parquet(table_key, columns=["tokens", "doc_id", "quality_score"])
-    if table.height != sum(r.entries for r in refs) or int(table["tokens"].sum() or 0) != sum(r.tokens for r in refs):
+    # The table stores each entry's tokens as Int32, which polars sums in Int32: widen before summing.
+    entry_tokens = table["tokens"].cast(pl.Int64).to_numpy()
+    table_tokens = int(entry_tokens.sum())
+    if table.height != sum(r.entries for r in refs) or table_tokens != sum(r.tokens for r in refs):
         raise CurriculumError(
-            f"{root.display(table_key)}: {table.height} entries / {table['tokens'].sum()} tokens, but {root.display(key)} "
+            f"{root.display(table_key)}: {table.height} entries / {table_tokens} tokens, but {root.display(key)} "
             f"lists {sum(r.entries for r in refs)} / {sum(r.tokens for r in refs)}; re-materialize shuffled_shards[{bucket}]"
         )
     return BucketInventory(
         bucket=bucket,
         shards=refs,
-        entry_tokens=table["tokens"].cast(int).to_numpy().astype(np.int64),
+        entry_tokens=entry_tokens,
         doc_ids=table["doc_id"].to_list(),
         quality=table["quality_score"].cast(float).fill_null(float("nan")).to_numpy().astype(np.float64),
     )

@@ -185,7 +185,7 @@ def _gather(files: _RunFiles, dtype: np.dtype, series: ShardSeries) -> None:
     tokens = np.fromfile(files.tokens, dtype=dtype)
     ids = files.ids.read_bytes().decode().split("\n")[:-1]
     starts = np.zeros(len(records) + 1, dtype=np.int64)
-    np.cumsum(records["length"], out=starts[1:])
+    np.cumsum(records["length"], dtype=np.int64, out=starts[1:])  # uint32 lengths: sum in int64 whatever the platform default
     for i in np.argsort(records["key"], kind="stable"):
         rec = records[i]
         quality = None if np.isnan(rec["quality"]) else float(rec["quality"])

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 import polars as pl
 
-from refinery.stages.stats import Drop, StageStats, rejects_frame
+from refinery.stages.stats import Drop, StageStats, rejects_frame, text_bytes
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix, documents_key,
@@ -421,7 +421,7 @@ def tokenize_bucket(root: DataRoot, cfg: RefineryConfig, bucket: str, tokenizer,
                     series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i])
             kept = set(keep)
             drops = {i: Drop("tokenize/empty_text", 0.0, "no text to tokenize") for i in range(batch.height) if i not in kept}
-            batch_bytes = int(batch["text"].str.len_bytes().fill_null(0).sum())
+            batch_bytes = int(text_bytes(batch).sum())  # Int64: len_bytes is UInt32 and polars sums it in UInt32
             stats.docs_in += batch.height
             stats.docs_out += len(keep)
             stats.bytes_in += batch_bytes

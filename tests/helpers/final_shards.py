@@ -9,33 +9,59 @@ import polars as pl
 
 from helpers.configs import write_config
 from refinery.layout import final_index_key
-from refinery.shard_format import ShardWriter
+from refinery.shard_format import SHARD_SUFFIXES, ShardWriter
 from refinery.storage import LocalDataRoot
 
 DOCS_PER_BUCKET = {"web": 40, "math": 20}
 
 
-def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 16) -> None:
-    """Documents (doc_id, tokens, quality_score) in order; every fifth is cut into two windows."""
-    rng = np.random.default_rng(len(docs))
+def document_entries(docs: list[tuple[str, int, float | None]]) -> list[tuple[str, int, int, int, float | None]]:
+    """(doc_id, tokens, window, n_windows, quality_score) per entry of documents (doc_id, tokens,
+    quality_score) in order; every fifth document is cut into two windows."""
     entries = []
-    for doc_id, n, score in docs:
-        if docs.index((doc_id, n, score)) % 5 == 4:
+    for position, (doc_id, n, score) in enumerate(docs):
+        if position % 5 == 4:
             entries += [(doc_id, n // 2, 0, 2, score), (doc_id, n - n // 2, 1, 2, score)]
         else:
             entries.append((doc_id, n, 0, 1, score))
-    shards, rows = [], []
-    for number, start in enumerate(range(0, len(entries), per_shard)):
-        prefix = f"shards/final/{bucket}/shard-{number:05d}"
-        writer = ShardWriter(root.root / prefix, np.uint16)
-        for doc_id, n, window, n_windows, score in entries[start : start + per_shard]:
-            rows.append({"entry": len(rows), "doc_id": doc_id, "tokens": n, "quality_score": score})
-            writer.add(rng.integers(0, 1000, n), doc_id, window=window, n_windows=n_windows)
-        shards.append({"prefix": prefix, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": writer.close()})
+    return entries
+
+
+def write_entry_table_and_index(root: LocalDataRoot, bucket: str, shards: list[dict], entries: list[tuple]) -> None:
+    """The bucket's entries.parquet (tokens Int32, as shuffled_shards writes it) and index.json."""
+    rows = [{"entry": i, "doc_id": doc_id, "tokens": n, "quality_score": score}
+            for i, (doc_id, n, _, _, score) in enumerate(entries)]
     table_key = f"shards/final/{bucket}/entries.parquet"
     table = pl.DataFrame(rows, schema={"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "quality_score": pl.Float64})
     digest = root.write_parquet(table_key, table)
     root.write_json(final_index_key(bucket), {"bucket": bucket, "shards": shards, "entries_table": {"key": table_key, "sha256": digest}})
+
+
+def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 16) -> None:
+    """Documents (doc_id, tokens, quality_score) in order, as real shards (see `document_entries`)."""
+    rng = np.random.default_rng(len(docs))
+    entries = document_entries(docs)
+    shards = []
+    for number, start in enumerate(range(0, len(entries), per_shard)):
+        prefix = f"shards/final/{bucket}/shard-{number:05d}"
+        writer = ShardWriter(root.root / prefix, np.uint16)
+        for doc_id, n, window, n_windows, _ in entries[start : start + per_shard]:
+            writer.add(rng.integers(0, 1000, n), doc_id, window=window, n_windows=n_windows)
+        shards.append({"prefix": prefix, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": writer.close()})
+    write_entry_table_and_index(root, bucket, shards, entries)
+
+
+def write_final_index(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 4) -> None:
+    """The index.json and entries.parquet `write_final_shards` would write, without the shard files
+    (their hashes are placeholders): enough for validation and manifests, which read only these, at
+    token counts no test could write to disk."""
+    entries = document_entries(docs)
+    shards = []
+    for number, start in enumerate(range(0, len(entries), per_shard)):
+        chunk = entries[start : start + per_shard]
+        shards.append({"prefix": f"shards/final/{bucket}/shard-{number:05d}", "tokens": sum(e[1] for e in chunk),
+                       "entries": len(chunk), "sha256": {suffix: "0" * 64 for suffix in SHARD_SUFFIXES}})
+    write_entry_table_and_index(root, bucket, shards, entries)
 
 
 def sample_docs(bucket: str, n: int) -> list[tuple[str, int, float | None]]:
