@@ -121,28 +121,34 @@ def build_corpus(workdir: Path, seq_len: int, batch: int, steps: int) -> Path:
     return shape
 
 
-def planned_windows(data: CurriculumData, steps: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per step: which shard array, start and end every piece of every row reads."""
+def planned_windows(data: CurriculumData, steps: int) -> list[tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]]:
+    """Per step: the token maps of the shards it reads, and which of them, start and end every piece
+    of every row reads."""
     sampler, out = data.sampler(False), []
     rows = slice(0, data.schedule.global_batch)
     for _ in range(steps):
         plan = sampler.plan_next()
         p = plan.pieces(rows)
         flat, start = np.empty(len(p.entry), np.int64), np.empty(len(p.entry), np.int64)
+        maps: dict[tuple[str, int], int] = {}
+        arrays: list[np.ndarray] = []
         for si, es in enumerate(plan.sets):
             m = p.set_index == si
-            bs = data.buckets[es.bucket]
-            flat[m] = data._array_base[es.bucket] + bs.entry_shard[p.entry[m]]
-            start[m] = bs.entry_offset[p.entry[m]]
-        out.append((flat, start + p.a, start + p.b))
+            index = data.buckets[es.bucket]
+            shard, start[m], _, _ = index.table(p.entry[m])
+            for s in np.unique(shard).tolist():
+                if (es.bucket, s) not in maps:
+                    maps[(es.bucket, s)] = len(arrays)
+                    arrays.append(index.reader(s).tokens)
+            flat[m] = [maps[(es.bucket, s)] for s in shard.tolist()]
+        out.append((arrays, flat, start + p.a, start + p.b))
     return out
 
 
 def bare_gather(data: CurriculumData, windows, tokens_per_step: int) -> float:
-    arrays = data._arrays
     out = np.empty(tokens_per_step, dtype=np.int32)
     start = time.perf_counter()
-    for flat, lo, hi in windows:
+    for arrays, flat, lo, hi in windows:
         np.concatenate([arrays[i][s:t] for i, s, t in zip(flat.tolist(), lo.tolist(), hi.tolist())], out=out,
                        casting="same_kind")
     return time.perf_counter() - start

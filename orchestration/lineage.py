@@ -20,8 +20,8 @@ def run_lineage(args: argparse.Namespace) -> int:
     root = open_data_root(cfg.resolve(cfg.data_root))
     shard, offset, trained = args.shard, args.offset, None
     if args.run is not None:
-        # The trainer's side (training/token_lineage.py) replays the sampler; imported only here, so
-        # a shard-level query stays free of torch.
+        # The trainer's side (training/token_lineage.py) plans the sampler from the run's nearest
+        # checkpoint; imported only here, so a shard-level query stays free of torch.
         from training.token_lineage import TokenLookupError, global_row, locate_token
 
         if None in (args.step, args.row, args.pos):
@@ -29,7 +29,7 @@ def run_lineage(args: argparse.Namespace) -> int:
             return 2
         try:
             row = global_row(cfg, args.run, args.step, args.rank, args.row)
-            trained = {"run": args.run, "rank": args.rank, **locate_token(cfg, root, args.step, row, args.pos)}
+            trained = {"run": args.run, "rank": args.rank, **locate_token(cfg, root, args.step, row, args.pos, args.run)}
         except TokenLookupError as err:
             print(f"refinery lineage: {err}", file=sys.stderr)
             return 2

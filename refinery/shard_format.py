@@ -191,10 +191,13 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
     path = Path(path)
     if not path.is_file():
         raise ShardFormatError(f"{path}: index file not found")
-    raw = path.read_bytes()
-    if len(raw) < HEADER.size:
-        raise ShardFormatError(f"{path}: truncated: {len(raw)} bytes, shorter than the {HEADER.size}-byte header")
-    magic, version, code, count = HEADER.unpack_from(raw)
+    size = path.stat().st_size
+    if size < HEADER.size:
+        raise ShardFormatError(f"{path}: truncated: {size} bytes, shorter than the {HEADER.size}-byte header")
+    # Memory-mapped, not read: the offsets and overlaps stay in the page cache, which every process
+    # of a node reading the shard shares.
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    magic, version, code, count = HEADER.unpack_from(raw[:HEADER.size].tobytes())
     if magic != MAGIC:
         raise ShardFormatError(f"{path}: bad magic {magic!r}, expected {MAGIC!r}; this is not a Refinery shard index")
     if version != VERSION:
@@ -206,8 +209,8 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
         raise ShardFormatError(
             f"{path}: truncated or padded: {len(raw)} bytes, expected {expected} for {count} entries"
         )
-    offsets = np.frombuffer(raw, dtype=np.int64, count=count + 1, offset=HEADER.size)
-    overlaps = np.frombuffer(raw, dtype=OVERLAP_DTYPE, count=count, offset=HEADER.size + 8 * (count + 1))
+    offsets = raw[HEADER.size:HEADER.size + 8 * (count + 1)].view(np.int64)
+    overlaps = raw[HEADER.size + 8 * (count + 1):].view(OVERLAP_DTYPE)
     if offsets[0] != 0:
         raise ShardFormatError(f"{path}: first offset is {offsets[0]}, expected 0")
     lengths = np.diff(offsets)

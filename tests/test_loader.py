@@ -66,7 +66,7 @@ def test_row_layouts_expand_to_the_per_token_reference(tiny):
         for j, pieces in enumerate(out["consumed"]):
             doc, in_overlap = [[] for _ in range(per)], [[] for _ in range(per)]
             for row, bucket, entry, a, b in zip(*(pieces[k].tolist() for k in ("row", "bucket", "entry", "a", "b"))):
-                r, overlap = row - rows.start, int(tiny.buckets[tiny.bucket_names[bucket]].overlaps[entry])
+                r, overlap = row - rows.start, int(tiny.buckets[tiny.bucket_names[bucket]].table(np.array([entry]))[3][0])
                 ordinal = doc[r][-1] + 1 if doc[r] else 0
                 doc[r] += [ordinal] * (b - a)
                 in_overlap[r] += [t < overlap for t in range(a, b)]
@@ -180,45 +180,32 @@ def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the
 
 
 def test_a_bucket_without_shards_or_with_an_entry_past_int32_is_refused(monkeypatch):
-    """The per-entry tables hold lengths as int32 (20 bytes an entry, for every rank): an entry that
-    does not fit is refused by name, as is a bucket whose manifest lists no shard."""
-    import training.data as data_mod
-    from refinery.curriculum import BucketSlice, ShardRef
+    """An entry of 2^31 tokens or more is refused by name when its shard is first opened, as is a
+    bucket whose manifest lists no shard (at open)."""
+    import training.shard_pool as pool_mod
+    from refinery.curriculum import ShardRef
 
     class Cache:
         def local_prefix(self, prefix):
             return prefix
+
+        def release(self, prefix):
+            pass
 
     class HugeEntry:  # a shard index whose second entry is 2^31 tokens long (no tokens behind it)
         def __init__(self, prefix):
             self.offsets = np.array([0, 10, 10 + (1 << 31)], dtype=np.int64)
             self.overlaps = np.zeros(2, dtype=np.uint32)
             self.tokens = np.zeros(0, dtype=np.uint16)
+            self.num_tokens = 10 + (1 << 31)
 
         def __len__(self):
             return 2
 
-        def verify(self, sha256):
-            pass
-
+    pool = pool_mod.ShardPool(Cache(), capacity=2)
     with pytest.raises(ValueError, match="bucket 'web': the manifest lists no shards"):
-        data_mod.open_bucket(Cache(), BucketSlice("web", [], 0, 0), set())
-    monkeypatch.setattr(data_mod, "ShardReader", HugeEntry)
-    ref = ShardRef("shards/final/web/shard-00000", 10 + (1 << 31), 2, {})
+        pool_mod.BucketIndex("web", [], pool)
+    monkeypatch.setattr(pool_mod, "ShardReader", HugeEntry)
+    index = pool_mod.BucketIndex("web", [ShardRef("shards/final/web/shard-00000", 10 + (1 << 31), 2, {})], pool)
     with pytest.raises(ValueError, match=r"bucket 'web': an entry of 2147483648 tokens; entries must be shorter than 2\^31"):
-        data_mod.open_bucket(Cache(), BucketSlice("web", [ref], 10 + (1 << 31), 2), set())
-
-
-def test_workers_share_the_pass_orders_the_stream_starts_in(tiny):
-    """prime(), run before the workers fork, computes each entry set's current pass order in the
-    parent, so the workers share one copy instead of each holding its own."""
-    sampler = tiny.sampler(False)
-    sampler.plan_steps(5)  # resume mid-phase: the cursors sit inside pass 0
-    stream = StepStream(tiny, sampler.state_dict(2), False, 1, 2)
-    sets = [s for phase in tiny.sets_by_phase for s in phase.values()]
-    for es in sets:
-        es._orders.clear()
-    stream.prime()
-    phase = tiny.schedule.phase_at(5)
-    used = {sampler.set_for(phase, sampler.buckets[b]).key for b in sampler.allocation(phase).used}
-    assert used and {es.key for es in sets if 0 in es._orders} == used
+        index.lengths(np.array([1]))

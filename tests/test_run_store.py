@@ -13,7 +13,7 @@ from refinery.storage import LocalDataRoot
 from refinery.storage.s3 import S3DataRoot
 from training.metrics import JsonLines
 from training.run_store import RunMirror, run_base
-from refinery.testing.curriculum import tiny_run
+from refinery.testing.curriculum import SyntheticBucket, tiny_run
 from training.trainer import RunOptions, Trainer
 
 URL = "s3://bkt/tiny"
@@ -117,8 +117,32 @@ def test_logs_go_up_in_segments_of_new_lines_and_come_back_cut_to_the_resumed_st
     assert "lines 3-4 of metrics.jsonl are missing on the data root; restored the first 3" in capsys.readouterr().out
 
 
-def test_shards_larger_than_the_cache_bound_are_refused_at_start(tmp_path, monkeypatch, moto_s3):
-    config = s3_copy_of(tiny_run(tmp_path / "local"), tmp_path, shard_cache_gb=1e-6)
+def test_a_run_whose_shards_exceed_the_cache_bound_trains_through_a_bounded_local_copy(tmp_path, monkeypatch, moto_s3):
+    """The trainer pins only the shards its pool holds open: with a cache bound far below the
+    manifests' shards and a pool of two, every step trains, the losses are those of the same run on
+    a local root, and the local copy never holds more than the pool's shards."""
+    buckets = {"web": SyntheticBucket(240, 60, shards=6), "math": SyntheticBucket(40, 40, max_epochs=4, shards=2)}
+    local_config = tiny_run(tmp_path / "local", buckets=buckets)
+    reference = Trainer(load_config(local_config), RunOptions(run_dir=str(tmp_path / "reference")))
+    assert reference.train()["state"] == "completed"
+    config = s3_copy_of(local_config, tmp_path, shard_cache_gb=1e-6)
     monkeypatch.setenv("REFINERY_CACHE_DIR", str(tmp_path / "machine"))
-    with pytest.raises(ValueError, match=r"more than training.shard_cache_gb=1e-06 holds"):
-        Trainer(load_config(config), RunOptions())
+    trainer = Trainer(load_config(config), RunOptions(num_workers=0))
+    trainer.data.pool.capacity = 2
+    cache = trainer.data.pool.cache.root.cache
+    held = []
+    unpin = cache.unpin
+
+    def unpin_and_measure(keys):
+        unpin(keys)
+        held.append(cache.total_bytes())
+
+    monkeypatch.setattr(cache, "unpin", unpin_and_measure)
+    assert trainer.train()["state"] == "completed"
+    losses = [r["loss"] for r in JsonLines(trainer.run_dir / "metrics.jsonl").read() if "loss" in r]
+    assert losses == [r["loss"] for r in JsonLines(tmp_path / "reference/metrics.jsonl").read() if "loss" in r]
+    local = tmp_path / "local" / "root"
+    sizes = sorted(sum(p.stat().st_size for p in local.glob(ref.prefix + ".*"))
+                   for ref in {r.prefix: r for m in trainer.schedule.manifests for b in m.buckets.values() for r in b.shards}.values())
+    assert len(sizes) == 8 and sum(sizes) > sum(sizes[-2:])
+    assert held and max(held) <= sum(sizes[-2:]), "at most the pool's two shards stay local"

@@ -17,7 +17,8 @@ from training.status import read_status
 from refinery.testing.curriculum import TINY_PHASES, SyntheticPhase, tiny_run
 from training.checkpoint import ResumeRefused
 from training.trainer import RunOptions, Trainer
-from training.heldout import bucket_entry_docs, choose_heldout, doc_rank_keys
+from helpers.final_shards import bucket_entry_docs
+from training.heldout import choose_heldout, doc_rank_keys
 from training.validation import rising_buckets, val_rise
 
 EVAL = {"eval_every_tokens": 256, "eval_entries_per_bucket": 8, "record_consumption": True}

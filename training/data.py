@@ -1,12 +1,14 @@
 """Shard reading and batch building for the trainer.
 
-`CurriculumData.open` reads every phase manifest, memory-maps each bucket's final shards and checks
-their sha256 against the manifest before the first step. `gather` turns a planned step (see
-`training.sampler`) into whole-batch numpy arrays, and `gather_steps` does so for many planned steps at
-once: one `np.concatenate` of memmap slices, handed to torch with `torch.from_numpy`: no per-item
-tensors and no Python lists of tokens. Where each row's entries start and which targets the loss
-skips travel as a `RowLayout`, a few positions per row, and become per-token doc ids and target masks
-only on the trainer's device.
+`CurriculumData.open` reads every phase manifest and builds, per bucket, a `BucketIndex` over its
+final shards (training/shard_pool.py: shards opened lazily through a bounded pool, verified on first
+read) and the entry sets the sampler reads. Nothing at open grows with the corpus beyond the
+manifests themselves: no shard is opened, hashed or copied until a step reads it. `gather` turns a
+planned step (see `training.sampler`) into whole-batch numpy arrays, and `gather_steps` does so for
+many planned steps at once: one `np.concatenate` of memmap slices, handed to torch with
+`torch.from_numpy`: no per-item tensors and no Python lists of tokens. Where each row's entries
+start and which targets the loss skips travel as a `RowLayout`, a few positions per row, and become
+per-token doc ids and target masks only on the trainer's device.
 
 Sharding: every rank and loader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
@@ -24,62 +26,29 @@ import numpy as np
 import torch
 
 from refinery.config import RefineryConfig
-from refinery.curriculum import BucketSlice, read_manifest, read_selection
-from refinery.shard_format import ShardReader
+from refinery.curriculum import BucketSlice, read_manifest
 from refinery.storage import DataRoot
 from refinery.shard_cache import ShardCache
 from training.sampler import ChunkPlan, CurriculumSampler, EntrySet, StepPlan, ordinals
 from training.schedule import StepSchedule
+from training.shard_pool import BucketIndex, ShardPool, VerifiedRecord
 from training.heldout import heldout_entries  # e-run-safety
-
-
-@dataclass
-class BucketShards:
-    """One bucket's final shards, memory-mapped, with per-entry lookup arrays over global entry ids:
-    20 bytes an entry, held by every rank (a bucket of a billion entries costs 20 GB)."""
-
-    bucket: str
-    prefixes: list[str]  # data-root keys
-    arrays: list[np.ndarray]
-    entry_shard: np.ndarray  # int32: global entry id -> shard position in `arrays`
-    entry_offset: np.ndarray  # int64: global entry id -> first token within its shard
-    lengths: np.ndarray  # int32
-    overlaps: np.ndarray  # uint32 overlap-prefix length (masked out of the loss)
-
-    def shard_token(self, entry: int, token: int) -> tuple[str, int]:
-        """(shard prefix key, token offset within the shard) of token `token` of global entry `entry`."""
-        return self.prefixes[int(self.entry_shard[entry])], int(self.entry_offset[entry]) + token
-
-
-def open_bucket(cache: ShardCache, bucket: BucketSlice, verified: set[str]) -> BucketShards:
-    readers = []
-    for ref in bucket.shards:
-        reader = ShardReader(cache.local_prefix(ref.prefix))
-        if ref.prefix not in verified:
-            reader.verify(ref.sha256)
-            verified.add(ref.prefix)
-        readers.append(reader)
-    if not readers:
-        raise ValueError(f"bucket {bucket.bucket!r}: the manifest lists no shards; rebuild phase_manifests")
-    lengths = np.concatenate([np.diff(r.offsets) for r in readers])
-    if len(lengths) and lengths.max() >= 1 << 31:
-        raise ValueError(f"bucket {bucket.bucket!r}: an entry of {int(lengths.max())} tokens; entries must be "
-                         "shorter than 2^31 tokens (tokenize splits documents into windows)")
-    return BucketShards(
-        bucket=bucket.bucket,
-        prefixes=[ref.prefix for ref in bucket.shards],
-        arrays=[r.tokens.view(np.ndarray) for r in readers],
-        entry_shard=np.concatenate([np.full(len(r), i, dtype=np.int32) for i, r in enumerate(readers)]),
-        entry_offset=np.concatenate([r.offsets[:-1] for r in readers]).astype(np.int64),
-        lengths=lengths.astype(np.int32),
-        overlaps=np.concatenate([r.overlaps for r in readers]),
-    )
 
 
 def entry_set_key(bucket: BucketSlice) -> str:
     """One key per distinct (bucket, shards, selection): phases with the same key share a cursor."""
     ident = "|".join(sorted(s.sha256.get(".idx", s.prefix) for s in bucket.shards)) + f"|{bucket.selection_sha256}"
     return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def selection_of(root: DataRoot, bucket: BucketSlice, record: VerifiedRecord) -> np.ndarray | None:
+    """A phase's kept global entry ids (sorted int64), memory-mapped, checked against the manifest's
+    sha256 once per node and file version; None = every entry."""
+    if bucket.selection is None:
+        return None
+    path = root.local_path(bucket.selection)
+    record.check(path, bucket.selection_sha256 or "", "rebuild phase_manifests")
+    return np.load(path, mmap_mode="r")
 
 
 @dataclass
@@ -140,19 +109,18 @@ def _filled(out: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 class CurriculumData:
-    def __init__(self, schedule: StepSchedule, buckets: dict[str, BucketShards], sets_by_phase: list[dict[str, EntrySet]], seed: int):
+    def __init__(self, schedule: StepSchedule, buckets: dict[str, BucketIndex], sets_by_phase: list[dict[str, EntrySet]],
+                 seed: int, pool: ShardPool, heldout: dict[str, np.ndarray]):
         self.schedule = schedule
         self.buckets = buckets
         self.sets_by_phase = sets_by_phase
         self.seed = seed
+        self.pool = pool
+        self.heldout = heldout  # e-run-safety: bucket -> held-out entry ids, for validation loss
         self.bucket_names = sorted(buckets)
-        arrays, base = [], {}
-        for name in self.bucket_names:
-            base[name] = len(arrays)
-            arrays.extend(buckets[name].arrays)
-        self._arrays = arrays
-        self._array_base = base
-        self._allocations: dict = {}
+        # Shards numbered across buckets (bucket_names order) for one lookup per chunk.
+        self._bases = np.cumsum([0] + [len(buckets[n].shards) for n in self.bucket_names])[:-1]
+        self._shard_base = dict(zip(self.bucket_names, self._bases.tolist()))
 
     @classmethod
     def open(cls, cfg: RefineryConfig, root: DataRoot, global_batch: int) -> "CurriculumData":
@@ -166,47 +134,40 @@ class CurriculumData:
                     "curriculum and rebuild phase_manifests (or set the allow_* flag the error names)"
                 )
         schedule = StepSchedule.build(manifests, global_batch)
-        # On a remote data root the shards land in a bounded local cache, fetched in the background in
-        # the order the buckets are opened; a local root is read in place.
+        # On a remote data root a shard lands in a bounded local cache while the pool holds it open (and
+        # ahead of the read position: see `upcoming_shards`); a local root is read in place.
         cache = ShardCache(root, max_bytes=int(cfg.training.shard_cache_gb * (1 << 30)), threads=4)
-        cache.prefetch([ref.prefix for m in manifests for _, bs in sorted(m.buckets.items()) for ref in bs.shards])
-        verified: set[str] = set()
+        record = VerifiedRecord()
+        pool = ShardPool(cache, record=record)
         # -- e-run-safety: validation entries held out of training (training/heldout.py); they are
         # removed from every entry set below, so the sampler can never serve them.
         heldout = heldout_entries(root, manifests, cfg.training.eval_entries_per_bucket, cfg.seed)
-        buckets: dict[str, BucketShards] = {}
+        buckets: dict[str, BucketIndex] = {}
         sets: dict[str, EntrySet] = {}
         sets_by_phase = []
         for m in manifests:
             phase_sets = {}
             for name, bslice in sorted(m.buckets.items()):
                 if name not in buckets:
-                    buckets[name] = open_bucket(cache, bslice, verified)
+                    buckets[name] = BucketIndex(name, bslice.shards, pool)
                 key = entry_set_key(bslice)
                 if key not in sets:
-                    selection = read_selection(root, bslice)
-                    ids = np.arange(bslice.total_entries) if selection is None else selection
-                    if heldout[name].size:  # e-run-safety: never train on held-out entries
-                        ids = np.setdiff1d(ids, heldout[name])
-                    # int32 where it fits: the set and each pass's order hold one id per entry
-                    # (a permutation of int32 ids is the same order as of int64 ones)
-                    ids = ids.astype(np.int32 if bslice.total_entries < 1 << 31 else np.int64)
-                    sets[key] = EntrySet(key, name, ids, buckets[name].lengths, bslice.max_epochs, cfg.seed)
+                    sets[key] = EntrySet(key, name, buckets[name], bslice.tokens, bslice.max_epochs, cfg.seed,
+                                         selection_of(root, bslice, record), heldout[name])
                 phase_sets[name] = sets[key]
             sets_by_phase.append(phase_sets)
-        cache.close()
-        held = cache.held_bytes()
-        if held > cache.max_bytes:
-            raise ValueError(
-                f"the phase manifests name {held / (1 << 30):.2f} GiB of shards, more than training.shard_cache_gb="
-                f"{cfg.training.shard_cache_gb:g} holds; raise it (the trainer keeps every shard it may read)"
-            )
-        data = cls(schedule, buckets, sets_by_phase, cfg.seed)
-        data.heldout = heldout  # e-run-safety: bucket -> held-out entry ids, for validation loss
-        return data
+        return cls(schedule, buckets, sets_by_phase, cfg.seed, pool, heldout)
 
     def sampler(self, allow_exhaustion: bool) -> CurriculumSampler:
-        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion, self._allocations)
+        return CurriculumSampler(self.schedule, self.sets_by_phase, self.seed, allow_exhaustion)
+
+    def prefetch(self, sampler: CurriculumSampler) -> None:
+        """Fetch the shards of the blocks the sampler's sets read next (a remote root; no-op locally)."""
+        if not self.pool.cache.remote:
+            return
+        for bucket, spans in sampler.upcoming_entries().items():
+            for lo, hi in spans:
+                self.buckets[bucket].prefetch_entries(lo, hi)
 
     def rank_rows(self, rank: int, world_size: int) -> slice:
         G = self.schedule.global_batch
@@ -217,6 +178,31 @@ class CurriculumData:
             )
         per = G // world_size
         return slice(rank * per, (rank + 1) * per)
+
+    def _reader_tokens(self, shard: int) -> np.ndarray:
+        """The token map of shard number `shard` (numbered across buckets, in `bucket_names` order)."""
+        name = self.bucket_names[int(np.searchsorted(self._bases, shard, side="right")) - 1]
+        return self.buckets[name].reader(shard - self._shard_base[name]).tokens
+
+    def _copy(self, shard: np.ndarray, lo: np.ndarray, hi: np.ndarray, out: np.ndarray) -> None:
+        """Tokens [lo, hi) of each piece's shard, back to back into `out`. One np.concatenate when the
+        pieces' shards fit the pool at once (the piece bounds, tens per row, become Python ints because
+        slicing a memmap with them is the cheapest view numpy offers); else a pool's worth of shards
+        at a time, so the open maps stay bounded."""
+        uniq, which = np.unique(shard, return_inverse=True)
+        capacity = self.pool.capacity
+        if len(uniq) <= capacity:
+            arrays = [self._reader_tokens(u) for u in uniq.tolist()]
+            np.concatenate([arrays[i][s:t] for i, s, t in zip(which.tolist(), lo.tolist(), hi.tolist())], out=out,
+                           casting="same_kind")
+            return
+        at = np.cumsum(hi - lo) - (hi - lo)
+        for first in range(0, len(uniq), capacity):
+            arrays = [self._reader_tokens(u) for u in uniq[first:first + capacity].tolist()]
+            picked = np.flatnonzero((which >= first) & (which < first + capacity))
+            for i, s, t, o in zip((which[picked] - first).tolist(), lo[picked].tolist(), hi[picked].tolist(),
+                                  at[picked].tolist()):
+                out[o:o + t - s] = arrays[i][s:t]
 
     def gather(self, plan: StepPlan, rows: slice, record: bool = False) -> dict[str, Any]:
         """Numpy arrays of rows `rows` of one step: tokens, doc_ids, target_mask (the layout expanded on
@@ -241,23 +227,16 @@ class CurriculumData:
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
         n_rows = len(steps) * per
-        array = np.empty(len(p.entry), dtype=np.int64)
+        shard = np.empty(len(p.entry), dtype=np.int64)  # numbered across buckets, see `_shard_base`
         start = np.empty(len(p.entry), dtype=np.int64)
         overlap = np.empty(len(p.entry), dtype=np.int64)
         bucket_index = np.array([self.bucket_names.index(es.bucket) for es in chunk.sets], dtype=np.int64)
         for si, es in enumerate(chunk.sets):
             m = p.set_index == si if len(chunk.sets) > 1 else slice(None)
-            bs, e = self.buckets[es.bucket], p.entry[m]
-            array[m] = self._array_base[es.bucket] + bs.entry_shard[e]
-            start[m] = bs.entry_offset[e]
-            overlap[m] = bs.overlaps[e]
-        lo, hi = start + p.a, start + p.b
+            in_bucket, start[m], _, overlap[m] = self.buckets[es.bucket].table(p.entry[m])
+            shard[m] = self._shard_base[es.bucket] + in_bucket
         tokens = alloc("tokens", n_rows * L, np.int32)
-        # One copy for the whole chunk. The piece bounds (tens per row, never tokens) become Python
-        # ints because slicing a memmap with them is the cheapest view numpy offers.
-        arrays = self._arrays
-        np.concatenate([arrays[i][s:t] for i, s, t in zip(array.tolist(), lo.tolist(), hi.tolist())], out=tokens,
-                       casting="same_kind")
+        self._copy(shard, start + p.a, start + p.b, tokens)
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
         starts = pos[(lens > 0) & (pos % L > 0)]  # entries after the first of their row

@@ -119,19 +119,6 @@ class StepStream:
             sampler.load_state_dict(self.state, self.world_size)
         return sampler
 
-    def prime(self) -> None:
-        """Compute what every forked worker would otherwise compute for itself, so that they share one
-        copy: the row allocation of the phase the stream starts in (a Python pass over its steps) and
-        the order of the pass each of the phase's entry sets is in (12-16 bytes an entry)."""
-        sampler = self._sampler()
-        if sampler.done():
-            return
-        phase = self.data.schedule.phase_at(sampler.step)
-        for b in sampler.allocation(phase).used:
-            es = sampler.set_for(phase, sampler.buckets[b])
-            if es.pass_tokens:
-                es.order(sampler.cursors.get(es.key, 0) // es.pass_tokens)
-
     def chunks(self, ring: "_Ring | None" = None, worker: int = 0, workers: int = 1) -> Iterator[StepChunk | Exhausted]:
         """Worker `worker`'s chunks (of `workers`), numbered from the stream's start. With a `ring`,
         chunk arrays are buffers the ring hands out again once its consumer has moved on (see
@@ -146,6 +133,7 @@ class StepStream:
                     yield Exhausted(err.bucket, err.step, str(err))
                 return
             index += 1
+            self.data.prefetch(sampler)  # the shards the next chunks read, while this one is gathered
             if (index - 1) % workers != worker:
                 continue
             slot = ring.slot_of(index - 1, workers) if ring is not None else None
@@ -361,7 +349,6 @@ class _Workers:
     the workers run. Fork them on the consumer's thread: they die with it (see `worker_init`)."""
 
     def __init__(self, stream: StepStream, ring: "_Ring", count: int):
-        stream.prime()
         context = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
         for w in range(count):

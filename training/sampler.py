@@ -11,15 +11,17 @@ How a row is chosen (OLMo-core's "global order plus a consumed count", made phas
   earliest-due released ones (Megatron's blended dataset picks the largest sampling error row by row;
   deadlines give the same bound for mixtures that change from step to step). Plans are integers
   (weights quantised to 2^-32 of a row) so the bound holds exactly. The allocation is a pure function
-  of the manifests, the global batch and the exhaustion drops, recomputed per phase, so every rank and
-  worker derives the same one without shared state.
+  of the manifests, the global batch and the exhaustion drops, computed per chunk from the state at
+  the chunk's start, so every rank and worker derives the same one without shared state.
 - Within a step, the rows' slots are shuffled by a counter-based PRNG (splitmix64 of (seed, row)), so
   every rank's slice carries the mixture too.
 - Each bucket is read through an *entry set*: the bucket's entries (all of them, or a phase's
-  quality selection). An entry set owns one cursor, a position in its token stream: pass 0's seeded
-  permutation of the set's entries, then pass 1's fresh permutation, and so on up to `max_epochs`
-  passes. A row of seq_len L takes the next L tokens of its set's stream, so an entry longer than L
-  continues in the set's next row, and entries are packed back to back.
+  quality selection), less the held-out ones. An entry set owns one cursor in its token stream: pass
+  0's order of the set's entries, then pass 1's, and so on up to `max_epochs` passes. A pass's order
+  is computed, not stored (`training.pass_order`: a keyed block permutation), so the cursor is
+  (stream position, pass, ordinal in the pass, tokens into that entry), and lengths are read only for
+  the entries a chunk consumes. A row of seq_len L takes the next L tokens of its set's stream, so an
+  entry longer than L continues in the set's next row, and entries are packed back to back.
 - Cursors belong to entry sets, not phases: a bucket served in phase 1 continues in phase 2 from
   where it stopped (gpt-simple restarted it). A phase with a quality selection reads a different
   entry set with its own cursor, so the anneal slice gets its own passes; two phases with the same
@@ -28,8 +30,12 @@ How a row is chosen (OLMo-core's "global order plus a consumed count", made phas
   consumed; with exhaustion allowed, the bucket is dropped from that step on, the remaining weights
   renormalized, and the allocation restarts from the rows served so far.
 
-Steps are planned in bulk (`plan_steps`, up to a phase's end) with vectorised lookups; the sampler
-only plans (which set, which stream position per row) and `training.data` reads tokens.
+Planning is per chunk (`plan_steps`): the row allocation of the chunk's steps from the state at its
+start (rows served in the phase, the plan's offset from them), with deadlines read ahead as far as
+they need; then each used set's stream is walked over the tokens the chunk takes. Every quantity a
+state holds is per bucket or per entry set, so a resumed sampler continues without replaying.
+The sampler only plans (which set, which stream position per row, which entries); `training.data`
+reads tokens.
 """
 
 from __future__ import annotations
@@ -37,19 +43,25 @@ from __future__ import annotations
 import bisect
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from refinery.hashing import splitmix64
 from training.accounting import mixture_report
+from training.pass_order import PassOrder
 from training.schedule import StepSchedule
+from training.shard_pool import BucketIndex
 
-# Version 2: rows are allocated to buckets exactly per step (version 1 drew each row's bucket at
-# random), and `dropped` records the step each bucket was dropped at.
-SAMPLER_STATE_VERSION = 2
+# Version 3: pass orders are computed block by block and cursors are (position, pass, ordinal,
+# offset); the allocation continues from per-bucket rows and plan offsets. Version 2 held each pass
+# as a full permutation, version 1 drew each row's bucket at random.
+SAMPLER_STATE_VERSION = 3
 # Plans count rows in units of 2^-32 of a row: exact integers, so "within one row" holds exactly.
 PLAN_SCALE = 1 << 32
+# Steps of the mixture read past a chunk's end for the allocation's deadlines; a deadline further
+# out is searched for block by block, only when the order of the rows depends on it.
+HORIZON_STEPS = 1024
 
 
 class BucketExhausted(Exception):
@@ -85,11 +97,14 @@ def row_keys(seed: int, rows: np.ndarray) -> np.ndarray:
 
 def quantize_rows(weights: np.ndarray, rows_per_step: int) -> np.ndarray:
     """Each step's planned rows per bucket in units of 1/PLAN_SCALE row, (steps, buckets) int64:
-    proportional to `weights` (rows renormalized), each step summing exactly to rows_per_step rows."""
+    proportional to `weights` (rows renormalized), each step summing exactly to rows_per_step rows.
+    A step without any weight plans nothing."""
     total = rows_per_step * PLAN_SCALE
-    exact = weights / weights.sum(axis=1, keepdims=True) * total
+    sums = weights.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        exact = np.where(sums > 0, weights / sums * total, 0.0)
     q = np.floor(exact).astype(np.int64)
-    short = total - q.sum(axis=1)
+    short = np.where(sums[:, 0] > 0, total - q.sum(axis=1), 0)
     # The units floor() left over go to the largest remainders (at most one per bucket); a bucket
     # without weight ranks last, so float rounding never hands it a share.
     remainder = np.where(weights > 0, exact - q, -1.0)
@@ -97,21 +112,31 @@ def quantize_rows(weights: np.ndarray, rows_per_step: int) -> np.ndarray:
     return q + (rank < short[:, None])
 
 
-def allocate_rows(quota: np.ndarray, rows_per_step: int, served: np.ndarray | None = None) -> np.ndarray:
-    """Rows per (step, bucket) such that after every step each bucket's rows A and plan P (rows
-    `served` before the first step plus the cumulative `quota`, in 1/PLAN_SCALE units) satisfy
-    floor(P) <= A <= ceil(P): within one row.
+def allocate_rows(quota: np.ndarray, rows_per_step: int, offset: np.ndarray | None = None, steps: int | None = None,
+                  beyond: Callable[[int, int], int] | None = None) -> np.ndarray:
+    """Rows per (step, bucket) for the first `steps` steps of `quota` (default all) such that after
+    every step each bucket's rows A and plan P satisfy floor(P) <= A <= ceil(P): within one row.
+    Everything is relative to the rows served before the first step: `offset` is each bucket's plan
+    minus those rows, in 1/PLAN_SCALE units (within one row; default 0), and P adds the cumulative
+    `quota`.
 
     Earliest deadline first: bucket b's j-th row is released once P_b > j - 1 and due at the first
     step where P_b >= j. Each step takes every due row, then fills the step with released rows by
     deadline (ties: the larger shortfall, then the lower bucket). Tijdeman's chairman assignment
     theorem says some order keeps every bucket within one row even when the mixture changes per step;
-    EDF finds one whenever one exists, so the step is never over-full and never short."""
-    steps, n = quota.shape
-    start = np.zeros(n, dtype=np.int64) if served is None else served.astype(np.int64)
-    plan = start * PLAN_SCALE + np.cumsum(quota, axis=0)
+    EDF finds one whenever one exists, so the step is never over-full and never short.
+
+    `quota` may run past `steps` so that the deadlines are seen; `beyond(b, units)`, when given,
+    finds a deadline past the quota's end (the index, counted from the quota's first step, of the
+    first step whose plan reaches `units`; the phase's length when none does). Without it a deadline
+    past the end ties with every other one there, as at a phase's end."""
+    horizon, n = quota.shape
+    steps = horizon if steps is None else steps
+    plan = np.cumsum(quota, axis=0)
+    if offset is not None:
+        plan += np.asarray(offset, dtype=np.int64)
     columns = [plan[:, b].tolist() for b in range(n)]  # bisect over Python ints: no numpy call per step
-    rows = start.tolist()
+    rows = [0] * n
     out = np.zeros((steps, n), dtype=np.int64)
     for s in range(steps):
         target = [col[s] for col in columns]
@@ -120,8 +145,11 @@ def allocate_rows(quota: np.ndarray, rows_per_step: int, served: np.ndarray | No
         free = sum(rows) + rows_per_step - sum(need)
         if free:
             released = [b for b in range(n) if need[b] * PLAN_SCALE < target[b]]
-            due = sorted(released, key=lambda b: (bisect.bisect_left(columns[b], (need[b] + 1) * PLAN_SCALE, s + 1),
-                                                  need[b] * PLAN_SCALE - target[b], b))
+            deadline = {b: bisect.bisect_left(columns[b], (need[b] + 1) * PLAN_SCALE, s + 1) for b in released}
+            if beyond is not None and sum(d < horizon for d in deadline.values()) < free:
+                # The rows go to deadlines past the quota too: their order decides which.
+                deadline.update({b: beyond(b, (need[b] + 1) * PLAN_SCALE) for b, d in deadline.items() if d >= horizon})
+            due = sorted(released, key=lambda b: (deadline[b], need[b] * PLAN_SCALE - target[b], b))
             if not 0 <= free <= len(due):
                 raise AssertionError(f"row allocation infeasible at step {s}: {free} rows for {len(due)} buckets")
             for b in due[:free]:
@@ -133,17 +161,16 @@ def allocate_rows(quota: np.ndarray, rows_per_step: int, served: np.ndarray | No
 
 @dataclass
 class PhaseAllocation:
-    """Rows per (step, bucket) of one phase, with the drops taken so far."""
+    """Rows per (step, bucket) of one whole phase, with the drops taken (for inspection and reports)."""
 
     counts: np.ndarray  # int64 (steps of the phase, buckets)
-    plan: np.ndarray  # int64 (steps, buckets): planned rows after each step, in 1/PLAN_SCALE units
 
     def __post_init__(self) -> None:
         self.used = np.flatnonzero(self.counts.any(axis=0))  # buckets the phase serves at all
 
 
 # --------------------------------------------------------------------------------------------------
-# Entry sets and pieces
+# Entry sets, cursors and pieces
 # --------------------------------------------------------------------------------------------------
 
 
@@ -161,6 +188,8 @@ class Pieces:
     @classmethod
     def concat(cls, parts: list["Pieces"]) -> "Pieces":
         """The parts joined in row order; within a row the parts keep their given order."""
+        if not parts:
+            return cls(*(np.zeros(0, dtype=np.int64) for _ in cls.__dataclass_fields__))
         if len(parts) == 1:
             return parts[0]
         joined = cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
@@ -168,69 +197,142 @@ class Pieces:
         return cls(*(getattr(joined, f)[order] for f in cls.__dataclass_fields__))
 
 
+@dataclass(frozen=True)
+class Cursor:
+    """How far an entry set's stream was read: `position` tokens in all, the next token being token
+    `offset` of the entry at `ordinal` of pass `epoch`'s order (ordinal == set size: the pass is done)."""
+
+    position: int = 0
+    epoch: int = 0
+    ordinal: int = 0
+    offset: int = 0
+
+    def to_list(self) -> list[int]:
+        return [self.position, self.epoch, self.ordinal, self.offset]
+
+
 @dataclass
-class EntrySet:
-    """The entries one bucket serves in a phase, with their lengths; owns a cursor in the sampler."""
+class StreamWindow:
+    """Consecutive entries of an entry set's stream: those a chunk reads, the first perhaps begun
+    before it. `start` is each entry's first token as a stream position."""
 
-    key: str
-    bucket: str
-    ids: np.ndarray  # global entry ids of the bucket, ascending (int32 when the bucket has fewer than 2^31)
-    lengths: np.ndarray  # tokens of every global entry id of the bucket
-    max_epochs: float
-    seed: int
-    _orders: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    entry: np.ndarray  # global entry ids of the bucket
+    epoch: np.ndarray
+    ordinal: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
 
-    def __post_init__(self) -> None:
-        self.pass_tokens = int(self.lengths[self.ids].sum())
-        self.limit = int(self.max_epochs * self.pass_tokens)
+    @property
+    def end(self) -> np.ndarray:
+        return self.start + self.length
 
-    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(entry ids in pass `epoch`'s order, cumulative token starts with a final total)."""
-        # Samplers of several simulated ranks share entry sets from their own prefetch threads: the
-        # cache is read and trimmed so that a racing thread at worst recomputes a permutation. Two
-        # passes: a chunk reads across at most one pass boundary, unless the bucket is smaller than
-        # a chunk (then recomputing its order is cheap); each pass held costs 12-16 bytes an entry.
-        cached = self._orders.get(epoch)
-        if cached is None:
-            rng = np.random.default_rng([self.seed, stable_hash(self.key), epoch])
-            perm = rng.permutation(self.ids)
-            cum = np.zeros(len(perm) + 1, dtype=np.int64)
-            np.cumsum(self.lengths[perm], out=cum[1:])
-            cached = (perm, cum)
-            held = list(self._orders)
-            if len(held) >= 2:
-                self._orders.pop(min(held), None)
-            self._orders[epoch] = cached
-        return cached
-
-    def locate(self, starts: np.ndarray, length: int, set_index: int, rows: np.ndarray) -> Pieces:
+    def pieces(self, starts: np.ndarray, length: int, set_index: int, rows: np.ndarray) -> Pieces:
         """The pieces of rows that read `length` tokens from stream positions `starts`, in row order
         (`rows` ascending) and stream order within a row."""
-        P = self.pass_tokens
-        ends = starts + length
-        first = starts // P
-        segments = (ends - 1) // P - first + 1  # a row crossing into the next pass splits at its boundary
-        if (segments == 1).all():
-            seg_row, seg_from, seg_to, seg_epoch = rows, starts, ends, first
+        end = self.end
+        k0 = np.searchsorted(end, starts, side="right")  # the first entry ending after the row starts
+        n = np.searchsorted(self.start, starts + length, side="left") - k0  # entries starting before it ends
+        k = np.repeat(k0, n) + ordinals(n)
+        lo, hi = np.repeat(starts, n), np.repeat(starts + length, n)
+        a = np.maximum(lo - self.start[k], 0)
+        b = np.minimum(hi - self.start[k], self.length[k])
+        return Pieces(np.repeat(rows, n), np.full(len(k), set_index), self.epoch[k], self.entry[k], a, b)
+
+    def cursors_at(self, positions: np.ndarray) -> list[Cursor]:
+        """The cursor at each stream position (inside the window, or at its end)."""
+        end = self.end
+        k = np.searchsorted(end, positions, side="right")
+        out = []
+        for q, i in zip(np.asarray(positions).tolist(), k.tolist()):
+            if i < len(end):
+                out.append(Cursor(q, int(self.epoch[i]), int(self.ordinal[i]), q - int(self.start[i])))
+            else:  # every entry of the window read: the next one
+                out.append(Cursor(q, int(self.epoch[-1]), int(self.ordinal[-1]) + 1, 0))
+        return out
+
+
+class EntrySet:
+    """The entries one bucket serves in a phase: the bucket's global entry ids, or a selection of
+    them (sorted; memory-mapped), less the held-out ones. Set positions 0..size-1 name them in
+    ascending id order; a pass reads the positions in the order of `order(epoch)`."""
+
+    def __init__(self, key: str, bucket: str, index: BucketIndex, pass_tokens: int, max_epochs: float, seed: int,
+                 selection: np.ndarray | None = None, heldout: np.ndarray | None = None):
+        self.key, self.bucket, self.index = key, bucket, index
+        self.selection = selection
+        self.max_epochs, self.seed = max_epochs, seed
+        held = np.zeros(0, dtype=np.int64) if heldout is None else np.asarray(heldout, dtype=np.int64)
+        if selection is not None:
+            held = held[np.isin(held, selection)]
+            removed = np.searchsorted(selection, held)  # their positions among the selection
+            base = len(selection)
         else:
-            seg_row = np.repeat(rows, segments)
-            seg_epoch = np.repeat(first, segments) + ordinals(segments)
-            seg_from = np.maximum(np.repeat(starts, segments), seg_epoch * P)
-            seg_to = np.minimum(np.repeat(ends, segments), (seg_epoch + 1) * P)
-        parts = []
-        epochs = range(int(seg_epoch.min()), int(seg_epoch.max()) + 1)  # consecutive: segments split at pass ends
-        for e in epochs:
-            m = seg_epoch == e if len(epochs) > 1 else slice(None)
-            perm, cum = self.order(e)
-            lo, hi = seg_from[m] - e * P, seg_to[m] - e * P
-            k0 = np.searchsorted(cum, lo, side="right") - 1
-            n = np.searchsorted(cum, hi - 1, side="right") - k0
-            k = np.repeat(k0, n) + ordinals(n)
-            a = np.maximum(np.repeat(lo, n) - cum[k], 0)
-            b = np.minimum(np.repeat(hi, n) - cum[k], cum[k + 1] - cum[k])
-            parts.append(Pieces(np.repeat(seg_row[m], n), np.full(len(k), set_index), np.full(len(k), e),
-                                perm[k], a, b))
-        return Pieces.concat(parts)
+            removed, base = held, index.total_entries
+        # Set position p is base position p + #{j : removed_j - j <= p}: the removed ones skipped.
+        self._skip = removed - np.arange(len(removed), dtype=np.int64)
+        self.size = base - len(removed)
+        self.pass_tokens = int(pass_tokens) - (int(index.lengths(held).sum()) if len(held) else 0)
+        self.limit = int(max_epochs * self.pass_tokens)
+        self._orders: dict[int, PassOrder] = {}
+
+    def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """Global entry ids (int64) at set positions."""
+        base = np.asarray(positions, dtype=np.int64) + np.searchsorted(self._skip, positions, side="right")
+        return base if self.selection is None else np.asarray(self.selection[base], dtype=np.int64)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Every id of the set, ascending: O(size), for inspection; planning never calls it."""
+        return self.ids_at(np.arange(self.size, dtype=np.int64))
+
+    def order(self, epoch: int) -> PassOrder:
+        """Pass `epoch`'s order (the current and the previous pass are kept: a chunk crosses at most one
+        pass boundary unless the set is smaller than a chunk, and then an order is cheap)."""
+        got = self._orders.get(epoch)
+        if got is None:
+            got = PassOrder(self.size, self.seed, self.key, epoch)
+            if len(self._orders) >= 2:
+                self._orders.pop(min(self._orders), None)
+            self._orders[epoch] = got
+        return got
+
+    def window(self, cursor: Cursor, tokens: int) -> StreamWindow:
+        """The entries the stream reads from `cursor` for `tokens` tokens, with lengths read for those
+        entries only (and a few past the last, read in bulk)."""
+        end = cursor.position + tokens
+        epoch, ordinal, start = cursor.epoch, cursor.ordinal, cursor.position - cursor.offset
+        mean = max(1, self.pass_tokens // max(self.size, 1))
+        parts: list[tuple[np.ndarray, ...]] = []
+        while True:
+            if ordinal >= self.size:
+                if start != (epoch + 1) * self.pass_tokens:
+                    raise ValueError(
+                        f"entry set {self.key}: pass {epoch} holds {start - epoch * self.pass_tokens} tokens, the "
+                        f"manifest says {self.pass_tokens}; rebuild phase_manifests"
+                    )
+                epoch, ordinal = epoch + 1, 0
+            take = min(self.size - ordinal, (end - start) // mean * 5 // 4 + 16)
+            ords = np.arange(ordinal, ordinal + take, dtype=np.int64)
+            ids = self.ids_at(self.order(epoch).positions(ords))
+            lengths = self.index.lengths(ids)
+            ends = start + np.cumsum(lengths)
+            k = int(np.searchsorted(ends, end, side="left")) + 1  # through the first entry reaching `end`
+            if k <= take:
+                parts.append((ids[:k], np.full(k, epoch), ords[:k], ends[:k] - lengths[:k], lengths[:k]))
+                break
+            parts.append((ids, np.full(take, epoch), ords, ends - lengths, lengths))
+            start, ordinal = int(ends[-1]), ordinal + take
+        return StreamWindow(*(np.concatenate(column) for column in zip(*parts)))
+
+    def upcoming_entries(self, cursor: Cursor, blocks: int = 2) -> list[tuple[int, int]]:
+        """Global id ranges of the next `blocks` blocks the stream reads (to prefetch their shards)."""
+        order = self.order(cursor.epoch)
+        spans = []
+        for b in order.blocks_from(cursor.ordinal, blocks):
+            lo, hi = b * order.block, b * order.block + order.block_size(b) - 1
+            first, last = self.ids_at(np.array([lo, hi]))
+            spans.append((int(first), int(last) + 1))
+        return spans
 
 
 def ordinals(counts: np.ndarray) -> np.ndarray:
@@ -246,8 +348,8 @@ def ordinals(counts: np.ndarray) -> np.ndarray:
 
 @dataclass
 class ChunkPlan:
-    """Consecutive steps of one phase: every row's entry set and stream start, and the cursors after
-    each step."""
+    """Consecutive steps of one phase: every row's entry set and stream start, the entries each set's
+    stream reads, and what the state is after each step."""
 
     step: int  # 0-based index of the first step
     phase: int
@@ -255,8 +357,11 @@ class ChunkPlan:
     row_set: np.ndarray  # int (steps, global_batch), index into `sets`
     row_start: np.ndarray  # int64 (steps, global_batch) stream position of each row in its set
     sets: list[EntrySet]
-    cursors: np.ndarray  # int64 (steps, len(sets)): each set's cursor after each step
-    cursors_before: dict[str, int]  # every set's cursor before the first step
+    windows: list[StreamWindow]  # per set: the entries its rows read
+    cursors: np.ndarray  # int64 (steps, len(sets)): each set's stream position after each step
+    cursors_before: dict[str, Cursor]  # every set's cursor before the first step
+    served: np.ndarray  # int64 (steps, buckets): rows served in the phase after each step
+    plan_offset: np.ndarray  # int64 (steps, buckets): the plan minus those rows, 1/PLAN_SCALE units
     dropped: list[str]  # buckets dropped for exhaustion at the first step
 
     @property
@@ -270,10 +375,10 @@ class ChunkPlan:
         row_set = self.row_set[steps, rows].reshape(-1)
         row_start = self.row_start[steps, rows].reshape(-1)
         parts = []
-        for si, es in enumerate(self.sets):
+        for si, window in enumerate(self.windows):
             picked = np.flatnonzero(row_set == si)
             if len(picked):
-                parts.append(es.locate(row_start[picked], self.seq_len, si, picked))
+                parts.append(window.pieces(row_start[picked], self.seq_len, si, picked))
         return Pieces.concat(parts)
 
     def step_plan(self, i: int) -> "StepPlan":
@@ -302,24 +407,18 @@ class StepPlan:
 class CurriculumSampler:
     """Plans steps of the global order in sequence; `state_dict` is everything needed to continue."""
 
-    def __init__(
-        self,
-        schedule: StepSchedule,
-        sets_by_phase: list[dict[str, EntrySet]],
-        seed: int,
-        allow_exhaustion: bool,
-        allocations: dict[tuple, PhaseAllocation] | None = None,
-    ):
+    def __init__(self, schedule: StepSchedule, sets_by_phase: list[dict[str, EntrySet]], seed: int,
+                 allow_exhaustion: bool):
         self.schedule = schedule
         self.sets_by_phase = sets_by_phase
         self.seed = seed
         self.allow_exhaustion = allow_exhaustion
         self.buckets = list(schedule.tokens.buckets)
         self.step = 0
-        self.cursors: dict[str, int] = {}
+        self.cursors: dict[str, Cursor] = {}
         self.dropped: list[tuple[str, int]] = []  # (bucket, first step without it)
-        # Allocations are pure functions of (phase, drops): samplers of one run may share the cache.
-        self._allocations = {} if allocations is None else allocations
+        self.served: dict[int, np.ndarray] = {}  # phase -> rows served per bucket
+        self.plan_offset = np.zeros(len(self.buckets), dtype=np.int64)  # of the phase of step - 1
 
     def done(self) -> bool:
         return self.step >= self.schedule.total_steps
@@ -332,35 +431,52 @@ class CurriculumSampler:
 
     # ---- the allocation ------------------------------------------------------------------------------
 
+    def _weights(self, phase: int, lo: int, hi: int, dropped: list[tuple[str, int]]) -> np.ndarray:
+        """Steps [lo, hi) of the phase's mixture (relative to its first step), without the buckets
+        dropped at or before the step the drops list ends at."""
+        weights = self.schedule.phase_weights(phase, lo, hi).copy()
+        weights[:, [self.buckets.index(b) for b, _ in dropped]] = 0.0
+        return weights
+
+    def _allocate(self, phase: int, lo: int, hi: int, offset: np.ndarray,
+                  dropped: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(quota, rows) per (step, bucket) for steps [lo, hi) of the phase, continuing from `offset`."""
+        G, length = self.schedule.global_batch, len(self.schedule.phase_steps(phase))
+        horizon = min(length, hi + HORIZON_STEPS)
+        weights = self._weights(phase, lo, horizon, dropped)
+        empty = np.flatnonzero(weights[: hi - lo].sum(axis=1) <= 0)
+        if len(empty):  # every bucket the step weights is dropped: the last one dropped ran dry
+            last = max(dropped, key=lambda d: d[1])[0]
+            raise BucketExhausted(last, self.schedule.phase_starts[phase] + lo + int(empty[0]),
+                                  G * self.schedule.manifests[phase].seq_len, 0)
+        quota = quantize_rows(weights, G)
+        last = offset + quota.sum(axis=0)
+
+        def beyond(b: int, units: int) -> int:
+            reached, at = int(last[b]), horizon
+            while at < length:  # block by block: the phase's mixture is never held whole
+                stop = min(length, at + 16 * HORIZON_STEPS)
+                column = reached + np.cumsum(quantize_rows(self._weights(phase, at, stop, dropped), G)[:, b])
+                i = int(np.searchsorted(column, units, side="left"))
+                if i < len(column):
+                    return at + i - lo
+                reached, at = int(column[-1]), stop
+            return length - lo
+
+        return quota[: hi - lo], allocate_rows(quota, G, offset, hi - lo, beyond)
+
     def allocation(self, phase: int, dropped: list[tuple[str, int]] | None = None) -> PhaseAllocation:
-        """Rows per (step, bucket) of `phase` given the drops (default: this sampler's); a drop at a
-        step of the phase restarts the allocation there from the rows already served."""
+        """Rows per (step, bucket) of the whole phase given the drops (default: this sampler's), as the
+        chunks plan them: for inspection and tests (O(steps of the phase))."""
         dropped = self.dropped if dropped is None else dropped
         steps = self.schedule.phase_steps(phase)
-        before = tuple(sorted(b for b, s in dropped if s <= steps.start))
-        within = tuple(sorted((s, b) for b, s in dropped if steps.start < s < steps.stop))
-        key = (phase, before, within)
-        if key not in self._allocations:
-            weights = self.schedule.phase_weights(phase).copy()
-            weights[:, [self.buckets.index(b) for b in before]] = 0.0
-            counts = np.zeros(weights.shape, dtype=np.int64)
-            plan = np.zeros(weights.shape, dtype=np.int64)
-            cuts = sorted({s - steps.start for s, _ in within})
-            G = self.schedule.global_batch
-            for lo, hi in zip([0, *cuts], [*cuts, len(steps)]):
-                for s, b in within:
-                    if s - steps.start == lo:
-                        weights[:, self.buckets.index(b)] = 0.0
-                empty = np.flatnonzero(weights[lo:hi].sum(axis=1) <= 0)
-                if len(empty):  # every bucket the step weights is dropped: the last one dropped ran dry
-                    last = max(dropped, key=lambda d: d[1])[0]
-                    raise BucketExhausted(last, steps.start + lo + int(empty[0]), G * self.schedule.manifests[phase].seq_len, 0)
-                quota = quantize_rows(weights[lo:hi], G)
-                served = counts[:lo].sum(axis=0)
-                counts[lo:hi] = allocate_rows(quota, G, served)
-                plan[lo:hi] = served * PLAN_SCALE + np.cumsum(quota, axis=0)
-            self._allocations[key] = PhaseAllocation(counts, plan)
-        return self._allocations[key]
+        cuts = sorted({s - steps.start for _, s in dropped if steps.start < s < steps.stop})
+        counts = np.zeros((len(steps), len(self.buckets)), dtype=np.int64)
+        offset = np.zeros(len(self.buckets), dtype=np.int64)
+        for lo, hi in zip([0, *cuts], [*cuts, len(steps)]):
+            gone = [(b, s) for b, s in dropped if s <= steps.start + lo]
+            quota, counts[lo:hi] = self._allocate(phase, lo, hi, np.zeros_like(offset) if lo else offset, gone)
+        return PhaseAllocation(counts)
 
     # ---- planning ------------------------------------------------------------------------------------
 
@@ -374,15 +490,17 @@ class CurriculumSampler:
         phase = self.schedule.phase_at(step)
         L = self.schedule.manifests[phase].seq_len
         phase_start = self.schedule.phase_starts[phase]
+        if step == phase_start:  # a new phase: its plan starts from nothing served
+            self.plan_offset = np.zeros(len(self.buckets), dtype=np.int64)
+        served = self.served.get(phase, np.zeros(len(self.buckets), dtype=np.int64))
+        lo = step - phase_start
+        hi = min(lo + max_steps, len(self.schedule.phase_steps(phase)))
         dropped_now: list[str] = []
         while True:
-            alloc = self.allocation(phase)
-            lo = step - phase_start
-            hi = min(lo + max_steps, len(alloc.counts))
-            counts = alloc.counts[lo:hi]
-            used = alloc.used
+            quota, counts = self._allocate(phase, lo, hi, self.plan_offset, self.dropped)
+            used = np.flatnonzero(counts.any(axis=0))
             sets = [self.set_for(phase, self.buckets[b]) for b in used]
-            base = np.array([self.cursors.get(es.key, 0) for es in sets], dtype=np.int64)
+            base = np.array([self.cursors.get(es.key, Cursor()).position for es in sets], dtype=np.int64)
             cursors = base + np.cumsum(counts[:, used], axis=0) * L
             over = cursors > np.array([es.limit for es in sets], dtype=np.int64)
             if not over[0].any():
@@ -392,13 +510,14 @@ class CurriculumSampler:
             if not self.allow_exhaustion:
                 raise BucketExhausted(es.bucket, step, int(counts[0, used[k]]) * L, es.limit - int(base[k]))
             self.dropped.append((es.bucket, step))
+            self.plan_offset = np.zeros(len(self.buckets), dtype=np.int64)  # the allocation restarts here
             dropped_now.append(es.bucket)
         bad = np.flatnonzero(over.any(axis=1))
         n = int(bad[0]) if len(bad) else len(counts)  # the chunk ends before the next step that runs a set dry
-        counts, cursors = counts[:n, used], cursors[:n]
+        quota, counts, cursors = quota[:n], counts[:n], cursors[:n]
         # Slot order within each step: the rows' counter-based keys sorted, so a rank's slice is mixed.
         slots = np.argsort(row_keys(self.seed, step * G + np.arange(n * G, dtype=np.int64)).reshape(n, G), axis=1)
-        labels = np.repeat(np.tile(np.arange(len(sets)), n), counts.reshape(-1)).reshape(n, G)
+        labels = np.repeat(np.tile(np.arange(len(sets)), n), counts[:, used].reshape(-1)).reshape(n, G)
         row_set = np.empty((n, G), dtype=np.int64)
         np.put_along_axis(row_set, slots, labels, axis=1)
         row_start = np.empty((n, G), dtype=np.int64)
@@ -407,14 +526,33 @@ class CurriculumSampler:
             rows = np.flatnonzero(flat_set == si)
             flat_start[rows] = base[si] + np.arange(len(rows), dtype=np.int64) * L
         before = dict(self.cursors)
-        for es, c in zip(sets, cursors[-1].tolist()):
-            self.cursors[es.key] = c
+        windows = [es.window(before.get(es.key, Cursor()), int(cursors[-1, i] - base[i])) for i, es in enumerate(sets)]
+        served_after = served + np.cumsum(counts, axis=0)
+        offset_after = self.plan_offset + np.cumsum(quota, axis=0) - np.cumsum(counts, axis=0) * PLAN_SCALE
+        for es, window, c in zip(sets, windows, cursors[-1].tolist()):
+            self.cursors[es.key] = window.cursors_at(np.array([c]))[0]
+        self.served[phase] = served_after[-1]
+        self.plan_offset = offset_after[-1]
         self.step += n
-        return ChunkPlan(step, phase, L, row_set, row_start, sets, cursors, before, dropped_now)
+        return ChunkPlan(step, phase, L, row_set, row_start, sets, windows, cursors, before, served_after,
+                         offset_after, dropped_now)
 
     def plan_next(self) -> StepPlan:
         """Plan the next step and advance; raises BucketExhausted without advancing."""
         return self.plan_steps(1).step_plan(0)
+
+    def upcoming_entries(self) -> dict[str, list[tuple[int, int]]]:
+        """Per bucket, global id ranges its current sets read next (for prefetching their shards)."""
+        if self.done():
+            return {}
+        phase = self.schedule.phase_at(self.step)
+        out: dict[str, list[tuple[int, int]]] = {}
+        for name in self.sets_by_phase[phase]:
+            es = self.set_for(phase, name)
+            cursor = self.cursors.get(es.key, Cursor())
+            if es.size and cursor.ordinal < es.size:
+                out.setdefault(es.bucket, []).extend(es.upcoming_entries(cursor))
+        return out
 
     # ---- what was planned and served -----------------------------------------------------------------
 
@@ -422,24 +560,24 @@ class CurriculumSampler:
         """Tokens per phase and bucket the mixture plans (each step's weights, blends included, with
         no drops), and the allocation serves them to within one row per bucket."""
         out = {}
+        G = self.schedule.global_batch
         for j, name in enumerate(self.schedule.phase_names):
-            plan = self.allocation(j, []).plan
-            L = self.schedule.manifests[j].seq_len
-            last = plan[-1] if len(plan) else np.zeros(len(self.buckets), dtype=np.int64)
-            out[name] = {b: float(x) / PLAN_SCALE * L for b, x in zip(self.buckets, last.tolist()) if x}
+            length, L = len(self.schedule.phase_steps(j)), self.schedule.manifests[j].seq_len
+            units = [0] * len(self.buckets)
+            for lo in range(0, length, 16 * HORIZON_STEPS):  # block by block: Python ints cannot overflow
+                block = quantize_rows(self._weights(j, lo, min(length, lo + 16 * HORIZON_STEPS), []), G).sum(axis=0)
+                units = [u + int(x) for u, x in zip(units, block.tolist())]
+            out[name] = {b: u / PLAN_SCALE * L for b, u in zip(self.buckets, units) if u}
         return out
 
     def served_tokens(self) -> dict[str, dict[str, int]]:
         """Tokens per phase and bucket the global order served before step `self.step`, drops included."""
         out = {}
-        for j, name in enumerate(self.schedule.phase_names):
-            steps = self.schedule.phase_steps(j)
-            done = min(max(self.step - steps.start, 0), len(steps))
-            if not done:
-                continue
-            rows = self.allocation(j).counts[:done].sum(axis=0)
+        for j, rows in sorted(self.served.items()):
             L = self.schedule.manifests[j].seq_len
-            out[name] = {b: int(r) * L for b, r in zip(self.buckets, rows.tolist()) if r}
+            tokens = {b: int(r) * L for b, r in zip(self.buckets, rows.tolist()) if r}
+            if tokens:
+                out[self.schedule.phase_names[j]] = tokens
         return out
 
     def mixture_report(self) -> dict[str, dict[str, dict[str, float]]]:
@@ -450,35 +588,37 @@ class CurriculumSampler:
     # ---- state -----------------------------------------------------------------------------------
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
-        return self._state(self.step, dict(sorted(self.cursors.items())), world_size)
+        return self._state(self.step, {k: c.to_list() for k, c in sorted(self.cursors.items())},
+                           {j: r for j, r in self.served.items()}, self.plan_offset, world_size)
 
     def state_after(self, chunk: ChunkPlan, i: int, world_size: int) -> dict[str, Any]:
         """The state after step `i` of `chunk` (planned by this sampler)."""
         return self.states_after(chunk, world_size, [i])[0]
 
     def states_after(self, chunk: ChunkPlan, world_size: int, steps: list[int] | None = None) -> list[dict[str, Any]]:
-        """The state after each of the chosen steps of `chunk` (default all), built in one pass: what
-        the steps share (fingerprint, drops, the other sets' cursors) once, each step's cursors from
-        one table."""
+        """The state after each of the chosen steps of `chunk` (default all), built in one pass: each
+        set's cursors at the chosen steps from its stream window, the rest shared."""
         steps = list(range(chunk.steps)) if steps is None else steps
-        own = {es.key: k for k, es in enumerate(chunk.sets)}
+        own = {es.key: window.cursors_at(chunk.cursors[steps, k]) for k, (es, window) in enumerate(zip(chunk.sets, chunk.windows))}
         keys = sorted({*chunk.cursors_before, *own})
-        table = np.empty((len(steps), len(keys)), dtype=np.int64)
-        for j, k in enumerate(keys):
-            table[:, j] = chunk.cursors[steps, own[k]] if k in own else chunk.cursors_before.get(k, 0)
-        # Every step of a chunk reads one phase, and drops happen only at a chunk's first step, so
-        # the state after any of its steps has the fingerprint and drops of the state after its first.
-        shared = self._state(chunk.step + 1, {}, world_size)
-        return [{**shared, "step": chunk.step + i + 1, "cursors": dict(zip(keys, row)),
-                 "dropped": [list(d) for d in shared["dropped"]]}
-                for i, row in zip(steps, table.tolist())]
+        served = {j: r for j, r in self.served.items() if j < chunk.phase}
+        out = []
+        for n, i in enumerate(steps):
+            cursors = {k: (own[k][n] if k in own else chunk.cursors_before[k]).to_list() for k in keys}
+            out.append(self._state(chunk.step + i + 1, cursors, {**served, chunk.phase: chunk.served[i]},
+                                   chunk.plan_offset[i], world_size))
+        return out
 
-    def _state(self, step: int, cursors: dict[str, int], world_size: int) -> dict[str, Any]:
+    def _state(self, step: int, cursors: dict[str, list[int]], served: dict[int, np.ndarray], offset: np.ndarray,
+               world_size: int) -> dict[str, Any]:
+        names = self.schedule.phase_names
         return {
             "version": SAMPLER_STATE_VERSION,
             "world_size": world_size,
             "step": step,
             "cursors": cursors,
+            "served": {names[j]: dict(zip(self.buckets, r.tolist())) for j, r in sorted(served.items())},
+            "plan_offset": dict(zip(self.buckets, np.asarray(offset).tolist())),
             "dropped": [[b, s] for b, s in self.dropped if s < step],
             "seed": self.seed,
             "global_batch": self.schedule.global_batch,
@@ -487,16 +627,16 @@ class CurriculumSampler:
 
     def load_state_dict(self, state: dict[str, Any], world_size: int) -> list[str]:
         """Restore; returns notes on what changed that is safe (e.g. the world size)."""
-        if state.get("version") != SAMPLER_STATE_VERSION:
-            if state.get("version") == 1:
-                raise SamplerStateError(
-                    "sampler state version 1: that trainer drew each row's bucket at random, this one (version 2) "
-                    "allocates rows to buckets exactly per step, so the run's global order cannot continue; resume "
-                    "with the trainer version that wrote the checkpoint, or start a new run"
-                )
+        version = state.get("version")
+        if version != SAMPLER_STATE_VERSION:
+            why = {
+                1: "that trainer drew each row's bucket at random, this one allocates rows to buckets exactly per step",
+                2: "that trainer held each pass's order as a full permutation of the set, this one computes it block by "
+                   "block (training/pass_order.py), so the same cursor names another entry",
+            }.get(version, f"this trainer reads {SAMPLER_STATE_VERSION}")
             raise SamplerStateError(
-                f"sampler state version {state.get('version')}, this trainer reads {SAMPLER_STATE_VERSION}; "
-                "resume with the trainer version that wrote the checkpoint"
+                f"sampler state version {version}: {why} (version {SAMPLER_STATE_VERSION}); the run's global order "
+                "cannot continue: resume with the trainer version that wrote the checkpoint, or start a new run"
             )
         if state["global_batch"] != self.schedule.global_batch:
             raise SamplerStateError(
@@ -513,8 +653,12 @@ class CurriculumSampler:
                 f"{state['schedule']} -> {now}); resume against the manifests it was trained on, or start a new run"
             )
         self.step = int(state["step"])
-        self.cursors = {k: int(v) for k, v in state["cursors"].items()}
+        self.cursors = {k: Cursor(*(int(x) for x in v)) for k, v in state["cursors"].items()}
         self.dropped = [(str(b), int(s)) for b, s in state["dropped"]]
+        index = {name: j for j, name in enumerate(self.schedule.phase_names)}
+        self.served = {index[p]: np.array([int(rows.get(b, 0)) for b in self.buckets], dtype=np.int64)
+                       for p, rows in state["served"].items()}
+        self.plan_offset = np.array([int(state["plan_offset"].get(b, 0)) for b in self.buckets], dtype=np.int64)
         notes = []
         if state["world_size"] != world_size:
             notes.append(

@@ -78,12 +78,14 @@ class StepSchedule:
     def phase_steps(self, phase: int) -> range:
         return range(self.phase_starts[phase], self.phase_starts[phase + 1])
 
-    def phase_weights(self, phase: int) -> np.ndarray:
-        """The mixture of every step of phase `phase`, (steps, buckets) aligned with `tokens.buckets`:
-        `weights_at` of each step, computed for the whole phase at once (the same float operations)."""
+    def phase_weights(self, phase: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The mixture of steps [lo, hi) of phase `phase` (counted from its first step; default all),
+        (steps, buckets) aligned with `tokens.buckets`: `weights_at` of each step, computed at once
+        (the same float operations)."""
         span, L = self.tokens.phases[phase], self.manifests[phase].seq_len
-        n = len(self.phase_steps(phase))
-        point = np.minimum(self.start_tokens[phase] + np.arange(n, dtype=np.int64) * (self.global_batch * L)
+        hi = len(self.phase_steps(phase)) if hi is None else hi
+        n = hi - lo
+        point = np.minimum(self.start_tokens[phase] + np.arange(lo, hi, dtype=np.int64) * (self.global_batch * L)
                            + self.global_batch * L // 2, span.end - 1)
         if phase == 0 or span.blend_tokens == 0:
             return np.broadcast_to(span.weights, (n, len(span.weights))).astype(np.float64)

@@ -1,5 +1,6 @@
-"""Which shard token a training run fed at (step, row, position): the sampler is replayed from the
-run's config, the same integer arithmetic the trainer ran, so no per-token log is needed.
+"""Which shard token a training run fed at (step, row, position): the sampler continues from the
+sampler state of the run's nearest checkpoint before that step (or from the start when there is
+none), the same integer arithmetic the trainer ran, so no per-token log is needed.
 
 `refinery lineage --run DIR --step S --row R --pos P [--rank K]` then follows that shard token to
 its document, URL and funnel history through the lineage index (refinery/lineage.py).
@@ -12,10 +13,15 @@ from typing import Any
 
 import numpy as np
 
+import torch
+
 from refinery.config import RefineryConfig
 from refinery.storage import DataRoot
+from refinery.layout import CHECKPOINTS_DIR
+from training.checkpoint import SAMPLER, CheckpointManager
 from training.data import CurriculumData
 from training.metrics import JsonLines
+from training.sampler import CurriculumSampler, SamplerStateError
 
 
 class TokenLookupError(ValueError):
@@ -31,8 +37,28 @@ def run_world_size(run_dir: str | Path, step: int) -> int:
     return int(records[step].get("world_size", 1))
 
 
-def locate_token(cfg: RefineryConfig, root: DataRoot, step: int, row: int, pos: int) -> dict[str, Any]:
-    """The shard token at position `pos` of global batch row `row` of step `step` (1-based, as logged)."""
+def resume_before(sampler: CurriculumSampler, run_dir: str | Path, step: int) -> int:
+    """Load the sampler state of the run's newest intact checkpoint taken before step `step` (1-based)
+    whose state fits this sampler; returns the step it resumes after (0: none fits)."""
+    manager = CheckpointManager(Path(run_dir) / CHECKPOINTS_DIR, 1)
+    for meta in reversed(manager.complete()):
+        if meta["step"] >= step or manager.verify(meta["path"]) is not None:
+            continue
+        # Memory-mapped: only the sampler's few entries are read, never the weights.
+        state = torch.load(meta["path"], map_location="cpu", weights_only=True, mmap=True).get(SAMPLER)
+        try:
+            if state is not None:
+                sampler.load_state_dict(state, int(state.get("world_size", 1)))
+                return sampler.step
+        except SamplerStateError:
+            continue  # another trainer version or manifests: an older checkpoint, else the start
+    return 0
+
+
+def locate_token(cfg: RefineryConfig, root: DataRoot, step: int, row: int, pos: int,
+                 run_dir: str | Path | None = None) -> dict[str, Any]:
+    """The shard token at position `pos` of global batch row `row` of step `step` (1-based, as logged),
+    planned from the nearest checkpoint of `run_dir` before the step when given."""
     tc = cfg.training
     data = CurriculumData.open(cfg, root, tc.micro_batch_size * tc.grad_accum_steps)
     G, total = data.schedule.global_batch, data.schedule.total_steps
@@ -41,8 +67,10 @@ def locate_token(cfg: RefineryConfig, root: DataRoot, step: int, row: int, pos: 
     if not 0 <= row < G:
         raise TokenLookupError(f"row {row} is outside the global batch of {G} rows")
     sampler = data.sampler(cfg.curriculum.allow_bucket_exhaustion)
-    for _ in range(step - 1):
-        sampler.plan_next()
+    if run_dir is not None:
+        resume_before(sampler, run_dir, step)
+    while sampler.step < step - 1:
+        sampler.plan_steps(step - 1 - sampler.step)
     plan = sampler.plan_next()
     if not 0 <= pos < plan.seq_len:
         raise TokenLookupError(f"position {pos} is outside step {step}'s sequence length {plan.seq_len}")

@@ -22,7 +22,8 @@ from training.loss import IGNORE
 
 if TYPE_CHECKING:
     from refinery.config import ValRiseHaltConfig
-    from training.data import BucketShards, CurriculumData
+    from training.data import CurriculumData
+    from training.shard_pool import BucketIndex
     from training.distributed import Distributed
     from training.model import GPT
 
@@ -36,13 +37,12 @@ class EvalRows:
     target_mask: np.ndarray  # bool (rows, L): position i's target (token i+1) counts
 
 
-def pack_eval_rows(shards: "BucketShards", ids: np.ndarray, seq_len: int) -> EvalRows:
+def pack_eval_rows(shards: "BucketIndex", ids: np.ndarray, seq_len: int) -> EvalRows:
     """Entries `ids` of one bucket as rows of `seq_len`: a target counts when it lies in the same entry
     and outside the entry's overlap prefix (the tokens its previous window already trained on), as
     in training; the last row is padded with masked tokens."""
-    pieces = [shards.arrays[int(shards.entry_shard[e])][int(shards.entry_offset[e]):int(shards.entry_offset[e] + shards.lengths[e])]
-              for e in ids]
-    lengths = shards.lengths[ids]
+    shard, offset, lengths, overlaps = shards.table(ids)
+    pieces = [shards.reader(s).tokens[o:o + n] for s, o, n in zip(shard.tolist(), offset.tolist(), lengths.tolist())]
     n = int(lengths.sum())
     rows = max(1, -(-n // seq_len))
     tokens = np.zeros(rows * seq_len, dtype=np.int64)
@@ -52,7 +52,7 @@ def pack_eval_rows(shards: "BucketShards", ids: np.ndarray, seq_len: int) -> Eva
     doc[:n] = np.repeat(np.arange(len(ids)), lengths)
     starts = np.cumsum(lengths) - lengths
     in_overlap = np.zeros(rows * seq_len, dtype=bool)
-    for s, ov in zip(starts, np.minimum(shards.overlaps[ids], lengths)):
+    for s, ov in zip(starts, np.minimum(overlaps, lengths)):
         in_overlap[s:s + ov] = True
     doc, in_overlap = doc.reshape(rows, seq_len), in_overlap.reshape(rows, seq_len)
     mask = np.zeros((rows, seq_len), dtype=bool)

@@ -57,8 +57,9 @@ class TrainingConfig(Section):
     cpu_threads: int | None = Field(default=1, ge=1)
     max_resume_attempts: int = Field(default=3, ge=0)
     resume_backoff_s: float = Field(default=1.0, ge=0.0)
-    # Local cache for shards read from a remote (s3://) data root. The trainer keeps every shard its
-    # manifests name in it for the whole run, so a run whose shards do not fit is refused at start.
+    # Local cache for shards read from a remote (s3://) data root. The trainer pins only the shards its
+    # bounded pool holds open and prefetches those the read position reaches next
+    # (docs/training-data.md); the rest may be evicted.
     shard_cache_gb: float = Field(default=8.0, gt=0.0)
     record_consumption: bool = False  # write <run_dir>/consumption-rank<r>.jsonl: every entry piece each step of rank r read
     # sdpa: dense T x T document mask, any device; flex: FlexAttention block mask, O(T) memory, compiled

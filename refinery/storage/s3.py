@@ -158,10 +158,6 @@ class LocalFileCache:
         with self._lock:
             return sum(self._sizes.values())
 
-    def pinned_bytes(self) -> int:
-        with self._lock:
-            return sum(self._sizes.get(k, 0) for k in self._pinned)
-
     def _evict(self, keep: str) -> None:
         total = sum(self._sizes.values())
         for key in list(self._etags):

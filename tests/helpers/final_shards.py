@@ -11,6 +11,7 @@ from helpers.configs import write_config
 from refinery.layout import final_index_key
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter
 from refinery.storage import LocalDataRoot
+from training.heldout import shard_entry_docs
 
 DOCS_PER_BUCKET = {"web": 40, "math": 20}
 
@@ -96,3 +97,9 @@ def config_dict(tmp_path, **curriculum):
 def write_curriculum_config(tmp_path, **curriculum) -> str:
     """`config_dict` as tmp_path/refinery.yaml; returns the path."""
     return str(write_config(tmp_path, config_dict(tmp_path, **curriculum)))
+
+
+def bucket_entry_docs(root, bucket) -> list[str]:
+    """doc_id of every global entry of a manifest's bucket, in global entry order (a whole scan: tests
+    only; the trainer reads a bounded sample, training/heldout.py)."""
+    return [doc for ref in bucket.shards for doc in shard_entry_docs(root, ref)[0]]

@@ -1,0 +1,94 @@
+"""The order in which one pass reads an entry set: a keyed bijection over [0, N), computed for the
+ordinals a chunk consumes, never materialized for the whole set.
+
+The set's N positions are cut into blocks of `BLOCK` consecutive positions (the last one shorter).
+Pass `epoch` visits the blocks in a seeded random order, and the positions inside each block in a
+seeded random order of their own; the key is (seed, set key, epoch), and a block's inner order adds
+the block. So ordinal o of pass e is one position, a pure function of (seed, key, e, o), computed in
+O(1) amortized per ordinal with one block permutation (BLOCK entries) held at a time.
+
+What randomness the order keeps, and what it gives up against a full permutation of the set:
+- every pass is a permutation (each position exactly once), and passes differ (fresh keys);
+- a block's members stay together in every pass: two entries in one block are read within BLOCK
+  entries of each other, and the blocks are the same in every pass. The shards under a set were
+  globally shuffled by `shuffled_shards`, so a block is a uniform sample of the bucket; the order a
+  pass reads blocks in, and entries in a block, is fresh per pass.
+- what it buys: a pass reads one block's few shards at a time, so the trainer's bounded shard pool
+  and an S3 prefetch window follow the read position instead of touching every shard in every chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+# 65,536 entries (about 18M tokens at 280 tokens an entry: 4-5 shards of 4M tokens) per block; one
+# block permutation is 256-512 KiB.
+BLOCK = 1 << 16
+
+
+def key_hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+class PassOrder:
+    """Ordinal -> position of one pass over N positions (see the module doc)."""
+
+    def __init__(self, n: int, seed: int, key: str, epoch: int, block: int = BLOCK):
+        self.n, self.block, self.epoch = n, block, epoch
+        self._key = [seed, key_hash(key), epoch]
+        self.blocks = -(-n // block)
+        self.block_order = np.random.default_rng(self._key).permutation(self.blocks) if n else np.zeros(0, np.int64)
+        last = self.blocks - 1
+        # Every block holds `block` positions but the last, which may be shorter: where the pass
+        # reads it decides where the ordinals of the blocks after it start.
+        self._short_at = int(np.flatnonzero(self.block_order == last)[0]) if n else 0
+        self._short = n - last * block if n else 0
+        self._inner: dict[int, np.ndarray] = {}
+
+    def block_size(self, b: int) -> int:
+        return self._short if b == self.blocks - 1 else self.block
+
+    def inner(self, b: int) -> np.ndarray:
+        """Block b's inner order (positions relative to the block's first). The two most recent are
+        kept: a chunk reads within at most two blocks unless a set is smaller than a chunk."""
+        got = self._inner.get(b)
+        if got is None:
+            got = np.random.default_rng([*self._key, b]).permutation(self.block_size(b))
+            if len(self._inner) >= 2:
+                self._inner.pop(next(iter(self._inner)))
+            self._inner[b] = got
+        return got
+
+    def slot_of(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index into block_order, offset inside that block) of each ordinal."""
+        o = np.asarray(ordinals, dtype=np.int64)
+        B, q, r = self.block, self._short_at, self._short
+        before = o < q * B
+        after = o >= q * B + r
+        shifted = o - (r - B)  # ordinals past the short block, as if it were full
+        slot = np.where(before, o // B, np.where(after, shifted // B, q))
+        offset = np.where(before, o % B, np.where(after, shifted % B, o - q * B))
+        return slot, offset
+
+    def positions(self, ordinals: np.ndarray) -> np.ndarray:
+        """The set positions (int64) read at `ordinals` of this pass, each in [0, n)."""
+        o = np.asarray(ordinals, dtype=np.int64)
+        if len(o) and (o.min() < 0 or o.max() >= self.n):
+            raise IndexError(f"ordinals outside the pass of {self.n} positions")
+        slot, offset = self.slot_of(o)
+        blocks = self.block_order[slot]
+        out = np.empty(len(o), dtype=np.int64)
+        # Ordinals of a chunk are consecutive, so they span few blocks: one permutation lookup each.
+        for b in np.unique(blocks).tolist():
+            m = blocks == b
+            out[m] = b * self.block + self.inner(b)[offset[m]]
+        return out
+
+    def blocks_from(self, ordinal: int, count: int) -> list[int]:
+        """The block ids the pass reads from `ordinal` on, `count` of them (for prefetching)."""
+        if not self.n or ordinal >= self.n:
+            return []
+        slot = int(self.slot_of(np.array([ordinal]))[0][0])
+        return self.block_order[slot:slot + count].tolist()
