@@ -129,19 +129,17 @@ def planned_windows(data: CurriculumData, steps: int) -> list[tuple[list[np.ndar
     for _ in range(steps):
         plan = sampler.plan_next()
         p = plan.pieces(rows)
-        flat, start = np.empty(len(p.entry), np.int64), np.empty(len(p.entry), np.int64)
+        flat = np.empty(len(p.entry), np.int64)
         maps: dict[tuple[str, int], int] = {}
         arrays: list[np.ndarray] = []
         for si, es in enumerate(plan.sets):
             m = p.set_index == si
-            index = data.buckets[es.bucket]
-            shard, start[m], _, _ = index.table(p.entry[m])
-            for s in np.unique(shard).tolist():
+            for s in np.unique(p.shard[m]).tolist():
                 if (es.bucket, s) not in maps:
                     maps[(es.bucket, s)] = len(arrays)
-                    arrays.append(index.reader(s).tokens)
-            flat[m] = [maps[(es.bucket, s)] for s in shard.tolist()]
-        out.append((arrays, flat, start + p.a, start + p.b))
+                    arrays.append(data.buckets[es.bucket].reader(s).tokens)
+            flat[m] = [maps[(es.bucket, s)] for s in p.shard[m].tolist()]
+        out.append((arrays, flat, p.start + p.a, p.start + p.b))
     return out
 
 

@@ -15,6 +15,7 @@ import torch
 
 from training.data import CurriculumData, RowLayout
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
+from training.sampler import ChunkStates
 
 
 class TrainBatches:
@@ -27,9 +28,11 @@ class TrainBatches:
         self.ranks, self.world = ranks, world
         data.rank_rows(0, world)  # fail now, not in a worker, if the batch does not split
         self.sampler_state: dict[str, Any] | None = None
+        # The last step trained, when newer than sampler_state: its chunk's states and its index there.
+        self.committed: tuple[ChunkStates, int] | None = None
 
     def __iter__(self) -> Iterator[StepBatch | Exhausted]:
-        loaders = [make_loader(StepStream(self.data, self.sampler_state, self.allow, r, self.world, self.record),
+        loaders = [make_loader(StepStream(self.data, self.state_dict(), self.allow, r, self.world, self.record),
                                self.num_workers)
                    for r in self.ranks]
         for parts in zip(*loaders):
@@ -41,20 +44,23 @@ class TrainBatches:
                 step=parts[0].step, phase=parts[0].phase, seq_len=parts[0].seq_len,
                 tokens=torch.cat([p.tokens for p in parts]), row_bucket=torch.cat([p.row_bucket for p in parts]),
                 layout=RowLayout.cat([p.layout for p in parts]),
-                sampler_state=parts[0].sampler_state, dropped=parts[0].dropped,
+                states=parts[0].states, dropped=parts[0].dropped,
                 consumed={k: torch.cat([torch.from_numpy(p.consumed[k]) for p in parts]).numpy() for k in parts[0].consumed}
                 if parts[0].consumed is not None else None,
             )
 
     def commit(self, batch: StepBatch) -> None:
-        self.sampler_state = batch.sampler_state
+        self.committed = (batch.states, batch.step - batch.states.first_step)  # built when a checkpoint asks
 
     def state_dict(self) -> dict[str, Any] | None:
+        if self.committed is not None:
+            states, i = self.committed
+            self.sampler_state, self.committed = states.state(i), None
         return self.sampler_state
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Take a checkpoint's sampler state, refusing one this run's global order cannot continue."""
-        self.sampler_state = state
+        self.sampler_state, self.committed = state, None
         if state is not None:
             probe = self.data.sampler(self.allow)
             for note in probe.load_state_dict(state, self.world):

@@ -189,7 +189,14 @@ class CurriculumData:
         pieces' shards fit the pool at once (the piece bounds, tens per row, become Python ints because
         slicing a memmap with them is the cheapest view numpy offers); else a pool's worth of shards
         at a time, so the open maps stay bounded."""
-        uniq, which = np.unique(shard, return_inverse=True)
+        low = int(shard.min(initial=0))
+        if len(shard) and int(shard.max()) - low < 1 << 16:  # a chunk reads a few blocks: count, not sort
+            present = np.flatnonzero(np.bincount(shard - low))
+            lookup = np.empty(len(present) and int(present[-1]) + 1, dtype=np.int64)
+            lookup[present] = np.arange(len(present))
+            uniq, which = present + low, lookup[shard - low]
+        else:
+            uniq, which = np.unique(shard, return_inverse=True)
         capacity = self.pool.capacity
         if len(uniq) <= capacity:
             arrays = [self._reader_tokens(u) for u in uniq.tolist()]
@@ -227,16 +234,12 @@ class CurriculumData:
         p = chunk.pieces(rows, steps)
         per, L = rows.stop - rows.start, chunk.seq_len
         n_rows = len(steps) * per
-        shard = np.empty(len(p.entry), dtype=np.int64)  # numbered across buckets, see `_shard_base`
-        start = np.empty(len(p.entry), dtype=np.int64)
-        overlap = np.empty(len(p.entry), dtype=np.int64)
         bucket_index = np.array([self.bucket_names.index(es.bucket) for es in chunk.sets], dtype=np.int64)
-        for si, es in enumerate(chunk.sets):
-            m = p.set_index == si if len(chunk.sets) > 1 else slice(None)
-            in_bucket, start[m], _, overlap[m] = self.buckets[es.bucket].table(p.entry[m])
-            shard[m] = self._shard_base[es.bucket] + in_bucket
+        # Shards numbered across buckets; the planner read each entry's shard and start already.
+        shard = np.array([self._shard_base[es.bucket] for es in chunk.sets], dtype=np.int64)[p.set_index] + p.shard
+        overlap = p.overlap
         tokens = alloc("tokens", n_rows * L, np.int32)
-        self._copy(shard, start + p.a, start + p.b, tokens)
+        self._copy(shard, p.start + p.a, p.start + p.b, tokens)
         lens = p.b - p.a
         pos = np.cumsum(lens) - lens
         starts = pos[(lens > 0) & (pos % L > 0)]  # entries after the first of their row

@@ -30,7 +30,7 @@ import torch
 
 from training.data import CurriculumData, RowLayout
 from training.lifeline import worker_init
-from training.sampler import BucketExhausted, CurriculumSampler
+from training.sampler import BucketExhausted, ChunkStates, CurriculumSampler
 
 # Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer: 2^21 tokens
 # read 25% faster than 2^20 (bench/RESULTS.md), for 4 bytes a token in each ring slot (`ring_chunks`).
@@ -50,9 +50,14 @@ class StepBatch:
     tokens: torch.Tensor  # int32 (rows, seq_len)
     row_bucket: torch.Tensor  # int64 (rows,): index into CurriculumData.bucket_names
     layout: RowLayout  # where entries start, which targets count: `doc_ids()`, `target_mask()`
-    sampler_state: dict[str, Any]
+    states: ChunkStates  # the sampler states of the step's chunk; this step's is `sampler_state`
     dropped: list[str]
     consumed: dict[str, np.ndarray] | None = None  # pieces, when recording consumption
+
+    @property
+    def sampler_state(self) -> dict[str, Any]:
+        """The sampler state after this step (built when asked: a checkpoint's, not every step's)."""
+        return self.states.state(self.step - self.states.first_step)
 
 
 @dataclass
@@ -73,7 +78,7 @@ class StepChunk:
     seq_len: int
     arrays: dict[str, torch.Tensor] | None  # BATCH_FIELDS, each (steps, rows, ...)
     layouts: list[RowLayout]
-    states: list[dict[str, Any]]  # the sampler state after each step
+    states: ChunkStates  # the sampler state after each step
     dropped: list[str]  # buckets dropped at the first step
     consumed: list[dict[str, np.ndarray]] | None
     # From a worker: the arrays stay in the ring slot they were gathered into, and only
@@ -86,8 +91,8 @@ class StepChunk:
 
     def batches(self) -> list[StepBatch]:
         tokens, row_bucket = (self.arrays[k].unbind(0) for k in BATCH_FIELDS)
-        out = [StepBatch(step, self.phase, self.seq_len, *parts, [])
-               for step, *parts in zip(itertools.count(self.first_step), tokens, row_bucket, self.layouts, self.states)]
+        out = [StepBatch(step, self.phase, self.seq_len, *parts, self.states, [])
+               for step, *parts in zip(itertools.count(self.first_step), tokens, row_bucket, self.layouts)]
         out[0].dropped = self.dropped
         for batch, pieces in zip(out, self.consumed or ()):
             batch.consumed = pieces
@@ -139,7 +144,7 @@ class StepStream:
             slot = ring.slot_of(index - 1, workers) if ring is not None else None
             buffers = ring.acquire(index - 1, workers) if ring is not None else None
             arrays = self.data.gather_steps(plan, self.rows, np.arange(plan.steps), self.record, buffers)
-            states = sampler.states_after(plan, self.world_size)
+            states = sampler.chunk_states(plan, self.world_size)
             if ring is not None and ring.shared:  # in a worker: only (slot, shapes) go back
                 shapes = {k: tuple(arrays[k].shape) for k in BATCH_FIELDS}
                 yield StepChunk(plan.step, plan.phase, plan.seq_len, None, arrays["layouts"], states, plan.dropped,

@@ -72,6 +72,16 @@ class PassOrder:
         offset = np.where(before, o % B, np.where(after, shifted % B, o - q * B))
         return slot, offset
 
+    def slot_start(self, slot: int) -> int:
+        """The first ordinal the pass reads from the block at `slot` of its block order."""
+        B, q, r = self.block, self._short_at, self._short
+        return slot * B if slot <= q else q * B + r + (slot - q - 1) * B
+
+    def slot_positions(self, slot: int) -> np.ndarray:
+        """The positions the pass reads from the block at `slot`, in order (int64)."""
+        b = int(self.block_order[slot])
+        return b * self.block + self.inner(b).astype(np.int64)
+
     def positions(self, ordinals: np.ndarray) -> np.ndarray:
         """The set positions (int64) read at `ordinals` of this pass, each in [0, n)."""
         o = np.asarray(ordinals, dtype=np.int64)

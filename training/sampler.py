@@ -61,7 +61,7 @@ SAMPLER_STATE_VERSION = 3
 PLAN_SCALE = 1 << 32
 # Steps of the mixture read past a chunk's end for the allocation's deadlines; a deadline further
 # out is searched for block by block, only when the order of the rows depends on it.
-HORIZON_STEPS = 1024
+HORIZON_STEPS = 256
 
 
 class BucketExhausted(Exception):
@@ -135,13 +135,14 @@ def allocate_rows(quota: np.ndarray, rows_per_step: int, offset: np.ndarray | No
     plan = np.cumsum(quota, axis=0)
     if offset is not None:
         plan += np.asarray(offset, dtype=np.int64)
-    columns = [plan[:, b].tolist() for b in range(n)]  # bisect over Python ints: no numpy call per step
+    # Python ints and lists in the loop: for a handful of buckets a numpy call per step costs more.
+    columns = [plan[:, b].tolist() for b in range(n)]  # for bisect
+    targets = plan[:steps].tolist()
     rows = [0] * n
-    out = np.zeros((steps, n), dtype=np.int64)
+    served = []
     for s in range(steps):
-        target = [col[s] for col in columns]
-        floor = [t // PLAN_SCALE for t in target]
-        need = [max(a, f) for a, f in zip(rows, floor)]
+        target = targets[s]
+        need = [max(a, t // PLAN_SCALE) for a, t in zip(rows, target)]
         free = sum(rows) + rows_per_step - sum(need)
         if free:
             released = [b for b in range(n) if need[b] * PLAN_SCALE < target[b]]
@@ -154,9 +155,10 @@ def allocate_rows(quota: np.ndarray, rows_per_step: int, offset: np.ndarray | No
                 raise AssertionError(f"row allocation infeasible at step {s}: {free} rows for {len(due)} buckets")
             for b in due[:free]:
                 need[b] += 1
-        out[s] = [x - a for x, a in zip(need, rows)]
+        served.append(need)
         rows = need
-    return out
+    cumulative = np.array(served, dtype=np.int64).reshape(steps, n)
+    return np.diff(cumulative, axis=0, prepend=np.zeros((1, n), dtype=np.int64))
 
 
 @dataclass
@@ -184,6 +186,9 @@ class Pieces:
     entry: np.ndarray
     a: np.ndarray
     b: np.ndarray
+    shard: np.ndarray  # the entry's shard, by position in its bucket
+    start: np.ndarray  # the entry's first token within that shard
+    overlap: np.ndarray  # the entry's overlap prefix (tokens masked out of the loss)
 
     @classmethod
     def concat(cls, parts: list["Pieces"]) -> "Pieces":
@@ -221,6 +226,9 @@ class StreamWindow:
     ordinal: np.ndarray
     start: np.ndarray
     length: np.ndarray
+    shard: np.ndarray  # where each entry's tokens are (BucketIndex.table), read once for planning and gathering
+    shard_start: np.ndarray
+    overlap: np.ndarray
 
     @property
     def end(self) -> np.ndarray:
@@ -236,19 +244,61 @@ class StreamWindow:
         lo, hi = np.repeat(starts, n), np.repeat(starts + length, n)
         a = np.maximum(lo - self.start[k], 0)
         b = np.minimum(hi - self.start[k], self.length[k])
-        return Pieces(np.repeat(rows, n), np.full(len(k), set_index), self.epoch[k], self.entry[k], a, b)
+        return Pieces(np.repeat(rows, n), np.full(len(k), set_index), self.epoch[k], self.entry[k], a, b,
+                      self.shard[k], self.shard_start[k], self.overlap[k])
 
-    def cursors_at(self, positions: np.ndarray) -> list[Cursor]:
-        """The cursor at each stream position (inside the window, or at its end)."""
-        end = self.end
-        k = np.searchsorted(end, positions, side="right")
-        out = []
-        for q, i in zip(np.asarray(positions).tolist(), k.tolist()):
-            if i < len(end):
-                out.append(Cursor(q, int(self.epoch[i]), int(self.ordinal[i]), q - int(self.start[i])))
-            else:  # every entry of the window read: the next one
-                out.append(Cursor(q, int(self.epoch[-1]), int(self.ordinal[-1]) + 1, 0))
-        return out
+    def cursor_table(self, positions: np.ndarray) -> np.ndarray:
+        """int64 (len(positions), 4): the cursor (position, pass, ordinal, offset) at each stream
+        position inside the window or at its end (past every entry: the next one)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        k = np.searchsorted(self.end, positions, side="right")
+        inside = k < len(self.end)
+        at = np.minimum(k, len(self.end) - 1)
+        return np.stack([positions, self.epoch[at], np.where(inside, self.ordinal[at], self.ordinal[at] + 1),
+                         np.where(inside, positions - self.start[at], 0)], axis=1).astype(np.int64)
+
+    def cursor_at(self, position: int) -> Cursor:
+        return Cursor(*self.cursor_table(np.array([position]))[0].tolist())
+
+
+@dataclass
+class ChunkStates:
+    """The sampler state after each step of one chunk, held as arrays; `state(i)` builds step i's
+    dict. A checkpoint asks for one state in hundreds of steps, so the loader passes these along
+    instead of a dict per step."""
+
+    first_step: int  # the chunk's first step, 0-based: state(i) is the state after step first_step + i
+    shared: dict[str, Any]  # what every step's state holds alike
+    keys: list[str]  # entry set keys, sorted
+    cursors: np.ndarray  # int64 (steps, keys, 4)
+    phase: str
+    buckets: list[str]
+    served: np.ndarray  # int64 (steps, buckets): rows served in the chunk's phase
+    plan_offset: np.ndarray  # int64 (steps, buckets)
+
+    def __len__(self) -> int:
+        return len(self.cursors)
+
+    def state(self, i: int) -> dict[str, Any]:
+        return {**self.shared, "step": self.first_step + i + 1,
+                "cursors": dict(zip(self.keys, self.cursors[i].tolist())),
+                "served": {**self.shared["served"], self.phase: dict(zip(self.buckets, self.served[i].tolist()))},
+                "plan_offset": dict(zip(self.buckets, self.plan_offset[i].tolist())),
+                "dropped": [list(d) for d in self.shared["dropped"]]}
+
+
+@dataclass
+class BlockTable:
+    """One block of one pass, in the pass's order: each entry's id, shard location and length, and
+    the cumulative token count (len + 1) from the block's first entry."""
+
+    first_ordinal: int
+    ids: np.ndarray  # int64 global entry ids
+    shard: np.ndarray  # int32 shard position in the bucket
+    start: np.ndarray  # int64 first token within the shard
+    length: np.ndarray  # int32
+    overlap: np.ndarray  # int32
+    cum: np.ndarray  # int64
 
 
 class EntrySet:
@@ -263,8 +313,10 @@ class EntrySet:
         self.max_epochs, self.seed = max_epochs, seed
         held = np.zeros(0, dtype=np.int64) if heldout is None else np.asarray(heldout, dtype=np.int64)
         if selection is not None:
-            held = held[np.isin(held, selection)]
-            removed = np.searchsorted(selection, held)  # their positions among the selection
+            at = np.searchsorted(selection, held)  # a binary search each: the selection is never read whole
+            inside = at < len(selection)
+            inside[inside] = np.asarray(selection[at[inside]]) == held[inside]
+            held, removed = held[inside], at[inside]  # the held-out ids the set has, and their positions
             base = len(selection)
         else:
             removed, base = held, index.total_entries
@@ -274,6 +326,7 @@ class EntrySet:
         self.pass_tokens = int(pass_tokens) - (int(index.lengths(held).sum()) if len(held) else 0)
         self.limit = int(max_epochs * self.pass_tokens)
         self._orders: dict[int, PassOrder] = {}
+        self._blocks: dict[tuple[int, int], BlockTable] = {}
 
     def ids_at(self, positions: np.ndarray) -> np.ndarray:
         """Global entry ids (int64) at set positions."""
@@ -296,12 +349,28 @@ class EntrySet:
             self._orders[epoch] = got
         return got
 
+    def block(self, epoch: int, slot: int) -> "BlockTable":
+        """The entries pass `epoch` reads from the block at `slot` of its block order, with their
+        shard locations and lengths, looked up once for the whole block (4 most recent kept)."""
+        key = (epoch, slot)
+        got = self._blocks.get(key)
+        if got is None:
+            order = self.order(epoch)
+            ids = self.ids_at(order.slot_positions(slot))
+            shard, start, length, overlap = self.index.table(ids)
+            cum = np.zeros(len(ids) + 1, dtype=np.int64)
+            np.cumsum(length, out=cum[1:])
+            got = BlockTable(order.slot_start(slot), ids, shard.astype(np.int32), start, length.astype(np.int32),
+                             overlap.astype(np.int32), cum)
+            if len(self._blocks) >= 4:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[key] = got
+        return got
+
     def window(self, cursor: Cursor, tokens: int) -> StreamWindow:
-        """The entries the stream reads from `cursor` for `tokens` tokens, with lengths read for those
-        entries only (and a few past the last, read in bulk)."""
+        """The entries the stream reads from `cursor` for `tokens` tokens, block by block."""
         end = cursor.position + tokens
         epoch, ordinal, start = cursor.epoch, cursor.ordinal, cursor.position - cursor.offset
-        mean = max(1, self.pass_tokens // max(self.size, 1))
         parts: list[tuple[np.ndarray, ...]] = []
         while True:
             if ordinal >= self.size:
@@ -311,17 +380,19 @@ class EntrySet:
                         f"manifest says {self.pass_tokens}; rebuild phase_manifests"
                     )
                 epoch, ordinal = epoch + 1, 0
-            take = min(self.size - ordinal, (end - start) // mean * 5 // 4 + 16)
-            ords = np.arange(ordinal, ordinal + take, dtype=np.int64)
-            ids = self.ids_at(self.order(epoch).positions(ords))
-            lengths = self.index.lengths(ids)
-            ends = start + np.cumsum(lengths)
-            k = int(np.searchsorted(ends, end, side="left")) + 1  # through the first entry reaching `end`
-            if k <= take:
-                parts.append((ids[:k], np.full(k, epoch), ords[:k], ends[:k] - lengths[:k], lengths[:k]))
+            slot, offset = (int(x[0]) for x in self.order(epoch).slot_of(np.array([ordinal])))
+            blk = self.block(epoch, slot)
+            base = start - int(blk.cum[offset])  # stream position of the block's first token
+            # entries through the first one that reaches `end` (or to the block's end)
+            last = min(int(np.searchsorted(blk.cum, end - base, side="left")), len(blk.ids))
+            sel = slice(offset, max(last, offset + 1) if end > start else offset)
+            n = sel.stop - sel.start
+            parts.append((blk.ids[sel], np.full(n, epoch), np.arange(ordinal, ordinal + n, dtype=np.int64),
+                          base + blk.cum[sel], blk.length[sel].astype(np.int64), blk.shard[sel].astype(np.int64),
+                          blk.start[sel], blk.overlap[sel].astype(np.int64)))
+            if last < len(blk.ids) or base + int(blk.cum[-1]) >= end:
                 break
-            parts.append((ids, np.full(take, epoch), ords, ends - lengths, lengths))
-            start, ordinal = int(ends[-1]), ordinal + take
+            start, ordinal = base + int(blk.cum[-1]), ordinal + n
         return StreamWindow(*(np.concatenate(column) for column in zip(*parts)))
 
     def upcoming_entries(self, cursor: Cursor, blocks: int = 2) -> list[tuple[int, int]]:
@@ -530,7 +601,7 @@ class CurriculumSampler:
         served_after = served + np.cumsum(counts, axis=0)
         offset_after = self.plan_offset + np.cumsum(quota, axis=0) - np.cumsum(counts, axis=0) * PLAN_SCALE
         for es, window, c in zip(sets, windows, cursors[-1].tolist()):
-            self.cursors[es.key] = window.cursors_at(np.array([c]))[0]
+            self.cursors[es.key] = window.cursor_at(c)
         self.served[phase] = served_after[-1]
         self.plan_offset = offset_after[-1]
         self.step += n
@@ -593,21 +664,26 @@ class CurriculumSampler:
 
     def state_after(self, chunk: ChunkPlan, i: int, world_size: int) -> dict[str, Any]:
         """The state after step `i` of `chunk` (planned by this sampler)."""
-        return self.states_after(chunk, world_size, [i])[0]
+        return self.chunk_states(chunk, world_size).state(i)
 
-    def states_after(self, chunk: ChunkPlan, world_size: int, steps: list[int] | None = None) -> list[dict[str, Any]]:
-        """The state after each of the chosen steps of `chunk` (default all), built in one pass: each
-        set's cursors at the chosen steps from its stream window, the rest shared."""
-        steps = list(range(chunk.steps)) if steps is None else steps
-        own = {es.key: window.cursors_at(chunk.cursors[steps, k]) for k, (es, window) in enumerate(zip(chunk.sets, chunk.windows))}
+    def states_after(self, chunk: ChunkPlan, world_size: int) -> list[dict[str, Any]]:
+        """The state after each step of `chunk`, as dicts."""
+        states = self.chunk_states(chunk, world_size)
+        return [states.state(i) for i in range(len(states))]
+
+    def chunk_states(self, chunk: ChunkPlan, world_size: int) -> ChunkStates:
+        """The states after every step of `chunk` in one pass: each set's cursors from its stream
+        window, the rest shared (every step of a chunk reads one phase, and drops happen only at a
+        chunk's first step, so the fingerprint and drops are those of the state after its first)."""
+        own = {es.key: window.cursor_table(chunk.cursors[:, k]) for k, (es, window) in enumerate(zip(chunk.sets, chunk.windows))}
         keys = sorted({*chunk.cursors_before, *own})
-        served = {j: r for j, r in self.served.items() if j < chunk.phase}
-        out = []
-        for n, i in enumerate(steps):
-            cursors = {k: (own[k][n] if k in own else chunk.cursors_before[k]).to_list() for k in keys}
-            out.append(self._state(chunk.step + i + 1, cursors, {**served, chunk.phase: chunk.served[i]},
-                                   chunk.plan_offset[i], world_size))
-        return out
+        cursors = np.empty((chunk.steps, len(keys), 4), dtype=np.int64)
+        for j, key in enumerate(keys):
+            cursors[:, j] = own[key] if key in own else chunk.cursors_before[key].to_list()
+        earlier = {j: r for j, r in self.served.items() if j < chunk.phase}
+        shared = self._state(chunk.step + 1, {}, earlier, chunk.plan_offset[0], world_size)
+        return ChunkStates(chunk.step, shared, keys, cursors, self.schedule.phase_names[chunk.phase], self.buckets,
+                           chunk.served, chunk.plan_offset)
 
     def _state(self, step: int, cursors: dict[str, list[int]], served: dict[int, np.ndarray], offset: np.ndarray,
                world_size: int) -> dict[str, Any]:

@@ -192,15 +192,17 @@ class BucketIndex:
         read from the shards' `.idx` maps one shard at a time."""
         shard, local = self.locate(ids)
         offset = np.empty(len(ids), dtype=np.int64)
-        length = np.empty(len(ids), dtype=np.int64)
+        end = np.empty(len(ids), dtype=np.int64)
         overlap = np.empty(len(ids), dtype=np.int64)
-        for s in np.unique(shard).tolist():
-            m = shard == s
-            reader, k = self.reader(s), local[m]
-            offset[m] = reader.offsets[k]
-            length[m] = reader.offsets[k + 1] - offset[m]
-            overlap[m] = reader.overlaps[k]
-        return shard, offset, length, overlap
+        # Grouped by shard with one sort: the ids of a chunk come from a few shards of one block.
+        order = np.argsort(shard, kind="stable")
+        cuts = np.flatnonzero(np.diff(shard[order])) + 1
+        for group in np.split(order, cuts) if len(order) else ():
+            reader, k = self.reader(int(shard[group[0]])), local[group]
+            offset[group] = reader.offsets[k]
+            end[group] = reader.offsets[k + 1]
+            overlap[group] = reader.overlaps[k]
+        return shard, offset, end - offset, overlap
 
     def lengths(self, ids: np.ndarray) -> np.ndarray:
         return self.table(ids)[2]
