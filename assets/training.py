@@ -172,7 +172,7 @@ def train(version: str):
         except PhaseTrainingFailed as e:
             raise dg.Failure(
                 description=str(e),
-                metadata={**launches_metadata(e.training, checkpoints),
+                metadata={**launches_metadata(e.training, checkpoints), "log_file": str(e.training.log_path),
                           "log_tail": dg.MetadataValue.text(e.training.log_tail())},
                 allow_retries=e.relaunchable,
             ) from e

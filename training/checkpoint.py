@@ -14,9 +14,11 @@ status.json (a halted run is not auto-resumed).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -35,6 +37,24 @@ MODEL, MODEL_ARGS, OPTIMIZER, SCHEDULER, SAMPLER, TRAIN_STATE, RNG = (
 # The model's shape is checked before its weights load, and the train state (which refuses other
 # held-out entries) before the sampler's cursors into the entry sets that exclude them.
 LOAD_ORDER = (MODEL_ARGS, MODEL, OPTIMIZER, SCHEDULER, TRAIN_STATE, SAMPLER, RNG)
+
+
+class DiskFull(RuntimeError):
+    """A checkpoint did not fit on its disk: relaunching cannot help until space is freed."""
+
+
+# Below this much free space, a failed write is taken for a full disk: torch reports ENOSPC as an
+# `enforce fail ... file write failed` RuntimeError without the errno.
+NEARLY_FULL_BYTES = 64 << 20
+
+
+def disk_full(err: BaseException, directory: Path) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return isinstance(err, (OSError, RuntimeError)) and shutil.disk_usage(directory).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
 class ResumeRefused(RuntimeError):
@@ -142,11 +162,19 @@ class CheckpointManager:
         """Write checkpoint `step`; `boundary` names the phase it closes (kept forever)."""
         path = self.path_for(step)
         self.dir.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            with atomic_path(path) as tmp:
+                with open(tmp, "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:
+            if not disk_full(err, self.dir):
+                raise
+            free = shutil.disk_usage(self.dir).free
+            raise DiskFull(f"No space left on device: checkpoint {path.name} did not fit in {self.dir} ({free:,} bytes "
+                           "free); free space or point training.run_dir at a larger disk, then train again to resume "
+                           "from the latest checkpoint") from err
         meta = {"step": step, "sha256": sha256_file(path), "bytes": path.stat().st_size, "boundary": boundary}
         with atomic_path(path.with_suffix(".json")) as tmp:
             tmp.write_bytes(dumps_json(meta))
@@ -254,6 +282,12 @@ class Checkpointer(CheckpointManager):
                         "--resume PATH to restart from a chosen checkpoint"
                     )
             path = self.latest()
+            if path is None and self.complete():
+                names = ", ".join(Path(m["path"]).name for m in self.complete())
+                raise ResumeRefused(
+                    f"every checkpoint in {self.dir} is damaged ({names}); refusing to restart from step 0 over them: "
+                    "pass --resume PATH with an intact copy, or archive the run and start over with --fresh"
+                )
         else:
             path = Path(how)
         if path is not None:

@@ -1,7 +1,8 @@
 """`refinery train`: run (or resume) the curriculum trainer and print per-phase, per-bucket loss and
 tokens served against tokens planned. Exit status: 0 completed, 2 an invalid curriculum or one that
-differs from the phase manifests (nothing trained), 3 halted or refused (status.json says why, or
-another trainer holds the run directory), 1 failed."""
+differs from the phase manifests (nothing trained), 3 halted or refused (one line says why and what
+to do; status.json says it too, unless another trainer holds the run directory), 1 failed. A launcher
+relaunches only on 1 or a signal: a refusal or a halt would only happen again."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-workers", type=int, default=None, help="loader worker processes per rank (default: config)")
     p.add_argument("--simulate-world-size", type=int, default=1, metavar="W",
                    help="run the data path of W ranks in this one process (exactly-once resume testing)")
+    p.add_argument("--fresh", action="store_true",
+                   help="archive the run directory (to <run_dir>.archived-<time>, with its copy on a remote data root) "
+                        "and start the run over")
     p.add_argument("--json", action="store_true", help="print the final status as JSON")
     # With --run-dir elsewhere the data root is only read (a read-only mount of the shards).
     p.set_defaults(func=run_train, needs=lambda args: Needs(curriculum=True, writes=args.run_dir is None))
@@ -78,15 +82,32 @@ def phase_label(names: list[str], phase: int, stop_after: str | None) -> str:
 def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) -> int:
     """`sinks` receive every step's metrics (assets/pipes_train.py forwards them over Dagster Pipes)."""
     from refinery.config import load_config
+    from refinery.curriculum import ManifestError
     from refinery.progress import Progress
-    from training.checkpoint import ResumeRefused
-    from training.trainer import RunOptions, Trainer
+    from refinery.shard_format import ShardFormatError
+    from training.checkpoint import DiskFull, ResumeRefused
+    from training.run_lock import RunLocked
+    from training.run_store import archive_run
+    from training.status import StatusFileError
+    from training.trainer import RunOptions, Trainer, run_dir_of
+
+    # What a relaunch would meet again: a checkpoint or manifests that do not fit, the run directory
+    # held by another trainer, a full disk, a shard changed since validation, a damaged status file.
+    REFUSALS = (ResumeRefused, RunLocked, DiskFull, ShardFormatError, StatusFileError)
 
     cfg = load_config(args.config)
     options = RunOptions(resume=args.resume, stop_after_phase=args.stop_after_phase, run_dir=args.run_dir,
                          simulate_world_size=args.simulate_world_size, num_workers=args.num_workers,
                          sinks=list(sinks or []))
-    trainer = Trainer(cfg, options)
+    if args.fresh:
+        archived = archive_run(cfg, run_dir_of(cfg, options))
+        if archived:
+            print(f"refinery train: archived the previous run to {archived}")
+    try:
+        trainer = Trainer(cfg, options)
+    except ManifestError as err:
+        print(f"refinery train: {err}", file=sys.stderr)
+        return 2
     schedule = trainer.schedule
     names = schedule.phase_names
     if args.stop_after_phase is not None and args.stop_after_phase not in names:
@@ -105,8 +126,11 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
         trainer.metrics.sinks.append(progress)
     try:
         status = trainer.train()
-    except ResumeRefused as err:
-        print(f"refinery train: {err}", file=sys.stderr)
+    except REFUSALS as err:
+        reason = " ".join(str(err).split())  # one line
+        if not isinstance(err, RunLocked):  # another trainer's status is not ours to write
+            trainer.refuse(reason)
+        print(f"refinery train: refused: {reason}", file=sys.stderr)
         return EXIT_HALTED
     finally:
         bar.close()

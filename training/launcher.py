@@ -1,9 +1,10 @@
 """Train one curriculum phase in a subprocess, relaunched from its latest checkpoint when it dies.
 
-A launch that dies (crash, SIGKILL, OOM, preemption) is relaunched from the latest checkpoint, at
-most `training.max_resume_attempts` times, with exponential backoff from
-`training.resume_backoff_s`. A halted run (exit status `EXIT_HALTED`: halted, or resume refused) is
-terminal and never relaunched, so the same exhaustion is not resubmitted. Each launch runs in the
+A launch that dies (crash, SIGKILL, OOM, preemption: any exit status but 0, 2 and 3) is relaunched
+from the latest checkpoint, at most `training.max_resume_attempts` times, with exponential backoff
+from `training.resume_backoff_s`. A halt or a refusal (exit status `EXIT_HALTED`) and a config or
+input problem (2) are terminal and never relaunched: the same exhaustion, the same checkpoint that
+does not fit, would only come back. Each launch runs in the
 phase's run directory (training/phase_runs.py) and writes `launch-<n>.log` there.
 
 The caller says how one launch runs (the `training_run` asset wraps it in a Dagster Pipes session
@@ -21,10 +22,16 @@ from typing import Any, Callable
 from refinery.config import RefineryConfig
 from training.cli import EXIT_HALTED
 from training.phase_runs import phase_run_dir, resume_argument
-from training.status import read_status
+from training.status import StatusFileError, read_status
 
 POLL_S = 0.5
 LOG_TAIL_CHARS = 2000
+EXIT_INPUT = 2  # `refinery train`: a config or input problem, nothing trained
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
 
 # One launch: (resume argument, log path) -> (exit code, the last status the launch reported, the
 # fallback when the run directory has no status file).
@@ -81,15 +88,20 @@ def train_phase(cfg: RefineryConfig, phase: str, launch_once: LaunchOnce, log: C
         log_path = run_dir / f"launch-{attempt}.log"
         log(f"training_run[{phase}]: launch attempt {attempt} (resume from {resume})")
         code, reported = launch_once(resume, log_path)
-        status = read_status(run_dir) or reported
+        try:
+            status = read_status(run_dir) or reported
+        except StatusFileError:
+            status = reported
         attempts.append({"attempt": attempt, "resume": resume, "exit_code": code, "state": status.get("state"),
                          "step": status.get("step"), "reason": status.get("reason")})
         training = PhaseTraining(phase, run_dir, status, attempts, log_path)
         if code == 0 and status.get("state") == "completed":
             return training
-        if code == EXIT_HALTED:
-            raise PhaseTrainingFailed(f"training_run[{phase}] halted: {status.get('reason') or training.log_tail()}",
-                                      training, relaunchable=False)
+        if code in (EXIT_HALTED, EXIT_INPUT):
+            what = {EXIT_INPUT: "stopped on a config or input problem"}.get(code, str(status.get("state") or "refused"))
+            reason = status.get("reason") if code == EXIT_HALTED and status.get("reason") else last_line(training.log_tail())
+            raise PhaseTrainingFailed(f"training_run[{phase}] {what}: {reason} (log: {log_path})", training,
+                                      relaunchable=False)
         if len(attempts) > tc.max_resume_attempts:
             raise PhaseTrainingFailed(
                 f"training_run[{phase}] died {len(attempts)} times (limit training.max_resume_attempts="

@@ -15,6 +15,7 @@ run moves between machines through S3. TensorBoard event files stay local.
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,19 @@ def run_base(cfg: RefineryConfig) -> Path:
     return cache_base_dir() / "runs" / hashlib.sha256(cfg.data_root.encode()).hexdigest()[:16] / cfg.training.run_dir
 
 
+def archive_run(cfg: RefineryConfig, run_dir: Path) -> str | None:
+    """Move a run directory (and its copy on a remote data root) aside to `<run_dir>.archived-<UTC
+    time>`, so a fresh run starts there and the old one stays; None when there was nothing."""
+    suffix = time.strftime(".archived-%Y%m%dT%H%M%SZ", time.gmtime())
+    mirror = RunMirror.for_run(cfg, run_dir)
+    moved = mirror.archive(suffix) if mirror is not None else None
+    if Path(run_dir).exists():
+        target = Path(str(run_dir) + suffix)
+        Path(run_dir).rename(target)
+        return str(target)
+    return moved
+
+
 class RunMirror:
     """The data-root copy of one local run directory (`key_prefix` on `root`)."""
 
@@ -59,6 +73,15 @@ class RunMirror:
             return None
         key = run_key(cfg.training.run_dir, *relative.parts)
         return cls(open_data_root(cfg.data_root), key, run_dir)
+
+    def archive(self, suffix: str) -> str | None:
+        """Copy the run's keys to `<prefix><suffix>/...`, then delete them; None when there were none."""
+        keys = self.root.list(self.prefix + "/")
+        for key in keys:
+            self.root.write_bytes(self.prefix + suffix + key[len(self.prefix):], self.root.read_bytes(key))
+        for key in keys:
+            self.root.delete(key)
+        return self.root.display(self.prefix + suffix) if keys else None
 
     def _key(self, path: Path) -> str:
         return f"{self.prefix}/{path.relative_to(self.local).as_posix()}"

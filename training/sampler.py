@@ -699,6 +699,7 @@ class CurriculumSampler:
             "seed": self.seed,
             "global_batch": self.schedule.global_batch,
             "schedule": self.schedule.fingerprint_before(step),
+            "phases": self.schedule.phase_fingerprints_before(step),
         }
 
     def load_state_dict(self, state: dict[str, Any], world_size: int) -> list[str]:
@@ -724,9 +725,12 @@ class CurriculumSampler:
             raise SamplerStateError(f"the checkpoint's seed is {state['seed']}, this run's is {self.seed}; restore seed")
         now = self.schedule.fingerprint_before(int(state["step"]))
         if state["schedule"] != now:
+            saved, current = state.get("phases", {}), self.schedule.phase_fingerprints_before(int(state["step"]))
+            changed = [p for p in {**saved, **current} if saved.get(p) != current.get(p)]
             raise SamplerStateError(
-                "the manifests of the phases trained so far changed since the checkpoint (schedule fingerprint "
-                f"{state['schedule']} -> {now}); resume against the manifests it was trained on, or start a new run"
+                f"the manifests of phases {', '.join(map(repr, changed))}, already trained from, changed since the "
+                f"checkpoint (schedule fingerprint {state['schedule']} -> {now}); resume against the manifests it "
+                "was trained on, or start a new run"
             )
         self.step = int(state["step"])
         self.cursors = {k: Cursor(*(int(x) for x in v)) for k, v in state["cursors"].items()}

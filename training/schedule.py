@@ -104,6 +104,12 @@ class StepSchedule:
         warmup = warmup_steps * self.global_batch * self.manifests[0].seq_len
         return peak * self.tokens.lr_multiplier(self.read_point(step), warmup, stable, min_lr_ratio)
 
+    def phase_fingerprints_before(self, step: int) -> dict[str, str]:
+        """Per phase the steps before `step` read: what identifies its manifest (to say which changed)."""
+        started = self.phase_at(step - 1) + 1 if step > 0 else 0
+        return {m.phase: hashlib.sha256(json.dumps(m.identity(), sort_keys=True).encode()).hexdigest()[:16]
+                for m in self.manifests[:started]}
+
     def fingerprint_before(self, step: int) -> str:
         """Identifies the global sample order of steps before `step`: the global batch and the
         manifests of the phases those steps read. Later phases may change (an anneal variant

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from training.schedule import StepSchedule
     from training.validation import Evaluator
 
-STATES = ("running", "completed", "halted", "failed")
+# refused: the trainer would not start or continue (a checkpoint or manifests that do not fit, a
+# full disk, a changed shard); nothing is retried until someone acts on the reason.
+STATES = ("running", "completed", "halted", "failed", "refused")
 STATUS_FILE = "status.json"
 
 
@@ -36,11 +38,24 @@ def write_status(run_dir: str | Path, state: str, reason: str = "", **fields: An
     return status
 
 
+class StatusFileError(ValueError):
+    """status.json exists but cannot be read; the message names it and says what to do."""
+
+
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
     path = Path(run_dir) / STATUS_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    try:
+        status = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise StatusFileError(
+            f"{path} is damaged ({err}); the run's state is in its checkpoints: move the file away and train again "
+            "to resume from the latest good checkpoint"
+        ) from None
+    if not isinstance(status, dict):
+        raise StatusFileError(f"{path} holds {type(status).__name__}, not a status object; move it away and train again")
+    return status
 
 
 class RunStatus:

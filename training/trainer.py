@@ -43,7 +43,7 @@ from training.accounting import RunAccounting
 from training.attention import resolve_attention
 from training.batches import Lookahead, StepInputs, TrainBatches
 from training.checkpoint import (MODEL, MODEL_ARGS, OPTIMIZER, RNG, SAMPLER, SCHEDULER, TRAIN_STATE, Checkpointer,
-                                 ModelShape, PureLR, RNGState, SharedKey)
+                                 ModelShape, PureLR, ResumeRefused, RNGState, SharedKey)
 from training.data import CurriculumData
 from training.distributed import Distributed
 from training.length_jump import LengthJump
@@ -54,7 +54,8 @@ from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink, cut_bac
 from training.model import GPT, GPTConfig
 from training.run_lock import lock_all_ranks
 from training.run_store import RunMirror, run_base
-from training.status import RunStatus, read_status
+from training.sampler import SamplerStateError
+from training.status import RunStatus, StatusFileError, read_status
 from training.validation import Evaluator
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
@@ -143,7 +144,13 @@ class Trainer:
         """Start from the checkpoint the resume policy picks, and cut the logs back to it."""
         if self.mirror is not None:
             self.mirror.restore()
-        path = self.ckpt.resume(self.opt.resume, read_status(self.run_dir) or {}, self.cfg.curriculum.allow_bucket_exhaustion)
+        try:
+            path = self.ckpt.resume(self.opt.resume, read_status(self.run_dir) or {},
+                                    self.cfg.curriculum.allow_bucket_exhaustion)
+        except SamplerStateError as err:
+            raise ResumeRefused(f"{self.run_dir} cannot continue: {err}. Two ways out: train in a new directory "
+                                "(set training.run_dir), or archive this run and start over (`refinery train "
+                                "--fresh`)") from None
         if path is not None:
             print(f"refinery train: resumed from {path} at step {self.step} "
                   f"(phase {self.schedule.phase_names[self.schedule.phase_at(min(self.step, self.schedule.total_steps - 1))]})")
@@ -207,9 +214,12 @@ class Trainer:
                                         "resume with --resume auto")
                 if closes and stop_idx == batch.phase:
                     return self._finish(f"stopped after phase {self.opt.stop_after_phase!r} as asked")
-            return self._finish("curriculum complete", finished=True)
+            return self._finish("curriculum complete")
         except Exception as err:
-            self._status("failed", f"{type(err).__name__}: {err}")
+            try:
+                self._status("failed", f"{type(err).__name__}: {err}")
+            except OSError:  # a full disk refuses the status file too; the error raised says so
+                pass
             raise
 
     def step_inputs(self, batch: StepBatch) -> StepInputs:
@@ -351,8 +361,22 @@ class Trainer:
         print(f"refinery train: halted at step {self.step}: {reason}")
         return self._status("halted", reason, halt_kind=kind)
 
-    def _finish(self, reason: str, finished: bool = False) -> dict[str, Any]:
-        return self._status("completed", reason, finished=finished)
+    def _finish(self, reason: str) -> dict[str, Any]:
+        return self._status("completed", reason, finished=self.step >= self.schedule.total_steps)
+
+    def refuse(self, reason: str) -> dict[str, Any]:
+        """Record a refusal (what to do is in `reason`), unless the run's status is a halt: that stays
+        on record, and its reason is the refusal's."""
+        try:
+            previous = read_status(self.run_dir) or {}
+        except StatusFileError:  # left as it is for whoever looks into it; the message names it
+            return {"state": "refused", "reason": reason}
+        if previous.get("state") == "halted":
+            return previous
+        try:
+            return self._status("refused", reason)
+        except OSError:  # a full disk may refuse the status file too: the exit code and message stand
+            return {"state": "refused", "reason": reason}
 
     def _stop_phase_index(self) -> int | None:
         if self.opt.stop_after_phase is None:
