@@ -114,14 +114,14 @@ def index_lineage(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg = refinery.config
         index = lin.build_lineage_index(refinery.root, cfg, log=context.log.info)
-        context.log.info(f"lineage_index: {index['documents']} documents, "
-                         f"{index['final_shards_verified']} final shards verified")
+        context.log.info(f"lineage_index: {index['documents']} documents in {index['documents_parts']} parts, "
+                         f"{index['final_shards_verified']} final shards verified and indexed")
         return StepResult(
-            Provenance(version, {"buckets": list(cfg.buckets)}, {layout.LINEAGE_DOCUMENTS_KEY: index["documents_sha256"]},
+            Provenance(version, {"buckets": list(cfg.buckets)}, {layout.LINEAGE_INDEX_KEY: index["sha256"]},
                        wall_s=index["wall_s"], docs_in=index["documents"], docs_out=index["documents"]),
             {
                 "documents": dg.MetadataValue.int(index["documents"]),
-                "row_groups": dg.MetadataValue.int(len(index["row_group_first_doc_ids"])),
+                "documents_parts": dg.MetadataValue.int(index["documents_parts"]),
                 "columns": dg.MetadataValue.json(index["columns"]),
                 "final_shards_verified": dg.MetadataValue.int(index["final_shards_verified"]),
                 "buckets": dg.MetadataValue.json(index["buckets"]),
@@ -165,7 +165,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             kinds={"parquet"}, automation_condition=eager_after("shuffled_shards"),
             deps=[dg.AssetDep("shuffled_shards", partition_mapping=every),
                   dg.AssetDep(CLEAN_STAGE, partition_mapping=every)],
-            description="lineage/documents.parquet (clean documents without text, sorted by doc_id) and "
-            "lineage/index.json: answers `refinery lineage --shard S --offset N` without scanning.",
+            description="lineage/documents/<input>.arrow (each input file's clean documents without text), "
+            "lineage/final/<bucket>/shard-N.arrow (each final shard's entries with their documents) and "
+            "lineage/index.json: answers `refinery lineage --shard S --offset N` reading one row.",
         ),
     ])

@@ -24,7 +24,8 @@ from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.storage import sha256_file
+from refinery.storage import DataRoot, sha256_file
+from refinery.throughput import achieved_share, throughput_contract
 
 POOL = "training_accelerator"
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +145,19 @@ def launches_metadata(training, checkpoints: list[str]) -> dict[str, Any]:
     }
 
 
+def throughput_metadata(cfg: RefineryConfig, root: DataRoot, status: dict[str, Any]) -> dict[str, Any]:
+    """What the launch achieved per GPU, against the throughput contract when `training.cluster` states one."""
+    achieved = status.get("tokens_per_s_per_gpu")
+    out: dict[str, Any] = {"tokens_per_s_per_gpu": dg.MetadataValue.float(round(achieved, 1)) if achieved else "n/a"}
+    cluster = cfg.training.cluster
+    if cluster is not None and cfg.curriculum is not None:
+        contract = throughput_contract(cfg.curriculum.total_tokens, cluster.gpus, cluster.days, root, list(cfg.buckets))
+        out["contract_tokens_per_s_per_gpu"] = dg.MetadataValue.float(round(contract.tokens_per_s_per_gpu, 1))
+        if achieved:
+            out["share_of_contract"] = dg.MetadataValue.float(round(achieved_share(contract, achieved), 4))
+    return out
+
+
 def boundary_checkpoint_hashes(status: dict[str, Any]) -> dict[str, str]:
     checkpoint = status.get("checkpoint")
     return {str(checkpoint): sha256_file(checkpoint)} if checkpoint and Path(checkpoint).is_file() else {}
@@ -183,6 +197,7 @@ def train(version: str):
                 **launches_metadata(training, checkpoints),
                 "step": int(status["step"]), "total_steps": int(status["total_steps"]), "tokens": int(status["tokens"]),
                 "boundary_checkpoint": str(status.get("checkpoint")),
+                **throughput_metadata(cfg, refinery.root, status),
                 "per_bucket": dg.MetadataValue.md(phase_summary(status, phase)),
                 "summary": dg.MetadataValue.json(status.get("summary") or {}),
                 **training_curves(training.run_dir, phase),

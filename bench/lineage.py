@@ -1,13 +1,20 @@
-"""Lineage query latency on a generated corpus of at least 100M tokens.
+"""Lineage index: build time and peak memory at several corpus sizes, and query latency.
 
-    python bench/lineage.py [--tokens 100000000] [--queries 2000]
+    python bench/lineage.py [--docs 50000 150000 450000] [--queries 2000]
 
-Generates final shards of random tokens (entries of 20-1,000 tokens, 4M-token shards, one entry
-per document) with `ShardSeries`, and a lineage documents table for them, then times
-`resolve_token` on random (shard, offset) positions. Every query starts cold in-process: a new
-`LineageIndex` each time, so index.json, the shard's .idx (hash-checked), its sidecar and one row
-group of the documents table are read again (the OS page cache is warm). Baseline in the same run:
-the same lookup by a full scan of the documents table per query. Prints p50/p99 in ms.
+For each size, generates a corpus the way the funnel leaves it: clean document tables of
+`--docs-per-file` documents per input file (text included, doc_ids with gaps as after filtering),
+and final shards of random tokens (entries of 20-200 tokens, `--shard-tokens` per shard) holding
+every document once, in a seeded random order across the input files, as the shuffle leaves them.
+Then `build_lineage_index` runs in a child process, which reports its wall time and peak RSS
+(VmHWM of /proc/self/status: ru_maxrss would carry the parent's high-water mark across exec), and
+the peak it had after its imports, before the build.
+
+On the largest size, times `resolve_token` on random (shard, offset) positions of the final shards
+and of nothing else. Every query starts cold in-process: a new `LineageIndex` each time, so the
+index, the shard's .idx (hash-checked) and its lineage file are read again (the OS page cache is
+warm). Baseline in the same run: the same document found by a scan of every clean table per query.
+Prints p50/p99 in ms.
 """
 
 import os
@@ -16,8 +23,10 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -26,18 +35,43 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import yaml  # noqa: E402
 
-from refinery import layout  # noqa: E402
 from refinery.stages import tokenize as tk  # noqa: E402
 from refinery import lineage as lin  # noqa: E402
 from refinery.config import load_config  # noqa: E402
-from refinery.documents import PROVENANCE_SCHEMA  # noqa: E402
+from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, input_shards, make_doc_id  # noqa: E402
+from refinery.layout import documents_key  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 
-SHARD_TOKENS = 4_000_000
+CLEAN_SCHEMA = {**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String, "language_score": pl.Float64,
+                "dup_cluster": pl.String, "dup_cluster_size": pl.Int64, "quality_score": pl.Float64,
+                "pii_counts": pl.Struct({"email": pl.Int32, "phone": pl.Int32})}
+WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 
 
-def generate(folder: Path, tokens: int, seed: int = 0):
+def clean_table(key: str, first: int, n: int, rng: np.random.Generator) -> pl.DataFrame:
+    """`n` clean documents of input file `key`, documents `first`.. of the corpus."""
+    lengths = rng.integers(20, 120, size=n)
+    words = np.asarray(WORDS)[rng.integers(0, len(WORDS), size=int(lengths.sum()))]
+    cuts = np.cumsum(lengths)[:-1]
+    texts = [" ".join(part) for part in np.split(words, cuts)]
+    records = [2 * i for i in range(n)]  # gaps, as after filtering
+    return pl.DataFrame({
+        "doc_id": [make_doc_id(key, r) for r in records], "url": [f"https://site{(first + i) % 997}.example/{first + i}" for i in range(n)],
+        "source": ["web"] * n, "bucket": ["web"] * n, "file": [f"in/{key}.jsonl"] * n, "record_index": records,
+        "record_offset": [r * 7919 for r in records], "fetch_time": ["2026-01-01T00:00:00Z"] * n,
+        "content_type": ["text/html"] * n, "text": texts, "language": ["en"] * n,
+        "language_score": rng.uniform(0.65, 1.0, size=n), "dup_cluster": [None] * n, "dup_cluster_size": [1] * n,
+        "quality_score": rng.uniform(0.0, 1.0, size=n),
+        "pii_counts": [{"email": i % 3, "phone": i % 2} for i in range(n)],
+    }, schema=CLEAN_SCHEMA)
+
+
+def generate(folder: Path, docs: int, docs_per_file: int, shard_tokens: int, seed: int = 0) -> dict:
+    """The corpus of `docs` documents in `folder`; returns the final shards' index."""
+    files = -(-docs // docs_per_file)
     (folder / "in").mkdir(parents=True)
+    for f in range(files):
+        (folder / "in" / f"cc{f:05d}.jsonl").write_text("")  # the input shard exists; its clean table is below
     data = {"data_root": "out", "buckets": ["web"],
             "sources": [{"name": "web", "path": "in/*.jsonl", "format": "jsonl", "bucket": "web"}]}
     (folder / "refinery.yaml").write_text(yaml.safe_dump(data))
@@ -45,78 +79,105 @@ def generate(folder: Path, tokens: int, seed: int = 0):
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     rng = np.random.default_rng(seed)
     doc_ids: list[str] = []
-    with tk.ShardSeries(root, tk.FINAL, "web", np.dtype(np.uint16), SHARD_TOKENS) as series:
-        written = 0
-        while written < tokens:
-            lengths = rng.integers(20, 1000, size=10_000)
-            block = rng.integers(0, 65_000, size=int(lengths.sum()), dtype=np.uint16)
-            start = 0
-            for n in lengths:
-                doc_id = f"web-cc{len(doc_ids) // 50_000:03d}/{len(doc_ids) % 50_000:07d}"
-                doc_ids.append(doc_id)
-                series.add(block[start : start + n], doc_id, 0, 0, 1, 0.5)
-                start += n
-            written += int(lengths.sum())
-        index = series.finish()
-    n = len(doc_ids)
-    docs = pl.DataFrame({
-        "doc_id": doc_ids, "url": [f"https://site{i % 997}.example/page/{i}" for i in range(n)],
-        "source": ["web"] * n, "bucket": ["web"] * n, "file": [f"in/cc{i // 50_000:03d}.warc.gz" for i in range(n)],
-        "record_index": list(range(n)), "record_offset": [i * 7919 for i in range(n)],
-        "fetch_time": ["2026-01-01T00:00:00Z"] * n, "content_type": ["text/html"] * n,
-    }, schema=PROVENANCE_SCHEMA).with_columns(
-        language=pl.lit("en"), language_score=pl.lit(0.93), dup_cluster=pl.lit(None, pl.String),
-        dup_cluster_size=pl.lit(1, pl.Int64), quality_score=pl.lit(0.5), text_bytes=pl.lit(4000, pl.Int64),
-        pii_counts=pl.lit({"email": 0, "phone": 1}),
-    )
-    lin.write_lineage_index(root, docs, ["web"], {"final_shards_verified": 0})
-    return cfg, root, index
+    for f, shard in enumerate(input_shards(cfg)):
+        n = min(docs_per_file, docs - f * docs_per_file)
+        table = clean_table(shard.key, f * docs_per_file, n, rng)
+        root.write_parquet(documents_key(CLEAN_STAGE, shard.key), table)
+        doc_ids += table["doc_id"].to_list()
+    lengths = rng.integers(20, 200, size=len(doc_ids))
+    tokens = rng.integers(0, 65_000, size=int(lengths.sum()), dtype=np.uint16)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    with tk.ShardSeries(root, tk.FINAL, "web", np.dtype(np.uint16), shard_tokens) as series:
+        for d in rng.permutation(len(doc_ids)):
+            series.add(tokens[starts[d]:starts[d + 1]], doc_ids[d], 0, 0, 1, 0.5)
+        return series.finish()
 
 
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), in MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def build_in_this_process(folder: Path) -> None:
+    """The child's side: build the index of `folder`'s corpus, print wall time and memory as JSON."""
+    cfg = load_config(folder / "refinery.yaml")
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    rss_before = peak_rss_mb()
+    t0 = time.perf_counter()
+    index = lin.build_lineage_index(root, cfg)
+    wall = time.perf_counter() - t0
+    print(json.dumps({"wall_s": wall, "peak_rss_mb": peak_rss_mb(), "import_rss_mb": rss_before,
+                      "documents": index["documents"]}))
+
+
+def time_queries(folder: Path, index: dict, queries: int, baseline_queries: int) -> None:
+    cfg = load_config(folder / "refinery.yaml")
+    root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    rng = random.Random(1)
+    refs = index["shards"]
+    positions = []
+    for _ in range(queries):
+        ref = rng.choice(refs)
+        positions.append((ref["prefix"].removeprefix("shards/final/"), rng.randrange(ref["tokens"])))
+    lin.resolve_token(root, cfg, *positions[0])  # warm the page cache and imports once
+    times = []
+    for shard, offset in positions:
+        t = time.perf_counter()
+        r = lin.resolve_token(root, cfg, shard, offset)
+        times.append((time.perf_counter() - t) * 1000)
+        assert r["entry_start"] <= offset < r["entry_end"]
+    clean = [root.local_path(documents_key(CLEAN_STAGE, s.key)) for s in input_shards(cfg)]
+    scan_times = []
+    for shard, offset in positions[:baseline_queries]:
+        t = time.perf_counter()
+        doc_id = lin.resolve_token(root, cfg, shard, offset)["doc_id"]
+        row = pl.scan_parquet(clean).filter(pl.col("doc_id") == doc_id).drop("text").collect()
+        scan_times.append((time.perf_counter() - t) * 1000)
+        assert row.height == 1
+    p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
+    print(f"resolve_token, {len(times)} queries: p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(times):.2f} ms")
+    b50, b99 = np.percentile(scan_times, 50), np.percentile(scan_times, 99)
+    print(f"baseline (a scan of every clean table per query), {len(scan_times)} queries: "
+          f"p50 {b50:.2f} ms, p99 {b99:.2f} ms; ratio of p50s {b50 / p50:.1f}x")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=100_000_000)
+    ap.add_argument("--docs", type=int, nargs="+", default=[50_000, 150_000, 450_000])
+    ap.add_argument("--docs-per-file", type=int, default=10_000)
+    ap.add_argument("--shard-tokens", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--baseline-queries", type=int, default=20)
+    ap.add_argument("--build", type=Path, help=argparse.SUPPRESS)  # the child's side
     args = ap.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="refinery-bench-lineage-"))
-    try:
-        t0 = time.perf_counter()
-        cfg, root, index = generate(folder, args.tokens)
-        print(f"generated {index['tokens']:,} tokens, {index['entries']:,} entries/documents in "
-              f"{len(index['shards'])} shards in {time.perf_counter() - t0:.0f}s")
-        rng = random.Random(1)
-        refs = index["shards"]
-        positions = []
-        for _ in range(args.queries):
-            ref = rng.choice(refs)
-            positions.append((ref["prefix"].removeprefix("shards/final/"), rng.randrange(ref["tokens"])))
-        lin.resolve_token(root, cfg, *positions[0])  # warm the page cache and imports once
-        times = []
-        for shard, offset in positions:
-            t = time.perf_counter()
-            r = lin.resolve_token(root, cfg, shard, offset)
-            times.append((time.perf_counter() - t) * 1000)
-            assert r["entry_start"] <= offset < r["entry_end"]
-        scan_times = []
-        docs_path = root.local_path(layout.LINEAGE_DOCUMENTS_KEY)
-        for shard, offset in positions[: args.baseline_queries]:
-            t = time.perf_counter()
-            doc_id = lin.resolve_token(root, cfg, shard, offset)["doc_id"]
-            row = pl.read_ipc(docs_path).filter(pl.col("doc_id") == doc_id)
-            scan_times.append((time.perf_counter() - t) * 1000)
-            assert row.height == 1
-        p50, p99 = percentile(times, 50), percentile(times, 99)
-        print(f"resolve_token, {len(times)} queries: p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(times):.2f} ms")
-        b50, b99 = percentile(scan_times, 50), percentile(scan_times, 99)
-        print(f"baseline (full scan of the documents table per query), {len(scan_times)} queries: "
-              f"p50 {b50:.2f} ms, p99 {b99:.2f} ms; ratio of p50s {b50 / p50:.1f}x; load average {os.getloadavg()[0]:.1f}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    if args.build is not None:
+        build_in_this_process(args.build)
+        return
+    print(f"docs per input file {args.docs_per_file:,}, shard_tokens {args.shard_tokens:,}")
+    rows = []
+    for docs in sorted(args.docs):
+        folder = Path(tempfile.mkdtemp(prefix="refinery-bench-lineage-"))
+        try:
+            t0 = time.perf_counter()
+            index = generate(folder, docs, args.docs_per_file, args.shard_tokens)
+            print(f"{docs:,} documents: {index['tokens']:,} tokens in {len(index['shards'])} shards, "
+                  f"generated in {time.perf_counter() - t0:.0f}s", flush=True)
+            child = subprocess.run([sys.executable, __file__, "--build", str(folder)], check=True,
+                                   capture_output=True, text=True)
+            built = json.loads(child.stdout.splitlines()[-1])
+            assert built["documents"] == docs
+            rows.append((docs, len(index["shards"]), built))
+            print(f"  build {built['wall_s']:.2f} s ({built['wall_s'] / docs * 1e6:.1f} us per document), peak RSS "
+                  f"{built['peak_rss_mb']:.0f} MB ({built['import_rss_mb']:.0f} MB after imports)", flush=True)
+            if docs == max(args.docs):
+                time_queries(folder, index, args.queries, args.baseline_queries)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    (d0, _, b0), (d1, _, b1) = rows[0], rows[-1]
+    print(f"from {d0:,} to {d1:,} documents ({d1 / d0:.1f}x): build time {b1['wall_s'] / b0['wall_s']:.2f}x, "
+          f"slope {np.log(b1['wall_s'] / b0['wall_s']) / np.log(d1 / d0):.2f}; peak RSS "
+          f"{b1['peak_rss_mb'] / b0['peak_rss_mb']:.2f}x; load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
     tokenizer/tokenizer.json, info.json        the tokenizer and what it was trained on
     shards/<stage>/<bucket>/shard-NNNNN.*      token shards (stage `tokenized`, then `final`)
     shards/<stage>/<bucket>/index.json         a bucket's shards with their sha256
-    lineage/documents.arrow, index.json        the lineage index; lineage/final/... maps shard entries
+    lineage/documents/<input>.arrow, index.json  the lineage index: each input file's documents, text-free;
+                                                 lineage/final/<bucket>/shard-N.arrow, one per final shard
     manifests/<phase>.json                     a phase's manifest; manifests/<phase>/<bucket>-selection.npy
     contamination/<phase>/...                  scan report, hits, and the drop policy's exclusions
     curriculum/schedule.png                    the schedule picture
@@ -99,14 +100,24 @@ def final_index_key(bucket: str) -> str:
 
 # --- lineage ------------------------------------------------------------------------------------
 
-LINEAGE_DOCUMENTS_KEY = "lineage/documents.arrow"
+LINEAGE_DOCUMENTS_PREFIX = "lineage/documents"
 LINEAGE_INDEX_KEY = "lineage/index.json"
 LINEAGE_SHARD_MAPS_PREFIX = "lineage/final"
 
 
-def shard_map_key(shard_prefix: str) -> str:
-    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.npy`."""
-    return "lineage/" + shard_prefix.removeprefix("shards/") + ".npy"
+def documents_part_key(input_key: str) -> str:
+    """`web-cc001` -> `lineage/documents/web-cc001.arrow`: that input file's documents, text-free."""
+    return f"{LINEAGE_DOCUMENTS_PREFIX}/{input_key}.arrow"
+
+
+def shard_lineage_key(shard_prefix: str) -> str:
+    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.arrow`."""
+    return "lineage/" + shard_prefix.removeprefix("shards/") + ".arrow"
+
+
+def bucket_lineage_key(bucket: str) -> str:
+    """The per-shard listing (entries, bytes, sha256) of a bucket's lineage files."""
+    return f"{LINEAGE_SHARD_MAPS_PREFIX}/{bucket}/index.json"
 
 
 # --- curriculum ---------------------------------------------------------------------------------

@@ -1,27 +1,33 @@
 """From a token in a shard back to its document, URL, source record and funnel history.
 
-The `lineage_index` asset writes two files (docs/formats.md has the layout):
+The `lineage_index` asset writes, in two passes whose work is per file (docs/formats.md has the layout):
 
-- `lineage/documents.arrow`: every clean document without its text, sorted by doc_id, as an Arrow
-  IPC file of record batches of `ROW_GROUP_ROWS` rows: the provenance columns and every per-stage
-  column (language and score, dedup cluster and size, quality score, PII counts, ...). Arrow IPC
-  rather than Parquet because its footer is a short list of batch offsets, so opening it
-  memory-mapped and reading one batch costs well under a millisecond.
-- `lineage/index.json`: the first doc_id of each batch, the column list, and the shard indexes
-  (by sha256) of every bucket it was built against.
+- `lineage/documents/<input shard>.arrow`, one per input file: its clean documents without their
+  text (`text_bytes` instead), sorted by `record_index`, as one Arrow IPC record batch: the
+  provenance columns and every per-stage column (language and score, dedup cluster and size,
+  quality score, PII counts, ...). A doc_id names its input shard and record (`make_doc_id`), so a
+  document is found without any corpus-wide table: open its input file's part and binary-search
+  the memory-mapped `record_index` column.
+- `lineage/final/<bucket>/shard-NNNNN.arrow`, one per final shard, built from that shard's own
+  `.entries.parquet` and only the documents its entries hold: one row per entry, in entry order,
+  with the entry's window and n_windows and its document's columns. A final-shard query reads one
+  row of this one file, memory-mapped. `lineage/final/<bucket>/index.json` lists each file's
+  entries, bytes and sha256.
+- `lineage/index.json`, small: counts, the column list, and per bucket the sha256 of the final
+  shards' index.json it was built against. Written last, so a build that fails part-way leaves no
+  index to trust.
 
-A query never scans the corpus: the token offset is found by binary search over the shard's `.idx`
-offsets, the entry's doc_id is one row of the shard's sidecar, and the document is one record batch of
-`lineage/documents.arrow`, found by binary search over the batches' first doc_ids.
+Memory of the build is one input file's documents (pass 1) or one shard's entries and their
+documents (pass 2), plus the mapped pages of the `OPEN_PARTS` parts kept open; never the corpus.
+The work is linear in documents and entries.
 
 `resolve_token(root, cfg, shard, offset)` is the API; `refinery lineage` prints it.
 """
 
 from __future__ import annotations
 
-import bisect
+import functools
 import hashlib
-import io
 import json
 import re
 import time
@@ -32,17 +38,19 @@ import polars as pl
 
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
-from refinery.layout import (LINEAGE_DOCUMENTS_KEY, LINEAGE_INDEX_KEY, LINEAGE_SHARD_MAPS_PREFIX, bucket_shards_prefix,
-                             documents_key, final_index_key, shard_index_key, shard_map_key)
+from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, bucket_lineage_key,
+                             bucket_shards_prefix, documents_key, documents_part_key, final_index_key,
+                             shard_index_key, shard_lineage_key)
 from refinery.progress import track
 from refinery.shard_format import ShardFormatError, ShardReader, read_index
 from refinery.storage import DataRoot, sha256_file
 
-LINEAGE_VERSION = 1
-ROW_GROUP_ROWS = 1024
-# One row per entry of a final shard: where its document sits in lineage/documents.arrow.
-SHARD_MAP_DTYPE = np.dtype([("doc_row", "<i8"), ("window", "<i4"), ("n_windows", "<i4")])
+LINEAGE_VERSION = 2
 SHARD_STAGES = ("final", "tokenized")
+# The entry columns a final shard's lineage file holds before its document's columns.
+ENTRY_COLUMNS = ["window", "n_windows"]
+# Input files' parts a build keeps open at once (memory-mapped: only touched pages are resident).
+OPEN_PARTS = 256
 # Tokens of decoded text shown on each side of the traced token (never across its entry's edges).
 CONTEXT_TOKENS = 16
 
@@ -58,6 +66,8 @@ FUNNEL_STAGES: list[tuple[str, str | None, list[str]]] = [
     ("quality_scored", "quality", ["quality_score"]),
     (CLEAN_STAGE, None, ["pii_counts"]),
 ]
+# `make_doc_id`: `<input shard key>/<record index>`; group 1 is the key, group 2 the record.
+_DOC_ID = r"^(.+)/(\d+)$"
 
 
 class LineageError(ValueError):
@@ -69,113 +79,162 @@ class LineageError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_shard_maps(root: DataRoot, buckets: list[str], docs: pl.DataFrame) -> dict[str, dict[str, Any]]:
-    """For each final shard, its entries' rows in the (sorted) documents table; returns what was
-    indexed per bucket, with the sha256 of the bucket index.json it was built from."""
-    rows = docs.select("doc_id").with_row_index("doc_row")
-    out: dict[str, dict[str, Any]] = {}
-    written: set[str] = set()
-    for bucket in buckets:
-        key = final_index_key(bucket)
-        if not root.exists(key):
-            continue
-        raw = root.read_bytes(key)
-        bucket_index = json.loads(raw)
-        for ref in bucket_index["shards"]:
-            side = pl.read_parquet(root.local_path(ref["prefix"] + ".entries.parquet")).with_row_index("entry")
-            joined = side.join(rows, on="doc_id", how="left").sort("entry")
-            missing = joined.filter(pl.col("doc_row").is_null())
-            if missing.height:
-                raise LineageError(
-                    f"{root.display(ref['prefix'])}: entry {missing['entry'][0]} holds doc_id {missing['doc_id'][0]!r}, "
-                    f"which no clean table has; the shards and the clean documents come from different runs: "
-                    f"materialize tokenized_shards, shuffled_shards and then lineage_index again"
-                )
-            table = np.empty(joined.height, dtype=SHARD_MAP_DTYPE)
-            for column in SHARD_MAP_DTYPE.names:
-                table[column] = joined[column].to_numpy()
-            buf = io.BytesIO()
-            np.save(buf, table, allow_pickle=False)
-            written.add(shard_map_key(ref["prefix"]))
-            root.write_bytes(shard_map_key(ref["prefix"]), buf.getvalue())
-        out[bucket] = {"index_sha256": hashlib.sha256(raw).hexdigest(), "tokens": bucket_index["tokens"],
-                       "entries": bucket_index["entries"], "shards": len(bucket_index["shards"])}
-    for stale in root.list(LINEAGE_SHARD_MAPS_PREFIX):
-        if stale not in written:
-            root.delete(stale)
-    return out
-
-
-def verify_final_shards(root: DataRoot, cfg: RefineryConfig, log: Callable[[str], None] | None = None) -> int:
-    """Check every final shard's files against its bucket's index.json; return the shard count."""
-    refs = [ref for bucket in cfg.buckets if root.exists(final_index_key(bucket))
-            for ref in root.read_json(final_index_key(bucket))["shards"]]
-    for ref in track(refs, desc="lineage: verify final shards", unit="shard", log=log):
-        local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
-        ShardReader(local).verify(ref["sha256"])
-    return len(refs)
-
-
-def clean_documents_without_text(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE,
-                                 log: Callable[[str], None] | None = None) -> pl.DataFrame:
-    """Every clean document's columns except its text (replaced by `text_bytes`)."""
-    import pyarrow.parquet as pq
-
-    parts = []
-    for shard in track(input_shards(cfg), desc="lineage: read clean documents", unit="file", log=log):
-        path = root.local_path(documents_key(stage, shard.key))
-        names = pq.read_schema(path).names
-        parts.append(
-            pl.scan_parquet(path)
-            .select([c for c in names if c != "text"] + [pl.col("text").str.len_bytes().alias("text_bytes")])
-            .collect()
-        )
-    if not parts:
-        return pl.DataFrame(schema={c: pl.String for c in PROVENANCE_COLUMNS})
-    return pl.concat(parts, how="diagonal_relaxed")
-
-
-def write_lineage_index(root: DataRoot, docs: pl.DataFrame, buckets: list[str], extra: dict[str, Any]) -> dict[str, Any]:
-    """Sort `docs` by doc_id, write lineage/documents.arrow in record batches, a map per final shard
-    of `buckets`, then lineage/index.json."""
+def _write_arrow(root: DataRoot, key: str, df: pl.DataFrame) -> dict[str, Any]:
+    """`df` as an uncompressed Arrow IPC file of one record batch (so it memory-maps without a
+    copy); returns its rows, bytes and sha256. Same frame, same bytes."""
     import pyarrow as pa
 
-    docs = docs.sort("doc_id")
-    dupes = docs["doc_id"].is_duplicated()
-    if dupes.any():
-        raise LineageError(f"doc_id repeats across the clean tables, e.g. {docs.filter(dupes)['doc_id'][0]!r}")
-    table = docs.to_arrow()
-    with root.writer(LINEAGE_DOCUMENTS_KEY) as tmp:
+    table = df.rechunk().to_arrow()
+    with root.writer(key) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=ROW_GROUP_ROWS)
-    index = {
-        "version": LINEAGE_VERSION,
-        "documents": docs.height,
-        "row_group_rows": ROW_GROUP_ROWS,
-        "row_group_first_doc_ids": docs["doc_id"].gather_every(ROW_GROUP_ROWS).to_list(),
-        "columns": docs.columns,
-        "documents_sha256": root.sha256(LINEAGE_DOCUMENTS_KEY),
-        "buckets": _write_shard_maps(root, buckets, docs),
-        **extra,
-    }
-    root.write_json(LINEAGE_INDEX_KEY, index)
-    return index
+            writer.write_table(table)
+        size = tmp.stat().st_size
+        digest = sha256_file(tmp)
+    return {"rows": df.height, "bytes": size, "sha256": digest}
+
+
+def _read_arrow(root: DataRoot, key: str):
+    """The Arrow table in `key`, memory-mapped (zero-copy: only the pages a caller touches are read)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_file(pa.memory_map(str(root.local_path(key)))).read_all()
+
+
+def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAGE) -> dict[str, Any]:
+    """Pass 1, per input file: its clean documents without text, sorted by record_index, to
+    `documents_part_key`. Checks that every doc_id is `<input_key>/<record_index>` (`make_doc_id`),
+    which is how a shard entry finds its document here. Returns rows, bytes, sha256 and the schema."""
+    import pyarrow.parquet as pq
+
+    path = root.local_path(documents_key(stage, input_key))
+    names = pq.read_schema(path).names
+    docs = (
+        pl.scan_parquet(path)
+        .select([c for c in names if c != "text"] + [pl.col("text").str.len_bytes().alias("text_bytes")])
+        .sort("record_index")
+        .collect()
+    )
+    origin = docs.select(pl.col("doc_id").str.extract(_DOC_ID, 1).alias("key"),
+                         pl.col("doc_id").str.extract(_DOC_ID, 2).cast(pl.Int64, strict=False).alias("record"))
+    wrong = ((origin["key"] != input_key) | (origin["record"] != docs["record_index"])).fill_null(True)
+    if wrong.any():
+        row = docs.filter(wrong).row(0, named=True)
+        raise LineageError(f"{root.display(documents_key(stage, input_key))}: doc_id {row['doc_id']!r} with record_index "
+                           f"{row['record_index']} is not {input_key!r}/<record_index>; rebuild the documents")
+    repeated = docs["record_index"].is_duplicated()
+    if repeated.any():
+        raise LineageError(f"doc_id repeats in the clean table of {input_key!r}, e.g. {docs.filter(repeated)['doc_id'][0]!r}")
+    written = _write_arrow(root, documents_part_key(input_key), docs)
+    return {**written, "key": documents_part_key(input_key), "schema": docs.schema}
+
+
+def open_documents_part(root: DataRoot, input_key: str) -> tuple[Any, np.ndarray] | None:
+    """(memory-mapped Arrow table, its record_index column as a zero-copy array) of an input
+    file's part, or None when there is none."""
+    key = documents_part_key(input_key)
+    if not root.exists(key):
+        return None
+    table = _read_arrow(root, key)
+    return table, table.column("record_index").to_numpy()
+
+
+def documents_by_id(doc_ids: pl.Series, open_part: Callable[[str], tuple[Any, np.ndarray] | None]) -> pl.DataFrame:
+    """The lineage rows of `doc_ids`, in their order (repeats allowed), each found in its input
+    file's part (`open_part(input_key)`, see `open_documents_part`) by binary search over the
+    record_index column: the work and memory are those of the rows asked for."""
+    import pyarrow as pa
+
+    origin = pl.DataFrame({"doc_id": doc_ids}).with_row_index("at").with_columns(
+        pl.col("doc_id").str.extract(_DOC_ID, 1).alias("key"),
+        pl.col("doc_id").str.extract(_DOC_ID, 2).cast(pl.Int64, strict=False).fill_null(-1).alias("record"),
+    )
+    taken, order = [], []
+    for key, ats, records in origin.group_by("key", maintain_order=True).agg("at", "record").iter_rows():
+        part = open_part(key) if key is not None else None
+        numbers = part[1] if part is not None else np.zeros(0, dtype=np.int64)
+        records = np.asarray(records, dtype=np.int64)
+        rows = np.minimum(np.searchsorted(numbers, records), max(len(numbers) - 1, 0))
+        missing = numbers[rows] != records if len(numbers) else np.ones(len(records), dtype=bool)
+        if missing.any():
+            raise _not_in_clean_tables(origin.filter(pl.col("key").eq_missing(key))["doc_id"][int(np.argmax(missing))])
+        taken.append(part[0].take(rows))
+        order.append(np.asarray(ats))
+    if not taken:
+        return pl.DataFrame({"doc_id": doc_ids})
+    found = pl.from_arrow(pa.concat_tables(taken, promote_options="permissive"))[np.argsort(np.concatenate(order), kind="stable")]
+    wrong = found["doc_id"] != doc_ids
+    if wrong.any():  # same input file and record number, but another spelling of the doc_id
+        raise _not_in_clean_tables(doc_ids.filter(wrong)[0])
+    return found
+
+
+def _not_in_clean_tables(doc_id: str) -> LineageError:
+    return LineageError(
+        f"doc_id {doc_id!r} is in the shards but no clean table has it; the shards and the clean documents "
+        f"come from different runs: materialize tokenized_shards, shuffled_shards and then lineage_index again"
+    )
+
+
+def write_shard_lineage(root: DataRoot, ref: dict[str, Any], columns: pl.DataFrame,
+                        open_part: Callable[[str], tuple[Any, np.ndarray] | None]) -> dict[str, Any]:
+    """Pass 2, per final shard: verify its files, then write `shard_lineage_key`: one row per entry
+    of the shard's own `.entries.parquet`, its window and n_windows and its document's columns
+    (`columns`: an empty frame of the corpus-wide document schema, so every file has every column)."""
+    local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
+    ShardReader(local).verify(ref["sha256"])
+    entries = pl.read_parquet(local + ".entries.parquet", columns=["doc_id", *ENTRY_COLUMNS])
+    docs = pl.concat([columns, documents_by_id(entries["doc_id"], open_part)], how="diagonal_relaxed")
+    written = _write_arrow(root, shard_lineage_key(ref["prefix"]), pl.concat([entries.drop("doc_id"), docs], how="horizontal"))
+    return {"shard": ref["prefix"], "key": shard_lineage_key(ref["prefix"]), "entries": written["rows"],
+            "bytes": written["bytes"], "sha256": written["sha256"]}
 
 
 def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE,
                         log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Verify the final shards, then index the clean documents of every input shard. `log` gets a
-    progress line every 10% (an asset passes its context's logger)."""
+    """Pass 1 over the input files, pass 2 over every bucket's final shards (each verified against
+    its bucket's index.json first), then the top-level index. `log` gets a progress line every 10%
+    (an asset passes its context's logger). Returns the index, with `sha256` (of index.json, which
+    names the sha256 of every listing and so of every file) and `wall_s`."""
     t0 = time.perf_counter()
-    shards_checked = verify_final_shards(root, cfg, log)
-    index = write_lineage_index(
-        root,
-        clean_documents_without_text(root, cfg, stage, log),
-        list(cfg.buckets),
-        {"final_shards_verified": shards_checked},
-    )
-    index["wall_s"] = time.perf_counter() - t0
-    return index
+    if root.exists(LINEAGE_INDEX_KEY):
+        root.delete(LINEAGE_INDEX_KEY)  # a build that fails part-way must not leave a stale index behind
+    parts = {shard.key: write_documents_part(root, shard.key, stage)
+             for shard in track(input_shards(cfg), desc="lineage: documents per input file", unit="file", log=log)}
+    schemas = [pl.DataFrame(schema=part.pop("schema")) for part in parts.values()]
+    columns = pl.concat(schemas, how="diagonal_relaxed") if schemas else pl.DataFrame(schema=dict.fromkeys(PROVENANCE_COLUMNS, pl.String))
+    # Parts stay open (memory-mapped) across shards, the most recently used few: a shard's entries
+    # come from all over the corpus, and reopening a part costs more than looking rows up in it.
+    open_part = functools.lru_cache(maxsize=OPEN_PARTS)(lambda key: open_documents_part(root, key))
+    documents_listing = root.write_json(f"{LINEAGE_DOCUMENTS_PREFIX}/index.json", parts)
+    written = {f"{LINEAGE_DOCUMENTS_PREFIX}/index.json", *(p["key"] for p in parts.values())}
+    buckets: dict[str, dict[str, Any]] = {}
+    for bucket in cfg.buckets:
+        if not root.exists(final_index_key(bucket)):
+            continue
+        raw = root.read_bytes(final_index_key(bucket))
+        bucket_index, bucket_sha = json.loads(raw), hashlib.sha256(raw).hexdigest()
+        shards = [write_shard_lineage(root, ref, columns, open_part)
+                  for ref in track(bucket_index["shards"], desc=f"lineage: final shards of {bucket}", unit="shard", log=log)]
+        listing = root.write_json(bucket_lineage_key(bucket), {"index_sha256": bucket_sha, "shards": shards})
+        written |= {bucket_lineage_key(bucket), *(s["key"] for s in shards)}
+        buckets[bucket] = {"index_sha256": bucket_sha, "tokens": bucket_index["tokens"],
+                           "entries": bucket_index["entries"], "shards": len(shards),
+                           "lineage_bytes": sum(s["bytes"] for s in shards), "listing_sha256": listing}
+    for stale in root.list("lineage"):
+        if stale not in written:
+            root.delete(stale)  # earlier layouts, removed inputs, shards of a larger earlier run
+    index = {
+        "version": LINEAGE_VERSION,
+        "documents": sum(p["rows"] for p in parts.values()),
+        "documents_parts": len(parts),
+        "documents_bytes": sum(p["bytes"] for p in parts.values()),
+        "documents_listing_sha256": documents_listing,
+        "columns": columns.columns,
+        "buckets": buckets,
+        "final_shards_verified": sum(b["shards"] for b in buckets.values()),
+    }
+    sha = root.write_json(LINEAGE_INDEX_KEY, index)
+    return {**index, "sha256": sha, "wall_s": time.perf_counter() - t0}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,42 +307,23 @@ class LineageIndex:
         if self.index.get("version") != LINEAGE_VERSION:
             raise LineageError(f"{root.display(LINEAGE_INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
 
-    def _batch(self, number: int):
-        import pyarrow as pa
-
-        with pa.memory_map(str(self.root.local_path(LINEAGE_DOCUMENTS_KEY))) as source:
-            return pa.ipc.open_file(source).get_batch(number)
-
-    def document_at(self, row: int) -> dict[str, Any]:
-        """Row `row` of lineage/documents.arrow."""
-        return self._batch(row // ROW_GROUP_ROWS).slice(row % ROW_GROUP_ROWS, 1).to_pylist()[0]
-
     def document(self, doc_id: str) -> dict[str, Any]:
-        """The lineage row of `doc_id`, read from the one record batch that can hold it (memory-mapped)."""
-        firsts = self.index["row_group_first_doc_ids"]
-        group = bisect.bisect_right(firsts, doc_id) - 1
-        if group >= 0:
-            batch = self._batch(group)
-            ids = batch.column("doc_id").to_pylist()
-            row = bisect.bisect_left(ids, doc_id)
-            if row < len(ids) and ids[row] == doc_id:
-                return batch.slice(row, 1).to_pylist()[0]
-        raise LineageError(
-            f"doc_id {doc_id!r} is in the shards but not in the lineage index; rebuild lineage_index "
-            f"after the shards (materialize lineage_index)"
-        )
+        """The lineage row of `doc_id`, read from its input file's part (memory-mapped), with every
+        column of the index (None where that part has no such column)."""
+        row = documents_by_id(pl.Series([doc_id], dtype=pl.String), lambda key: open_documents_part(self.root, key)).row(0, named=True)
+        return {c: row.get(c) for c in self.index["columns"]}
 
     def _final_entry(self, bucket: str, bucket_sha: str, prefix: str, entry: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(document row, entry's window info) of a final shard's entry, through its shard map."""
+        """(document row, entry's window info) of a final shard's entry: one row of the shard's lineage file."""
         built = self.index["buckets"].get(bucket, {}).get("index_sha256")
         if built != bucket_sha:
             raise LineageError(
                 f"the lineage index was built from other {bucket!r} shards than the current ones "
                 f"(shards/final/{bucket}/index.json changed); materialize lineage_index again"
             )
-        row = np.load(self.root.local_path(shard_map_key(prefix)), mmap_mode="r")[entry]
-        side = {"window": int(row["window"]), "n_windows": int(row["n_windows"])}
-        return self.document_at(int(row["doc_row"])), side
+        row = _read_arrow(self.root, shard_lineage_key(prefix)).slice(entry, 1).to_pylist()[0]
+        side = {c: row.pop(c) for c in ENTRY_COLUMNS}
+        return row, side
 
     def decoded_window(self, tokens: np.ndarray, pos: int) -> dict[str, Any]:
         """`tokens` decoded with the tokenizer the shards were made with (the data root's), split

@@ -22,6 +22,7 @@ from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, bu
                                  validate, validate_data_root, warmup_tokens)
 from refinery.preflight import Needs
 from refinery.shard_format import ShardFormatError
+from refinery.throughput import ThroughputContract, throughput_contract
 from refinery.storage import DataRoot, atomic_path, open_data_root
 from refinery.layout import SCHEDULE_PLOT_KEY
 
@@ -181,10 +182,14 @@ def run_validate(args: argparse.Namespace) -> int:
     except (CurriculumError, ShardFormatError) as err:
         print(f"refinery validate: {err}", file=sys.stderr)
         return 2
+    contract = run_contract(cfg, root)
     if args.json:
-        print(json.dumps({**report.to_json(), "plot": plot, "manifests": manifests}, indent=1, sort_keys=True))
+        print(json.dumps({**report.to_json(), "plot": plot, "manifests": manifests,
+                          "throughput": contract.to_json() if contract else None}, indent=1, sort_keys=True))
     else:
         print(render_text(report))
+        for line in contract.lines() if contract else []:
+            print(line)
         if plot:
             print(f"schedule plot: {plot}")
         if manifests is not None:
@@ -192,6 +197,14 @@ def run_validate(args: argparse.Namespace) -> int:
                   "phase manifests: built from another curriculum; `refinery train` refuses until phase_manifests is "
                   "rematerialized:\n" + "\n".join(f"  {d}" for d in manifests["differences"]))
     return 0 if report.ok else 1
+
+
+def run_contract(cfg: RefineryConfig, root: DataRoot) -> ThroughputContract | None:
+    """The throughput contract of `training.cluster` over the curriculum's budget (None: not stated)."""
+    cluster = cfg.training.cluster
+    if cluster is None or cfg.curriculum is None:
+        return None
+    return throughput_contract(cfg.curriculum.total_tokens, cluster.gpus, cluster.days, root, list(cfg.buckets))
 
 
 def manifest_check(cfg: RefineryConfig, root: DataRoot) -> dict[str, Any] | None:

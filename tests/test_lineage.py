@@ -1,8 +1,10 @@
 """Lineage from a token in a final (or tokenized) shard back to its document: round trips on 200
-random positions, exactly-once at rest, and clear errors for bad queries and changed shards."""
+random positions, exactly-once at rest, the per-input-file and per-shard files of the index,
+byte-identical rebuilds, and clear errors for bad queries and changed shards."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 
@@ -15,6 +17,8 @@ from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery import lineage as lin
 from orchestration.cli import main
+from refinery.documents import CLEAN_STAGE, input_shards
+from refinery.layout import documents_key
 from refinery.shard_format import ShardFormatError, ShardReader
 from helpers.corpus import make_corpus, token_bytes, tokenize_all
 
@@ -34,6 +38,12 @@ def built(tmp_path_factory):
 
 def shard_refs(c, stage: str) -> list[dict]:
     return [ref for b in c.cfg.buckets for ref in c.root.read_json(layout.shard_index_key(stage, b))["shards"]]
+
+
+def read_arrow(c, key: str) -> pl.DataFrame:
+    import pyarrow as pa
+
+    return pl.from_arrow(pa.ipc.open_file(str(c.root.local_path(key))).read_all())
 
 
 def reader_of(c, prefix: str) -> ShardReader:
@@ -158,15 +168,66 @@ def test_missing_lineage_index_says_what_to_materialize(tmp_path):
         lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
 
 
-def test_documents_table_is_sorted_and_text_free(built):
-    import pyarrow as pa
+def test_documents_parts_are_per_input_file_sorted_and_text_free(built):
+    c = built
+    index = c.root.read_json(layout.LINEAGE_INDEX_KEY)
+    doc_ids = []
+    for shard in input_shards(c.cfg):
+        part = read_arrow(c, lin.documents_part_key(shard.key))
+        assert "text" not in part.columns and "text_bytes" in part.columns
+        assert part["record_index"].to_list() == sorted(part["record_index"])
+        assert all(d.startswith(shard.key + "/") for d in part["doc_id"])
+        doc_ids += part["doc_id"].to_list()
+    assert sorted(doc_ids) == sorted(c.texts)  # every clean document, rejected-at-tokenize included
+    assert index["documents"] == len(doc_ids) == 250 and index["documents_parts"] == 3
+    assert "text" not in index["columns"] and "text_bytes" in index["columns"]
 
-    docs = pl.from_arrow(pa.ipc.open_file(str(built.root.local_path(layout.LINEAGE_DOCUMENTS_KEY))).read_all())
-    index = built.root.read_json(layout.LINEAGE_INDEX_KEY)
-    assert docs["doc_id"].to_list() == sorted(built.texts)  # every clean document, rejected-at-tokenize included
-    assert "text" not in docs.columns and "text_bytes" in docs.columns
-    assert index["documents"] == docs.height == 250
-    assert index["row_group_first_doc_ids"] == docs["doc_id"].to_list()[:: lin.ROW_GROUP_ROWS]
+
+def test_each_final_shard_has_a_lineage_file_of_its_own_entries(built):
+    c = built
+    index = c.root.read_json(layout.LINEAGE_INDEX_KEY)
+    for bucket in c.cfg.buckets:
+        refs = c.root.read_json(layout.shard_index_key(tk.FINAL, bucket))["shards"]
+        listing = c.root.read_json(lin.bucket_lineage_key(bucket))
+        assert [s["shard"] for s in listing["shards"]] == [r["prefix"] for r in refs]
+        assert index["buckets"][bucket]["shards"] == len(refs)
+        for ref, listed in zip(refs, listing["shards"]):
+            rows = read_arrow(c, lin.shard_lineage_key(ref["prefix"]))
+            side = reader_of(c, ref["prefix"]).entries
+            assert listed["entries"] == rows.height == ref["entries"] == side.height
+            assert rows.select("doc_id", "window", "n_windows").equals(side.select("doc_id", "window", "n_windows"))
+            assert rows.columns == lin.ENTRY_COLUMNS + index["columns"]
+            assert [c.buckets[d] for d in rows["doc_id"]] == [bucket] * rows.height
+            assert rows["text_bytes"].to_list() == [len(c.texts[d].encode()) for d in rows["doc_id"]]
+            assert listed["bytes"] == c.root.local_path(listed["key"]).stat().st_size
+
+
+def test_rebuild_is_byte_identical_and_drops_stale_files(tmp_path):
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 30, "web/b": 10, "math/m": 5})
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+    first = lin.build_lineage_index(c.root, c.cfg)
+    files = {key: c.root.read_bytes(key) for key in c.root.list("lineage")}
+    c.root.write_bytes("lineage/documents.arrow", b"an earlier layout")
+    c.root.write_bytes(lin.shard_lineage_key("shards/final/web/shard-00099"), b"a shard of a larger run")
+    second = lin.build_lineage_index(c.root, c.cfg)
+    assert {key: c.root.read_bytes(key) for key in c.root.list("lineage")} == files
+    assert first["sha256"] == second["sha256"] == hashlib.sha256(files[layout.LINEAGE_INDEX_KEY]).hexdigest()
+    assert len(files) == 1 + 1 + 3 + sum(1 + b["shards"] for b in first["buckets"].values())
+
+
+def test_shards_holding_a_document_no_clean_table_has_are_refused(tmp_path):
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 30, "web/b": 10, "math/m": 5})
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+    key = documents_key(CLEAN_STAGE, "web-a")
+    clean = c.root.read_parquet(key)
+    c.root.write_parquet(key, clean.filter(pl.col("doc_id") != "web-a/0000006"))
+    with pytest.raises(lin.LineageError, match="doc_id 'web-a/0000006' is in the shards but no clean table has it"):
+        lin.build_lineage_index(c.root, c.cfg)
+    assert not c.root.exists(layout.LINEAGE_INDEX_KEY)
 
 
 def test_cli_prints_json_and_a_table(built, capsys):

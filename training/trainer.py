@@ -117,6 +117,7 @@ class Trainer:
                                 self.accounting, self.evaluator, self.ckpt, self.mirror, self.metrics.path)
         self.sigterm = SigtermFlag()
         self.step, self.tokens = 0, 0
+        self.achieved = [0, 0.0]  # tokens trained and step seconds in this launch
         # On CUDA: fetch the next step's batch and build its device inputs while the device still runs
         # this step's backward, and let the fused optimizer skip a non-finite step on the device, so
         # that the step's one read of its figures waits for neither (bench/RESULTS.md, issue 29).
@@ -338,6 +339,12 @@ class Trainer:
     def _log(self, batch: StepBatch, record: dict[str, Any]) -> None:
         record.update({"step": self.step, "phase": batch.phase, "phase_name": self.schedule.phase_names[batch.phase],
                        "tokens": self.tokens, "seq_len": batch.seq_len, "world_size": self.batches.world})
+        # What this launch achieves per device, for the throughput contract (refinery/throughput.py).
+        step_tokens, step_s = self.global_batch * batch.seq_len, record.get("time/step_s", 0.0)
+        self.achieved[0] += step_tokens
+        self.achieved[1] += step_s
+        if step_s > 0:
+            record["throughput/tokens_per_s_per_gpu"] = step_tokens / step_s / self.dist.world
         if batch.dropped:
             record["event/bucket_dropped"] = batch.dropped
             print(f"refinery train: step {self.step}: dropped exhausted bucket(s) {batch.dropped}; weights renormalized")
@@ -354,7 +361,9 @@ class Trainer:
             self.mirror.push_log(self.consumption.path)
 
     def _status(self, state: str, reason: str = "", **extra: Any) -> dict[str, Any]:
-        return self.status.write(state, reason, self.step, self.tokens, **extra)
+        tokens, seconds = self.achieved
+        per_gpu = tokens / seconds / self.dist.world if seconds > 0 else None
+        return self.status.write(state, reason, self.step, self.tokens, tokens_per_s_per_gpu=per_gpu, **extra)
 
     def _halt(self, reason: str, kind: str, boundary: str | None = None) -> dict[str, Any]:
         self._save(boundary)

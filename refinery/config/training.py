@@ -31,6 +31,14 @@ class ValRiseHaltConfig(Section):
     min_delta: float = Field(default=0.0, ge=0.0)
 
 
+class ClusterConfig(Section):
+    """The hardware and wall-clock budget the run has, for the throughput contract (seed 002's second
+    equation, refinery/throughput.py): `refinery validate` prints the tokens per second they need."""
+
+    gpus: int = Field(ge=1, le=10_000_000)
+    days: float = Field(gt=0.0, le=3650.0)
+
+
 class TrainingConfig(Section):
     """The curriculum trainer. One optimizer step trains on micro_batch_size * grad_accum_steps rows
     (the global batch, fixed whatever the world size, so the data order does not depend on it); each of
@@ -79,6 +87,8 @@ class TrainingConfig(Section):
     # Entries of each bucket held out of training for validation (chosen by seed); 0 = none.
     eval_entries_per_bucket: int = Field(default=0, ge=0)
     anneal_halt_on_val_rise: ValRiseHaltConfig | None = None
+    # e.g. {gpus: 2048, days: 54}: the throughput the run needs (validate) against what it achieves.
+    cluster: ClusterConfig | None = None
 
     @model_validator(mode="after")
     def _eval(self) -> "TrainingConfig":
