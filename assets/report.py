@@ -2,7 +2,7 @@
 
 It is `refinery funnel` as an asset: every input batch's stats merged per stage
 (refinery/funnel_report.py), drawn as the funnel chart and printed as the command's table, with
-retention per stage and bucket, the top removal reasons and the raw-input budget. The chart and the
+retention per stage, bucket and language, the top removal reasons and the raw-input budget. The chart and the
 JSON report are written to the data root too, so the page and the files agree.
 
 It covers the per-document stages it depends on (raw_documents through pii_redacted); the command
@@ -31,9 +31,10 @@ def report_funnel(version: str):
         if not totals:
             raise dg.Failure(f"no funnel stats under {root.display(STATS_PREFIX)}; materialize the funnel first")
         report = fr.build_report(totals, fr.target_tokens(cfg), fr.DEFAULT_BYTES_PER_TOKEN)
+        report["languages"] = fr.language_retention(root)
         first, last = report["stages"][0], report["stages"][-1]
         title = f"corpus funnel: {first['docs_in']:,} records to {last['docs_out']:,} documents"
-        png = fr.funnel_chart_png([t.stats for t in totals.values()], title)
+        png = fr.funnel_chart_png([t.stats for t in totals.values()], title, report["languages"])
         hashes = {FUNNEL_REPORT_KEY: root.write_json(FUNNEL_REPORT_KEY, report), FUNNEL_CHART_KEY: root.write_bytes(FUNNEL_CHART_KEY, png)}
         budget = report["budget"]
         context.log.info(f"funnel_report: {len(totals)} stage(s); {title}; raw input for "
@@ -55,6 +56,10 @@ def report_funnel(version: str):
             "raw_input_bytes": (dg.MetadataValue.int(round(budget["raw_input_bytes"])) if budget["raw_input_bytes"] is not None
                                 else dg.MetadataValue.text("unbounded: nothing survives the funnel")),
             "report": dg.MetadataValue.json(report),
+            # documents kept of those entering language ID, per language: the first question on a multilingual corpus
+            "retention_by_language": dg.MetadataValue.json(
+                {lang: {k: v[k] for k in ("docs_in", "docs_out", "retention", "bytes_in", "bytes_out", "byte_retention")}
+                 for lang, v in report["languages"].items()}),
         })
     return step
 
@@ -65,6 +70,6 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         "funnel_report", report_funnel(version), version=version, group="funnel", kinds={"matplotlib", "json"},
         automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping())],
-        description="The whole corpus's funnel (`refinery funnel`): chart, retention per stage and bucket, "
+        description="The whole corpus's funnel (`refinery funnel`): chart, retention per stage, bucket and language, "
                     "top removal reasons and the raw-input budget.",
     )])

@@ -10,9 +10,10 @@ Then `build_lineage_index` runs in a child process, which reports its wall time 
 (VmHWM of /proc/self/status: ru_maxrss would carry the parent's high-water mark across exec), and
 the peak it had after its imports, before the build.
 
-On the largest size, times `resolve_token` on random (shard, offset) positions of the final shards
-and of nothing else. Every query starts cold in-process: a new `LineageIndex` each time, so the
-index, the shard's .idx (hash-checked) and its lineage file are read again (the OS page cache is
+On the largest size, times `resolve_token` on random (shard, offset) positions of the final shards,
+the decoded text window included. After the first query the process reuses the parsed index and
+tokenizer (`refinery.lineage.open_index`, as a server or a loop over queries does); each query
+still hash-checks the shard's .idx and reads one row of its lineage file (the OS page cache is
 warm). Baseline in the same run: the same document found by a scan of every clean table per query.
 Prints p50/p99 in ms.
 """

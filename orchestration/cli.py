@@ -11,11 +11,11 @@ import argparse
 import sys
 
 from orchestration import demo, lineage
-from refinery import commands, funnel_report, init, scan, validate
+from refinery import commands, funnel_report, init, scan, validate, why
 from training import cli as train
 
 # Each defines `register(subparsers)`, in the order `refinery --help` lists them.
-COMMAND_MODULES = (demo, scan, lineage, funnel_report, validate, init, train)
+COMMAND_MODULES = (demo, scan, lineage, funnel_report, why, validate, init, train)
 
 DESCRIPTION = """\
 Refinery turns raw web crawl and curated corpora into a clean, deduplicated, curriculum-ordered token
@@ -30,6 +30,7 @@ examples:
   refinery init ~/corpus --config my.yaml            # a commented config for your own files
   refinery demo --config my.yaml                     # the same on your own config
   refinery funnel --config my.yaml                   # retention per stage after a run
+  refinery why --config my.yaml https://a.example/x  # which stage removed that page, and why
   refinery validate --config my.yaml                 # the curriculum contract, before training
 
 `refinery COMMAND --help` describes each command. Exit status: 0 success, 1 a failed check,

@@ -6,6 +6,11 @@ stages it does not name come last, alphabetically), each the merge of its partit
 The budget is seed 002's `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes per token, and r_j
 each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect.
 
+Per language, from language ID on: the documents and bytes each language keeps after every stage,
+joined from the documents and rejects tables (stats files count by bucket only; a language is known
+once language_filtered has run: its kept rows carry it, its rejects name it in `detail`). A document
+with no language (its source skips language ID, or the model failed on it) counts as `unknown`.
+
 `--explain URL_OR_DOC_ID` instead finds that document in `language_filtered` (the heuristic
 stage's input), runs every heuristic rule on it with its source's and language's settings, then
 the config's custom filters (on the text the rules keep, as the stage does), and lists each rule
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from refinery.stages.stats import StageStats
 from refinery.config import ConfigError, RefineryConfig, load_config
-from refinery.layout import documents_prefix, stats_key
+from refinery.layout import documents_key, documents_prefix, rejects_key, stats_key
 from refinery.preflight import READ_ONLY
 from refinery.progress import Progress
 from refinery.storage import DataRoot, open_data_root
@@ -47,6 +52,9 @@ FUNNEL_ORDER = (
 DEFAULT_TARGET_TOKENS = 1_000_000_000
 DEFAULT_BYTES_PER_TOKEN = 4.0  # b_t: raw bytes per token, a typical BPE figure for English web text
 TOP_REASONS = 5
+LANGUAGE_STAGE = "language_filtered"
+LANGUAGE_INPUT = "extracted_text"
+UNKNOWN_LANGUAGE = "unknown"
 
 
 class UnreadableStats(ValueError):
@@ -102,8 +110,9 @@ def files_stage_stats(root: DataRoot, files: list[str]) -> list[StageStats]:
     return merged
 
 
-def funnel_chart_png(stats: list[StageStats], title: str) -> bytes:
-    """Documents left after each stage as bars, labelled with the stage's retention (PNG bytes)."""
+def funnel_chart_png(stats: list[StageStats], title: str, languages: dict[str, Any] | None = None) -> bytes:
+    """Documents left after each stage as bars, labelled with the stage's retention (PNG bytes);
+    with `languages` (`language_retention`), a second panel of documents kept per language."""
     import io
 
     import matplotlib
@@ -114,7 +123,14 @@ def funnel_chart_png(stats: list[StageStats], title: str) -> bytes:
     names = [st.stage for st in stats]
     kept = [st.docs_out for st in stats]
     start = stats[0].docs_in if stats else 0
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(stats) + 1.2))
+    if languages:
+        fig, (ax, lang_ax) = plt.subplots(
+            2, 1, figsize=(8, 0.45 * (len(stats) + len(languages)) + 2.4),
+            height_ratios=[len(stats) + 1, len(languages) + 1],
+        )
+        _language_panel(lang_ax, languages)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(stats) + 1.2))
     ax.barh(range(len(stats)), kept, color="#4c72b0")
     ax.set_yticks(range(len(stats)), names)
     ax.invert_yaxis()
@@ -129,6 +145,99 @@ def funnel_chart_png(stats: list[StageStats], title: str) -> bytes:
     fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
     plt.close(fig)
     return buf.getvalue()
+
+
+def _language_panel(ax: Any, languages: dict[str, Any]) -> None:
+    """Per language: documents entering language ID, and those left after the last stage."""
+    names = list(languages)
+    entered = [languages[n]["docs_in"] for n in names]
+    left = [languages[n]["docs_out"] for n in names]
+    ax.barh(range(len(names)), entered, color="#c8d3e6", label="entered language ID")
+    ax.barh(range(len(names)), left, color="#4c72b0", label="kept after the last stage")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    for i, n in enumerate(names):
+        ax.text(entered[i], i, f" {left[i]:,} of {entered[i]:,} ({languages[n]['retention']:.1%})", va="center", fontsize=8)
+    ax.set_xlim(0, max([*entered, 1]) * 1.35)
+    ax.set_xlabel("documents per language")
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def language_retention(root: DataRoot) -> dict[str, dict[str, Any]]:
+    """Documents and bytes per language entering language ID and left after each later stage, summed
+    over the input files language_filtered has run on; a stage counts the files it has run on. Keyed
+    by language, most documents first; {} before language_filtered has run. `refinery init`'s summary
+    can print it with `format_language_retention`."""
+    import polars as pl
+
+    from refinery.why import LANGUAGE_RULES_WITH_LANGUAGE, STEPS
+
+    steps = STEPS[[s.stage for s in STEPS].index(LANGUAGE_STAGE):]
+    prefix = documents_prefix(LANGUAGE_STAGE) + "/"
+    partitions = [k.removeprefix(prefix).removesuffix(".parquet") for k in root.list(documents_prefix(LANGUAGE_STAGE))
+                  if k.endswith(".parquet")]
+
+    def sizes(folder: str, partition: str) -> pl.DataFrame:
+        table = root.read_parquet(documents_key(folder, partition), columns=["doc_id", "text"])
+        return table.select("doc_id", pl.col("text").str.len_bytes().fill_null(0).cast(pl.Int64).alias("bytes"))
+
+    def removed(folder: str, stage: str, partition: str) -> pl.DataFrame:
+        key = rejects_key(folder, partition)
+        if not root.exists(key):
+            return pl.DataFrame(schema={"doc_id": pl.String, "rule": pl.String, "detail": pl.String})
+        return root.read_parquet(key, columns=["doc_id", "stage", "rule", "detail"]).filter(pl.col("stage") == stage)
+
+    counts = []  # (stage, language, docs, bytes) per partition
+    for partition in partitions:
+        languages = pl.concat([
+            root.read_parquet(documents_key(LANGUAGE_STAGE, partition), columns=["doc_id", "language"]),
+            removed(LANGUAGE_STAGE, LANGUAGE_STAGE, partition)
+            .filter(pl.col("rule").is_in(LANGUAGE_RULES_WITH_LANGUAGE)).select("doc_id", language="detail"),
+        ])
+        alive = (sizes(LANGUAGE_INPUT, partition).join(languages, on="doc_id", how="left")
+                 .with_columns(pl.col("language").fill_null(UNKNOWN_LANGUAGE)))
+        counts.append(alive.group_by("language").agg(docs=pl.len(), bytes=pl.col("bytes").sum()).with_columns(stage=pl.lit("in")))
+        for step in steps:
+            if not root.exists(documents_key(step.documents, partition)):
+                break
+            alive = alive.join(removed(step.rejects, step.stage, partition), on="doc_id", how="anti")
+            # Bytes as the stage's own table has them (C4 drops lines, PII redacts); exact dedup's
+            # survivors that near dedup then drops are in no table, and keep their earlier size.
+            alive = (alive.join(sizes(step.documents, partition).rename({"bytes": "now"}), on="doc_id", how="left")
+                     .with_columns(pl.coalesce("now", "bytes").alias("bytes")).drop("now"))
+            counts.append(alive.group_by("language").agg(docs=pl.len(), bytes=pl.col("bytes").sum())
+                          .with_columns(stage=pl.lit(step.stage)))
+    if not counts:
+        return {}
+    totals = (pl.concat(counts).group_by("stage", "language").agg(pl.col("docs").sum(), pl.col("bytes").sum()))
+    cell = {(st, lang): (d, b) for st, lang, d, b in totals.select("stage", "language", "docs", "bytes").iter_rows()}
+    reached = [s.stage for s in steps if any(st == s.stage for st, _ in cell)]
+    out = {}
+    for lang in sorted({lang for _, lang in cell}, key=lambda x: (-cell.get(("in", x), (0, 0))[0], x)):
+        docs_in, bytes_in = cell.get(("in", lang), (0, 0))
+        stages = {st: dict(zip(("docs_out", "bytes_out"), cell.get((st, lang), (0, 0)))) for st in reached}
+        last = stages[reached[-1]] if reached else {"docs_out": docs_in, "bytes_out": bytes_in}
+        out[lang] = {"docs_in": docs_in, "bytes_in": bytes_in, "stages": stages,
+                     "docs_out": last["docs_out"], "bytes_out": last["bytes_out"],
+                     "retention": round(_ratio(last["docs_out"], docs_in), 6),
+                     "byte_retention": round(_ratio(last["bytes_out"], bytes_in), 6)}
+    return out
+
+
+def format_language_retention(languages: dict[str, dict[str, Any]]) -> str:
+    """Two tables, documents then bytes, per language: entering language ID and after each stage."""
+    stages = list(next(iter(languages.values()))["stages"])
+    docs = [[lang, f"{v['docs_in']:,}", *(f"{v['stages'][s]['docs_out']:,}" for s in stages), f"{v['retention']:.1%}"]
+            for lang, v in languages.items()]
+    sizes = [[lang, _human_bytes(v["bytes_in"]), *(_human_bytes(v["stages"][s]["bytes_out"]) for s in stages),
+              f"{v['byte_retention']:.1%}"] for lang, v in languages.items()]
+    return "\n".join([
+        "Per language, documents (entering language ID, then left after each stage)",
+        _table(["language", "in", *stages, "kept"], docs),
+        "",
+        "Per language, bytes of text",
+        _table(["language", "in", *stages, "kept"], sizes),
+    ])
 
 
 def _ratio(out: int, inp: int) -> float:
@@ -250,6 +359,8 @@ def format_report(report: dict[str, Any]) -> str:
         out += ["", "Per bucket (documents kept per stage; raw bytes per output token)"]
         out.append(_table(["bucket", *stage_names, "docs", "bytes", "raw/token"], bucket_rows))
     o, bud = report["overall"], report["budget"]
+    if report.get("languages"):
+        out += ["", format_language_retention(report["languages"])]
     out += [
         "",
         f"Overall: {o['retention']:.2%} of documents and {o['byte_retention']:.3%} of bytes survive.",
@@ -364,6 +475,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     report = build_report(totals, target_tokens(cfg, args.target_tokens), args.bytes_per_token)
+    report["languages"] = language_retention(root)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
     return 0
 
@@ -381,9 +493,9 @@ def _positive(kind):
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "funnel",
-        help="retention per funnel stage and bucket, and the raw-input budget it implies",
-        description="Retention of every materialized funnel stage (documents and bytes in and out), overall and per "
-                    "bucket, the top removal reasons, and seed 002's raw-input budget B0 = N * b_t / prod(r_j): the "
+        help="retention per funnel stage, bucket and language, and the raw-input budget it implies",
+        description="Retention of every materialized funnel stage (documents and bytes in and out), overall, per "
+                    "bucket and per language (from language ID on), the top removal reasons, and seed 002's raw-input budget B0 = N * b_t / prod(r_j): the "
                     "raw bytes to collect for N clean tokens at this retention. With --explain, every heuristic rule "
                     "and custom filter one document fails, with the measured value and the threshold. It reads what "
                     "the graph wrote under the data root; materialize the funnel first (`refinery demo --config C`).",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 import time
 from typing import Any, Callable
@@ -38,7 +39,7 @@ import polars as pl
 
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
-from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, bucket_lineage_key,
+from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENIZER_KEY, bucket_lineage_key,
                              bucket_shards_prefix, documents_key, documents_part_key, final_index_key,
                              shard_index_key, shard_lineage_key)
 from refinery.progress import track
@@ -413,12 +414,38 @@ def funnel_history(cfg: RefineryConfig, doc: dict[str, Any]) -> dict[str, dict[s
     return out
 
 
+# Open indexes by (data root, index file version): a query after the first reuses the parsed
+# index.json and tokenizer (parsing the tokenizer's JSON alone costs ~10 ms).
+_OPEN: dict[tuple[str, str, tuple[int, int]], LineageIndex] = {}
+MAX_OPEN_INDEXES = 8
+
+
+def file_version(root: DataRoot, key: str) -> tuple[int, int]:
+    """(size, mtime_ns) of the local copy of `key`: a rebuilt file is another version."""
+    st = os.stat(root.local_path(key))
+    return st.st_size, st.st_mtime_ns
+
+
+def open_index(root: DataRoot, cfg: RefineryConfig) -> LineageIndex:
+    """The data root's lineage index, reused while neither it nor the tokenizer changed."""
+    versions = (file_version(root, LINEAGE_INDEX_KEY) if root.exists(LINEAGE_INDEX_KEY) else (0, 0),
+                file_version(root, TOKENIZER_KEY) if root.exists(TOKENIZER_KEY) else (0, 0))
+    key = (root.display(LINEAGE_INDEX_KEY), cfg.tokenizer.eod_token, versions)
+    index = _OPEN.get(key)
+    if index is None:
+        index = LineageIndex(root, cfg)
+        if len(_OPEN) >= MAX_OPEN_INDEXES:
+            _OPEN.pop(next(iter(_OPEN)))
+        _OPEN[key] = index
+    return index
+
+
 def resolve_token(root: DataRoot, cfg: RefineryConfig, shard: str, offset: int,
                   context: int = CONTEXT_TOKENS) -> dict[str, Any]:
     """Lineage of token `offset` of `shard` (`<bucket>/shard-NNNNN` for a final shard, or a key
     prefix `shards/<stage>/<bucket>/shard-NNNNN`), with `context` tokens of decoded text on each
     side. Raises LineageError or ShardFormatError."""
-    return LineageIndex(root, cfg).resolve(shard, offset, context)
+    return open_index(root, cfg).resolve(shard, offset, context)
 
 
 # --------------------------------------------------------------------------------------------------

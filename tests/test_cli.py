@@ -18,7 +18,7 @@ from refinery.storage import LocalDataRoot
 from helpers.configs import write_config
 from helpers.final_shards import config_dict
 
-COMMANDS = ["demo", "scan", "lineage", "funnel", "validate", "init", "train"]
+COMMANDS = ["demo", "scan", "lineage", "funnel", "why", "validate", "init", "train"]
 
 
 def help_text(capsys, *argv: str) -> str:

@@ -213,3 +213,54 @@ def test_explain_of_an_unknown_document_says_where_it_looked(language_filtered, 
     assert main(["funnel", "--config", write_funnel_config(language_filtered), "--explain", "https://nowhere.example/"]) == 1
     err = capsys.readouterr().err
     assert "no document with doc_id or url 'https://nowhere.example/'" in err and "language_filtered" in err
+
+
+# ---- per language ----------------------------------------------------------------------------------
+
+
+def test_retention_per_language_counts_documents_and_bytes_after_every_stage(tmp_path, capsys):
+    from helpers.funnel_trail import PII_TEXT, TEXTS, write_trail_corpus
+
+    trail = write_trail_corpus(tmp_path)
+
+    def size(*docs: str, text: dict = TEXTS) -> int:
+        return sum(len(text.get(d, TEXTS[d]).encode()) for d in docs)
+
+    assert main(["funnel", "--config", str(trail.config), "--json"]) == 0
+    languages = json.loads(capsys.readouterr().out)["languages"]
+    assert set(languages) == {"en", "de", "fr"}  # a/5 was removed before language ID
+    en = languages["en"]
+    assert (en["docs_in"], en["bytes_in"]) == (5, size("a/0", "a/2", "a/4", "b/0", "b/1"))
+    assert {s: (v["docs_out"], v["bytes_out"]) for s, v in en["stages"].items()} == {
+        "language_filtered": (5, size("a/0", "a/2", "a/4", "b/0", "b/1")),
+        "heuristic_filtered": (4, size("a/0", "a/4", "b/0", "b/1")),
+        "exact_deduped": (3, size("a/0", "a/4", "b/1")),
+        "near_deduped": (2, size("a/0", "a/4")),
+        "quality_scored": (2, size("a/0", "a/4")),
+        "pii_redacted": (2, size("a/0", "a/4", text=PII_TEXT)),  # the redacted text's bytes
+    }
+    assert (en["docs_out"], en["retention"]) == (2, 0.4)
+    assert en["byte_retention"] == round(size("a/0", "a/4", text=PII_TEXT) / size("a/0", "a/2", "a/4", "b/0", "b/1"), 6)
+    de = languages["de"]
+    assert (de["docs_in"], de["bytes_in"], de["docs_out"], de["bytes_out"]) == (2, size("a/3", "b/2"), 1, size("a/3"))
+    assert de["stages"]["language_filtered"] == {"docs_out": 1, "bytes_out": size("a/3")}  # b/2 scored too low
+    fr = languages["fr"]
+    assert (fr["docs_in"], fr["bytes_in"], fr["retention"]) == (1, size("a/1"), 0.0)
+    assert all(v == {"docs_out": 0, "bytes_out": 0} for v in fr["stages"].values())
+
+    assert main(["funnel", "--config", str(trail.config)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["language", "in", "language_filtered", "heuristic_filtered", "exact_deduped", "near_deduped",
+            "quality_scored", "pii_redacted", "kept"] in rows
+    assert ["en", "5", "5", "4", "3", "2", "2", "2", "40.0%"] in rows
+    assert ["de", "2", "1", "1", "1", "1", "1", "1", "50.0%"] in rows
+    assert ["fr", "1", "0", "0", "0", "0", "0", "0", "0.0%"] in rows
+    firsts = [r[0] for r in rows if r]
+    assert firsts.index("en") < firsts.index("de") < firsts.index("fr"), "most documents entering language ID first"
+
+
+def test_no_language_table_before_language_id_has_run(materialized, capsys):
+    assert main(["funnel", "--config", materialized, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["languages"] == {}
+    assert main(["funnel", "--config", materialized]) == 0
+    assert "Per language" not in capsys.readouterr().out

@@ -8,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets import report
+from refinery.funnel_report import FUNNEL_ORDER, funnel_chart_png, load_stage_totals
 from refinery.layout import FUNNEL_CHART_KEY, FUNNEL_REPORT_KEY
 from orchestration.cli import main
 from refinery.storage import LocalDataRoot
@@ -24,6 +25,11 @@ STAGES = {
     ("pii_redacted", "web-0"): stats("pii_redacted", {"web": (25, 24, 450_000, 440_000)}, {"safety/blocked_word": 1}),
     ("pii_redacted", "code-0"): stats("pii_redacted", {"code": (40, 40, 100_000, 100_000)}),
 }
+
+
+def fr_totals(root: LocalDataRoot) -> dict:
+    """The stage totals the asset charts: the funnel's stages only."""
+    return {k: v for k, v in load_stage_totals(root).items() if k in FUNNEL_ORDER}
 
 
 def materialize_report(config: str) -> dg.ExecuteInProcessResult:
@@ -77,3 +83,23 @@ def test_the_demo_materializes_it_in_the_run_of_pii_redacted():
     steps = [[k.to_user_string() for k in step.keys] for step in execution_plan(build_graph(str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")))]
     [step] = [s for s in steps if "funnel_report" in s]
     assert "pii_redacted" in step and step.index("pii_redacted") < step.index("funnel_report")
+
+
+def test_page_shows_retention_per_language_in_its_metadata_table_and_chart(tmp_path, capsys):
+    from helpers.funnel_trail import write_trail_corpus
+
+    trail = write_trail_corpus(tmp_path)
+    result = materialize_report(str(trail.config))
+    assert result.success
+    md = {k: v.value for k, v in result.get_asset_materialization_events()[0].materialization.metadata.items()}
+    by_language = md["retention_by_language"]
+    assert {lang: (v["docs_in"], v["docs_out"], v["retention"]) for lang, v in by_language.items()} == {
+        "en": (5, 2, 0.4), "de": (2, 1, 0.5), "fr": (1, 0, 0.0)}
+    assert md["report"]["languages"]["en"]["stages"]["near_deduped"]["docs_out"] == 2
+    assert main(["funnel", "--config", str(trail.config)]) == 0
+    printed = capsys.readouterr().out
+    assert "Per language, documents" in printed and printed.strip() in md["funnel"]
+    stats = [t.stats for t in fr_totals(trail.root).values()]
+    png = trail.root.read_bytes(FUNNEL_CHART_KEY)
+    assert png == funnel_chart_png(stats, md["funnel"].split("]")[0].removeprefix("!["), md["report"]["languages"])
+    assert png != funnel_chart_png(stats, md["funnel"].split("]")[0].removeprefix("![")), "the language panel is drawn"

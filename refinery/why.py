@@ -1,0 +1,364 @@
+"""`refinery why URL_OR_DOC_ID`: one document's path through the funnel, read from what the graph wrote.
+
+For every stage the document reached, in funnel order (STEPS): kept, with what that stage added
+(language and score, the near-duplicate cluster, the quality score, PII counts), or removed, with
+the rule, the measured value and the threshold from the stage's rejects table. A dedup removal also
+names the document kept instead, from the dedup decisions (exact drop lists, near-dup clusters and
+their verified edges, keyed by the signature table's doc_key). A document that survives every stage
+is located in the final shards (bucket, shard, token offset of each window, from the bucket's
+`entries.parquet`), which is what `refinery lineage --shard S --offset N` takes, and any phase that
+the contamination drop policy excluded it from is named.
+
+`DocumentTrail` keeps every table it reads (per stage and input file), so on one data root only the
+first query of a partition pays for reading Parquet; later ones are dictionary lookups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from refinery.config import RefineryConfig, load_config
+from refinery.documents import input_shards
+from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, documents_key, exclusions_key, near_edges_key,
+                             rejects_key, signatures_key)
+from refinery.preflight import READ_ONLY
+from refinery.storage import DataRoot, open_data_root
+
+DEDUP_FOLDER = "deduped"  # exact and near dedup write one documents table and one rejects table
+TOKENIZE_STAGE = "tokenized_shards"
+EXACT_RULE_FAMILY = "exact_dedup/"
+NEAR_RULE_FAMILY = "near_dedup/"
+HEURISTIC_STAGE = "heuristic_filtered"
+LANGUAGE_RULES_WITH_LANGUAGE = ("language/unwanted_language", "language/low_score")  # detail: the language
+
+
+@dataclass(frozen=True)
+class Step:
+    """A funnel stage as `why` reads it: the documents table of its survivors and its rejects table."""
+
+    stage: str
+    documents: str  # folder under documents/ holding the survivors (for exact dedup: deduped's, after near too)
+    rejects: str  # folder under rejects/ whose rows with `stage` == this stage are its removals
+
+
+STEPS = (
+    Step("raw_documents", "raw_documents", "raw_documents"),
+    Step("extracted_text", "extracted_text", "extracted_text"),
+    Step("language_filtered", "language_filtered", "language_filtered"),
+    Step("heuristic_filtered", "heuristic_filtered", "heuristic_filtered"),
+    Step("exact_deduped", DEDUP_FOLDER, DEDUP_FOLDER),
+    Step("near_deduped", DEDUP_FOLDER, DEDUP_FOLDER),
+    Step("quality_scored", "quality_scored", "quality_scored"),
+    Step("pii_redacted", "pii_redacted", "pii_redacted"),
+)
+# What a kept document's row shows for a stage (the columns that stage adds).
+STAGE_FACTS = {
+    "language_filtered": ("language", "language_score"),
+    "near_deduped": ("dup_cluster", "dup_cluster_size"),
+    "quality_scored": ("quality_score",),
+    "pii_redacted": ("pii_counts",),
+}
+IDENTITY_COLUMNS = ("doc_id", "url", "source", "bucket")
+REJECT_COLUMNS = ("doc_id", "url", "source", "bucket", "stage", "rule", "value", "detail")
+
+
+def partition_of(doc_id: str) -> str:
+    """The input file's partition key a doc_id starts with (`make_doc_id`: `<partition>/<record>`)."""
+    return doc_id.rsplit("/", 1)[0]
+
+
+def shard_name(bucket: str, number: int) -> str:
+    """A final shard as `refinery lineage --shard` takes it."""
+    return f"{bucket}/shard-{number:05d}"
+
+
+class DocumentTrail:
+    """`why` queries on one data root, with every table read once and kept."""
+
+    def __init__(self, cfg: RefineryConfig, root: DataRoot):
+        self.cfg, self.root = cfg, root
+        self._tables: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = {}
+        self._rejects: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+        self._final: dict[str, dict[str, list[dict[str, Any]]] | None] = {}
+        self._signatures: dict[str, dict[str, int]] = {}
+        self._urls: dict[str, list[str]] | None = None
+        self._exclusions: dict[str, set[str]] | None = None
+        self._dedup: dict[str, pl.DataFrame] = {}
+        self._shard_keys = [s.key for s in input_shards(cfg)]
+
+    # ---- cached reads ----------------------------------------------------------------------------
+
+    def _table(self, folder: str, partition: str) -> dict[str, dict[str, Any]] | None:
+        """doc_id -> identity and fact columns of documents/<folder>/<partition>, None if not written."""
+        if (folder, partition) not in self._tables:
+            key = documents_key(folder, partition)
+            rows = None
+            if self.root.exists(key):
+                names = set(pl.read_parquet_schema(self.root.local_path(key)))
+                wanted = [c for c in (*IDENTITY_COLUMNS, *(c for cs in STAGE_FACTS.values() for c in cs)) if c in names]
+                rows = {r["doc_id"]: r for r in self.root.read_parquet(key, columns=wanted).iter_rows(named=True)}
+            self._tables[(folder, partition)] = rows
+        return self._tables[(folder, partition)]
+
+    def _rejected(self, folder: str, name: str) -> dict[str, list[dict[str, Any]]]:
+        """doc_id -> its rows in rejects/<folder>/<name> (empty when the file does not exist)."""
+        if (folder, name) not in self._rejects:
+            key = rejects_key(folder, name)
+            by_id: dict[str, list[dict[str, Any]]] = {}
+            if self.root.exists(key):
+                for r in self.root.read_parquet(key, columns=list(REJECT_COLUMNS)).iter_rows(named=True):
+                    by_id.setdefault(r["doc_id"], []).append(r)
+            self._rejects[(folder, name)] = by_id
+        return self._rejects[(folder, name)]
+
+    def _final_entries(self, bucket: str) -> dict[str, list[dict[str, Any]]] | None:
+        """doc_id -> its windows in the bucket's final shards, None before shuffled_shards ran."""
+        if bucket not in self._final:
+            key = bucket_entries_key("final", bucket)
+            by_id = None
+            if self.root.exists(key):
+                by_id = {}
+                table = self.root.read_parquet(key, columns=["doc_id", "shard", "start", "tokens", "window", "n_windows"])
+                for r in table.iter_rows(named=True):
+                    by_id.setdefault(r.pop("doc_id"), []).append(r)
+            self._final[bucket] = by_id
+        return self._final[bucket]
+
+    def _doc_keys(self, partition: str) -> dict[str, int]:
+        """doc_id -> dedup's doc_key for one input file (its signature table)."""
+        if partition not in self._signatures:
+            sigs = self.root.read_parquet(signatures_key(partition), columns=["doc_key", "doc_id"])
+            self._signatures[partition] = dict(zip(sigs["doc_id"].to_list(), sigs["doc_key"].to_list()))
+        return self._signatures[partition]
+
+    def _doc_id_of_key(self, doc_key: int) -> str:
+        from refinery.stages.exact_dedup import ROW_BITS
+
+        partition = self._shard_keys[doc_key >> ROW_BITS]
+        return next(d for d, k in self._doc_keys(partition).items() if k == doc_key)
+
+    def _dedup_table(self, name: str) -> pl.DataFrame:
+        """The exact drop lists, the near-dup clusters or their edges, all ranges and bands at once."""
+        if name not in self._dedup:
+            from refinery.stages.dedup_compute import scan_exact_drops
+            from refinery.stages.near_dedup import DedupSettings, band_keys
+
+            if name == "exact":
+                frame = scan_exact_drops(self.cfg, self.root).select("doc_key", "kept_doc_id", "group_size").collect()
+            elif name == "clusters":
+                frame = self.root.read_parquet(NEAR_CLUSTERS_KEY, columns=["doc_key", "keeper_doc_id", "cluster_size"])
+            else:
+                bands = band_keys(DedupSettings.from_config(self.cfg).bands)
+                frame = pl.concat([self.root.read_parquet(near_edges_key(b), columns=["src", "dst", "similarity"])
+                                   for b in bands])
+            self._dedup[name] = frame
+        return self._dedup[name]
+
+    def _url_index(self) -> dict[str, list[str]]:
+        """url -> doc_ids, over every raw_documents table and ingest's rejects."""
+        if self._urls is None:
+            self._urls = {}
+            for partition in self._shard_keys:
+                kept = {d: row["url"] for d, row in (self._table("raw_documents", partition) or {}).items()}
+                removed = {d: rows[0]["url"] for d, rows in self._rejected("raw_documents", partition).items()}
+                for doc_id, url in {**kept, **removed}.items():
+                    if url is not None:
+                        self._urls.setdefault(url, []).append(doc_id)
+        return self._urls
+
+    def _excluded_from(self, doc_id: str) -> list[str]:
+        """The phases whose manifests the contamination drop policy took the document out of."""
+        if self._exclusions is None:
+            phases = [p.name for p in self.cfg.curriculum.phases] if self.cfg.curriculum is not None else []
+            self._exclusions = {p: set(self.root.read_json(exclusions_key(p)))
+                                for p in phases if self.root.exists(exclusions_key(p))}
+        return [p for p, ids in self._exclusions.items() if doc_id in ids]
+
+    # ---- queries ---------------------------------------------------------------------------------
+
+    def doc_ids(self, key: str) -> list[str]:
+        """The documents `key` names: itself when it is a doc_id, else every document with that url."""
+        partition = partition_of(key)
+        if partition in self._shard_keys and (
+            key in (self._table("raw_documents", partition) or {}) or key in self._rejected("raw_documents", partition)
+        ):
+            return [key]
+        return sorted(self._url_index().get(key, []))
+
+    def trace(self, doc_id: str) -> dict[str, Any]:
+        """The document's path: identity, one entry per stage it reached, and where it ended."""
+        partition = partition_of(doc_id)
+        identity = (self._table("raw_documents", partition) or {}).get(doc_id) or \
+            self._rejected("raw_documents", partition)[doc_id][0]
+        out: dict[str, Any] = {k: identity[k] for k in IDENTITY_COLUMNS}
+        out["stages"], out["removed"] = [], None
+        for step in STEPS:
+            docs = self._table(step.documents, partition)
+            if docs is None:
+                out["stages"].append({"stage": step.stage, "status": "not materialized"})
+                out["not_materialized"] = step.stage
+                return out
+            removals = [r for r in self._rejected(step.rejects, partition).get(doc_id, []) if r["stage"] == step.stage]
+            if removals:
+                removed = self._removal(removals[0], partition)
+                out["stages"].append({"stage": step.stage, "status": "removed", **removed})
+                out["removed"] = {"stage": step.stage, **removed}
+                return out
+            row = docs.get(doc_id, {})
+            facts = {c: row[c] for c in STAGE_FACTS.get(step.stage, ()) if c in row}
+            out["stages"].append({"stage": step.stage, "status": "kept", **facts})
+        self._locate(out)
+        return out
+
+    def _locate(self, out: dict[str, Any]) -> None:
+        """Tokenization's verdict and the final shard windows of a document every stage kept."""
+        bucket, doc_id = out["bucket"], out["doc_id"]
+        removals = self._rejected(TOKENIZE_STAGE, bucket).get(doc_id)
+        if removals:
+            removed = self._removal(removals[0], partition_of(doc_id))
+            out["stages"].append({"stage": TOKENIZE_STAGE, "status": "removed", **removed})
+            out["removed"] = {"stage": TOKENIZE_STAGE, **removed}
+            return
+        entries = self._final_entries(bucket)
+        if entries is None:
+            out["not_materialized"] = "shuffled_shards"
+            return
+        out["final_shards"] = [
+            {"bucket": bucket, "shard": shard_name(bucket, e["shard"]), "offset": e["start"], "tokens": e["tokens"],
+             "window": e["window"], "n_windows": e["n_windows"]}
+            for e in entries.get(doc_id, [])
+        ]
+        out["excluded_from_phases"] = self._excluded_from(doc_id)
+
+    def _removal(self, reject: dict[str, Any], partition: str) -> dict[str, Any]:
+        """A reject row as `why` shows it: rule, measured value, threshold, and what was kept instead."""
+        rule, value, detail = reject["rule"], reject["value"], reject["detail"]
+        removed: dict[str, Any] = {"rule": rule, "value": value, "detail": detail}
+        if reject["stage"] == HEURISTIC_STAGE:  # its rules and custom filters put the threshold in detail
+            removed["threshold"] = detail
+        elif rule in LANGUAGE_RULES_WITH_LANGUAGE:
+            lang = self.cfg.stages.language
+            removed["language"] = detail
+            removed["threshold"] = (
+                f"score >= {lang.min_score:g}" if rule == "language/low_score"
+                else f"languages: {', '.join(lang.languages) if lang.languages != 'all' else 'all'}"
+            )
+        elif rule.startswith(EXACT_RULE_FAMILY) and rule != "exact_dedup/null_text":
+            removed.update(self._exact_duplicate(reject["doc_id"], partition))
+        elif rule.startswith(NEAR_RULE_FAMILY):
+            removed.update(self._near_duplicate(reject["doc_id"], partition))
+        return removed
+
+    def _kept_instead(self, doc_id: str | None) -> dict[str, Any]:
+        if doc_id is None:
+            return {"doc_id": None, "url": None}
+        row = (self._table("raw_documents", partition_of(doc_id)) or {}).get(doc_id, {})
+        return {"doc_id": doc_id, "url": row.get("url")}
+
+    def _exact_duplicate(self, doc_id: str, partition: str) -> dict[str, Any]:
+        key = self._doc_keys(partition)[doc_id]
+        [(_, kept, size)] = self._dedup_table("exact").filter(pl.col("doc_key") == key).rows()
+        return {"kept_instead": self._kept_instead(kept), "group_size": size,
+                "threshold": "identical text after lowercasing and collapsing whitespace; the first copy in "
+                             "source order is kept"}
+
+    def _near_duplicate(self, doc_id: str, partition: str) -> dict[str, Any]:
+        key = self._doc_keys(partition)[doc_id]
+        [(_, keeper, size)] = self._dedup_table("clusters").filter(pl.col("doc_key") == key).rows()
+        # Clusters are unions of verified pairs: the keeper may be reached through other members, so
+        # the measured value is the document's best verified similarity to any member.
+        nearest = (self._dedup_table("edges").filter((pl.col("src") == key) | (pl.col("dst") == key))
+                   .select(pl.when(pl.col("src") == key).then("dst").otherwise("src").alias("other"), "similarity")
+                   .sort("similarity", "other", descending=[True, False]).row(0, named=True))
+        return {"kept_instead": self._kept_instead(keeper), "cluster_size": size,
+                "value": float(nearest["similarity"]), "nearest": self._doc_id_of_key(nearest["other"]),
+                "threshold": f"Jaccard similarity >= {self.cfg.stages.near_dedup.threshold:g}"}
+
+
+def format_trail(t: dict[str, Any], config: str) -> str:
+    """The trail for people; `config` is the path the follow-up commands it prints should name."""
+    out = [f"doc_id {t['doc_id']}  url {t['url']}", f"source {t['source']}  bucket {t['bucket']}"]
+    for s in t["stages"]:
+        if s["status"] == "kept":
+            facts = "  ".join(f"{k} {_show(v)}" for k, v in s.items() if k not in ("stage", "status") and v is not None)
+            out.append(f"  {s['stage']:<20} kept     {facts}".rstrip())
+        elif s["status"] == "not materialized":
+            out.append(f"  {s['stage']:<20} not materialized for this input file yet")
+        else:
+            value = "" if s["value"] is None else f"value {_show(s['value'])}, "
+            if "language" in s:
+                value = f"language {s['language']} (score {_show(s['value'])}), "
+            why = f"threshold {s['threshold']}" if "threshold" in s else f"detail {s['detail']}"
+            out.append(f"  {s['stage']:<20} REMOVED  {s['rule']}: {value}{why}")
+            if "kept_instead" in s:
+                kept = s["kept_instead"]
+                size = s.get("group_size") or s.get("cluster_size")
+                nearest = f"; most similar member {s['nearest']}" if s.get("nearest") else ""
+                out.append(f"  {'':<20}          kept instead: {kept['doc_id']} ({kept['url']}), "
+                           f"one of {size} copies{nearest}")
+    if t["removed"] is not None:
+        if t["removed"]["stage"] == HEURISTIC_STAGE:
+            out.append(f"every heuristic rule it fails: refinery funnel --config {config} --explain {t['doc_id']}")
+    elif "not_materialized" in t:
+        out.append(f"its path stops where the graph does: materialize {t['not_materialized']} to go on")
+    else:
+        shards = t["final_shards"]
+        out.append(f"in the final shards of bucket {t['bucket']}: {len(shards)} window(s)")
+        out += [f"  {w['shard']} offset {w['offset']} ({w['tokens']} tokens, window {w['window'] + 1} of "
+                f"{w['n_windows']})" for w in shards]
+        if shards:
+            out.append(f"trace a token: refinery lineage --config {config} --shard {shards[0]['shard']} "
+                       f"--offset {shards[0]['offset']}")
+        if t["excluded_from_phases"]:
+            out.append(f"excluded by the contamination drop policy from phase(s): {', '.join(t['excluded_from_phases'])}")
+    return "\n".join(out)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    root = open_data_root(cfg.resolve(cfg.data_root))
+    trail = DocumentTrail(cfg, root)
+    doc_ids = trail.doc_ids(args.document)
+    if not doc_ids:
+        print(f"refinery why: no document with doc_id or url {args.document!r} in raw_documents or its rejects under "
+              f"{root.display('documents')}; check the config is the one the data root was materialized with, and "
+              f"materialize raw_documents for the input file that holds it", file=sys.stderr)
+        return 1
+    trails = [trail.trace(d) for d in doc_ids]
+    if args.json:
+        print(json.dumps(trails, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+    else:
+        print("\n\n".join(format_trail(t, args.config) for t in trails))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "why",
+        help="one document's path through the funnel: which stage removed it and why, or where its tokens are",
+        description="Follow one document (by doc_id or url; every document with that url) through every funnel "
+                    "stage it reached. A removed document shows the stage, the rule, the measured value and the "
+                    "threshold, and for dedup the document kept instead; a kept one shows its final shards and token "
+                    "offsets, which `refinery lineage --shard S --offset N` takes. It reads what the graph wrote "
+                    "under the data root.",
+        epilog="examples:\n  refinery why --config configs/demo.yaml https://example.com/page\n"
+               "  refinery why --config configs/demo.yaml web-web-00/0000015 --json",
+    )
+    p.add_argument("document", metavar="URL_OR_DOC_ID", help="a doc_id (<input file>/<record>) or a url")
+    p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
+    p.add_argument("--json", action="store_true", help="print a JSON list (one object per document)")
+    p.set_defaults(func=run, needs=READ_ONLY)

@@ -1,0 +1,111 @@
+"""`refinery why`: a document's path through the funnel on a crafted data root (helpers/funnel_trail.py),
+for a document removed by language ID, by a heuristic rule, by exact and near dedup, and one kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.funnel_trail import write_trail_corpus
+from orchestration.cli import main
+from refinery.config import load_config
+from refinery.why import DocumentTrail
+
+KEPT_PATH = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered", "exact_deduped",
+             "near_deduped", "quality_scored", "pii_redacted"]
+
+
+@pytest.fixture(scope="module")
+def trail(tmp_path_factory):
+    return write_trail_corpus(tmp_path_factory.mktemp("why"))
+
+
+def why_json(trail, key: str, capsys) -> list[dict]:
+    assert main(["why", key, "--config", str(trail.config), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def statuses(t: dict) -> list[tuple[str, str]]:
+    return [(s["stage"], s["status"]) for s in t["stages"]]
+
+
+def test_a_language_dropped_url_names_the_language_score_and_threshold(trail, capsys):
+    [t] = why_json(trail, trail.urls["a/1"], capsys)
+    assert statuses(t) == [("raw_documents", "kept"), ("extracted_text", "kept"), ("language_filtered", "removed")]
+    assert t["removed"] == {"stage": "language_filtered", "rule": "language/unwanted_language", "value": 0.93,
+                            "detail": "fr", "language": "fr", "threshold": "languages: en, de"}
+    [t] = why_json(trail, trail.doc_ids["b/2"], capsys)
+    assert (t["removed"]["rule"], t["removed"]["value"], t["removed"]["threshold"]) == ("language/low_score", 0.4, "score >= 0.65")
+    assert main(["why", trail.urls["a/1"], "--config", str(trail.config)]) == 0
+    out = capsys.readouterr().out
+    assert "language_filtered    REMOVED  language/unwanted_language: language fr (score 0.93), threshold languages: en, de" in out
+
+
+def test_a_heuristic_dropped_url_names_the_rule_value_and_threshold(trail, capsys):
+    [t] = why_json(trail, trail.urls["a/2"], capsys)
+    assert statuses(t)[-1] == ("heuristic_filtered", "removed") and len(t["stages"]) == 4
+    assert t["stages"][2] == {"stage": "language_filtered", "status": "kept", "language": "en", "language_score": 0.9}
+    assert t["removed"] == {"stage": "heuristic_filtered", "rule": "gopher_quality/min_words", "value": 3.0,
+                            "detail": "< 50", "threshold": "< 50"}
+    assert main(["why", trail.urls["a/2"], "--config", str(trail.config)]) == 0
+    out = capsys.readouterr().out
+    assert "gopher_quality/min_words: value 3, threshold < 50" in out
+    assert f"refinery funnel --config {trail.config} --explain {trail.doc_ids['a/2']}" in out
+
+
+def test_dedup_dropped_documents_name_the_document_kept_instead(trail, capsys):
+    # a/0 and its exact copy b/0 share a url: the answer covers both
+    kept, copy = why_json(trail, trail.urls["b/0"], capsys)
+    assert (kept["doc_id"], copy["doc_id"]) == (trail.doc_ids["a/0"], trail.doc_ids["b/0"])
+    assert kept["removed"] is None and statuses(copy)[-1] == ("exact_deduped", "removed")
+    exact = copy["removed"]
+    assert (exact["rule"], exact["group_size"]) == ("exact_dedup/duplicate", 2)
+    assert exact["kept_instead"] == {"doc_id": trail.doc_ids["a/0"], "url": trail.urls["a/0"]}
+
+    [t] = why_json(trail, trail.urls["b/1"], capsys)
+    near = t["removed"]
+    assert statuses(t)[-2:] == [("exact_deduped", "kept"), ("near_deduped", "removed")]
+    assert (near["rule"], near["cluster_size"], near["threshold"]) == ("near_dedup/duplicate", 2, "Jaccard similarity >= 0.8")
+    assert 0.8 <= near["value"] < 1.0 and near["nearest"] == trail.doc_ids["a/4"]
+    assert near["kept_instead"] == {"doc_id": trail.doc_ids["a/4"], "url": trail.urls["a/4"]}
+    assert main(["why", trail.urls["b/1"], "--config", str(trail.config)]) == 0
+    assert f"kept instead: {trail.doc_ids['a/4']} ({trail.urls['a/4']}), one of 2 copies" in capsys.readouterr().out
+
+
+def test_a_kept_url_shows_every_stage_and_where_its_tokens_are(trail, capsys):
+    [t] = why_json(trail, trail.urls["a/4"], capsys)
+    assert statuses(t) == [(s, "kept") for s in KEPT_PATH] and t["removed"] is None
+    assert t["stages"][5] == {"stage": "near_deduped", "status": "kept", "dup_cluster": trail.doc_ids["a/4"],
+                              "dup_cluster_size": 2}
+    assert t["final_shards"] == [{"bucket": "web", "shard": "web/shard-00001", "offset": 0, "tokens": 16, "window": 0,
+                                  "n_windows": 1}]
+    [t] = why_json(trail, trail.doc_ids["a/0"], capsys)
+    assert [(w["shard"], w["offset"], w["tokens"]) for w in t["final_shards"]] == [("web/shard-00000", 0, 40),
+                                                                                 ("web/shard-00001", 16, 24)]
+    assert main(["why", trail.doc_ids["a/0"], "--config", str(trail.config)]) == 0
+    out = capsys.readouterr().out
+    assert "web/shard-00001 offset 16 (24 tokens, window 2 of 2)" in out
+    assert f"refinery lineage --config {trail.config} --shard web/shard-00000 --offset 0" in out
+
+
+def test_a_document_removed_before_language_id_and_an_unknown_one(trail, capsys):
+    [t] = why_json(trail, trail.doc_ids["a/5"], capsys)
+    assert t["removed"] == {"stage": "extracted_text", "rule": "extract/empty_text", "value": None,
+                            "detail": "no text after extraction"}
+    assert main(["why", "https://nowhere.example/", "--config", str(trail.config)]) == 1
+    assert "no document with doc_id or url 'https://nowhere.example/'" in capsys.readouterr().err
+
+
+def test_queries_after_the_first_read_no_table_again(trail, monkeypatch):
+    """What makes a repeated query take milliseconds: every table is read once per data root."""
+    lookups = DocumentTrail(load_config(trail.config), trail.root)
+    keys = [trail.urls[d] for d in ("a/1", "a/2", "b/1", "a/4")] + [trail.doc_ids["b/0"]]
+    first = [[lookups.trace(d) for d in lookups.doc_ids(key)] for key in keys]
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError(f"read again: {args}")
+
+    monkeypatch.setattr(type(trail.root), "read_parquet", no_reads)
+    monkeypatch.setattr(type(trail.root), "read_json", no_reads)
+    assert [[lookups.trace(d) for d in lookups.doc_ids(key)] for key in keys] == first
