@@ -17,6 +17,7 @@ from refinery.config import load_config
 from refinery.documents import input_batches
 
 from helpers.configs import demo_config, write_config
+from helpers.materialize import in_memory_instance
 
 PHASES = ["anneal", "main", "reasoning", "warmup"]
 BATCH_STAGES = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered", "dedup_signatures"]
@@ -66,11 +67,11 @@ def test_a_new_input_batch_flows_to_the_manifests_and_scans_once(tmp_path):
     defs = build_definitions(str(config))
     graph = defs.resolve_asset_graph()
     *old, new = [b.key for b in input_batches(load_config(config))]
-    with dg.instance_for_test() as instance:
+    with in_memory_instance(tmp_path / "never_materialized") as instance:
         instance.add_dynamic_partitions(INPUT_BATCHES, old)
         assert dg.evaluate_automation_conditions(defs=defs, instance=instance).total_requested == 0, \
             "a graph never materialized is left to the first backfill"
-    with dg.instance_for_test() as instance:
+    with in_memory_instance(tmp_path / "as_the_demo_leaves_it") as instance:
         def record(name: str, partitions) -> None:
             for partition in partitions:
                 instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=name, partition=partition))

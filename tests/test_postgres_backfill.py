@@ -21,6 +21,7 @@ from dagster import job, op
 
 from orchestration.demo import QUIET_RUN_CONFIG
 from helpers.digests import digests
+from helpers.materialize import in_memory_instance
 from helpers.pg_instance import (
     RUN_CONFIG, BackfillDriver, backfill_selection, descendants, max_overlap, run_groups, sample_config,
     started_pid,
@@ -62,11 +63,10 @@ def test_backfill_on_postgres_with_daemon(local_instance_factory, tmp_path):
     from orchestration.definitions import build_definitions
     from orchestration.demo import materialize_graph
 
-    # Reference: the in-process demo path, on its own data root and a throwaway SQLite instance.
+    # Reference: the in-process demo path, on its own data root and a throwaway in-memory instance.
     reference_config = sample_config(tmp_path, "in_process")
     reference_defs = build_definitions(reference_config)
-    (tmp_path / "reference_home").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "reference_home")) as reference:
+    with in_memory_instance(tmp_path / "reference_home") as reference:
         materialize_graph(reference_defs, reference, backfill_selection(reference_defs), log=lambda line: None,
                           run_config=QUIET_RUN_CONFIG)
     expected = content_digests(tmp_path / "out" / "in_process")

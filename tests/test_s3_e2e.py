@@ -102,14 +102,6 @@ def run_graph(config_path: str, instance, log=lambda line: None, through: str | 
     materialize_graph(defs, instance, selection, log=log)
 
 
-def dagster_test_instance(tmp_path: Path, name: str):
-    import dagster as dg
-
-    home = tmp_path / name
-    home.mkdir()
-    return dg.instance_for_test(temp_dir=str(home))
-
-
 def all_event_text(instance) -> str:
     """Every event of every run (logs, materialization metadata, failures) as text."""
     return "\n".join(repr(entry) for run in instance.get_runs() for entry in instance.all_logs(run.run_id))
@@ -120,9 +112,11 @@ def test_graph_runs_on_s3_through_manifests_and_training(s3_env, tmp_path, caplo
     from refinery.curriculum import read_manifest
     from refinery.config import load_config
 
+    from helpers.materialize import in_memory_instance
+
     config_path = s3_config(tmp_path, "e2e")
     cfg = load_config(config_path)
-    with dagster_test_instance(tmp_path, "dagster_home") as instance:
+    with in_memory_instance(tmp_path / "dagster_home") as instance:
         with caplog.at_level(logging.DEBUG):
             run_graph(config_path, instance)
         events = all_event_text(instance)
@@ -149,9 +143,11 @@ OUTAGE_GRAPH_END = "pii_redacted"
 
 @pytest.mark.slow
 def test_outage_mid_materialization_fails_cleanly_and_retry_matches_a_clean_run(s3_env, tmp_path):
+    from helpers.materialize import in_memory_instance
+
     clean_cfg = s3_config(tmp_path, "clean")
     fault_cfg = s3_config(tmp_path, "fault")
-    with dagster_test_instance(tmp_path, "home_clean") as instance:
+    with in_memory_instance(tmp_path / "home_clean") as instance:
         run_graph(clean_cfg, instance, through=OUTAGE_GRAPH_END)
     clean = content_digests(S3DataRoot("s3://refinery/clean", cache_dir=tmp_path / "c1"))
 
@@ -162,7 +158,7 @@ def test_outage_mid_materialization_fails_cleanly_and_retry_matches_a_clean_run(
         if len(groups_done) == 1:
             s3_env.stop()
 
-    with dagster_test_instance(tmp_path, "home_fault") as instance:
+    with in_memory_instance(tmp_path / "home_fault") as instance:
         with pytest.raises(Exception) as info:
             run_graph(fault_cfg, instance, log=stop_after_first_group, through=OUTAGE_GRAPH_END)
         message = "".join(str(e) for e in _exception_chain(info.value))
