@@ -62,6 +62,17 @@ def test_chunked_linear_cross_entropy_matches_the_full_logits_loss_and_gradients
         assert not linear_cross_entropy(h, w, targets).requires_grad
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_in_place_loss_kernel_is_bit_identical_to_the_out_of_place_one(dtype):
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(37, 53, generator=gen) * 4).to(dtype)
+    targets = torch.randint(0, 53, (37,), generator=gen)
+    targets[::5] = IGNORE
+    for want, got in zip(loss_module._loss_and_dlogits(logits, targets),
+                         loss_module._loss_and_dlogits_in_place(logits, targets)):
+        assert want.dtype == got.dtype and torch.equal(want, got)
+
+
 def test_the_gradient_of_a_summed_loss_takes_the_forward_gradients_without_a_host_read(monkeypatch):
     """What the trainer backpropagates, sum / n: autograd hands the loss an expanded scalar, which
     scales the gradients made in forward on the device (no recompute, no `bool()` of a tensor)."""
