@@ -32,6 +32,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -259,27 +260,28 @@ def parse_shard(shard: str) -> tuple[str, str, str]:
     return stage, m["bucket"], f"{bucket_shards_prefix(stage, m['bucket'])}/{m['shard']}"
 
 
-def _find_shard(root: DataRoot, cfg: RefineryConfig, shard: str) -> tuple[str, str, int, dict[str, Any], int, str]:
-    """(stage, bucket, number, shard ref, entries before it in the bucket, sha256 of the bucket index)."""
-    stage, bucket, prefix = parse_shard(shard)
-    if bucket not in cfg.buckets:
-        raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {cfg.buckets}")
+@dataclass(frozen=True)
+class ShardDirectory:
+    """One bucket's shards at one stage, from its index.json: by prefix, (number, ref, entries before
+    it in the bucket); and the index's sha256."""
+
+    shards: dict[str, tuple[int, dict[str, Any], int]]
+    names: list[str]
+    sha256: str
+
+
+def read_shard_directory(root: DataRoot, stage: str, bucket: str) -> ShardDirectory:
     key = shard_index_key(stage, bucket)
     try:
         raw = root.read_bytes(key)
     except FileNotFoundError:
         raise LineageError(f"{root.display(key)}: no {stage} shards for bucket {bucket!r}; materialize them first") from None
+    shards, before = {}, 0
     refs = json.loads(raw)["shards"]
-    before = 0
     for number, ref in enumerate(refs):
-        if ref["prefix"] == prefix:
-            return stage, bucket, number, ref, before, hashlib.sha256(raw).hexdigest()
+        shards[ref["prefix"]] = (number, ref, before)
         before += ref["entries"]
-    names = [r["prefix"].rsplit("/", 1)[-1] for r in refs]
-    raise LineageError(
-        f"shard {shard!r}: unknown shard; bucket {bucket!r} has {len(refs)} {stage} shards"
-        + (f" ({names[0]} .. {names[-1]})" if names else "")
-    )
+    return ShardDirectory(shards, [r["prefix"].rsplit("/", 1)[-1] for r in refs], hashlib.sha256(raw).hexdigest())
 
 
 def _read_json(root: DataRoot, key: str, missing: str) -> Any:
@@ -299,14 +301,38 @@ def _check_hash(path: str, want: str) -> str:
 
 
 class LineageIndex:
-    """The on-disk lineage index of one data root. Holds nothing but the small index.json."""
+    """The on-disk lineage index of one data root: the small index.json, and what queries reuse (the
+    tokenizer, each bucket's shard directory, re-read when its file changes)."""
 
     def __init__(self, root: DataRoot, cfg: RefineryConfig):
         self.root, self.cfg = root, cfg
         self._tokenizer: Any = None
+        self._directories: dict[str, tuple[tuple[int, int] | None, ShardDirectory]] = {}
         self.index = _read_json(root, LINEAGE_INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
         if self.index.get("version") != LINEAGE_VERSION:
             raise LineageError(f"{root.display(LINEAGE_INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
+
+    def find_shard(self, shard: str) -> tuple[str, str, int, dict[str, Any], int, str]:
+        """(stage, bucket, number, shard ref, entries before it in the bucket, sha256 of the bucket
+        index); each bucket's index.json parsed once per version of the file."""
+        stage, bucket, prefix = parse_shard(shard)
+        if bucket not in self.cfg.buckets:
+            raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {self.cfg.buckets}")
+        key = shard_index_key(stage, bucket)
+        version = file_version(self.root, key) if self.root.exists(key) else None
+        cached = self._directories.get(key)
+        if cached is None or cached[0] != version:
+            cached = (version, read_shard_directory(self.root, stage, bucket))
+            self._directories[key] = cached
+        directory = cached[1]
+        if prefix not in directory.shards:
+            names = directory.names
+            raise LineageError(
+                f"shard {shard!r}: unknown shard; bucket {bucket!r} has {len(names)} {stage} shards"
+                + (f" ({names[0]} .. {names[-1]})" if names else "")
+            )
+        number, ref, before = directory.shards[prefix]
+        return stage, bucket, number, ref, before, directory.sha256
 
     def document(self, doc_id: str) -> dict[str, Any]:
         """The lineage row of `doc_id`, read from its input file's part (memory-mapped), with every
@@ -343,7 +369,7 @@ class LineageIndex:
     def resolve(self, shard: str, offset: int, context: int = CONTEXT_TOKENS) -> dict[str, Any]:
         import pyarrow.parquet as pq
 
-        stage, bucket, number, ref, before, bucket_sha = _find_shard(self.root, self.cfg, shard)
+        stage, bucket, number, ref, before, bucket_sha = self.find_shard(shard)
         prefix = ref["prefix"]
         try:
             local = str(self.root.local_path(prefix + ".idx"))[: -len(".idx")]  # the shard's files sit together
