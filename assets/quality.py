@@ -1,9 +1,10 @@
 """`quality_model` (global), `quality_scored` and `pii_redacted` (per input batch, outputs per file).
 
 quality_model trains the classifier on every `deduped` partition of the positive and negative
-buckets (refinery/stages/quality_training.py) and publishes `models/quality/quality-<hash>.pt` plus
-the `models/quality/latest.json` pointer. quality_scored scores each shard with the model the
-pointer names; pii_redacted runs the safety filter and then PII redaction (`refinery.stages.pii`).
+buckets, streamed in bounded batches (refinery/stages/quality_training.py), and publishes
+`models/quality/quality-<hash>.pt` plus the `models/quality/latest.json` pointer. quality_scored
+scores each shard with the model the pointer names; pii_redacted runs the safety filter and then
+PII redaction (`refinery.stages.pii`).
 """
 
 import dagster as dg

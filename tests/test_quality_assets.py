@@ -10,7 +10,7 @@ import pytest
 
 from assets.provenance import NOT_APPLICABLE, PROVENANCE_KEYS
 from assets import quality
-from refinery.stages.quality_training import training_documents
+from refinery.stages.quality_training import training_batches
 from refinery.stages import quality as q
 from refinery.stages.pii import PLACEHOLDERS
 from refinery.config import load_config
@@ -239,17 +239,19 @@ def test_disabled_classifier_trains_nothing_and_keeps_every_document(tmp_path):
         assert root.read_parquet(documents_key("pii_redacted", shard.key)).height == (38 if shard.bucket == "web" else 40)
 
 
-def test_training_reads_only_the_capped_documents_and_trains_the_same_model(tmp_path):
+def test_training_streams_only_the_capped_documents_and_trains_the_same_model(tmp_path):
     config_path = write_config(tmp_path, max_train_docs_per_class=5)
     cfg, root = seed_deduped(config_path)
-    chosen = training_documents(cfg, root)
+    read = training_batches(cfg, root)
+    assert max(batch.height for batch in read()) <= q.FEATURIZE_DOCS
+    chosen = q.streamed_training_set(read, ["books", "wiki"], ["web"], 5, cfg.seed)
     assert chosen.group_by(pl.col("bucket") == "web").len()["len"].to_list() == [5, 5]
     everything = pl.concat([root.read_parquet(documents_key("deduped", s.key)) for s in input_shards(cfg)])
     args = dict(num_features=4096, ngram=2, epochs=5, learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000,
                 max_docs_per_class=5, seed=cfg.seed)
-    from_chosen, _ = q.train_quality_model(chosen, ["books", "wiki"], ["web"], **args)
+    from_stream, _ = q.train_quality_model(read, ["books", "wiki"], ["web"], **args)
     from_all, _ = q.train_quality_model(everything, ["books", "wiki"], ["web"], **args)
-    assert from_chosen.to_bytes() == from_all.to_bytes()
+    assert from_stream.to_bytes() == from_all.to_bytes()
 
 
 @pytest.mark.slow

@@ -18,6 +18,13 @@ class ExtractConfig(Section):
     main_content: bool = True
     min_text_chars: int = Field(default=1, ge=0)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # Ingest hands records on, and writes raw_documents (one row group each), in batches of at
+    # most this many records.
+    batch_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+    # An ingest batch also holds at most this many bytes of text (and at least one record). With
+    # max_record_bytes, what bounds a worker's memory whatever an input file's size or compression
+    # ratio; a Parquet or Arrow table is decoded batch_bytes / max_record_bytes rows at a time.
+    batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024, le=4 * 1024 * 1024 * 1024)
     # Deeper pages are rejected unparsed (extract/too_deep); Blink stops nesting at 512 levels.
     max_tag_depth: int = Field(default=1000, ge=1)
     html_content_types: list[str] = Field(default_factory=lambda: ["text/html", "application/xhtml+xml"])
@@ -146,9 +153,13 @@ class QualityConfig(Section):
     # 50 MB single-line record; 100k characters (about 17k words) is far more text than a linear
     # n-gram model needs to place a document.
     max_chars: int = Field(default=100_000, ge=1)
-    # Training reads at most this many documents per class, picked by doc_id hash (DCLM trained
+    # Training keeps at most this many documents per class, picked by doc_id hash (DCLM trained
     # its fastText filter on ~400k examples; more adds little to a linear model).
     max_train_docs_per_class: int = Field(default=200_000, ge=1)
+    # Training keeps at most this many MiB of hashed features in memory at once (4 bytes per word
+    # n-gram); the rest wait in a temporary file and each epoch visits them a chunk at a time, in
+    # a seeded order. One chunk holds the whole training set of a small corpus.
+    train_chunk_mb: int = Field(default=64, ge=1)
 
 
 class PiiConfig(Section):

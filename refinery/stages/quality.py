@@ -13,7 +13,11 @@ scores the same features in any process.
 Training is torch (an `EmbeddingBag` of width 1 and `torch.optim.Adagrad`, which suits sparse
 features), seeded and run with `torch.use_deterministic_algorithms`: the same documents, config and
 seed give the same weights and therefore the same model file bytes. The held-out set is chosen by a
-hash of each doc_id, so it does not depend on the order documents arrive in.
+hash of each doc_id, so it does not depend on the order documents arrive in. Training streams: it
+reads the documents in slices of FEATURIZE_DOCS, spills their hashed features to a temporary file
+and trains on one chunk of at most `chunk_bytes` of features at a time, so its memory is bounded by
+those two and by `max_docs_per_class` (a few small columns per chosen document), never by the
+corpus (`train_quality_model`).
 
 `QualityScorer` scores a table in batches (one featurization and one `EmbeddingBag` call per
 batch, not one per document), adds `quality_score`, and drops documents below the threshold with
@@ -25,15 +29,18 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import tempfile
 import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import polars as pl
 
+from refinery.config import QualityConfig
 from refinery.stages.base import Outcome, RecordStage, StageOutput
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
@@ -45,6 +52,15 @@ LATEST_KEY = f"{QUALITY_MODEL_DIR}/latest.json"
 WORD_PATTERN = r"\w+"
 SCORE_BATCH_DOCS = 2048
 TRAIN_BATCH_DOCS = 32
+# Training reads and featurizes at most this many documents at once: with `max_chars` 100k, a
+# slice's text and word table stay within tens of MB however large the corpus.
+FEATURIZE_DOCS = 256
+# The hashed features training holds in memory at once, unless told: stages.quality's default.
+DEFAULT_CHUNK_BYTES = QualityConfig.model_fields["train_chunk_mb"].default << 20
+
+# A function that starts a fresh pass over the training documents (tables with doc_id, bucket and
+# text) each time it is called: training reads them twice.
+DocumentBatches = Callable[[], Iterable[pl.DataFrame]]
 
 _MIX_MUL = np.uint64(GOLDEN_GAMMA)
 
@@ -63,7 +79,7 @@ class Features:
     """Hashed n-gram buckets of a batch of documents in CSR form: document i owns
     `indices[indptr[i]:indptr[i+1]]`."""
 
-    indices: np.ndarray  # int64 bucket ids
+    indices: np.ndarray  # bucket ids: int64, or int32 as read back from a FeatureSpill
     indptr: np.ndarray  # int64, len = documents + 1
 
     @property
@@ -187,10 +203,28 @@ class QualityModel:
         with torch.no_grad(), reproducible_torch():
             for start in range(0, len(texts), batch_docs):
                 feats = hash_features(texts.slice(start, batch_docs), self.num_features, self.ngram, self.max_chars)
-                indices, offsets = feats.rows(np.arange(feats.num_docs))
-                logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
-                out[start : start + feats.num_docs] = torch.sigmoid(logits).double().numpy()
+                out[start : start + feats.num_docs] = self._probabilities(bag, feats, np.arange(feats.num_docs))
         return out
+
+    def score_features(self, feats: Features, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
+        """`score` of documents already featurized (with this model's num_features, ngram and
+        max_chars), `batch_docs` at a time: EmbeddingBag's int64 work arrays are several times
+        the int32 features, so a whole chunk at once would cost several chunks of memory."""
+        import torch
+
+        bag = self._bag()
+        with torch.no_grad(), reproducible_torch():
+            return np.concatenate([np.zeros(0)] + [
+                self._probabilities(bag, feats, np.arange(start, min(start + batch_docs, feats.num_docs)))
+                for start in range(0, feats.num_docs, batch_docs)
+            ])
+
+    def _probabilities(self, bag, feats: Features, docs: np.ndarray) -> np.ndarray:
+        import torch
+
+        indices, offsets = feats.rows(docs)
+        logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
+        return torch.sigmoid(logits).double().numpy()
 
     # ---- file format --------------------------------------------------------------------------
 
@@ -282,6 +316,32 @@ def _binary_metrics(scores: np.ndarray, labels: np.ndarray) -> tuple[float | Non
     return accuracy, precision, recall
 
 
+def _labelled(index: pl.DataFrame, positive: list[str], negative: list[str], seed: int) -> pl.DataFrame:
+    """The rows of a text index (doc_id, bucket, chars) that can train: with text, in a positive
+    (label 1) or negative (label 0) bucket; adds `label` and `_key` (the doc_id hash)."""
+    labelled = index.filter(pl.col("bucket").is_in(positive + negative) & (pl.col("chars") > 0))
+    return labelled.with_columns(label=pl.col("bucket").is_in(positive).cast(pl.Int8),
+                                 _key=pl.Series(doc_hash_fraction(labelled["doc_id"], seed), dtype=pl.Float64))
+
+
+def _cap_per_class(labelled: pl.DataFrame, max_docs_per_class: int) -> pl.DataFrame:
+    """Each class's `max_docs_per_class` smallest `_key`s (ties by doc_id), sorted by doc_id. The
+    choice depends on the set of rows alone, so capping batch by batch chooses what capping the
+    whole table at once does."""
+    ranked = labelled.sort("_key", "doc_id")
+    return ranked.filter(pl.int_range(pl.len()).over("label") < max_docs_per_class).sort("doc_id")
+
+
+def _require_both_classes(chosen: pl.DataFrame, positive: list[str], negative: list[str]) -> None:
+    for label, field, buckets in ((1, "positive_buckets", positive), (0, "negative_buckets", negative)):
+        if chosen.filter(pl.col("label") == label).height == 0:
+            raise NoTrainingData(
+                f"quality classifier: no documents with text in stages.quality.{field} {buckets}; "
+                f"add a source in one of those buckets, or point stages.quality.{field} at buckets that have "
+                "documents, or set stages.quality.enabled: false to run without a classifier"
+            )
+
+
 def training_set(
     index: pl.DataFrame, positive: list[str], negative: list[str], max_docs_per_class: int, seed: int
 ) -> pl.DataFrame:
@@ -289,19 +349,9 @@ def training_set(
     (text length): those with text in a positive (label 1) or negative (label 0) bucket, at most
     `max_docs_per_class` per class (the smallest doc_id hashes), sorted by doc_id. Adds `label` and
     `_key` (the hash). Raises NoTrainingData naming the config field when a class is empty."""
-    labelled = index.filter(pl.col("bucket").is_in(positive + negative) & (pl.col("chars") > 0))
-    labelled = labelled.with_columns(label=pl.col("bucket").is_in(positive).cast(pl.Int8))
-    for label, field, buckets in ((1, "positive_buckets", positive), (0, "negative_buckets", negative)):
-        if labelled.filter(pl.col("label") == label).height == 0:
-            raise NoTrainingData(
-                f"quality classifier: no documents with text in stages.quality.{field} {buckets}; "
-                f"add a source in one of those buckets, or point stages.quality.{field} at buckets that have "
-                "documents, or set stages.quality.enabled: false to run without a classifier"
-            )
-    labelled = labelled.sort("doc_id")
-    return labelled.with_columns(_key=pl.Series(doc_hash_fraction(labelled["doc_id"], seed))).filter(
-        pl.col("_key").rank("ordinal").over("label") <= max_docs_per_class
-    )
+    chosen = _cap_per_class(_labelled(index, positive, negative, seed), max_docs_per_class)
+    _require_both_classes(chosen, positive, negative)
+    return chosen
 
 
 def text_index(docs: pl.DataFrame) -> pl.DataFrame:
@@ -309,8 +359,80 @@ def text_index(docs: pl.DataFrame) -> pl.DataFrame:
     return docs.select("doc_id", "bucket", chars=pl.col("text").str.len_chars().fill_null(0))
 
 
+def _bounded(batches: Iterable[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    """The tables cut into slices of at most FEATURIZE_DOCS rows."""
+    for batch in batches:
+        yield from batch.iter_slices(FEATURIZE_DOCS)
+
+
+def streamed_training_set(
+    read: DocumentBatches, positive: list[str], negative: list[str], max_docs_per_class: int, seed: int
+) -> pl.DataFrame:
+    """`training_set` over one pass of `read`, holding the chosen rows so far plus at most about as
+    many candidates: memory grows with `max_docs_per_class`, never with the corpus."""
+    chosen = _labelled(pl.DataFrame(schema={"doc_id": pl.String, "bucket": pl.String, "chars": pl.UInt32}),
+                       positive, negative, seed)
+    pending: list[pl.DataFrame] = []
+    pending_rows = 0
+    for batch in _bounded(read()):
+        candidates = _labelled(text_index(batch), positive, negative, seed)
+        pending.append(candidates)
+        pending_rows += candidates.height
+        if pending_rows >= 2 * max_docs_per_class:
+            chosen, pending, pending_rows = _cap_per_class(pl.concat([chosen, *pending]), max_docs_per_class), [], 0
+    chosen = _cap_per_class(pl.concat([chosen, *pending]), max_docs_per_class)
+    _require_both_classes(chosen, positive, negative)
+    return chosen
+
+
+class FeatureSpill:
+    """The training documents' hashed features (int32 bucket ids) in one file on local disk,
+    appended in the order documents are read and read back one chunk of documents at a time, so
+    the whole training set's features are never in memory together."""
+
+    def __init__(self, directory: str):
+        self.file = open(f"{directory}/features.i32", "w+b")
+        self.items = 0
+
+    def append(self, feats: Features) -> np.ndarray:
+        """Write a batch's features; returns where each of its documents starts, in items."""
+        self.file.write(feats.indices.astype(np.int32).tobytes())
+        starts = self.items + feats.indptr[:-1]
+        self.items += len(feats.indices)
+        return starts
+
+    def read(self, starts: np.ndarray, lengths: np.ndarray) -> Features:
+        """The documents at `starts` (with `lengths` items each), in that order, as Features."""
+        self.file.flush()
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        indices = np.empty(int(indptr[-1]), dtype=np.int32)
+        fd = self.file.fileno()
+        for pos in np.argsort(starts, kind="stable").tolist():  # file order: sequential reads
+            if lengths[pos]:
+                os.preadv(fd, [indices[indptr[pos] : indptr[pos + 1]]], int(starts[pos]) * 4)
+        return Features(indices=indices, indptr=indptr)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def chunk_bounds(lengths: np.ndarray, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive [start, end) runs of documents whose features (4 bytes an item, as
+    `FeatureSpill.read` returns them) stay within `chunk_bytes`; a document larger than that is a
+    chunk of its own."""
+    bounds, start, held = [], 0, 0
+    for i, n in enumerate((lengths * 4).tolist()):
+        if i > start and held + n > chunk_bytes:
+            bounds.append((start, i))
+            start, held = i, 0
+        held += n
+    if start < len(lengths):
+        bounds.append((start, len(lengths)))
+    return bounds
+
+
 def train_quality_model(
-    docs: pl.DataFrame,
+    docs: pl.DataFrame | DocumentBatches,
     positive: list[str],
     negative: list[str],
     *,
@@ -322,64 +444,105 @@ def train_quality_model(
     max_chars: int,
     max_docs_per_class: int,
     seed: int,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> tuple[QualityModel, TrainingReport]:
-    """Fit the classifier on `docs` (columns doc_id, bucket, text) and measure it on a held-out
-    slice chosen by doc_id hash. Each class keeps at most `max_docs_per_class` documents, the
-    ones with the smallest doc_id hashes."""
+    """Fit the classifier on `docs` (columns doc_id, bucket, text: one table, or a function that
+    starts a fresh pass over tables each call) and measure it on a held-out slice chosen by doc_id
+    hash. Each class keeps at most `max_docs_per_class` documents, the ones with the smallest
+    doc_id hashes.
+
+    Memory is bounded, not proportional to the corpus: pass 1 reads the documents FEATURIZE_DOCS
+    at a time and keeps only the chosen doc_ids (`streamed_training_set`); pass 2 reads them again,
+    featurizes each slice and spills the features to a temporary file (`FeatureSpill`, under
+    TMPDIR); every epoch then loads one chunk of at most `chunk_bytes` of features at a time.
+
+    Deterministic: the result depends on the set of documents, never on the order of the tables or
+    where a batch ends. The chosen set and the held-out split come from doc_id hashes; the training
+    documents are ranked by hash (ties by doc_id) and cut into chunks by feature bytes in that
+    rank order; each epoch visits the chunks, and the documents within a chunk, in an order drawn
+    from a generator seeded with `seed`; torch runs deterministic algorithms on one thread."""
     import torch
 
     start = time.perf_counter()
-    chosen = training_set(text_index(docs), positive, negative, max_docs_per_class, seed)
-    labelled = chosen.join(docs.select("doc_id", "text"), on="doc_id", how="left", maintain_order="left")
-    labels = labelled["label"].to_numpy().astype(np.int64)
-    holdout = split_holdout(labels, labelled["_key"].to_numpy(), holdout_fraction)
-    feats = hash_features(labelled["text"], num_features, ngram, max_chars)
-    train_rows = np.flatnonzero(~holdout)
-    n_pos = int(labels[train_rows].sum())
-    n_neg = len(train_rows) - n_pos
+    read = (lambda: [docs]) if isinstance(docs, pl.DataFrame) else docs
+    chosen = streamed_training_set(read, positive, negative, max_docs_per_class, seed)
+    holdout = split_holdout(chosen["label"].to_numpy(), chosen["_key"].to_numpy(), holdout_fraction)
+    # `slot`: a document's place in rank order among the training (or the held-out) documents.
+    plan = chosen.with_columns(holdout=pl.Series(holdout)).sort("_key", "doc_id").with_columns(
+        slot=pl.int_range(pl.len()).over("holdout"))
+    train_plan, held_plan = plan.filter(~pl.col("holdout")), plan.filter(pl.col("holdout"))
+    starts = {False: np.zeros(train_plan.height, np.int64), True: np.zeros(held_plan.height, np.int64)}
+    lengths = {False: np.zeros(train_plan.height, np.int64), True: np.zeros(held_plan.height, np.int64)}
+    targets = torch.from_numpy(train_plan["label"].to_numpy().astype(np.float32))
+    n_pos = int(train_plan["label"].sum())
+    n_neg = train_plan.height - n_pos
 
-    # The sparse gradients come from EmbeddingBag itself, so torch's invariant checks are skipped
-    # explicitly (they only warn that they are off).
-    with reproducible_torch(), torch.sparse.check_sparse_tensor_invariants(enable=False):
-        generator = torch.Generator().manual_seed(seed)
-        # Sparse gradients: each step touches only the buckets of its batch's documents.
-        bag = torch.nn.EmbeddingBag(num_features, 1, mode="mean", sparse=True)
-        bias = torch.nn.Parameter(torch.zeros(()))
-        with torch.no_grad():
-            bag.weight.zero_()
-        optimizer = torch.optim.Adagrad([bag.weight, bias], lr=learning_rate)
-        # Weight the positives so each class carries the same total loss: curated buckets are
-        # usually much smaller than web.
-        loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(n_neg / max(n_pos, 1)))
-        targets = torch.from_numpy(labels.astype(np.float32))
-        for _ in range(epochs):
-            order = train_rows[torch.randperm(len(train_rows), generator=generator).numpy()]
-            for b in range(0, len(order), TRAIN_BATCH_DOCS):
-                batch = order[b : b + TRAIN_BATCH_DOCS]
-                indices, offsets = feats.rows(batch)
-                logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + bias
-                loss = loss_fn(logits, targets[torch.from_numpy(batch)])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+    with tempfile.TemporaryDirectory(prefix="quality-features-") as spill_dir:
+        spill = FeatureSpill(spill_dir)
+        try:
+            wanted = plan.select("doc_id", "holdout", "slot")
+            for batch in _bounded(read()):
+                rows = batch.select("doc_id", "text").join(wanted, on="doc_id", how="inner", maintain_order="left")
+                if rows.height == 0:
+                    continue
+                feats = hash_features(rows["text"], num_features, ngram, max_chars)
+                first = spill.append(feats)
+                for held in (False, True):
+                    mine = (rows["holdout"] == held).to_numpy()
+                    slots = rows["slot"].to_numpy()[mine]
+                    starts[held][slots] = first[mine]
+                    lengths[held][slots] = np.diff(feats.indptr)[mine]
 
-    model = QualityModel(bag.weight.detach().view(-1).clone(), bias.detach().clone(), num_features, ngram, max_chars)
-    held = labelled.filter(pl.Series(holdout))
-    accuracy, precision, recall = _binary_metrics(model.score(held["text"]), labels[holdout])
+            # The sparse gradients come from EmbeddingBag itself, so torch's invariant checks are
+            # skipped explicitly (they only warn that they are off).
+            with reproducible_torch(), torch.sparse.check_sparse_tensor_invariants(enable=False):
+                generator = torch.Generator().manual_seed(seed)
+                # Sparse gradients: each step touches only the buckets of its batch's documents.
+                bag = torch.nn.EmbeddingBag(num_features, 1, mode="mean", sparse=True)
+                bias = torch.nn.Parameter(torch.zeros(()))
+                with torch.no_grad():
+                    bag.weight.zero_()
+                optimizer = torch.optim.Adagrad([bag.weight, bias], lr=learning_rate)
+                # Weight the positives so each class carries the same total loss: curated buckets
+                # are usually much smaller than web.
+                loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(n_neg / max(n_pos, 1)))
+                chunks = chunk_bounds(lengths[False], chunk_bytes)
+                for _ in range(epochs):
+                    for c in torch.randperm(len(chunks), generator=generator).tolist():
+                        lo, hi = chunks[c]
+                        feats = spill.read(starts[False][lo:hi], lengths[False][lo:hi])
+                        order = torch.randperm(hi - lo, generator=generator).numpy()
+                        for b in range(0, len(order), TRAIN_BATCH_DOCS):
+                            batch = order[b : b + TRAIN_BATCH_DOCS]
+                            indices, offsets = feats.rows(batch)
+                            logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + bias
+                            loss = loss_fn(logits, targets[torch.from_numpy(batch + lo)])
+                            optimizer.zero_grad()
+                            loss.backward()
+                            optimizer.step()
 
-    def by_bucket(mask: np.ndarray) -> dict[str, int]:
-        rows = labelled.filter(pl.Series(mask)).group_by("bucket").len().sort("bucket")
-        return dict(rows.iter_rows())
+            model = QualityModel(bag.weight.detach().view(-1).clone(), bias.detach().clone(), num_features, ngram,
+                                 max_chars)
+            held_scores = np.concatenate([np.zeros(0)] + [
+                model.score_features(spill.read(starts[True][lo:hi], lengths[True][lo:hi]))
+                for lo, hi in chunk_bounds(lengths[True], chunk_bytes)
+            ])
+        finally:
+            spill.close()
+    accuracy, precision, recall = _binary_metrics(held_scores, held_plan["label"].to_numpy())
+
+    def by_bucket(part: pl.DataFrame) -> dict[str, int]:
+        return dict(part.group_by("bucket").len().sort("bucket").iter_rows())
 
     report = TrainingReport(
         accuracy=accuracy,
         precision=precision,
         recall=recall,
-        train_by_bucket=by_bucket(~holdout),
-        holdout_by_bucket=by_bucket(holdout),
+        train_by_bucket=by_bucket(train_plan),
+        holdout_by_bucket=by_bucket(held_plan),
         train_positive=n_pos,
         train_negative=n_neg,
-        holdout_size=int(holdout.sum()),
+        holdout_size=held_plan.height,
         wall_s=time.perf_counter() - start,
     )
     return model, report

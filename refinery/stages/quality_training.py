@@ -1,13 +1,17 @@
-"""The quality classifier's training run over the corpus: gather its documents from the data root,
+"""The quality classifier's training run over the corpus: stream its documents from the data root,
 fit it (`refinery.stages.quality`), publish the model and its `latest.json` pointer.
 
 The classifier learns curated buckets (positive) against raw web (negative) from the `deduped`
-documents of those buckets.
+documents of those buckets. Those are read as Arrow record batches of `q.FEATURIZE_DOCS` rows,
+never as whole tables, so the memory of training does not grow with the corpus.
 """
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import polars as pl
+import pyarrow.parquet as pq
 
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
@@ -17,28 +21,29 @@ from refinery.stages.dedup_compute import STAGE as UPSTREAM
 from refinery.storage import DataRoot
 
 
-def training_documents(cfg: RefineryConfig, root: DataRoot) -> pl.DataFrame:
-    """doc_id, bucket and text of the upstream documents the classifier trains on. A first pass
-    keeps only lengths, so memory holds the chosen texts (at most max_train_docs_per_class per
-    class), never every document of the corpus."""
+def training_batches(cfg: RefineryConfig, root: DataRoot) -> q.DocumentBatches:
+    """A function that reads doc_id, bucket and text of the upstream documents of the positive and
+    negative buckets, file by file in input order, `q.FEATURIZE_DOCS` rows at a time; each call is
+    a fresh pass."""
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
     keys = [documents_key(UPSTREAM, s.key) for s in input_shards(cfg) if s.bucket in wanted]
-    columns = ["doc_id", "bucket", "text"]
-    if not keys:
-        return pl.DataFrame(schema={"doc_id": pl.String, "bucket": pl.String, "text": pl.String})
-    index = pl.concat([q.text_index(root.read_parquet(k, columns=columns)) for k in keys])
-    chosen = q.training_set(index, list(qc.positive_buckets), list(qc.negative_buckets),
-                            qc.max_train_docs_per_class, cfg.seed)["doc_id"]
-    return pl.concat([root.read_parquet(k, columns=columns).filter(pl.col("doc_id").is_in(chosen)) for k in keys])
+
+    def read() -> Iterator[pl.DataFrame]:
+        for key in keys:
+            parquet = pq.ParquetFile(root.local_path(key))
+            for batch in parquet.iter_batches(batch_size=q.FEATURIZE_DOCS, columns=["doc_id", "bucket", "text"]):
+                yield pl.from_arrow(batch)
+
+    return read
 
 
 def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.TrainingReport]:
-    """Fit the classifier on `training_documents` with `stages.quality`'s settings and publish it;
+    """Fit the classifier on `training_batches` with `stages.quality`'s settings and publish it;
     returns the published pointer (model key, hash, sha256, settings) and the training report."""
     qc = cfg.stages.quality
     model, report = q.train_quality_model(
-        training_documents(cfg, root),
+        training_batches(cfg, root),
         list(qc.positive_buckets),
         list(qc.negative_buckets),
         num_features=qc.num_features,
@@ -49,6 +54,7 @@ def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.Trai
         max_chars=qc.max_chars,
         max_docs_per_class=qc.max_train_docs_per_class,
         seed=cfg.seed,
+        chunk_bytes=qc.train_chunk_mb << 20,
     )
     return q.publish_model(root, model, report, quality_settings(cfg)), report
 
