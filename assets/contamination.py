@@ -3,6 +3,12 @@
 The scan and the drop policy are refinery/drop_policy.py: with `contamination.policy: drop`,
 contaminated documents are removed from the phase's manifest in the same materialization and the
 rebuilt manifest is scanned again; with `none` the scan only reports, and the check blocks training.
+
+A phase with nothing to scan for (no eval sets) is "not scanned": the check does not pass, at WARN
+severity. A warning, not an error: with no eval set nothing can leak into the phase, and an error
+would stop every first run of a config `refinery init` writes (it lists no eval set); the warning
+keeps it in sight in the UI, in `refinery scan` (exit 1) and in the demo summary, which all word it
+alike (`refinery.contamination.verdict`).
 """
 
 import dagster as dg
@@ -15,6 +21,7 @@ from assets.resource import RefineryResource
 from refinery import contamination as cont
 from refinery.config import RefineryConfig
 from refinery.drop_policy import scan_phase_under_policy
+from refinery.scan import excluded_doc_ids
 
 CHECK_NAME = "contamination_below_limit"
 HITS_SHOWN = 10
@@ -29,20 +36,30 @@ def _hits_markdown(report: cont.ScanReport) -> str:
     return "\n".join(lines)
 
 
+def check_result(phase: str, final: cont.ScanReport, verdict: str, summary: dict) -> dg.AssetCheckResult:
+    """The check on the scan after the policy: an error over the limit, a warning when not scanned."""
+    return phase_check_result(CHECK_NAME, phase, final.passed, verdict, summary,
+                              dg.AssetCheckSeverity.WARN if final.not_scanned else dg.AssetCheckSeverity.ERROR)
+
+
 def scan_phase(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, phase = refinery.config, context.partition_key
         scan = scan_phase_under_policy(cfg, refinery.root, phase, context.log.info)
         first, final, dropped = scan.first, scan.final, scan.dropped
+        dropped_so_far = len(excluded_doc_ids(refinery.root, phase))
+        verdict = cont.verdict(final.to_json())
         context.log.info(
-            f"contamination_scan[{phase}]: {first.contaminated_docs} of {first.docs_scanned} documents contaminated; "
-            f"policy {cfg.contamination.policy}: {len(dropped)} dropped, {final.contaminated_docs} remain"
+            f"contamination_scan[{phase}]: {cont.verdict(first.to_json())}; policy {cfg.contamination.policy}: "
+            f"{len(dropped)} dropped now, {dropped_so_far} dropped from the phase so far, {final.contaminated_docs} remain"
         )
         summary = {
+            "status": dg.MetadataValue.text(final.status),
             "docs_scanned": dg.MetadataValue.int(first.docs_scanned),
             "contaminated_docs": dg.MetadataValue.int(final.contaminated_docs),
             "found_before_policy": dg.MetadataValue.int(first.contaminated_docs),
             "dropped_by_policy": dg.MetadataValue.int(len(dropped)),
+            "dropped_so_far": dg.MetadataValue.int(dropped_so_far),
             "limit": dg.MetadataValue.int(cfg.contamination.max_contaminated_docs),
         }
         provenance = Provenance(
@@ -58,10 +75,7 @@ def scan_phase(version: str):
                 "ngram": dg.MetadataValue.int(first.ngram),
                 "fingerprint": dg.MetadataValue.json(final.fingerprint),
             },
-            [phase_check_result(
-                CHECK_NAME, phase, final.passed,
-                f"{final.contaminated_docs} of {first.docs_scanned} documents contaminated after policy "
-                f"{cfg.contamination.policy} (limit {cfg.contamination.max_contaminated_docs})", summary)],
+            [check_result(phase, final, f"{verdict}; policy {cfg.contamination.policy}", summary)],
         )
     return step
 
@@ -76,6 +90,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         deps=[dg.AssetDep("phase_manifests")],
         check_specs=[phase_check_spec(CHECK_NAME, "contamination_scan", parts.phases,
                                       "Fails when more documents than contamination.max_contaminated_docs share an "
-                                      "n-gram with an eval set")],
+                                      "n-gram with an eval set; warns (not scanned) when there is no eval set to "
+                                      "scan for")],
         description="Word n-gram overlap of the phase's manifest documents with the configured eval sets.",
     )])

@@ -206,9 +206,10 @@ def phase_check_spec(name: str, asset: str, phases: dg.PartitionsDefinition, des
         return dg.AssetCheckSpec(name, asset=asset, blocking=True, partitions_def=phases, description=description)
 
 
-def phase_check_result(name: str, phase: str, passed: bool, verdict: str, metadata: dict[str, Any]) -> dg.AssetCheckResult:
+def phase_check_result(name: str, phase: str, passed: bool, verdict: str, metadata: dict[str, Any],
+                       severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
     """The check's verdict on one phase, named in its description and metadata."""
     return dg.AssetCheckResult(
         check_name=name, passed=passed, metadata={"phase": dg.MetadataValue.text(phase), **metadata},
-        description=f"phase {phase}: {verdict}",
+        description=f"phase {phase}: {verdict}", severity=severity,
     )

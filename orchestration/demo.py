@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import dagster as dg
 
+    from refinery.storage import DataRoot
+
 
 @dataclass
 class PlanStep:
@@ -109,11 +111,27 @@ def materialize_graph(
     return runs
 
 
+def scan_summary(root: DataRoot, phase: str) -> str:
+    """One phase's latest contamination scan, in the words of its asset check and `refinery scan`,
+    and every document the drop policy has removed from the phase, by this scan and earlier ones."""
+    from refinery.contamination import verdict
+    from refinery.layout import scan_report_key
+    from refinery.scan import excluded_doc_ids
+
+    if not root.exists(scan_report_key(phase)):
+        return f"{phase:<10} never scanned; materialize contamination_scan[{phase}]"
+    report = root.read_json(scan_report_key(phase))
+    line = f"{phase:<10} {verdict(report)}"
+    if report.get("found_before_policy"):
+        line += f"; {report['found_before_policy']} found before policy {report['policy']}"
+    return (f"{line}; {len(excluded_doc_ids(root, phase))} dropped from the phase so far "
+            f"({len(report['dropped'])} by this scan)")
+
+
 def demo_summary(config_path: str) -> str:
     """What the demo made: the funnel, the curriculum contract, the contamination scans and the
     per-phase, per-bucket training tokens and loss."""
     from refinery.config import load_config
-    from refinery.layout import scan_report_key
     from refinery.curriculum import validate_data_root
     from refinery.funnel_report import DEFAULT_BYTES_PER_TOKEN, build_report, format_report, load_stage_totals
     from refinery.storage import open_data_root
@@ -129,11 +147,7 @@ def demo_summary(config_path: str) -> str:
         load_stage_totals(root), cfg.curriculum.total_tokens, DEFAULT_BYTES_PER_TOKEN))]
     out += ["", "== Curriculum contract (refinery validate)", render_text(validate_data_root(cfg, root)[0])]
     out += ["", "== Contamination scans"]
-    for phase in phases:
-        report = root.read_json(scan_report_key(phase))
-        out.append(f"{phase:<10} {report['docs_scanned']:>6} docs scanned, {report['found_before_policy']} contaminated, "
-                   f"{len(report['dropped'])} dropped (policy {report['policy']}): "
-                   f"{'passed' if report['passed'] else 'FAILED'}")
+    out += [scan_summary(root, phase) for phase in phases]
     status = read_status(phase_run_dir(cfg, phases[-1])) or {}
     summary = status.get("summary") or {}
     ordered = {**status, "summary": {p: summary[p] for p in phases if p in summary}}

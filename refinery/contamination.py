@@ -8,6 +8,10 @@ the document, the eval item and the matched n-gram as text, so a person can veri
 Anneal replays its corpus 2-4 times when the model is most receptive (seed 000), so this scan is
 re-run right before anneal starts; `ScanReport.fingerprint` pins what it scanned (the manifest and
 eval-set hashes) so a stale scan can be recognised.
+
+A phase with nothing to check against (no eval sets, or none with an item of `ngram` words) is
+"not scanned", never "passed": the report says why and how many documents went unchecked, and
+`verdict` words it the same way for the asset check (a warning), `refinery scan` and the demo.
 """
 
 from __future__ import annotations
@@ -177,6 +181,9 @@ class Hit:
     matched_ngrams: int  # how many distinct n-grams of this document are in the eval sets
 
 
+NOT_SCANNED = "not scanned"
+
+
 @dataclass
 class ScanReport:
     phase: str
@@ -187,10 +194,17 @@ class ScanReport:
     hits: list[Hit] = field(default_factory=list)
     wall_s: float = 0.0
     fingerprint: dict[str, str] = field(default_factory=dict)  # manifest + eval-set hashes scanned
+    not_scanned: str | None = None  # why no document could be checked (`unscannable`); None when scanned
+    docs_unscanned: int = 0  # the phase's documents left unchecked for that reason
 
     @property
     def passed(self) -> bool:
-        return self.contaminated_docs <= self.max_contaminated_docs
+        """Scanned, and within the limit: a phase that was not scanned has not passed."""
+        return self.not_scanned is None and self.contaminated_docs <= self.max_contaminated_docs
+
+    @property
+    def status(self) -> str:
+        return NOT_SCANNED if self.not_scanned is not None else "passed" if self.passed else "failed"
 
     @property
     def docs_per_s(self) -> float:
@@ -199,8 +213,29 @@ class ScanReport:
     def to_json(self) -> dict:
         d = asdict(self)
         d["passed"] = self.passed
+        d["status"] = self.status
         d["docs_per_s"] = round(self.docs_per_s, 1)
         return d
+
+
+def verdict(report: dict) -> str:
+    """A scan report (`ScanReport.to_json()`, fresh or stored) in one line: the words the asset
+    check, `refinery scan` and the demo summary all use."""
+    if report.get("not_scanned"):
+        return (f"{NOT_SCANNED}: {report['not_scanned']}; none of the phase's {report['docs_unscanned']:,} documents "
+                f"was checked for contamination (a warning: training is not held back for it)")
+    return (f"{report['contaminated_docs']} of {report['docs_scanned']:,} documents share a {report['ngram']}-gram "
+            f"with an eval set (limit {report['max_contaminated_docs']}): {'passed' if report['passed'] else 'FAILED'}")
+
+
+def unscannable(ccfg: ContaminationConfig, index: "EvalIndex") -> str | None:
+    """Why a scan against `index` could find nothing whatever the documents hold, or None."""
+    if not ccfg.eval_sets:
+        return "no eval sets configured (list JSONL files of {id, text} under contamination.eval_sets)"
+    if len(index) == 0:
+        names = ", ".join(es.name for es in ccfg.eval_sets)
+        return f"no item of the eval sets ({names}) has the {ccfg.ngram} words (contamination.ngram) a match needs"
+    return None
 
 
 SCAN_BATCH_DOCS = 2048  # documents split, hashed and looked up together: one Polars and numpy pass per batch
@@ -334,13 +369,21 @@ def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[
 def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalIndex | None = None,
                log: Callable[[str], None] | None = None) -> ScanReport:
     """Scan the documents of `phase`'s manifest against the configured eval sets (read-only).
-    Shows a bar on a terminal; `log` gets a progress line every 10%."""
+    Shows a bar on a terminal; `log` gets a progress line every 10%. With nothing to scan for
+    (`unscannable`) no document is read and the report says why."""
     index = index or EvalIndex.build(cfg)
     manifest = read_manifest(root, phase)
     wanted = phase_doc_ids(root, manifest)
-    docs = track(phase_documents(root, manifest, CLEAN_STAGE, wanted), total=sum(map(len, wanted.values())),
-                 desc=f"scan {phase}", unit="doc", log=log)
-    return scan(phase, cfg.contamination, index, docs, current_fingerprint(root, phase, index))
+    total = sum(map(len, wanted.values()))
+    fingerprint = current_fingerprint(root, phase, index)
+    why = unscannable(cfg.contamination, index)
+    if why is not None:
+        return ScanReport(phase, index.n, docs_scanned=0, contaminated_docs=0,
+                          max_contaminated_docs=cfg.contamination.max_contaminated_docs, fingerprint=fingerprint,
+                          not_scanned=why, docs_unscanned=total)
+    docs = track(phase_documents(root, manifest, CLEAN_STAGE, wanted), total=total, desc=f"scan {phase}", unit="doc",
+                 log=log)
+    return scan(phase, cfg.contamination, index, docs, fingerprint)
 
 
 def scan_is_current(cfg: RefineryConfig, root: "DataRoot", phase: str) -> tuple[bool, str]:
@@ -356,6 +399,8 @@ def scan_is_current(cfg: RefineryConfig, root: "DataRoot", phase: str) -> tuple[
             f"the latest scan of phase {phase!r} is older than a change to {', '.join(changed)}; "
             f"re-materialize contamination_scan[{phase}]"
         )
+    if stored.get("not_scanned"):  # a warning, as the asset check says: nothing could be checked
+        return True, verdict(stored)
     if not stored.get("passed", False):
         return False, f"the latest scan of phase {phase!r} found {stored['contaminated_docs']} contaminated documents over the limit"
     return True, "current"

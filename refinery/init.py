@@ -8,6 +8,10 @@ how much clean text and which languages the corpus holds. The token budget follo
 estimate at the demo tokenizer's bytes per token, with a margin for what dedup, PII and the
 sampling error take; the curriculum mixes the buckets in proportion to it. The written config is
 loaded back before `init` returns, so what it writes is a config every command accepts.
+
+What the config leaves out is said in it and printed: every language found in the sample with its
+share (and which were left out by the rule of `keeps_language`), and beside a source, a rule that
+removes most of its sample, with the line that switches it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from refinery.config import ConfigError, load_config
+from refinery.config import ConfigError, LanguageConfig, load_config
 from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
 from refinery.documents.inputs import outside_folder
 
@@ -41,8 +45,17 @@ SAMPLE_FILES = 3  # per source: the first, middle and last file
 ROOT_BUCKET = "web"
 # How `scan` marks, among the files it does not read, a symlink whose target is outside the scanned folder.
 OUTSIDE_NOTE = " (a symlink out of this folder)"
-# A language goes into stages.language.languages when at least this share of the sampled documents is in it.
+# A language goes into stages.language.languages when at least MIN_LANGUAGE_DOCS sampled documents are in it
+# and it is at least MIN_LANGUAGE_SHARE of the whole sample or SOURCE_LANGUAGE_SHARE of one source's sample.
+# A language a folder or file is largely in is one the user put there, however small that source is
+# (the 4 English man pages among 564); a few pages of another language inside a source are what a crawl
+# picks up along the way, and fewer than MIN_LANGUAGE_DOCS are usually pages language ID got wrong.
+MIN_LANGUAGE_DOCS = 3
 MIN_LANGUAGE_SHARE = 0.1
+SOURCE_LANGUAGE_SHARE = 0.25
+# A rule that removes at least this share of a source's sampled documents is named beside the source.
+MOST_OF_SAMPLE = 0.5
+UNWANTED_LANGUAGE = "language/unwanted_language"
 TEXT_FIELDS = ("text", "content", "body", "document", "raw_content", "article", "markdown", "passage", "code")
 URL_FIELDS = ("url", "link", "source_url", "uri", "href")
 ID_FIELDS = ("id", "doc_id", "document_id", "uid", "uuid", "_id", "guid")
@@ -85,9 +98,37 @@ class Found:
     input_bytes: int = 0
     sampled: int = 0
     sample_bytes: int = 0  # input bytes of the sampled files
-    sample_docs: int = 0  # clean documents they gave
-    languages: Counter = field(default_factory=Counter)  # language -> sampled documents, before the heuristics
+    # (language or None, the rule that removed the record or None) -> sampled records: every record the
+    # sampled files hold, so the removals under any choice of languages follow (`removed_by_rule`).
+    outcomes: Counter = field(default_factory=Counter)
     clean_bytes_by_language: Counter = field(default_factory=Counter)
+
+    @property
+    def languages(self) -> Counter:
+        """Language -> sampled documents language ID gave it (at min_score or above), before the heuristics."""
+        found: Counter = Counter()
+        for (lang, _), n in self.outcomes.items():
+            if lang is not None:
+                found[lang] += n
+        return found
+
+    @property
+    def sample_records(self) -> int:
+        return sum(self.outcomes.values())
+
+    def removed_by_rule(self, languages: list[str]) -> Counter:
+        """Rule -> sampled records the run would remove with `languages` kept: a document of another
+        language goes at language ID, before any heuristic sees it."""
+        removed: Counter = Counter()
+        for (lang, rule), n in self.outcomes.items():
+            if lang is not None and lang not in languages:
+                removed[UNWANTED_LANGUAGE] += n
+            elif rule is not None:
+                removed[rule] += n
+        return removed
+
+    def describe_folder(self) -> str:
+        return f"{self.folder}/" if self.folder else "the folder itself"
 
     def pattern(self, prefix: str = "") -> str:
         """The source's glob: `prefix` (DIR relative to the config's folder) / folder / names."""
@@ -156,12 +197,24 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
     return sources, ignored
 
 
+def folder_and_format(src: Found) -> str:
+    """A source's folder (`web` for DIR itself), dataset name and file extension as a name:
+    `man_de_jsonl`, `web_warc_gz`, `stories_hf_hf_dataset`."""
+    where = [src.folder or ROOT_BUCKET]
+    if src.fmt == "hf_dataset":
+        where.append(os.path.basename(src.paths[0]) + "_hf_dataset")  # a dataset is one folder: its own source
+    else:
+        where.append(src.glob_name.removeprefix("*"))
+    return bucket_name("_".join(where))
+
+
 def _name_sources(sources: list[Found]) -> None:
-    """`<bucket>` when a bucket has one source, `<bucket>_<format>` (then a number) when it has more."""
+    """`<bucket>` when a bucket has one source; when it has more, each is named after its folder and
+    format (`man_de_jsonl`, `man_en_jsonl`), so the names say which is which; a number ends a tie."""
     per_bucket = Counter(s.bucket for s in sources)
     taken: set[str] = set()
     for s in sources:
-        base = s.bucket if per_bucket[s.bucket] == 1 else f"{s.bucket}_{s.fmt}"
+        base = s.bucket if per_bucket[s.bucket] == 1 else folder_and_format(s)
         name, n = base, 2
         while name in taken:
             name, n = f"{base}_{n}", n + 1
@@ -271,9 +324,10 @@ def _evenly(paths: list[str], k: int) -> list[str]:
 
 def sample_funnel(src: Found, source_cfg: Any) -> None:
     """Run up to SAMPLE_FILES of the source's inputs through ingest, extraction, language ID (every
-    language) and the heuristics, as the graph would, and keep what came out."""
+    language) and the heuristics, as the graph would, and record each record's language and the rule
+    that removed it (`outcomes`) and the clean bytes per language."""
     from refinery.stages import extract, heuristic, ingest, language
-    from refinery.config import ExtractConfig, HeuristicConfig, LanguageConfig
+    from refinery.config import ExtractConfig, HeuristicConfig
     from refinery.documents import InputShard
 
     extract_cfg = ExtractConfig()
@@ -282,27 +336,88 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
     inputs = hf_dataset_dirs(src.paths) if src.fmt == "hf_dataset" else src.paths  # a DatasetDict's splits
     for i, path in enumerate(_evenly(inputs, SAMPLE_FILES)):
         shard = InputShard(key=f"{src.name}-sample{i}", source=src.name, bucket=src.bucket, path=path)
-        docs = ingest.read_input_shard(shard, source_cfg, extract_cfg).documents
-        docs = extract.Extractor(extract_cfg).run(docs).documents
+        stages = [ingest.read_input_shard(shard, source_cfg, extract_cfg)]
+        stages.append(extract.Extractor(extract_cfg).run(stages[-1].documents))
         if "language" not in src.skip:
-            docs = lid.run(docs).documents
-            src.languages.update(l for l in docs["language"].to_list() if l)
+            stages.append(lid.run(stages[-1].documents))
+        docs = stages[-1].documents
+        for out in stages:  # removed before a language was known
+            src.outcomes.update((None, rule) for rule in out.rejects["rule"].to_list())
+        removed_by = {}
         if "heuristic" not in src.skip:
-            docs = rules.run(docs).documents
+            out = rules.run(docs)
+            removed_by = dict(zip(out.rejects["doc_id"].to_list(), out.rejects["rule"].to_list()))
+            kept = out.documents
+        else:
+            kept = docs
+        langs = docs["language"].to_list() if "language" in docs.columns else [None] * docs.height
+        src.outcomes.update(zip(langs, (removed_by.get(d) for d in docs["doc_id"].to_list())))
         src.sampled += 1
         src.sample_bytes += _size(path)
-        src.sample_docs += docs.height
-        langs = docs["language"].to_list() if "language" in docs.columns else [None] * docs.height
-        for lang, size in zip(langs, docs["text"].str.len_bytes().fill_null(0).to_list()):
+        kept_langs = kept["language"].to_list() if "language" in kept.columns else [None] * kept.height
+        for lang, size in zip(kept_langs, kept["text"].str.len_bytes().fill_null(0).to_list()):
             src.clean_bytes_by_language[lang] += size
 
 
-def chosen_languages(sources: list[Found]) -> list[str]:
-    """The languages of at least MIN_LANGUAGE_SHARE of the sampled documents (English when none is)."""
-    seen = sum((s.languages for s in sources), Counter())
-    total = sum(seen.values())
-    chosen = [lang for lang, n in seen.most_common() if total and n / total >= MIN_LANGUAGE_SHARE]
-    return chosen or ["en"]
+@dataclass
+class LanguageChoice:
+    """The languages found in the sample, those kept, and the sampled documents per language before
+    and after the heuristics (the sample's retention per language)."""
+
+    found: Counter  # language -> sampled documents language ID gave it
+    clean: Counter  # language -> of those, documents the heuristics kept
+    kept: list[str]
+
+    def ordered(self) -> list[str]:
+        return most_first(self.found)
+
+    def lines(self) -> list[str]:
+        """The table of every language found: documents, share, documents clean, kept or left out."""
+        total = sum(self.found.values())
+        if not total:
+            return ["no source's sample went through language ID (or none had a document language ID "
+                    f"could name); keeping {', '.join(self.kept)}"]
+        out = [f"languages in the {total:,} sampled documents language ID named (fastText lid.176, score >= "
+               f"{LanguageConfig().min_score}):"]
+        for lang in self.ordered():
+            n = self.found[lang]
+            if lang in self.kept:
+                verdict = "kept"
+            elif n < MIN_LANGUAGE_DOCS:
+                verdict = f"LEFT OUT: fewer than {MIN_LANGUAGE_DOCS} documents"
+            else:
+                verdict = (f"LEFT OUT: under {MIN_LANGUAGE_SHARE:.0%} of the sample, under "
+                           f"{SOURCE_LANGUAGE_SHARE:.0%} of any source's")
+            out.append(f"  {lang:<6}{n:>7,} {n / total:>6.1%}  {self.clean[lang]:>6,} clean after the heuristics  {verdict}")
+        return out
+
+
+def most_first(counts: Counter) -> list[str]:
+    return sorted(counts, key=lambda key: (-counts[key], key))
+
+
+def keeps_language(n: int, share: float, source_share: float) -> bool:
+    """The rule init keeps a language by: MIN_LANGUAGE_DOCS, MIN_LANGUAGE_SHARE, SOURCE_LANGUAGE_SHARE."""
+    return n >= MIN_LANGUAGE_DOCS and (share >= MIN_LANGUAGE_SHARE or source_share >= SOURCE_LANGUAGE_SHARE)
+
+
+def choose_languages(sources: list[Found]) -> LanguageChoice:
+    """Every language found in the sources' samples and those `keeps_language` keeps, most
+    documents first (English when the sample names none)."""
+    found: Counter = Counter()
+    clean: Counter = Counter()
+    source_share: dict[str, float] = {}
+    for s in sources:
+        for (lang, rule), n in s.outcomes.items():
+            if lang is not None:
+                found[lang] += n
+                clean[lang] += n if rule is None else 0
+        in_source = s.languages
+        for lang, n in in_source.items():
+            source_share[lang] = max(source_share.get(lang, 0.0), n / sum(in_source.values()))
+    total = sum(found.values())
+    kept = [lang for lang in most_first(found) if keeps_language(found[lang], found[lang] / total, source_share[lang])]
+    return LanguageChoice(found, clean, kept or ["en"])
 
 
 def clean_bytes_estimate(src: Found, languages: list[str]) -> int:
@@ -367,8 +482,43 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def sample_notes(src: Found, languages: list[str]) -> list[str]:
+    """What the run would remove from the source's sample: the three rules that remove most, and for
+    a rule that removes MOST_OF_SAMPLE or more, the switch that keeps those documents."""
+    from refinery.config import HeuristicConfig
+
+    total = src.sample_records
+    removed = src.removed_by_rule(languages)
+    clean = total - sum(removed.values())
+    lines = [f"{src.sampled} of {len(src.paths)} input(s) sampled through the funnel: {clean:,} of {total:,} "
+             f"records clean under this config"]
+    rules = most_first(removed)
+    if rules:
+        lines[0] += "; removed by " + ", ".join(f"{rule} {removed[rule]:,}" for rule in rules[:3]) + (
+            f" and {len(rules) - 3} more rule(s)" if len(rules) > 3 else "")
+    for rule in rules:
+        n = removed[rule]
+        if n < MOST_OF_SAMPLE * total:
+            break
+        said = f"{rule} removes {n:,} of the {total:,} sampled records ({n / total:.0%})"
+        if rule == UNWANTED_LANGUAGE:
+            others = sorted(lang for lang in src.languages if lang not in languages)
+            lines.append(f"{said}: they are in {', '.join(others)}, left out of stages.language.languages; "
+                         f"add {'them' if len(others) > 1 else 'it'} there to keep them")
+        elif rule in HeuristicConfig().rule_names():
+            lines.append(f"{said}; if that is how these documents are meant to look (documentation, code), "
+                         f"switch it off for this source with  rules_off: [{rule}]")
+        elif rule == "language/low_score":
+            lines.append(f"{said}; lower stages.language.min_score, or give this source  skip: [language]")
+        else:
+            lines.append(said)
+    return lines
+
+
 def render(root: str, config_dir: str, config_display: str, data_root: str, sources: list[Found], ignored: list[str],
-           languages: list[str], bucket_tokens: dict[str, int], plan: Plan, quality: tuple[list[str], list[str]] | None) -> str:
+           choice: LanguageChoice, bucket_tokens: dict[str, int], plan: Plan,
+           quality: tuple[list[str], list[str]] | None) -> str:
+    languages = choice.kept
     rel_root = os.path.relpath(root, config_dir)
     buckets = list(dict.fromkeys(s.bucket for s in sources))
     lines = [
@@ -386,14 +536,14 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
     ]
     for s in sources:
         files = f"{len(s.paths)} {'dataset' if s.fmt == 'hf_dataset' else 'file'}{'s' if len(s.paths) != 1 else ''}"
-        lines.append(f"  # {s.bucket}: {files}, {_human(s.input_bytes)} of {s.fmt}" + (
+        lines.append(f"  # {s.name}: {files} in {s.describe_folder()}, {_human(s.input_bytes)} of {s.fmt}" + (
             f"; fields {s.columns}" if s.columns else ""))
         if s.problem is not None:
             lines.append(f"  # NOT USED: {s.problem}; give text_field and uncomment it:")
         elif s.sampled:
             est = clean_bytes_estimate(s, languages)
-            lines.append(f"  # {s.sampled} sampled through the funnel: {s.sample_docs} clean documents; the whole "
-                         f"source, about {_human(est)} of clean text, ~{int(est / DEMO_BYTES_PER_TOKEN):,} tokens")
+            lines += [f"  # {line}" for line in sample_notes(s, languages)]
+            lines.append(f"  # The whole source: about {_human(est)} of clean text, ~{int(est / DEMO_BYTES_PER_TOKEN):,} tokens")
         if s.skip:
             lines.append(f"  # `{s.bucket}` is not web prose: it skips {' and '.join(s.skip)}.")
         entry = {"name": s.name, "path": s.pattern(rel_root),
@@ -419,9 +569,15 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
         "",
         "stages:",
         "  language:",
-        f"    # Languages of at least {MIN_LANGUAGE_SHARE:.0%} of the sampled documents (fastText lid.176); `all` keeps every one.",
+        *(f"    # {line}" for line in choice.lines()),
+        f"    # Kept: a language of at least {MIN_LANGUAGE_DOCS} sampled documents that is {MIN_LANGUAGE_SHARE:.0%} "
+        f"of them or {SOURCE_LANGUAGE_SHARE:.0%} of one source's:",
+        "    # a source largely in a language was put there for it; a few pages of another language inside a",
+        f"    # source are what a crawl picks up, and fewer than {MIN_LANGUAGE_DOCS} are usually language ID's "
+        "mistakes. Add a",
+        "    # language LEFT OUT to keep its documents, or write `all` to keep every one.",
         f"    languages: {_flow(languages)}",
-        "    min_score: 0.65",
+        f"    min_score: {LanguageConfig().min_score}",
         "  quality:",
     ]
     if quality is None:
@@ -503,7 +659,14 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
     usable = [s for s in sources if s.problem is None]
     if not usable:
         raise ConfigError(f"{root}: no input has a text field: " + "; ".join(f"{s.name}: {s.problem}" for s in sources))
-    languages = chosen_languages(usable)
+    choice = choose_languages(usable)
+    languages = choice.kept
+    for line in choice.lines():
+        log(line)
+    for s in usable:
+        if s.sampled:
+            for line in sample_notes(s, languages)[1:]:
+                log(f"{s.name}: {line}")
     bucket_tokens: dict[str, int] = {}
     for s in sources:
         est = clean_bytes_estimate(s, languages) if s.problem is None else 0
@@ -513,7 +676,7 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
     curated = sorted({s.bucket for s in usable if not s.skip and s.bucket != ROOT_BUCKET} & set(plan.weights))
     quality = (curated, [ROOT_BUCKET]) if ROOT_BUCKET in plan.weights and curated else None
     text = render(root, config_dir, os.path.relpath(config_path), os.path.relpath(out, config_dir), sources, ignored,
-                  languages, bucket_tokens, plan, quality)
+                  choice, bucket_tokens, plan, quality)
     os.makedirs(config_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=config_dir, prefix=".refinery-init-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
@@ -541,7 +704,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "init", help="write a commented config for a directory of your own files (formats, buckets, budget)",
         description="Write a commented config for DIR: one bucket per top-level directory (files directly in DIR "
         "go to `web`), one source per bucket, format and folder, the text fields of JSONL and tables, the "
-        "languages found and a token budget estimated from a sample run through the funnel's stages. The "
+        "languages found (every one with its share, and which it left out) and a token budget estimated "
+        "from a sample run through the funnel's stages; beside a source, a rule that removes most of its "
+        "sample, with the `rules_off` line that switches it. The "
         "written config then goes through the same preflight as `refinery demo`, so what it prints is what "
         "will run; edit the commented fields (languages, budget, phases) before materializing.",
         epilog="examples:\n  refinery init ~/corpus --config corpus.yaml\n  refinery demo --config corpus.yaml")

@@ -1,7 +1,9 @@
 """`refinery scan --config CONFIG --phase NAME [--json]`: the contamination scan of one phase's
 manifest, from the command line, and the documents the drop policy has removed from the phase. It
 only reads: the drop policy is applied by the `contamination_scan` asset, which records what it
-removed in the phase's exclusions file. Exits 1 when contamination exceeds the configured limit."""
+removed in the phase's exclusions file. Exits 1 when the phase does not pass: contamination over
+the configured limit, or nothing to scan for (no eval sets), which it calls "not scanned" as the
+asset check (a warning) and the demo summary do."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sys
 from typing import Any
 
 from refinery.config import load_config
-from refinery.contamination import ContaminationError, scan_phase
+from refinery.contamination import ContaminationError, scan_phase, verdict
 from refinery.layout import exclusions_key, hits_key, scan_report_key
 from refinery.curriculum import ManifestError
 from refinery.documents import CLEAN_STAGE
@@ -21,13 +23,18 @@ from refinery.preflight import Needs
 from refinery.storage import DataRoot, open_data_root
 
 
+def excluded_doc_ids(root: DataRoot, phase: str) -> list[str]:
+    """Every document the drop policy has removed from `phase` over all its scans, in doc_id order."""
+    return sorted(root.read_json(exclusions_key(phase))) if root.exists(exclusions_key(phase)) else []
+
+
 def dropped_documents(root: DataRoot, phase: str) -> list[dict[str, Any]]:
     """Every document the drop policy removed from `phase` (its exclusions file), in doc_id order,
     with its URL (from the clean documents table), `latest`: whether the latest contamination_scan
     dropped it, and the eval item it matched when that scan found it."""
-    if not root.exists(exclusions_key(phase)):
+    excluded = excluded_doc_ids(root, phase)
+    if not excluded:
         return []
-    excluded = sorted(root.read_json(exclusions_key(phase)))
     latest = set(root.read_json(scan_report_key(phase)).get("dropped", [])) if root.exists(scan_report_key(phase)) else set()
     matched: dict[str, str] = {}
     if root.exists(hits_key(phase)):
@@ -58,9 +65,6 @@ def run_scan(args: argparse.Namespace) -> int:
         known = [p.name for p in cfg.curriculum.phases] if cfg.curriculum else []
         print(f"refinery scan: unknown phase {args.phase!r}; the curriculum has {known}", file=sys.stderr)
         return 2
-    if not cfg.contamination.eval_sets:
-        print("refinery scan: no eval sets configured; list them under contamination.eval_sets", file=sys.stderr)
-        return 2
     root = open_data_root(cfg.resolve(cfg.data_root))
     try:
         report = scan_phase(cfg, root, args.phase)
@@ -71,10 +75,9 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**report.to_json(), "dropped_by_policy": dropped}, indent=1, sort_keys=True))
     else:
-        verdict = "PASS" if report.passed else "FAIL"
-        print(f"phase {report.phase}: {report.contaminated_docs} of {report.docs_scanned} documents share a "
-              f"{report.ngram}-gram with an eval set (limit {report.max_contaminated_docs}): {verdict}")
-        print(f"scanned at {report.docs_per_s:,.0f} docs/s")
+        print(f"phase {report.phase}: {verdict(report.to_json())}")
+        if report.not_scanned is None:
+            print(f"scanned at {report.docs_per_s:,.0f} docs/s")
         for h in report.hits:
             print(f"  {h.doc_id}  {h.url or '-'}  {h.eval_set}/{h.eval_id}  \"{h.ngram}\"")
         print("\n".join(format_dropped(args.phase, dropped)))
@@ -88,7 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "configured eval sets, and print each contaminated document with the eval item and the n-gram "
                     "it shares, then the documents the last drop of the contamination_scan asset removed from the "
                     "phase (policy drop). It only reads; exit 1 when more documents than "
-                    "contamination.max_contaminated_docs are contaminated.",
+                    "contamination.max_contaminated_docs are contaminated, or when the phase is not scanned "
+                    "(no eval sets, or none with an item of contamination.ngram words).",
         epilog="example:\n  refinery scan --config configs/demo.yaml --phase anneal",
     )
     p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")

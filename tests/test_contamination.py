@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from refinery.config import parse_config
-from refinery.contamination import ContaminationError, EvalIndex, ngram_hashes, normalized_words, scan, word_hashes
+from refinery.contamination import (ContaminationError, EvalIndex, ngram_hashes, normalized_words, scan,
+                                   unscannable, verdict, word_hashes)
 
 EVAL_TEXT = (
     "Natalia sold clips to forty eight of her friends in April and then she sold half as many clips in May "
@@ -94,3 +95,23 @@ def test_missing_eval_set_names_the_field(tmp_path):
     (tmp_path / "eval.jsonl").unlink()
     with pytest.raises(ContaminationError, match=r"contamination.eval_sets\[gsm8k\].path"):
         EvalIndex.build(cfg)
+
+
+def test_nothing_to_scan_for_is_not_scanned_never_passed(tmp_path):
+    """No eval set, or eval items all shorter than the n-gram: no document can be checked, and the
+    verdict says so instead of "0 of 0 ... passed"."""
+    none = parse_config({"data_root": str(tmp_path / "root"), "buckets": ["web"],
+                         "sources": [{"name": "web", "path": "x", "format": "jsonl", "bucket": "web"}]})
+    assert unscannable(none.contamination, EvalIndex.build(none)) == (
+        "no eval sets configured (list JSONL files of {id, text} under contamination.eval_sets)")
+    short = make_cfg(tmp_path, [{"id": "q1", "text": "twelve words are not enough for a thirteen word window here"}])
+    assert unscannable(short.contamination, EvalIndex.build(short)) == (
+        "no item of the eval sets (gsm8k) has the 13 words (contamination.ngram) a match needs")
+    full = make_cfg(tmp_path, [{"id": "q1", "text": EVAL_TEXT}])
+    assert unscannable(full.contamination, EvalIndex.build(full)) is None
+    report = {"not_scanned": "no eval sets configured", "docs_unscanned": 1234, "passed": False}
+    assert verdict(report) == ("not scanned: no eval sets configured; none of the phase's 1,234 documents was checked "
+                               "for contamination (a warning: training is not held back for it)")
+    scanned = scan("main", full.contamination, EvalIndex.build(full), [("d1", None, "web", CLEAN)], {})
+    assert (scanned.status, scanned.passed) == ("passed", True)
+    assert verdict(scanned.to_json()) == "0 of 1 documents share a 13-gram with an eval set (limit 0): passed"

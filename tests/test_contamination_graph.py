@@ -25,7 +25,7 @@ from training.phase_runs import phase_run_dir
 from training.status import read_status
 
 from helpers.configs import demo_config, write_config
-from helpers.materialize import materialize_in_workspace
+from helpers.materialize import in_memory_instance, materialize_in_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -90,9 +90,7 @@ def sample(tmp_path_factory):
     defs = build_definitions(str(config))
     wanted = dg.AssetSelection.assets("contamination_scan", "lineage_index", "funnel_report").upstream()
     selection = list(wanted.resolve(defs.resolve_asset_graph()))
-    home = tmp / "dagster_home"
-    home.mkdir()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
+    with in_memory_instance(tmp / "dagster_home") as instance:
         materialize_graph(defs, instance, selection, log=lambda _: None, run_config=QUIET_RUN_CONFIG)
         cfg = load_config(config)
         yield {"tmp": tmp, "config": config, "demo_eval": demo_eval, "instance": instance, "cfg": cfg,
@@ -250,3 +248,58 @@ def test_every_assets_materialization_carries_the_same_provenance_keys(sample):
         assert isinstance(md["content_hashes"].value, dict), name
     training = instance.get_latest_materialization_event(dg.AssetKey("training_run")).asset_materialization.metadata
     assert list(training["content_hashes"].value) == [training["boundary_checkpoint"].value]
+
+
+def test_a_phase_with_no_eval_set_is_not_scanned_and_the_summary_counts_earlier_drops(sample, capsys):
+    """An earlier scan under the drop policy removes a warmup document (after the test above, the
+    planted leaks are dropped from warmup already); then, with no eval set, the check warns "not
+    scanned" (never "passed"), and the check, `refinery scan` and the demo summary say the same, the
+    summary counting every earlier drop."""
+    from orchestration.cli import main as refinery
+    from orchestration.demo import demo_summary
+    from refinery.contamination import verdict
+
+    tmp, instance, root = sample["tmp"], sample["instance"], sample["root"]
+    key = exclusions_key("warmup")
+    before = set(root.read_json(key)) if root.exists(key) else set()
+    warmup = sorted(set().union(*phase_doc_ids(root, read_manifest(root, "warmup")).values()))
+    leaked_doc = warmup[0]
+    table = root.read_parquet(documents_key(CLEAN_STAGE, leaked_doc.rsplit("/", 1)[0]), columns=["doc_id", "text"])
+    leaked_text = " ".join(dict(zip(table["doc_id"], table["text"]))[leaked_doc].split()[:40])
+    eval_path = tmp / "warmup_leak.jsonl"
+    eval_path.write_text(json.dumps({"id": "w-1", "text": leaked_text}) + "\n")
+    config = write_contaminated_config(tmp, [{"name": "warmup_leak", "path": str(eval_path)}], policy="drop")
+    assert check_passed(materialize_in_workspace(config, instance, "contamination_scan", "warmup", QUIET_RUN_CONFIG),
+                        "warmup")
+    earlier = set(root.read_json(scan_report_key("warmup"))["dropped"]) | before
+    assert leaked_doc in earlier and set(root.read_json(key)) == earlier
+
+    config = write_contaminated_config(tmp, [], policy="drop")
+    result = materialize_in_workspace(config, instance, "contamination_scan", "warmup", QUIET_RUN_CONFIG)
+    assert result.success, "a warning does not fail the run"
+    [evaluation] = result.get_asset_check_evaluations()
+    report = root.read_json(scan_report_key("warmup"))
+    unchecked = len(warmup) - len(earlier - before)
+    said = verdict(report)
+    assert said == ("not scanned: no eval sets configured (list JSONL files of {id, text} under contamination.eval_sets); "
+                    f"none of the phase's {unchecked:,} documents was checked for contamination (a warning: training "
+                    "is not held back for it)")
+    assert (report["status"], report["passed"], report["docs_scanned"], report["dropped"]) == ("not scanned", False, 0, [])
+    assert (evaluation.passed, evaluation.severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert evaluation.description == f"phase warmup: {said}; policy drop"
+    assert evaluation.metadata["status"].value == "not scanned"
+    assert evaluation.metadata["dropped_so_far"].value == len(earlier)
+
+    capsys.readouterr()
+    assert refinery(["scan", "--config", str(config), "--phase", "warmup"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"phase warmup: {said}"
+    assert lines[1] == f"drop policy: {len(earlier)} document(s) removed from phase warmup, 0 by the latest " \
+                       "contamination_scan (marked *):"
+    assert refinery(["scan", "--config", str(config), "--phase", "warmup", "--json"]) == 1
+    scanned = json.loads(capsys.readouterr().out)
+    assert (scanned["status"], scanned["docs_unscanned"]) == ("not scanned", unchecked)
+    assert [d["doc_id"] for d in scanned["dropped_by_policy"]] == sorted(earlier)
+
+    summary = demo_summary(str(config)).splitlines()
+    assert f"warmup     {said}; {len(earlier)} dropped from the phase so far (0 by this scan)" in summary

@@ -126,3 +126,88 @@ def test_a_source_the_run_would_refuse_is_written_commented_out(tmp_path):
     assert "# NOT USED: no text column that every file has (a.parquet: ['body']; b.parquet: ['content'])" in text
     assert "# NOT USED: x.parquet could not be read" in text
     assert [s.name for s in load_config(config).sources] == ["books"]
+
+
+MULTILINGUAL = Path(__file__).resolve().parents[1] / "data" / "multilingual" / "clean.jsonl.gz"
+
+
+def write_man_pages(root: Path) -> None:
+    """The issue's man-page corpus in small: 40 pages each of de, fr and ja, the 7 zh pages of which
+    5 quote C with braces, 4 English pages (3% of the sample) in a folder of their own, 2 Korean pages
+    in another, 3 Spanish pages among the French ones (what a crawl picks up along the way) and one
+    Romanian page among the German ones (language ID noise, as far as init can tell)."""
+    with gzip.open(MULTILINGUAL, "rt", encoding="utf-8") as f:
+        pages = [json.loads(line) for line in f]
+    by_lang: dict[str, list[dict]] = {}
+    for p in pages:
+        by_lang.setdefault(p["lang"], []).append(p)
+    braced = [p for p in by_lang["zh"] if "{" in p["text"]]
+    plain = [p for p in by_lang["zh"] if "{" not in p["text"]]
+    folders = {"de": by_lang["de"][:40] + by_lang["ro"][:1], "fr": by_lang["fr"][:40] + by_lang["es"][:3], "ja": by_lang["ja"][:40],
+               "zh": braced + plain[:2], "en": [p for p in by_lang["en"] if "{" not in p["text"]][:4],
+               "ko": by_lang["ko"][:2]}
+    assert len(braced) == 5
+    for folder, rows in folders.items():
+        (root / "man" / folder).mkdir(parents=True)
+        (root / "man" / folder / "pages.jsonl").write_text(
+            "".join(json.dumps({"text": p["text"], "url": p["url"]}) + "\n" for p in rows))
+
+
+def test_init_lists_every_language_it_found_and_says_what_it_left_out(tmp_path, capsys):
+    data = tmp_path / "corpus"
+    write_man_pages(data)
+    config = tmp_path / "refinery.yaml"
+    assert refinery(["init", str(data), "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    text = config.read_text()
+    raw = yaml.safe_load(text)
+    # Every language a folder is largely in is kept, English at 3% of the sample included.
+    assert raw["stages"]["language"]["languages"] == ["de", "fr", "ja", "zh", "en"]
+    table = [
+        "languages in the 137 sampled documents language ID named (fastText lid.176, score >= 0.65):",
+        "  de         40  29.2%      39 clean after the heuristics  kept",
+        "  fr         40  29.2%      39 clean after the heuristics  kept",
+        "  ja         40  29.2%      39 clean after the heuristics  kept",
+        "  zh          7   5.1%       2 clean after the heuristics  kept",
+        "  en          4   2.9%       4 clean after the heuristics  kept",
+        "  es          3   2.2%       3 clean after the heuristics  LEFT OUT: under 10% of the sample, under 25% of "
+        "any source's",
+        "  ko          2   1.5%       2 clean after the heuristics  LEFT OUT: fewer than 3 documents",
+        "  ro          1   0.7%       1 clean after the heuristics  LEFT OUT: fewer than 3 documents",
+    ]
+    assert "\n".join(f"    # {line}" for line in table) in text, "the config lists every language found"
+    assert "\n".join(table) in printed, "and init prints the same table"
+    assert "# Kept: a language of at least 3 sampled documents that is 10% of them or 25% of one source's:" in text
+
+    # Sources in one bucket are named after their folders and formats.
+    by_name = {s["name"]: s for s in raw["sources"]}
+    assert sorted(by_name) == [f"man_{lang}_jsonl" for lang in ("de", "en", "fr", "ja", "ko", "zh")]
+    assert by_name["man_ko_jsonl"]["path"] == "corpus/man/ko/*.jsonl"
+    # The source a rule removes most of says so, with the switch.
+    zh_notes = [
+        "  # man_zh_jsonl: 1 file in man/zh/, ",
+        "  # 1 of 1 input(s) sampled through the funnel: 2 of 7 records clean under this config; removed by "
+        "c4/curly_bracket 5",
+        "  # c4/curly_bracket removes 5 of the 7 sampled records (71%); if that is how these documents are meant "
+        "to look (documentation, code), switch it off for this source with  rules_off: [c4/curly_bracket]",
+    ]
+    at = text.index(zh_notes[0])
+    assert text[at:].split("\n")[1:3] == zh_notes[1:]
+    assert ("man_zh_jsonl: c4/curly_bracket removes 5 of the 7 sampled records (71%); if that is how these "
+            "documents are meant to look (documentation, code), switch it off for this source with  "
+            "rules_off: [c4/curly_bracket]") in printed
+    ko_note = ("language/unwanted_language removes 2 of the 2 sampled records (100%): they are in ko, left out of "
+               "stages.language.languages; add it there to keep them")
+    assert f"  # {ko_note}" in text and f"man_ko_jsonl: {ko_note}" in printed
+    # The Romanian and Spanish pages go with the languages left out; the German and French ones stay.
+    assert ("39 of 41 records clean under this config; removed by c4/too_few_sentences 1, "
+            "language/unwanted_language 1\n") in text
+    assert ("39 of 43 records clean under this config; removed by language/unwanted_language 3, "
+            "c4/too_few_sentences 1\n") in text
+    assert "  # 1 of 1 input(s) sampled through the funnel: 4 of 4 records clean under this config\n" in text
+
+    # The suggested switch is one the config accepts, and it keeps the braced pages.
+    raw["sources"] = [{**s, "rules_off": ["c4/curly_bracket"]} if s["name"] == "man_zh_jsonl" else s
+                      for s in raw["sources"]]
+    config.write_text(yaml.safe_dump(raw))
+    assert load_config(config).sources[-1].rules_off == ["c4/curly_bracket"]

@@ -728,9 +728,9 @@ class CurriculumSampler:
             saved, current = state.get("phases", {}), self.schedule.phase_fingerprints_before(int(state["step"]))
             changed = [p for p in {**saved, **current} if saved.get(p) != current.get(p)]
             raise SamplerStateError(
-                f"the manifests of phases {', '.join(map(repr, changed))}, already trained from, changed since the "
-                f"checkpoint (schedule fingerprint {state['schedule']} -> {now}); resume against the manifests it "
-                "was trained on, or start a new run"
+                f"the manifests of the phases trained so far changed since the checkpoint: phases "
+                f"{', '.join(map(repr, changed))} (schedule fingerprint {state['schedule']} -> {now}); resume "
+                "against the manifests it was trained on, or start a new run"
             )
         self.step = int(state["step"])
         self.cursors = {k: Cursor(*(int(x) for x in v)) for k, v in state["cursors"].items()}

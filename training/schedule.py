@@ -29,6 +29,7 @@ class StepSchedule:
     phase_starts: tuple[int, ...]  # first step of each phase; a final sentinel = total steps
     start_tokens: tuple[int, ...]  # tokens trained before each phase's first step, and in all
     _fingerprints: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
+    _phase_fingerprints: dict[int, dict[str, str]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, manifests: list[PhaseManifest], global_batch: int) -> "StepSchedule":
@@ -107,8 +108,11 @@ class StepSchedule:
     def phase_fingerprints_before(self, step: int) -> dict[str, str]:
         """Per phase the steps before `step` read: what identifies its manifest (to say which changed)."""
         started = self.phase_at(step - 1) + 1 if step > 0 else 0
-        return {m.phase: hashlib.sha256(json.dumps(m.identity(), sort_keys=True).encode()).hexdigest()[:16]
+        if started not in self._phase_fingerprints:  # one serialisation per phase prefix, as below
+            self._phase_fingerprints[started] = {
+                m.phase: hashlib.sha256(json.dumps(m.identity(), sort_keys=True).encode()).hexdigest()[:16]
                 for m in self.manifests[:started]}
+        return dict(self._phase_fingerprints[started])
 
     def fingerprint_before(self, step: int) -> str:
         """Identifies the global sample order of steps before `step`: the global batch and the

@@ -18,7 +18,8 @@ class EvalSetConfig(Section):
 
 class ContaminationConfig(Section):
     """The contamination gate: every phase's manifest documents are scanned for word n-grams of the eval
-    sets before that phase may train (docs/curriculum.md)."""
+    sets before that phase may train (docs/curriculum.md). With no eval set a phase is "not scanned":
+    the `contamination_below_limit` check warns (it does not block training) and `refinery scan` exits 1."""
 
     eval_sets: list[EvalSetConfig] = Field(default_factory=list)
     ngram: int = Field(default=13, ge=3)
