@@ -7,8 +7,12 @@ import numpy as np
 import pytest
 
 from refinery.config import parse_config
-from refinery.curriculum import (BucketInventory, CurriculumError, PhaseManifest, apply_temperature, build_schedule,
+from refinery.curriculum import (CurriculumError, PhaseManifest, apply_temperature, build_schedule, read_bucket_inventory,
                                  schedule_from_manifests, select_top_quality, validate)
+from refinery.curriculum.inventory import kept_entry_ids
+from refinery.storage import LocalDataRoot
+
+from helpers.final_shards import write_entry_table_and_index
 
 SEED_BUCKETS = ["web", "code", "math", "books", "wiki"]
 B = 1_000_000_000
@@ -320,19 +324,19 @@ def test_unknown_inventory_checks_only_the_schedule():
     assert report.contract["buckets"]["web"]["inventory_tokens"] is None
 
 
-def test_select_top_quality_keeps_documents_at_or_above_cutoff():
-    inv = BucketInventory(
-        bucket="web",
-        shards=[],
-        entry_tokens=np.array([10, 20, 5, 30, 40, 50]),
-        doc_ids=["a", "b", "b", "c", "d", "e"],  # b has two windows
-        quality=np.array([0.9, 0.7, 0.7, 0.7, 0.1, np.nan]),  # e has no score
-    )
-    sel = select_top_quality(inv, 0.4)  # ceil(0.4 * 5 documents) = 2; c ties with b at 0.7 and stays
+def test_select_top_quality_keeps_documents_at_or_above_cutoff(tmp_path):
+    root = LocalDataRoot(tmp_path / "root")
+    entries = [("a", 10, 0, 1, 0.9), ("b", 20, 0, 2, 0.7), ("b", 5, 1, 2, 0.7),  # b has two windows
+               ("c", 30, 0, 1, 0.7), ("d", 40, 0, 1, 0.1), ("e", 50, 0, 1, None)]  # e has no score
+    write_entry_table_and_index(root, "web", [{"prefix": "shards/final/web/shard-00000", "tokens": 155, "entries": 6,
+                                               "sha256": {}}], entries)
+    inv = read_bucket_inventory(root, "web")
+    sel = select_top_quality(root, inv, 0.4)  # ceil(0.4 * 5 documents) = 2; c ties with b at 0.7 and stays
     assert sel.cutoff == 0.7
-    assert sel.entry_ids.tolist() == [0, 1, 2, 3]
-    assert (sel.documents, sel.tokens) == (3, 65)
-    assert select_top_quality(inv, 1.0).entry_ids.tolist() == [0, 1, 2, 3, 4]  # never the unscored document
+    assert np.concatenate(list(kept_entry_ids(root, inv, sel.cutoff))).tolist() == [0, 1, 2, 3]
+    assert (sel.documents, sel.entries, sel.tokens) == (3, 4, 65)
+    everything = select_top_quality(root, inv, 1.0)
+    assert np.concatenate(list(kept_entry_ids(root, inv, everything.cutoff))).tolist() == [0, 1, 2, 3, 4]  # never the unscored document
 
 
 def test_error_phase_with_both_or_neither_duration():

@@ -18,8 +18,8 @@ from refinery.curriculum import (CurriculumMismatch, ManifestError, PhaseManifes
 from refinery.shard_format import ShardReader, shard_hashes
 from refinery.storage import LocalDataRoot
 
-from helpers.final_shards import (DOCS_PER_BUCKET, config_dict, sample_docs, write_curriculum_config, write_final_index,
-                                  write_final_shards)
+from helpers.final_shards import (DOCS_PER_BUCKET, bucket_entry_docs, config_dict, sample_docs, write_curriculum_config,
+                                  write_final_index, write_final_shards)
 
 
 def make_cfg(tmp_path, **curriculum):
@@ -289,3 +289,159 @@ def test_asset_without_final_shards_fails_clearly_and_writes_nothing(tmp_path):
     failure = result.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert "no final shards in any bucket; materialize shuffled_shards first" in failure
     assert not (tmp_path / "root" / "manifests").exists()
+
+
+# ---- bounded memory: streamed cutoffs and selections ---------------------------------------------
+
+
+def reference_selection(entries, top_fraction):
+    """The cutoff ranked over every document at once (what the streamed passes must equal):
+    (cutoff, documents, kept entry ids, kept tokens)."""
+    doc_score = {doc: math.nan if s is None else s for doc, _, _, _, s in entries}
+    scored = sorted((s for s in doc_score.values() if not math.isnan(s)), reverse=True)
+    keep = min(max(1, math.ceil(top_fraction * len(doc_score))), len(scored))
+    cutoff = scored[keep - 1]
+    kept = [i for i, (_, _, _, _, s) in enumerate(entries) if s is not None and s >= cutoff]
+    return (cutoff, sum(1 for s in doc_score.values() if s >= cutoff), kept,
+            sum(entries[i][1] for i in kept))
+
+
+def write_scored_bucket(root, scores):
+    from helpers.final_shards import document_entries, write_entry_table_and_index
+
+    rng = np.random.default_rng(len(scores))
+    entries = document_entries([(f"web-0/{i:07d}", int(rng.integers(40, 200)), s) for i, s in enumerate(scores)])
+    write_entry_table_and_index(root, "web", [{"prefix": "shards/final/web/shard-00000", "tokens": sum(e[1] for e in entries),
+                                               "entries": len(entries), "sha256": {}}], entries)
+    return entries
+
+
+@pytest.mark.parametrize("bracket", [1 << 20, 40, 0])
+def test_streamed_cutoff_is_exact_at_every_histogram_level(tmp_path, monkeypatch, bracket):
+    """Scores with ties, negative ones, unscored documents and two-window documents, read 37 entries a
+    batch: one histogram and a bracket (1 << 20), histograms down to a bin of at most 40 entries, and
+    no bracket at all (every level down to one exact score). Each gives the whole-table ranking."""
+    from refinery.curriculum import inventory as inv_mod
+
+    monkeypatch.setattr(inv_mod, "ENTRY_BATCH_ROWS", 37)
+    monkeypatch.setattr(inv_mod, "BRACKET_ENTRIES", bracket)
+    rng = np.random.default_rng(3)
+    scores = [None if i % 11 == 5 else float(s) for i, s in enumerate(rng.choice([-0.25, 0.0, 0.125, 0.5, 0.5000001, 0.75, 1.0], 700)
+                                                                     + rng.integers(0, 3, 700) * 1e-9)]
+    root = LocalDataRoot(tmp_path / "root")
+    entries = write_scored_bucket(root, scores)
+    inv = inv_mod.read_bucket_inventory(root, "web")
+    for top_fraction in (0.001, 0.1, 0.25, 0.5, 0.93, 1.0):
+        cutoff, documents, kept, tokens = reference_selection(entries, top_fraction)
+        sel = inv_mod.select_top_quality(root, inv, top_fraction)
+        assert (sel.cutoff, sel.documents, sel.entries, sel.tokens) == (cutoff, documents, len(kept), tokens), top_fraction
+        assert np.concatenate(list(inv_mod.kept_entry_ids(root, inv, sel.cutoff))).tolist() == kept
+
+
+def test_every_score_equal_keeps_every_scored_document(tmp_path, monkeypatch):
+    from refinery.curriculum import inventory as inv_mod
+
+    monkeypatch.setattr(inv_mod, "BRACKET_ENTRIES", 0)
+    root = LocalDataRoot(tmp_path / "root")
+    entries = write_scored_bucket(root, [0.5] * 9 + [None])
+    sel = inv_mod.select_top_quality(root, inv_mod.read_bucket_inventory(root, "web"), 0.1)
+    assert (sel.cutoff, sel.documents, sel.entries, sel.tokens) == (0.5, 9, 10, sum(e[1] for e in entries[:10]))
+
+
+def test_no_scored_document_keeps_nothing(tmp_path):
+    from refinery.curriculum import inventory as inv_mod
+
+    root = LocalDataRoot(tmp_path / "root")
+    write_scored_bucket(root, [None] * 4)
+    sel = inv_mod.select_top_quality(root, inv_mod.read_bucket_inventory(root, "web"), 0.5)
+    assert (sel.cutoff, sel.documents, sel.entries, sel.tokens) == (math.inf, 0, 0, 0)
+
+
+@pytest.mark.parametrize("count", [0, 1, 1000, 123_457])
+def test_streamed_selection_is_the_bytes_np_save_writes(tmp_path, count):
+    from refinery.curriculum.manifests import selection_npy, write_selection
+
+    root = LocalDataRoot(tmp_path / "root")
+    ids = np.arange(count, dtype=np.int64) * 3 + 2**40
+    with write_selection(root, "manifests/p/web-selection.npy", count) as out:
+        for chunk in np.array_split(ids, 7):
+            out.append(chunk)
+    data = root.read_bytes("manifests/p/web-selection.npy")
+    assert data == selection_npy(ids)
+    assert out.sha256 == root.sha256("manifests/p/web-selection.npy")
+    assert np.load(root.local_path("manifests/p/web-selection.npy"), mmap_mode="r").tolist() == ids.tolist()
+
+
+def test_a_selection_of_the_wrong_length_is_not_published(tmp_path):
+    from refinery.curriculum.manifests import write_selection
+
+    root = LocalDataRoot(tmp_path / "root")
+    with pytest.raises(ManifestError, match=r"web-selection.npy: 2 entry ids, 3 expected"):
+        with write_selection(root, "manifests/p/web-selection.npy", 3) as out:
+            out.append(np.array([4, 9]))
+    assert not root.exists("manifests/p/web-selection.npy") and root.list("manifests") == []
+
+
+def test_exclusions_stream_over_a_quality_selection(tmp_path, corpus):
+    """A dropped document leaves the anneal phase's quality selection: every one of its windows,
+    and exactly its tokens; the other kept entries stay, in order."""
+    root, docs = corpus
+    cfg = make_cfg(tmp_path)
+    _, before = build(cfg, root, "anneal")
+    sl = before.buckets["web"]
+    kept = read_selection(root, sl).tolist()
+    doc_ids = bucket_entry_docs(root, sl)
+    victim = doc_ids[kept[0]]
+    root.write_json("contamination/anneal/excluded_doc_ids.json", [victim, "web-0/not-a-document"])
+    _, after = build(cfg, root, "anneal")
+    lengths = np.concatenate([np.diff(ShardReader(root.root / ref.prefix).offsets) for ref in sl.shards])
+    expected = [i for i in kept if doc_ids[i] != victim]
+    assert read_selection(root, after.buckets["web"]).tolist() == expected
+    assert (after.buckets["web"].entries, after.buckets["web"].tokens) == (len(expected), int(lengths[expected].sum()))
+    assert after.buckets["math"] == before.buckets["math"]  # nothing of math excluded: its slice is unchanged
+
+
+def manifest_peak_bytes(tmp_path, documents):
+    """tracemalloc's peak over validating and building the anneal manifest of two buckets of
+    `documents` documents each, in four shards each."""
+    import tracemalloc
+
+    root = LocalDataRoot(tmp_path / "root")
+    for bucket in ("web", "math"):
+        rng = np.random.default_rng(documents)
+        docs = [(f"{bucket}-0/{i:09d}", int(rng.integers(40, 600)), float(s)) for i, s in enumerate(rng.random(documents).round(3))]
+        write_final_index(root, bucket, docs, per_shard=-(-documents * 6 // 5 // 4))
+    cfg = make_cfg(tmp_path)
+    tracemalloc.start()
+    try:
+        _, manifest = build(cfg, root, "anneal")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert manifest.buckets["web"].entries > documents // 5
+    return peak
+
+
+def test_manifest_memory_does_not_grow_with_the_bucket(tmp_path, monkeypatch):
+    """Batches of 500 entries and brackets of at most 100 (so both sizes take two histogram passes
+    and a bracket): the largest batch read is 500 entries, and the build's traced peak at 4x the
+    entries stays within 1.25x (a whole-bucket per-entry table, as doc ids or score arrays, would
+    grow it about 4x)."""
+    from refinery.curriculum import inventory as inv_mod
+
+    monkeypatch.setattr(inv_mod, "ENTRY_BATCH_ROWS", 500)
+    monkeypatch.setattr(inv_mod, "BRACKET_ENTRIES", 100)
+    largest = []
+    reader = inv_mod.entry_batches
+
+    def spy(root, inv):
+        for batch in reader(root, inv):
+            largest.append(len(batch.tokens))
+            yield batch
+
+    monkeypatch.setattr(inv_mod, "entry_batches", spy)
+    manifest_peak_bytes(tmp_path / "warm", 1_000)  # the first build's lazy imports are not the build's memory
+    small = manifest_peak_bytes(tmp_path / "small", 10_000)
+    large = manifest_peak_bytes(tmp_path / "large", 40_000)
+    assert max(largest) == 500
+    assert large < 1.25 * small, (small, large)

@@ -128,3 +128,12 @@ def test_a_crash_is_relaunched(tmp_path):
     with pytest.raises(PhaseTrainingFailed, match="died 3 times") as failed:
         train_phase(load_config(config), "warmup", launch_once, lambda m: None, lambda m: None, sleep=lambda s: None)
     assert len(launches) == 3 and failed.value.relaunchable
+
+
+def test_a_damaged_manifest_is_named_and_stops_training_with_exit_2(tmp_path, capsys):
+    config = tiny_run(tmp_path)
+    manifest = tmp_path / "root/manifests/main.json"
+    manifest.write_text(manifest.read_text()[:200])
+    assert train(config) == 2
+    err = capsys.readouterr().err
+    assert f"{manifest}: not a readable phase manifest" in err and "materialize phase_manifests[main] again" in err

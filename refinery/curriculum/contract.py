@@ -272,12 +272,12 @@ def validate(
 
 
 def validate_data_root(cfg: RefineryConfig, root: "DataRoot") -> tuple[ValidationReport, dict[str, BucketInventory] | None, dict[str, dict[str, QualitySelection]]]:
-    """Validate against what the data root holds: inventory from the final shards when there
-    are any, and the quality cutoffs' selections from the clean tables."""
+    """Validate against what the data root holds: inventory from the final shards' index.json when
+    there are any, and the quality cutoffs' selections streamed from their entry tables."""
     if not has_final_shards(root, cfg.buckets):
         return validate(cfg), None, {}
     inventory = read_inventory(root, cfg.buckets)
-    selections = phase_selections(cfg, inventory)
+    selections = phase_selections(cfg, root, inventory)
     report = validate(
         cfg,
         {b: inv.tokens for b, inv in inventory.items()},

@@ -6,21 +6,25 @@ contamination scan read them. Entries of a bucket are numbered globally across i
 shard order (shard 0's entries first), so one integer names one entry of the bucket.
 
 A phase that keeps only part of a bucket (a quality cutoff, or contaminated documents dropped)
-lists the kept global entry ids in a `.npy` file (int64, sorted) referenced by key and sha256.
+lists the kept global entry ids in a `.npy` file (int64, sorted) referenced by key and sha256. The
+file is written as the ids stream in (the count is known first, so the header goes first) and
+published atomically; its bytes are those `np.save` writes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 import numpy as np
 from pydantic import ValidationError
 
 from refinery.config import RefineryConfig, RopeScalingConfig
 from refinery.curriculum.contract import CurriculumMismatch, ValidationReport, refuse_invalid
-from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef
+from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, kept_entry_ids
 from refinery.curriculum.schedule import CurriculumError, PhaseSpan, Schedule, build_schedule
 from refinery.layout import MANIFESTS_PREFIX, exclusions_key, manifest_key, manifest_phase, selection_key
 from refinery.shard_format import read_index
@@ -112,11 +116,18 @@ def read_manifest(root: DataRoot, phase: str) -> PhaseManifest:
         raise ManifestError(
             f"{root.display(key)}: no manifest for phase {phase!r}; materialize phase_manifests[{phase}] first"
         )
-    return PhaseManifest.from_json(root.read_json(key))
+    try:
+        return PhaseManifest.from_json(root.read_json(key))
+    except (ValueError, KeyError, TypeError) as err:  # damaged: half-written, hand-edited, another format
+        raise ManifestError(
+            f"{root.display(key)}: not a readable phase manifest ({type(err).__name__}: {err}); materialize "
+            f"phase_manifests[{phase}] again"
+        ) from None
 
 
 def read_selection(root: DataRoot, bucket: BucketSlice) -> np.ndarray | None:
-    """The kept global entry ids of `bucket` (sorted int64), verified against the manifest; None = all."""
+    """The kept global entry ids of `bucket` (sorted int64, memory-mapped), verified against the
+    manifest; None = all."""
     if bucket.selection is None:
         return None
     actual = root.sha256(bucket.selection)
@@ -124,13 +135,53 @@ def read_selection(root: DataRoot, bucket: BucketSlice) -> np.ndarray | None:
         raise ManifestError(
             f"{root.display(bucket.selection)}: content hash does not match the manifest; rebuild phase_manifests"
         )
-    return np.load(root.local_path(bucket.selection))
+    return np.load(root.local_path(bucket.selection), mmap_mode="r")
 
 
 def selection_npy(entry_ids: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(entry_ids, dtype=np.int64))
     return buf.getvalue()
+
+
+def selection_header(count: int) -> bytes:
+    """The .npy header `np.save` writes for `count` int64 entry ids."""
+    buf = io.BytesIO()
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(0, dtype=np.int64))
+    np.lib.format.write_array_header_1_0(buf, {**header, "shape": (count,)})
+    return buf.getvalue()
+
+
+@dataclass
+class SelectionSink:
+    """Where `write_selection`'s caller appends ascending entry ids; `sha256` is the file's once written."""
+
+    file: BinaryIO
+    digest: Any
+    written: int = 0
+    sha256: str = ""
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.digest.update(data)
+
+    def append(self, entry_ids: np.ndarray) -> None:
+        self.write(np.ascontiguousarray(entry_ids, dtype=np.int64).tobytes())
+        self.written += len(entry_ids)
+
+
+@contextmanager
+def write_selection(root: DataRoot, key: str, count: int) -> Iterator[SelectionSink]:
+    """Publish `count` sorted global entry ids under `key`, appended in ascending chunks to the sink,
+    as the bytes `selection_npy` gives for all of them; nothing is published if fewer or more come."""
+    with root.writer(key) as tmp, open(tmp, "wb") as f:
+        sink = SelectionSink(f, hashlib.sha256())
+        sink.write(selection_header(count))
+        yield sink
+        if sink.written != count:
+            raise ManifestError(f"{root.display(key)}: {sink.written} entry ids, {count} expected; the entry table "
+                                "changed while phase_manifests read it, rebuild it")
+        sink.sha256 = sink.digest.hexdigest()
 
 
 def drawn_buckets(schedule: Schedule, span: PhaseSpan) -> list[str]:
@@ -142,32 +193,53 @@ def drawn_buckets(schedule: Schedule, span: PhaseSpan) -> list[str]:
     return [b for b, d in zip(schedule.buckets, drawn) if d]
 
 
+def shard_selection(selection: np.ndarray | None, first: int, entries: int) -> np.ndarray:
+    """The ids of `selection` (None = every entry) inside the shard of `entries` entries from global id `first`."""
+    if selection is None:
+        return np.arange(first, first + entries, dtype=np.int64)
+    lo, hi = np.searchsorted(selection, [first, first + entries])
+    return np.asarray(selection[lo:hi], dtype=np.int64)
+
+
+def excluded_entries(root: DataRoot, sl: BucketSlice, selection: np.ndarray | None, excluded: set[str]) -> np.ndarray:
+    """Sorted global ids of the selected entries whose document is excluded, reading the doc ids one
+    shard at a time."""
+    import polars as pl
+
+    excluded_ids = pl.Series(sorted(excluded), dtype=pl.String)
+    found, first = [], 0
+    for ref in sl.shards:
+        doc_ids = root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"]
+        hits = first + np.flatnonzero(doc_ids.is_in(excluded_ids).to_numpy()).astype(np.int64)
+        found.append(hits[np.isin(hits, shard_selection(selection, first, ref.entries))])
+        first += ref.entries
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
 def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str]) -> PhaseManifest:
     """The manifest with every entry of an excluded document removed from its bucket's selection.
 
     Entry ids are global within the bucket (refinery/curriculum/inventory.py), so the new selection is
     the old one (or every entry) minus the excluded documents' entries; token counts are recomputed
-    from the shard offsets so the manifest stays truthful."""
+    from the shard offsets so the manifest stays truthful. Shards are read one at a time; only the
+    removed entries' ids are held for the whole bucket."""
     buckets = {}
     for name, sl in manifest.buckets.items():
-        doc_ids: list[str] = []
-        lengths: list[np.ndarray] = []
-        for ref in sl.shards:
-            doc_ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
-            lengths.append(np.diff(read_index(root.local_path(ref.prefix + ".idx")).offsets))
-        entry_tokens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         selection = read_selection(root, sl)
-        current = selection if selection is not None else np.arange(len(doc_ids), dtype=np.int64)
-        keep = np.array([doc_ids[i] not in excluded for i in current], dtype=bool)
-        if keep.all():
+        removed = excluded_entries(root, sl, selection, excluded)
+        if not removed.size:
             buckets[name] = sl
             continue
-        kept = current[keep].astype(np.int64)
-        key = selection_key(manifest.phase, name)
-        digest = root.write_bytes(key, selection_npy(kept))
-        buckets[name] = replace(
-            sl, entries=len(kept), tokens=int(entry_tokens[kept].sum()), selection=key, selection_sha256=digest
-        )
+        count = (sl.total_entries if selection is None else len(selection)) - len(removed)
+        key, tokens, first = selection_key(manifest.phase, name), 0, 0
+        with write_selection(root, key, count) as out:
+            for ref in sl.shards:
+                ids = shard_selection(selection, first, ref.entries)
+                ids = ids[~np.isin(ids, removed)]
+                tokens += int(np.diff(read_index(root.local_path(ref.prefix + ".idx")).offsets)[ids - first].sum())
+                out.append(ids)
+                first += ref.entries
+        buckets[name] = replace(sl, entries=count, tokens=tokens, selection=key, selection_sha256=out.sha256)
     return replace(manifest, buckets=buckets)
 
 
@@ -180,7 +252,7 @@ def build_phase_manifest(
     selections: dict[str, dict[str, QualitySelection]],
 ) -> PhaseManifest:
     """The manifest of `phase`: per drawn bucket its final shards (pinned by sha256) and, under a
-    quality cutoff, the kept entries written as a sorted int64 .npy; plus the phase's budget,
+    quality cutoff, the kept entries streamed into a sorted int64 .npy; plus the phase's budget,
     weights after temperature, seq_len, lr_scale, blend width and the validation result. Documents
     the contamination drop policy excluded from this phase stay excluded."""
 
@@ -200,15 +272,17 @@ def build_phase_manifest(
             buckets[b] = BucketSlice(bucket=b, shards=inv.shards, tokens=inv.tokens, entries=inv.entries, max_epochs=max_epochs)
             continue
         key = selection_key(phase, b)
-        digest = root.write_bytes(key, selection_npy(sel.entry_ids))
+        with write_selection(root, key, sel.entries) as out:
+            for ids in kept_entry_ids(root, inv, sel.cutoff):
+                out.append(ids)
         buckets[b] = BucketSlice(
             bucket=b,
             shards=inv.shards,
             tokens=sel.tokens,
-            entries=len(sel.entry_ids),
+            entries=sel.entries,
             max_epochs=max_epochs,
             selection=key,
-            selection_sha256=digest,
+            selection_sha256=out.sha256,
             quality_cutoff=sel.cutoff,
         )
     manifest = PhaseManifest(

@@ -30,10 +30,11 @@ def document_entries(docs: list[tuple[str, int, float | None]]) -> list[tuple[st
 
 def write_entry_table_and_index(root: LocalDataRoot, bucket: str, shards: list[dict], entries: list[tuple]) -> None:
     """The bucket's entries.parquet (tokens Int32, as shuffled_shards writes it) and index.json."""
-    rows = [{"entry": i, "doc_id": doc_id, "tokens": n, "quality_score": score}
-            for i, (doc_id, n, _, _, score) in enumerate(entries)]
+    rows = [{"entry": i, "doc_id": doc_id, "tokens": n, "window": window, "n_windows": n_windows, "quality_score": score}
+            for i, (doc_id, n, window, n_windows, score) in enumerate(entries)]
     table_key = f"shards/final/{bucket}/entries.parquet"
-    table = pl.DataFrame(rows, schema={"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "quality_score": pl.Float64})
+    table = pl.DataFrame(rows, schema={"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "window": pl.Int32,
+                                       "n_windows": pl.Int32, "quality_score": pl.Float64})
     digest = root.write_parquet(table_key, table)
     root.write_json(final_index_key(bucket), {"bucket": bucket, "shards": shards, "entries_table": {"key": table_key, "sha256": digest}})
 
