@@ -3,7 +3,8 @@ of them, so every asset records the same provenance (assets/provenance.py).
 
 - `batch_stage_asset`: partitioned by input batch. For every file of the run's batches it runs a
   file task (assets/fanout.py), fanned out over `partitions.workers`, and merges the files' stats,
-  hashes, settings and samples into one `MaterializeResult`.
+  hashes, settings and samples into one `MaterializeResult`. A per-document stage's file task
+  (`stage_file_task`) reads its input and writes its output a record batch at a time.
 - `global_step_asset`: everything else, whose partition is a hash range, an LSH band, a bucket, a
   curriculum phase, or nothing. Its step returns a `StepResult`: provenance, the metadata only that
   asset has, and the verdicts of its checks.
@@ -15,20 +16,24 @@ asset functions defined below and rejects it as a string.
 import json
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import dagster as dg
 import polars as pl
 
-from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage_on_file
+from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage, stage_config_summary
 from assets.partitions import Partitions
 from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, provenance_metadata
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, batch_shards
+from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards
+from refinery.layout import documents_key, rejects_key, stats_key
+from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 from refinery.stages.stats import StageStats
+from refinery.storage import DataRoot
 
 DEFAULT_KINDS = frozenset({"polars", "parquet"})
 
@@ -66,10 +71,70 @@ def batch_provenance(stage: str, results: list[FileResult], version: str, text_c
     return provenance
 
 
+class StageTables:
+    """One file's documents and rejects of one stage, being written a batch at a time (each batch
+    one row group), and its first SAMPLE_ROWS documents as the sample."""
+
+    def __init__(self, stage: str, partition: str, documents: ParquetBatchWriter, rejects: ParquetBatchWriter):
+        self.keys = (documents_key(stage, partition), rejects_key(stage, partition))
+        self.documents, self.rejects = documents, rejects
+        self.sample: Optional[pl.DataFrame] = None
+
+    def write_documents(self, batch: pl.DataFrame) -> None:
+        if self.sample is None:
+            self.sample = batch.head(SAMPLE_ROWS)
+        elif self.sample.height < SAMPLE_ROWS:
+            self.sample = pl.concat([self.sample, batch.head(SAMPLE_ROWS - self.sample.height)])
+        self.documents.write(batch)
+
+    def write_rejects(self, batch: pl.DataFrame) -> None:
+        self.rejects.write(batch)
+
+    def hashes(self) -> dict[str, str]:
+        """The sha256 of each table, once both are written whole."""
+        return {self.keys[0]: self.documents.sha256, self.keys[1]: self.rejects.sha256}
+
+
+@contextmanager
+def stage_tables(root: DataRoot, stage: str, partition: str,
+                 documents_schema: Optional[dict[str, pl.DataType]] = None) -> Iterator[StageTables]:
+    """`StageTables` for one file, each table published atomically when the block ends cleanly
+    (without `documents_schema`, the first documents batch sets it)."""
+    with (root.writer(documents_key(stage, partition)) as documents_path,
+          root.writer(rejects_key(stage, partition)) as rejects_path,
+          ParquetBatchWriter(documents_path, documents_schema) as documents,
+          ParquetBatchWriter(rejects_path, REJECTS_SCHEMA) as rejects):
+        yield StageTables(stage, partition, documents, rejects)
+
+
+def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
+                         shard: InputShard, cache: dict) -> FileResult:
+    """One file through one per-document stage, a record batch at a time: `upstream`'s table read
+    row group by row group (slices of at most `extract.batch_rows` rows), each slice run through the
+    stage and its documents and rejects written as row groups, the stats merged. A file's memory is
+    one slice's, whatever its size."""
+    cfg, root = refinery.config, refinery.root
+    if (name, shard.source) not in cache:
+        cache[name, shard.source] = build(cfg, shard.source)
+    stage = cache[name, shard.source]
+    stats: Optional[StageStats] = None
+    upstream_path = root.local_path(documents_key(upstream, shard.key))  # raises before anything is written
+    with stage_tables(root, name, shard.key) as tables:
+        for batch in parquet_batches(upstream_path, cfg.stages.extract.batch_rows):
+            out = run_stage(stage, cfg, shard, batch)
+            # One batch's stats as they are (a sum would drop counters of zero).
+            stats = out.stats if stats is None else stats + out.stats
+            tables.write_documents(out.documents)
+            tables.write_rejects(out.rejects)
+    root.write_json(stats_key(name, shard.key), stats.to_dict())
+    return FileResult(shard.key, shard.source, stats, tables.hashes(), stage_config_summary(stage, cfg, shard),
+                      tables.sample)
+
+
 def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:
-    """The file task of a pure stage: `upstream`'s table in, `name`'s table out (`build(cfg, source)`
-    returns the stage for a source's files)."""
-    return partial(run_stage_on_file, name, upstream, build)
+    """The file task of a pure per-document stage: `upstream`'s table in, `name`'s table out, a
+    record batch at a time (`build(cfg, source)` returns the stage for a source's files)."""
+    return partial(run_stage_by_batches, name, upstream, build)
 
 
 # Entries an asset adds once every file is published: (resource, the run's files, their results).

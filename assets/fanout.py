@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import polars as pl
 
-from assets.provenance import SAMPLE_ROWS
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
@@ -93,17 +92,3 @@ def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.Dat
 def stage_config_summary(stage: Stage, cfg: RefineryConfig, shard: InputShard) -> dict[str, Any]:
     skipped = skips(cfg.source(shard.source).skip, stage.skip_key)
     return {"skipped_by_source": shard.source} if skipped else stage.config_summary()
-
-
-def run_stage_on_file(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
-                      shard: InputShard, cache: dict) -> FileResult:
-    """One file through one stage: `upstream`'s table in, `name`'s documents, rejects and stats out."""
-    cfg, root = refinery.config, refinery.root
-    docs = root.read_parquet(documents_key(upstream, shard.key))
-    if (name, shard.source) not in cache:
-        cache[name, shard.source] = build(cfg, shard.source)
-    stage = cache[name, shard.source]
-    out = run_stage(stage, cfg, shard, docs)
-    hashes = publish_stage_output(root, name, shard.key, out)
-    return FileResult(shard.key, shard.source, out.stats, hashes, stage_config_summary(stage, cfg, shard),
-                      out.documents.head(SAMPLE_ROWS))

@@ -1,22 +1,24 @@
 """The per-document funnel, partitioned by input batch: `raw_documents` -> `extracted_text` ->
 `language_filtered` -> `heuristic_filtered`, group "funnel".
 
-raw_documents reads each file of the batch (refinery/stages/ingest.py); the other three run a pure
-stage on each file. A source that lists "language" or "heuristic" under `skip` passes its documents
+raw_documents reads each file of the batch (refinery/stages/ingest.py) and writes its tables batch
+by batch as it reads; the other three run a pure stage on each file. A source that lists "language" or "heuristic" under `skip` passes its documents
 through that stage untouched (the factory applies `skip:` through each stage's `skip_key`;
 language columns are then null, so every partition of
 language_filtered has the same schema).
 """
 
 import dagster as dg
+import polars as pl
 
-from assets.factory import batch_stage_asset, stage_file_task
-from assets.fanout import FileResult, publish_stage_output
+from assets.factory import batch_stage_asset, stage_file_task, stage_tables
+from assets.fanout import FileResult
 from assets.partitions import Partitions
-from assets.provenance import SAMPLE_ROWS, code_version
+from assets.provenance import code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, input_shards
+from refinery.layout import stats_key
 from refinery.stages import custom, extract, heuristic, ingest, language, readers
 from refinery.stages.base import Stage
 
@@ -41,13 +43,17 @@ def heuristic_code_version(cfg: RefineryConfig) -> str:
 
 
 def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One input file read into raw_documents, with its ingest rejects and stats."""
+    """One input file read into raw_documents, with its ingest rejects and stats, written batch by
+    batch (each batch a row group), so no file is ever whole in memory."""
     cfg = refinery.config
     source = cfg.source(shard.source)
-    out = ingest.read_input_shard(shard, source, cfg.stages.extract, cfg.stages.record_timeout_s)
-    hashes = publish_stage_output(refinery.root, ingest.STAGE, shard.key, out)
+    with stage_tables(refinery.root, ingest.STAGE, shard.key, ingest.RAW_SCHEMA) as tables:
+        stats = ingest.stream_input_shard(shard, source, cfg.stages.extract, tables.write_documents,
+                                          tables.write_rejects, cfg.stages.record_timeout_s)
+    refinery.root.write_json(stats_key(ingest.STAGE, shard.key), stats.to_dict())
     settings = {"source": source.model_dump(mode="json"), "extract": cfg.stages.extract.model_dump(mode="json")}
-    return FileResult(shard.key, shard.source, out.stats, hashes, settings, out.documents.head(SAMPLE_ROWS))
+    sample = tables.sample if tables.sample is not None else pl.DataFrame(schema=ingest.RAW_SCHEMA)
+    return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, sample)
 
 
 def require_input_files(cfg: RefineryConfig) -> None:

@@ -54,7 +54,7 @@ def write_config(work: Path, name: str, partitions: dict | None) -> Path:
 def bare_chain(config: Path) -> None:
     """Every funnel step on every file, called directly, in the order the graph runs them."""
     from assets import dedup, funnel, quality
-    from assets.factory import run_stage_on_file
+    from assets.factory import run_stage_by_batches
     from refinery.stages import exact_dedup as ex
     from refinery.stages import extract, heuristic, ingest, language
     from refinery.stages import near_dedup as nd
@@ -70,7 +70,7 @@ def bare_chain(config: Path) -> None:
                                   (language.STAGE, extract.STAGE, funnel._language),
                                   (heuristic.STAGE, language.STAGE, funnel._heuristic)):
         for shard in shards:
-            run_stage_on_file(name, upstream, build, refinery, shard, cache)
+            run_stage_by_batches(name, upstream, build, refinery, shard, cache)
     for shard in shards:
         dedup.compute_signatures(cfg, root, shard.key)
     for hash_range in ex.range_keys(cfg.stages.exact_dedup.hash_ranges):
@@ -84,7 +84,7 @@ def bare_chain(config: Path) -> None:
     for shard in shards:
         quality.score_file(refinery, shard, cache)
     for shard in shards:
-        run_stage_on_file(FUNNEL_END, "quality_scored", quality._safety_then_redact, refinery, shard, cache)
+        run_stage_by_batches(FUNNEL_END, "quality_scored", quality._safety_then_redact, refinery, shard, cache)
 
 
 def dagster_funnel(config: Path, home: Path) -> int:

@@ -14,17 +14,24 @@ escapes). Handling one record (decoding, parsing) that raises or runs past `reco
 
 `record_offset` locates the record in its file: a byte offset for WARC (in the file as stored) and
 JSONL (in the decompressed stream), a row number for tables.
+
+Memory is bounded per record, not per file: every reader streams (JSONL line by line, WARC record
+by record, gzip decoded as it is read, tables a few rows at a time), and `stream_input_shard` hands
+the rows on in batches of at most `extract.batch_rows` records and `extract.batch_bytes` of text,
+which the asset writes as row groups (a record over `max_record_bytes` is an `ingest/too_large`
+reject, read no further). `read_input_shard` puts the batches of a small file together.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import polars as pl
 
 from refinery.config import ExtractConfig, SourceConfig
-from refinery.documents import PROVENANCE_SCHEMA, InputShard, make_doc_id
+from refinery.documents import PROVENANCE_SCHEMA, InputShard, empty_rejects, make_doc_id
 from refinery.documents.inputs import outside_folder
 from refinery.stages.base import StageOutput
 from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S
@@ -72,30 +79,50 @@ def read_records(shard: InputShard, source: SourceConfig, extract: ExtractConfig
         read_table(shard.path, source, extract, result, record_timeout_s)
 
 
-def read_input_shard(
-    shard: InputShard, source: SourceConfig, extract: ExtractConfig,
-    record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S,
-) -> StageOutput:
-    """The `raw_documents` table for one input file, with its rejects and stats. Handling one
-    record (decoding, parsing its JSON) that raises or runs past `record_timeout_s` is that
-    record's reject, `ingest/error` or `ingest/timeout`."""
+# What receives each batch's kept documents (a `raw_documents` frame) and, apart, its rejects.
+FrameSink = Callable[[pl.DataFrame], None]
+
+
+def stream_input_shard(
+    shard: InputShard, source: SourceConfig, extract: ExtractConfig, write_documents: FrameSink,
+    write_rejects: FrameSink, record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S,
+) -> StageStats:
+    """Read one input file and hand its `raw_documents` rows and reject rows on batch by batch
+    (at most `extract.batch_rows` records and about `extract.batch_bytes` of text each), in file
+    order; the file's stats, merged over its batches. Handling one record (decoding, parsing its
+    JSON) that raises or runs past `record_timeout_s` is that record's reject, `ingest/error` or
+    `ingest/timeout`."""
     start = time.perf_counter()
-    result = ReadResult()
+    stats = StageStats(stage=STAGE)
+    file_label = escaped_name(config_relative_file(shard.path, source.path))
+
+    def write_batch(records: list[RawRecord]) -> None:
+        documents, rejects = _batch_frames(shard, file_label, records, stats)
+        write_documents(documents)
+        write_rejects(rejects)
+
+    result = ReadResult(sink=write_batch, batch_rows=extract.batch_rows, batch_bytes=extract.batch_bytes)
     outside = outside_folder(shard.path, shard.folder) if shard.folder is not None else None
     name = escaped_name(shard.path)
     if name != shard.path:
         # No text column can hold the name, and lineage could not point back at the file: refuse it.
-        result.records.append(RawRecord(index=0, offset=0, url=None, fetch_time=None, content_type=None, drop=Drop(
+        result.add(RawRecord(index=0, offset=0, url=None, fetch_time=None, content_type=None, drop=Drop(
             "ingest/bad_file_name", None, f"file name is not valid UTF-8: {name}")))
     elif outside is not None:
         # One reject for the file, without an excerpt: nothing of a file outside the source is read.
-        result.records.append(RawRecord(index=0, offset=0, url=None, fetch_time=None, content_type=None, drop=Drop(
+        result.add(RawRecord(index=0, offset=0, url=None, fetch_time=None, content_type=None, drop=Drop(
             "ingest/outside_source", None, f"resolves to {outside}, outside the source's folder {shard.folder}")))
     else:
         read_records(shard, source, extract, result, record_timeout_s)
+    result.flush()
+    stats.counters.update(result.counters)
+    stats.wall_s = time.perf_counter() - start
+    return stats
 
-    records = result.records
-    file_label = escaped_name(config_relative_file(shard.path, source.path))
+
+def _batch_frames(shard: InputShard, file_label: str, records: list[RawRecord],
+                  stats: StageStats) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The kept documents and the reject rows of one batch of records; counted into `stats`."""
     table = pl.DataFrame(
         {
             "doc_id": [make_doc_id(shard.key, r.index) for r in records],
@@ -115,8 +142,6 @@ def read_input_shard(
     drops = {i: r.drop for i, r in enumerate(records) if r.drop is not None}
     rejects = rejects_frame(table, STAGE, drops, text_column="_excerpt")
     documents = table.filter(pl.Series([r.drop is None for r in records], dtype=pl.Boolean)).drop("_excerpt")
-
-    stats = StageStats(stage=STAGE)
     count_in_out(stats, table, documents, column="raw")
     for i in drops:
         # rejected records have no `raw`; count the bytes they occupied in the input
@@ -124,6 +149,15 @@ def read_input_shard(
         stats.by_bucket[shard.bucket].bytes_in += records[i].payload_bytes
     for rule in (d.rule for d in drops.values()):
         stats.dropped[rule] += 1
-    stats.counters.update(result.counters)
-    stats.wall_s = time.perf_counter() - start
-    return StageOutput(documents, rejects, stats)
+    return documents, rejects
+
+
+def read_input_shard(
+    shard: InputShard, source: SourceConfig, extract: ExtractConfig,
+    record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S,
+) -> StageOutput:
+    """The whole `raw_documents` table for one input file, with its rejects and stats, in memory:
+    `stream_input_shard` with its batches put together (for a file known to be small, and tests)."""
+    documents, rejects = [pl.DataFrame(schema=RAW_SCHEMA)], [empty_rejects()]
+    stats = stream_input_shard(shard, source, extract, documents.append, rejects.append, record_timeout_s)
+    return StageOutput(pl.concat(documents), pl.concat(rejects), stats)

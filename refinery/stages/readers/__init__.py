@@ -1,4 +1,5 @@
-"""One reader per input format, each appending the records of one file to a `ReadResult`:
+"""One reader per input format, each adding the records of one file to a `ReadResult` (which
+hands them on in bounded batches):
 warc.py (WARC, gzip or not), jsonl.py (JSONL, gzip or not), tables.py (Parquet, and Hugging Face
 datasets saved to disk), over records.py (the record as read, its reject, the size limit, UTF-8
 decoding, opening a gzip file). refinery/stages/ingest.py picks the reader by the source's format

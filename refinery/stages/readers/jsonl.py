@@ -74,7 +74,6 @@ def read_jsonl(
                 index += 1
                 rec = RawRecord(index=index, offset=offset, url=None, fetch_time=None, content_type="text/plain")
                 rec.payload_bytes = length
-                result.records.append(rec)
                 if length > limit:
                     rec.excerpt = excerpt_of(line)
                     rec.drop = too_large(length, limit)
@@ -82,6 +81,7 @@ def read_jsonl(
                     failed = guarded("ingest", budget, armed, _parse_json_line, rec, line, source, result)
                     if failed is not None:
                         rec.raw, rec.drop, rec.excerpt = None, failed, excerpt_of(line)
+                result.add(rec)
         except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip
             add_truncation(result, index + 1, reached, f"decompressed stream: {err}")
             return

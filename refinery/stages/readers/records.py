@@ -1,9 +1,12 @@
-"""What every reader shares: the record as read (a row or a reject), the record size limit, UTF-8
-decoding that counts what it replaces, and opening a file that may be gzip.
+"""What every reader shares: the record as read (a row or a reject), the bounded buffer records
+pass through, the record size limit, UTF-8 decoding that counts what it replaces, and opening a
+file that may be gzip.
 
-A reader appends one `RawRecord` per record to a `ReadResult`, with `raw` set (a document) or
-`drop` set (a reject, `ingest/<reason>`); refinery/stages/ingest.py turns them into the
-`raw_documents` table and its rejects.
+A reader adds one `RawRecord` per record to a `ReadResult`, with `raw` set (a document) or `drop`
+set (a reject, `ingest/<reason>`). The result hands its records on in batches, bounded by a row
+count and a byte budget (`extract.batch_rows`, `extract.batch_bytes`), to a sink:
+refinery/stages/ingest.py, which turns each batch into rows of the `raw_documents` table and its
+rejects. So a reader holds at most one batch and one record, whatever the file's size.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import codecs
 import gzip
 import threading
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Callable
 
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import EXCERPT_CHARS
@@ -42,14 +45,50 @@ class RawRecord:
     excerpt: str | None = None
     payload_bytes: int = 0
 
+    def held_bytes(self) -> int:
+        """About how much memory the record holds (its text, excerpt and URL, in characters)."""
+        return len(self.raw or "") + len(self.excerpt or "") + len(self.url or "") + 200
+
+
+# A batch of records as the sink receives them, in the order they were read.
+RecordSink = Callable[[list[RawRecord]], None]
+
 
 @dataclass
 class ReadResult:
+    """The records read and not yet handed on, and the file's counters. `add` hands every record
+    but the last to `sink` once the records held pass `batch_rows` or `batch_bytes`: the last one
+    stays, because a reader may still learn that it was bad (a WARC record whose Content-Length
+    lies) and turn it into a reject. Without a sink every record stays in `records`."""
+
     records: list[RawRecord] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    sink: RecordSink | None = None
+    batch_rows: int = 1 << 62
+    batch_bytes: int = 1 << 62
+    read: int = 0  # records added in all, handed on or not
+    held_bytes: int = 0  # `RawRecord.held_bytes` of `records`
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
+
+    def add(self, rec: RawRecord) -> None:
+        self.records.append(rec)
+        self.read += 1
+        self.held_bytes += rec.held_bytes()
+        if self.sink is not None and (len(self.records) > self.batch_rows or self.held_bytes > self.batch_bytes):
+            self.flush(keep_last=True)
+
+    def flush(self, keep_last: bool = False) -> None:
+        """Hand the records held to the sink (all but the last one when `keep_last`)."""
+        if self.sink is None:
+            return
+        handed = self.records[:-1] if keep_last else self.records
+        if not handed:
+            return
+        self.records = self.records[len(handed):]
+        self.held_bytes = sum(r.held_bytes() for r in self.records)
+        self.sink(handed)
 
 
 def too_large(size: int, limit: int) -> Drop:
@@ -66,7 +105,7 @@ def add_truncation(result: ReadResult, index: int, offset: int, detail: str, end
     be read."""
     if end is not None:
         detail = f"{detail}; bytes {offset}..{end} unreadable"
-    result.records.append(
+    result.add(
         RawRecord(
             index=index,
             offset=offset,

@@ -2,13 +2,18 @@
 their state.json lists; no `datasets` import).
 
 A row is a record, its fields read as a JSONL object's (`ingest/missing_text` for a null or
-non-string text; a binary column is decoded as UTF-8, `ingest/bad_utf8`). A row group that cannot
-be read is one `ingest/bad_rows` naming its rows, and the next is read; a file whose footer is
-gone, or an Arrow file cut short, is one `ingest/truncated_file` after the rows read before it. A
-table without the source's text (or id) column raises `InputColumnError`: no row of it can be read.
+non-string text; a binary column is decoded as UTF-8, `ingest/bad_utf8`). The rows of a row
+group from where it cannot be read on are one `ingest/bad_rows` naming them, and the next group is
+read; a file whose footer is gone, or an Arrow file cut short, is one `ingest/truncated_file` after
+the rows read before it. A table without the source's text (or id) column raises `InputColumnError`: no row of it can be read.
 
 `record_offset` is the row's number (across a dataset's Arrow files, a damaged file counting as one
 row).
+
+Rows are read a few at a time, never a row group or an Arrow batch at once: as many as
+`extract.batch_bytes` holds at `extract.max_record_bytes` each (at least one, at most
+`extract.batch_rows`), with Parquet pages read through a bounded buffer. So a row group of a
+gigabyte of text (a few hundred KB on disk when its values repeat) costs one such slice of memory.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from refinery.config import ExtractConfig, SourceConfig
+from refinery.documents import EXCERPT_CHARS
 from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
 from refinery.stages.readers.records import RawRecord, ReadResult, take_fields
 from refinery.stages.stats import Drop
 
-_TABLE_BATCH_ROWS = 1024
+# Bytes of a Parquet column chunk read ahead at a time (pre-buffering would read a whole chunk).
+_PARQUET_READ_BUFFER = 1 << 20
 
 
 class InputColumnError(ValueError):
@@ -54,30 +61,43 @@ class _TableDamage:
     detail: str
 
 
-def _parquet_batches(path: str, source: SourceConfig) -> Iterator[Any]:
-    """Record batches of the source's columns, row group by row group; a row group that cannot be
-    read is one `_TableDamage` and reading goes on with the next."""
+def rows_per_slice(extract: ExtractConfig) -> int:
+    """How many table rows are decoded at once: what `batch_bytes` holds of rows at the record
+    size limit, at least one and at most `batch_rows`."""
+    return max(1, min(extract.batch_rows, extract.batch_bytes // extract.max_record_bytes))
+
+
+def _parquet_batches(path: str, source: SourceConfig, rows: int) -> Iterator[Any]:
+    """Record batches of at most `rows` rows of the source's columns, row group by row group; a
+    row group that cannot be read (from where it broke) is one `_TableDamage` and reading goes on
+    with the next."""
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=_PARQUET_READ_BUFFER)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a broken footer
         yield _TableDamage(None, f"not a readable Parquet file: {err}")
         return
     columns = _table_columns(pf.schema_arrow.names, source, path)
     for group in range(pf.num_row_groups):
-        rows = pf.metadata.row_group(group).num_rows
-        try:
-            batches = list(pf.iter_batches(batch_size=_TABLE_BATCH_ROWS, row_groups=[group], columns=columns))
-        except Exception as err:  # noqa: BLE001 - a corrupt page or column chunk
-            yield _TableDamage(rows, f"row group {group} unreadable: {err}")
-        else:
-            yield from batches
+        left = pf.metadata.row_group(group).num_rows
+        batches = pf.iter_batches(batch_size=rows, row_groups=[group], columns=columns, use_threads=False)
+        while left > 0:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except Exception as err:  # noqa: BLE001 - a corrupt page or column chunk
+                yield _TableDamage(left, f"row group {group} unreadable: {err}")
+                break
+            left -= batch.num_rows
+            yield batch
 
 
-def _hf_dataset_batches(path: str, source: SourceConfig) -> Iterator[Any]:
-    """Record batches of a `save_to_disk` directory's Arrow stream files, in the order its
-    state.json lists them; a file cut short or corrupt ends that file with one `_TableDamage`."""
+def _hf_dataset_batches(path: str, source: SourceConfig, rows: int) -> Iterator[Any]:
+    """Record batches of at most `rows` rows of a `save_to_disk` directory's Arrow stream files,
+    in the order its state.json lists them (each stored batch is memory-mapped and sliced); a file
+    cut short or corrupt ends that file with one `_TableDamage`."""
     import pyarrow as pa
 
     state = os.path.join(path, "state.json")
@@ -92,7 +112,9 @@ def _hf_dataset_batches(path: str, source: SourceConfig) -> Iterator[Any]:
                 reader = pa.ipc.open_stream(source_file)
                 columns = _table_columns(reader.schema.names, source, f"{path}/{name}")
                 for batch in reader:
-                    yield batch.select(columns)
+                    batch = batch.select(columns)
+                    for start in range(0, batch.num_rows, rows):
+                        yield batch.slice(start, rows)
         except InputColumnError:
             raise
         except Exception as err:  # noqa: BLE001 - a missing, cut-short or corrupt Arrow stream
@@ -103,13 +125,15 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
                 budget: float | None) -> None:
     """One row per record: the text column as the document, url and id columns as for JSONL;
     `record_offset` is the row's number in the file (in the dataset, for a Hugging Face dataset)."""
-    batches = _parquet_batches(path, source) if source.format == "parquet" else _hf_dataset_batches(path, source)
+    rows = rows_per_slice(extract)
+    batches = (_parquet_batches(path, source, rows) if source.format == "parquet"
+               else _hf_dataset_batches(path, source, rows))
     row = 0  # the next row's number; a damaged stretch is one reject numbered by its first row
     with record_alarm(budget) as armed:
         for batch in batches:
             if isinstance(batch, _TableDamage):
                 span = f"rows {row}..{row + batch.rows}" if batch.rows is not None else f"rows from {row}"
-                result.records.append(RawRecord(row, row, None, None, None, drop=Drop(
+                result.add(RawRecord(row, row, None, None, None, drop=Drop(
                     "ingest/bad_rows" if batch.rows is not None else "ingest/truncated_file", float(row),
                     f"{span} unreadable: {batch.detail}"[:ERROR_DETAIL_CHARS])))
                 row += batch.rows or 1
@@ -117,13 +141,16 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
             for obj in batch.to_pylist():
                 rec = RawRecord(index=row, offset=row, url=None, fetch_time=None, content_type="text/plain")
                 row += 1
-                result.records.append(rec)
                 failed = guarded("ingest", budget, armed, _take_row, rec, obj, source, extract, result)
                 if failed is not None:
                     rec.raw, rec.drop = None, failed
-    if not result.records:
+                result.add(rec)
+    if not result.read:
         result.count("empty_file")
 
 
 def _take_row(rec: RawRecord, obj: dict, source: SourceConfig, extract: ExtractConfig, result: ReadResult) -> None:
-    take_fields(rec, obj, source, extract, result, excerpt=str(obj))
+    # The row as its excerpt, each value cut to what an excerpt can show: the repr of a whole
+    # 100 KB value costs more than reading its row.
+    cut = {k: v[:EXCERPT_CHARS] if isinstance(v, (str, bytes)) else v for k, v in obj.items()}
+    take_fields(rec, obj, source, extract, result, excerpt=str(cut))

@@ -86,7 +86,7 @@ class _Segment:
     index: int  # the last record index given out
     last_pos: int | None = None  # stream position and declared length of the last record read
     last_length: int = 0  # its WARC Content-Length
-    last_row: int | None = None  # its place in result.records, when it became a row
+    last_row: RawRecord | None = None  # its row, when it became one (still held by `result`: the last added)
     error: str | None = None  # why reading stopped before the end of the file
     cut_at: int | None = None  # a record whose payload ends early, or whose header lines end in LF, starts here
     cut_why: str = "the record's payload ends before its Content-Length"
@@ -113,8 +113,9 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
             for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
                 seg.index += 1
                 seg.last_pos, seg.last_row = record.stream_pos, None
-                seg.last_length = _warc_content_length(record)
-                if any("\n" in value for _, value in record.headers.items()):
+                headers = header_fields(record.headers)
+                seg.last_length = _warc_content_length(headers)
+                if any("\n" in value for value in headers.values()):
                     # LF-only header lines: FastWARC read them as one line and may have run on into
                     # the next record's headers and block, so nothing it says past here is trusted.
                     seg.cut_at, seg.cut_why = record.stream_pos, "WARC header lines end in LF, not CRLF"
@@ -122,16 +123,15 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
                 if not record.record_type & wanted:
                     result.count(f"skipped_{record.record_type}")
                     continue
-                rec = guarded("ingest", budget, armed, _warc_row, record, seg.index, source, extract, result)
+                rec = guarded("ingest", budget, armed, _warc_row, record, headers, seg.index, source, extract, result)
                 if isinstance(rec, Drop):  # this record's own handling failed: a reject of its own
-                    headers = record.headers
-                    rec = RawRecord(seg.index, record.stream_pos, headers.get("WARC-Target-URI"),
-                                  headers.get("WARC-Date"), None, drop=rec)
+                    rec = RawRecord(seg.index, record.stream_pos, headers.get("warc-target-uri"),
+                                    headers.get("warc-date"), None, drop=rec)
                 if rec is None:
                     seg.cut_at = record.stream_pos
                     break
-                seg.last_row = len(result.records)
-                result.records.append(rec)
+                seg.last_row = rec
+                result.add(rec)
     except OSError as err:  # FastWARC's error for an unparsable record or a broken stream
         seg.error = str(err) or type(err).__name__
     finally:
@@ -142,26 +142,35 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
     return seg
 
 
-def _warc_content_length(record) -> int:
+def header_fields(header_map) -> dict[str, str]:
+    """A FastWARC header map as a dict by lower-case name, the first of repeated names winning (as
+    its `get` answers); one pass over it costs less than two of its `get` calls."""
+    fields: dict[str, str] = {}
+    for name, value in header_map.items():
+        fields.setdefault(name.lower(), value)
+    return fields
+
+
+def _warc_content_length(headers: dict[str, str]) -> int:
     """The record's declared block length (its WARC Content-Length; FastWARC's `content_length`
     is what is left after the HTTP headers it parsed)."""
     try:
-        return int(record.headers.get("Content-Length") or -1)
+        return int(headers.get("content-length") or -1)
     except ValueError:
         return -1
 
 
-def _warc_row(record, index: int, source: SourceConfig, extract: ExtractConfig, result: ReadResult) -> RawRecord | None:
-    """The row of one response/resource record, or None when its payload ends before its
-    declared length (the file is cut short there)."""
-    headers = record.headers
-    content_type = record.http_content_type if record.is_http else headers.get("Content-Type")
+def _warc_row(record, headers: dict[str, str], index: int, source: SourceConfig, extract: ExtractConfig,
+              result: ReadResult) -> RawRecord | None:
+    """The row of one response/resource record (`headers`: its WARC headers, `header_fields`), or
+    None when its payload ends before its declared length (the file is cut short there)."""
+    content_type = record.http_content_type if record.is_http else headers.get("content-type")
     content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
     rec = RawRecord(
         index=index,
         offset=record.stream_pos,
-        url=headers.get("WARC-Target-URI"),
-        fetch_time=headers.get("WARC-Date"),
+        url=headers.get("warc-target-uri"),
+        fetch_time=headers.get("warc-date"),
         content_type=content_type,
     )
     declared, limit = record.content_length, extract.max_record_bytes
@@ -183,9 +192,9 @@ def _warc_row(record, index: int, source: SourceConfig, extract: ExtractConfig, 
         rec.drop = Drop("ingest/binary_payload", None, f"content type {content_type}")
         return rec
     if record.is_http:
-        headers = record.http_headers
+        http = header_fields(record.http_headers)
         try:
-            payload = http_body(payload, headers.get("Transfer-Encoding"), headers.get("Content-Encoding"), limit)
+            payload = http_body(payload, http.get("transfer-encoding"), http.get("content-encoding"), limit)
         except Rejected as err:
             rec.drop, rec.excerpt = err.drop, excerpt_of(payload)
             return rec
@@ -205,7 +214,7 @@ def read_warc(path: str, source: SourceConfig, extract: ExtractConfig, result: R
         seg = _warc_segment(path, start, gzipped, index, source, extract, result, budget)
         index = seg.index
         start, index = _resynchronise(path, gzipped, seg, result)
-    if index < 0 and not result.records:
+    if index < 0 and not result.read:
         result.count("empty_file")
 
 
@@ -240,7 +249,7 @@ def _resynchronise(path: str, gzipped: bool, seg: _Segment, result: ReadResult) 
             # The last record read does not end where its Content-Length says: it is the bad one,
             # and what it read as its payload belongs to the records after it.
             resume = _next_record_start(path, last + 1, gzipped)
-            rec = result.records[seg.last_row]
+            rec = seg.last_row
             stop = resume if resume is not None else os.path.getsize(path)
             rec.raw, rec.drop = None, Drop(
                 "ingest/bad_content_length", float(seg.last_length),
@@ -258,7 +267,7 @@ def _resynchronise(path: str, gzipped: bool, seg: _Segment, result: ReadResult) 
         return None, index
     head = _record_head(path, bad, gzipped)
     url = _TARGET_URI.search(head)
-    result.records.append(
+    result.add(
         RawRecord(
             index=index,
             offset=bad,

@@ -1,0 +1,214 @@
+"""Issue 26, memory bounded per record: raw_documents reads every format as a stream and hands its
+rows on in batches bounded by `extract.batch_rows` and `extract.batch_bytes`, written as row groups.
+
+The fast tests check the batching itself: batches and row groups within their bounds, the same rows,
+rejects and stats as one whole read (a lying WARC Content-Length found after its record was read
+included), byte-identical outputs across reruns, tables read back by row group in bounded slices
+(how per-document stages read their input), and the preflight's refusal of bad bounds. The slow
+ones read decompression bombs (2 GB of gzip JSONL and WARC from a few MB, a 1 GB Parquet row group
+from under a KB) through raw_documents in a subprocess and bound its peak memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from orchestration.cli import main
+from refinery.config import ExtractConfig, SourceConfig
+from refinery.documents import REJECTS_SCHEMA, InputShard, make_doc_id
+from refinery.stages.ingest import RAW_SCHEMA, read_input_shard, stream_input_shard
+from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
+from refinery.testing.crawl import gzip_member, http_response, warc_record
+
+from helpers.bombs import peak_rss_of_ingest, write_jsonl_bomb, write_parquet_bomb, write_warc_bomb
+from helpers.configs import demo_config
+
+# What a raw_documents worker may reach reading any bomb below with the default batch bounds
+# (64 MiB, 10,000 rows; 8 MiB records): Python with polars, pyarrow and FastWARC loaded is about
+# 140 MB, one batch of text with its frames and Parquet buffers a few times its size.
+PEAK_RSS_BOUND = 1 << 30
+GB = 1 << 30
+
+
+def shard_of(path: Path, source: SourceConfig) -> InputShard:
+    return InputShard("s-f", source.name, source.bucket, str(path))
+
+
+def batched(path: Path, source: SourceConfig, **extract) -> tuple[list[pl.DataFrame], list[pl.DataFrame], object]:
+    """The batches `stream_input_shard` hands on (documents and rejects) and its stats."""
+    documents, rejects = [], []
+    stats = stream_input_shard(shard_of(path, source), source, ExtractConfig(**extract), documents.append, rejects.append)
+    return documents, rejects, stats
+
+
+def assert_same_as_whole_read(path: Path, source: SourceConfig, **extract) -> list[pl.DataFrame]:
+    """Batches of `path` put together equal one whole read's tables and stats; returns the batches."""
+    whole = read_input_shard(shard_of(path, source), source, ExtractConfig())
+    documents, rejects, stats = batched(path, source, **extract)
+    assert pl.concat(documents).equals(whole.documents)
+    assert pl.concat(rejects).equals(whole.rejects)
+    mine, theirs = stats.to_dict(), whole.stats.to_dict()
+    mine.pop("wall_s"), theirs.pop("wall_s")
+    assert mine == theirs
+    return documents
+
+
+def jsonl_with_bad_lines(path: Path, lines: int) -> list[int]:
+    """Gzip JSONL of `lines` lines, every 7th not JSON; returns the bad lines' indexes."""
+    bad = [i for i in range(lines) if i % 7 == 3]
+    rows = [b"{not json\n" if i in bad else (json.dumps({"url": f"https://j.example/{i}", "text": f"doc {i} " * 20}) + "\n").encode()
+            for i in range(lines)]
+    path.write_bytes(gzip.compress(b"".join(rows), mtime=0))
+    return bad
+
+
+def test_jsonl_batches_hold_at_most_batch_rows_and_add_up_to_the_whole_read(tmp_path):
+    path = tmp_path / "in.jsonl.gz"
+    bad = jsonl_with_bad_lines(path, 1000)
+    source = SourceConfig(name="s", path=str(path), format="jsonl", bucket="books")
+    documents = assert_same_as_whole_read(path, source, batch_rows=64)
+    assert len(documents) == -(-1000 // 64)
+    assert [d.height for d in documents[:2]] == [64 - sum(1 for i in bad if i < 64), 64 - sum(1 for i in bad if 64 <= i < 128)]
+    _, rejects, stats = batched(path, source, batch_rows=64)
+    assert pl.concat(rejects)["doc_id"].to_list() == [make_doc_id("s-f", i) for i in bad]
+    assert stats.docs_in == 1000 and stats.docs_out == 1000 - len(bad)
+    assert dict(stats.dropped) == {"ingest/bad_json": len(bad)}
+
+
+def test_batch_bytes_bounds_a_batch_of_large_records(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i} " + "x" * 300_000}) + "\n" for i in range(40)))
+    source = SourceConfig(name="s", path=str(path), format="jsonl", bucket="books")
+    documents = assert_same_as_whole_read(path, source, batch_bytes=1 << 20)
+    # 300 KB each: a batch holds what fits in 1 MiB, three records.
+    assert [d.height for d in documents] == [3] * 13 + [1]
+
+
+def lying_record(url: str, delta: int) -> bytes:
+    rng = random.Random(98)
+    body = f"<html><body><p>{'lies ' * 80}</p></body></html>".encode()
+    rec = warc_record("response", url, http_response(body, "text/html; charset=utf-8", rng), rng,
+                      "application/http; msgtype=response")
+    m = re.search(rb"Content-Length: (\d+)\r\n\r\nHTTP", rec)
+    return rec.replace(m.group(0), b"Content-Length: %d\r\n\r\nHTTP" % (int(m.group(1)) + delta))
+
+
+def valid_record(i: int) -> bytes:
+    rng = random.Random(i)
+    body = f"<html><head><title>Page {i}</title></head><body><p>{f'word{i} ' * 60}</p></body></html>".encode()
+    return warc_record("response", f"https://ok.example/{i}", http_response(body, "text/html; charset=utf-8", rng),
+                       rng, "application/http; msgtype=response")
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_warc_record_found_bad_after_it_was_read_is_a_reject_at_every_batch_size(tmp_path, compress):
+    # The lying record is read as a row first; the reader learns it was bad only from what follows,
+    # so the record a batch holds back must still be the one it turns into a reject.
+    path = tmp_path / "in.warc.gz"
+    records = [valid_record(i) for i in range(5)] + [lying_record("https://bad.example/lies", 500)] + [
+        valid_record(i) for i in range(5, 12)]
+    path.write_bytes(b"".join(gzip_member(r) if compress else r for r in records))
+    source = SourceConfig(name="s", path=str(path), format="warc", bucket="web")
+    for rows in (1, 2, 5, 6):
+        assert_same_as_whole_read(path, source, batch_rows=rows)
+    _, rejects, _ = batched(path, source, batch_rows=1)
+    assert pl.concat(rejects)["rule"].to_list() == ["ingest/bad_content_length"]
+    assert pl.concat(rejects)["url"].to_list() == ["https://bad.example/lies"]
+
+
+def test_a_parquet_row_group_is_decoded_a_few_rows_at_a_time(tmp_path):
+    path = tmp_path / "in.parquet"
+    texts = [f"{i} " + "y" * 100_000 for i in range(60)]
+    pq.write_table(pa.table({"text": texts, "url": [f"https://t.example/{i}" for i in range(60)]}), path,
+                   row_group_size=60)
+    source = SourceConfig(name="s", path=str(path), format="parquet", bucket="books")
+    # 1 MiB of batch at 256 KiB records: four rows decoded at a time; the records batch by bytes.
+    documents = assert_same_as_whole_read(path, source, batch_bytes=1 << 20, max_record_bytes=256 << 10)
+    assert sum(d.height for d in documents) == 60 and max(d.height for d in documents) <= 10
+    assert pl.concat(documents)["raw"].to_list() == texts
+
+
+def ingest_to_files(path: Path, source: SourceConfig, out: Path, **extract) -> tuple[str, str]:
+    out.mkdir()
+    with ParquetBatchWriter(out / "documents.parquet", RAW_SCHEMA) as documents, \
+         ParquetBatchWriter(out / "rejects.parquet", REJECTS_SCHEMA) as rejects:
+        stream_input_shard(shard_of(path, source), source, ExtractConfig(**extract), documents.write, rejects.write)
+    for f, writer in (("documents.parquet", documents), ("rejects.parquet", rejects)):
+        assert writer.sha256 == hashlib.sha256((out / f).read_bytes()).hexdigest()
+    return documents.sha256, rejects.sha256
+
+
+def test_outputs_are_one_row_group_per_batch_and_identical_across_reruns(tmp_path):
+    path = tmp_path / "in.jsonl.gz"
+    jsonl_with_bad_lines(path, 500)
+    source = SourceConfig(name="s", path=str(path), format="jsonl", bucket="books")
+    first = ingest_to_files(path, source, tmp_path / "a", batch_rows=100)
+    assert ingest_to_files(path, source, tmp_path / "b", batch_rows=100) == first
+    meta = pq.ParquetFile(tmp_path / "a" / "documents.parquet").metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [
+        sum(1 for i in range(lo, lo + 100) if i % 7 != 3) for lo in range(0, 500, 100)]
+    assert pl.read_parquet(tmp_path / "a" / "rejects.parquet").height == sum(1 for i in range(500) if i % 7 == 3)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("batch_bytes", float("inf"), "stages.extract.batch_bytes: inf is not a finite number"),
+    ("batch_bytes", 0, "stages.extract.batch_bytes: Input should be greater than or equal to 1048576"),
+    ("batch_bytes", 1 << 40, "stages.extract.batch_bytes: Input should be less than or equal to 4294967296"),
+    ("batch_rows", -1, "stages.extract.batch_rows: Input should be greater than or equal to 1"),
+    ("batch_rows", 10**9, "stages.extract.batch_rows: Input should be less than or equal to 1000000"),
+])
+def test_preflight_refuses_batch_bounds_out_of_range(tmp_path, capsys, field, value, message):
+    data = demo_config(tmp_path / "out")
+    data["stages"].setdefault("extract", {})[field] = value
+    config = tmp_path / "refinery.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["validate", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"  {message}" in err
+
+
+# ---- decompression bombs, in a subprocess -------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fmt", "write", "size"), [
+    ("jsonl", write_jsonl_bomb, 2 * GB),
+    ("warc", write_warc_bomb, 2 * GB),
+    ("parquet", write_parquet_bomb, 1 * GB),
+])
+def test_bomb_is_read_whole_in_bounded_memory(tmp_path, fmt, write, size):
+    path = tmp_path / f"bomb.{fmt}"
+    records, text_bytes = write(path, size)
+    assert path.stat().st_size < 12 << 20  # a few MB on disk
+    assert records * text_bytes > 0.99 * size  # the text alone; the file decompresses to more
+    report = peak_rss_of_ingest(path, fmt, tmp_path / "out")
+    assert report["docs_out"] == report["documents_rows"] == records
+    assert report["bytes_out"] == records * text_bytes
+    assert report["dropped"] == {} and report["rejects_rows"] == 0
+    assert report["peak_rss_bytes"] < PEAK_RSS_BOUND, report
+
+
+def test_parquet_batches_follow_row_groups_and_keep_an_empty_tables_schema(tmp_path):
+    frame = pl.DataFrame({"doc_id": [f"d{i}" for i in range(25)], "n": list(range(25))})
+    path = tmp_path / "t.parquet"
+    with ParquetBatchWriter(path) as writer:  # the first frame sets the schema
+        for start in (0, 10, 20):
+            writer.write(frame.slice(start, 10))
+    assert [b.height for b in parquet_batches(path, rows=4)] == [4, 4, 2, 4, 4, 2, 4, 1]
+    assert pl.concat(parquet_batches(path, rows=4)).equals(frame)
+    empty = tmp_path / "empty.parquet"
+    with ParquetBatchWriter(empty) as writer:
+        writer.write(frame.head(0))
+    assert [(b.height, b.schema) for b in parquet_batches(empty, rows=4)] == [(0, frame.schema)]
