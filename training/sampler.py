@@ -62,6 +62,7 @@ PLAN_SCALE = 1 << 32
 # Steps of the mixture read past a chunk's end for the allocation's deadlines; a deadline further
 # out is searched for block by block, only when the order of the rows depends on it.
 HORIZON_STEPS = 256
+QUOTA_BLOCK = 4096  # steps of the quantized mixture computed at a time and shared by the chunks in them
 
 
 class BucketExhausted(Exception):
@@ -490,6 +491,7 @@ class CurriculumSampler:
         self.dropped: list[tuple[str, int]] = []  # (bucket, first step without it)
         self.served: dict[int, np.ndarray] = {}  # phase -> rows served per bucket
         self.plan_offset = np.zeros(len(self.buckets), dtype=np.int64)  # of the phase of step - 1
+        self._quota_blocks: dict[tuple, np.ndarray] = {}
 
     def done(self) -> bool:
         return self.step >= self.schedule.total_steps
@@ -509,25 +511,43 @@ class CurriculumSampler:
         weights[:, [self.buckets.index(b) for b, _ in dropped]] = 0.0
         return weights
 
+    def _quota(self, phase: int, lo: int, hi: int, dropped: list[tuple[str, int]]) -> np.ndarray:
+        """`quantize_rows` of steps [lo, hi) of the phase's mixture, from blocks of QUOTA_BLOCK steps
+        computed once (a chunk's horizon overlaps the next chunk's: the blocks are shared)."""
+        gone = tuple(sorted({b for b, _ in dropped}))
+        length, G = len(self.schedule.phase_steps(phase)), self.schedule.global_batch
+        parts = []
+        for block in range(lo // QUOTA_BLOCK, (hi - 1) // QUOTA_BLOCK + 1):
+            key = (phase, gone, block)
+            quota = self._quota_blocks.get(key)
+            if quota is None:
+                a = block * QUOTA_BLOCK
+                quota = quantize_rows(self._weights(phase, a, min(length, a + QUOTA_BLOCK), dropped), G)
+                if len(self._quota_blocks) >= 4:
+                    self._quota_blocks.pop(next(iter(self._quota_blocks)))
+                self._quota_blocks[key] = quota
+            parts.append(quota)
+        first = lo // QUOTA_BLOCK * QUOTA_BLOCK
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts))[lo - first:hi - first]
+
     def _allocate(self, phase: int, lo: int, hi: int, offset: np.ndarray,
                   dropped: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
         """(quota, rows) per (step, bucket) for steps [lo, hi) of the phase, continuing from `offset`."""
         G, length = self.schedule.global_batch, len(self.schedule.phase_steps(phase))
         horizon = min(length, hi + HORIZON_STEPS)
-        weights = self._weights(phase, lo, horizon, dropped)
-        empty = np.flatnonzero(weights[: hi - lo].sum(axis=1) <= 0)
+        quota = self._quota(phase, lo, horizon, dropped)
+        empty = np.flatnonzero(quota[: hi - lo].sum(axis=1) == 0)
         if len(empty):  # every bucket the step weights is dropped: the last one dropped ran dry
             last = max(dropped, key=lambda d: d[1])[0]
             raise BucketExhausted(last, self.schedule.phase_starts[phase] + lo + int(empty[0]),
                                   G * self.schedule.manifests[phase].seq_len, 0)
-        quota = quantize_rows(weights, G)
         last = offset + quota.sum(axis=0)
 
         def beyond(b: int, units: int) -> int:
             reached, at = int(last[b]), horizon
             while at < length:  # block by block: the phase's mixture is never held whole
-                stop = min(length, at + 16 * HORIZON_STEPS)
-                column = reached + np.cumsum(quantize_rows(self._weights(phase, at, stop, dropped), G)[:, b])
+                stop = min(length, at + QUOTA_BLOCK)
+                column = reached + np.cumsum(self._quota(phase, at, stop, dropped)[:, b])
                 i = int(np.searchsorted(column, units, side="left"))
                 if i < len(column):
                     return at + i - lo
