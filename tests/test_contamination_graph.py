@@ -24,7 +24,7 @@ from refinery.storage import LocalDataRoot
 from training.phase_runs import phase_run_dir
 from training.status import read_status
 
-from helpers.configs import demo_config, write_config
+from helpers.configs import demo_config, with_quarter_curriculum, write_config
 from helpers.materialize import in_memory_instance, materialize_in_workspace
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def plant(text: str, item: dict, how: str) -> str:
 
 
 def write_contaminated_config(tmp: Path, eval_sets: list[dict], policy: str) -> Path:
-    demo = demo_config(tmp / "out")
+    demo = with_quarter_curriculum(demo_config(tmp / "out"))
     demo["contamination"].update(eval_sets=eval_sets, policy=policy, ngram=NGRAM, max_contaminated_docs=0)
     return write_config(tmp, demo)
 

@@ -17,7 +17,7 @@ from refinery.shard_format import SHARD_SUFFIXES, ShardReader, ShardWriter
 from refinery.shard_cache import ShardCache
 from refinery.storage.s3 import S3DataRoot, S3StorageError
 
-from helpers.configs import read_demo, write_beside_sample
+from helpers.configs import read_demo, with_quarter_curriculum, write_beside_sample
 from helpers.digests import digests
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def s3_config(tmp_path: Path, prefix: str) -> str:
         source["path"] = str(folder / sorted(p.name for p in (REPO / "configs" / folder).iterdir())[0])
     # One web file holds a third of the sample's web tokens; let the demo curriculum read it more often.
     data["curriculum"]["buckets"]["web"]["max_epochs"] = 12
-    return write_beside_sample(tmp_path, prefix, data)
+    return write_beside_sample(tmp_path, prefix, with_quarter_curriculum(data))
 
 
 def content_digests(root: S3DataRoot) -> dict[str, str]:

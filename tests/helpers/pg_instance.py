@@ -256,8 +256,9 @@ class LocalInstance:
 
     def stop(self) -> None:
         # The daemon first, so it launches nothing more; then the code server and the runs below it.
+        # Five seconds each: the daemon's shutdown, waiting out its loops, took the whole 20 s grace.
         for name in ("daemon", "code-server"):
-            stop_process_group(self.processes.pop(name, None))
+            stop_process_group(self.processes.pop(name, None), grace_s=5)
         for name, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
