@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 .PHONY: demo test test-fast ui install clean
 
 $(STAMP): pyproject.toml constraints.txt
-	@echo "make: installing Refinery and its dependencies into $(VENV) (torch CPU, Dagster, Ray, polars; 2-3 minutes on a fresh machine, once)"
+	@echo "make: installing Refinery and its dependencies into $(VENV) (torch CPU, Dagster, Ray, polars; about 3 minutes on a fresh machine, once)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --progress-bar off -c constraints.txt -e ".[test]"
