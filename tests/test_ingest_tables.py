@@ -85,6 +85,21 @@ def test_parquet_binary_column_is_read_as_utf8(tmp_path):
     assert out.rejects["rule"].to_list() == ["ingest/bad_utf8", "ingest/missing_text"]
 
 
+def test_a_string_value_that_is_not_utf8_costs_its_own_row(tmp_path):
+    """A writer that skipped validation can store invalid UTF-8 in a string column; pyarrow then
+    refuses the whole batch. Here the bad text is one `ingest/bad_utf8`, a bad url takes
+    replacement characters, and every other row comes out."""
+    as_string = lambda values: pa.array(values, type=pa.binary()).view(pa.string())  # noqa: E731 - unvalidated
+    table = pa.table({"text": as_string([b"first page", b"bad \xff\xfe text", b"third page", b"fourth page"]),
+                      "url": as_string([b"https://a.example/1", b"https://a.example/2", b"https://a.example/\xff",
+                                        b"https://a.example/4"])})
+    pq.write_table(table, tmp_path / "s.parquet")
+    out = read(tmp_path / "s.parquet", SourceConfig(name="s", path="*", format="parquet", bucket="web"))
+    assert out.documents["raw"].to_list() == ["first page", "third page", "fourth page"]
+    assert out.documents["url"].to_list() == ["https://a.example/1", "https://a.example/\ufffd", "https://a.example/4"]
+    assert out.rejects["rule"].to_list() == ["ingest/bad_utf8"]
+
+
 def test_parquet_missing_text_or_id_column_names_the_field_and_the_columns(tmp_path):
     path = write_parquet(tmp_path / "p.parquet", [{"body": "a", "uid": "1"}])
     with pytest.raises(InputColumnError) as err:

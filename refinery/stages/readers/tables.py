@@ -138,7 +138,7 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
                     f"{span} unreadable: {batch.detail}"[:ERROR_DETAIL_CHARS])))
                 row += batch.rows or 1
                 continue
-            for obj in batch.to_pylist():
+            for obj in _rows(batch, source):
                 rec = RawRecord(index=row, offset=row, url=None, fetch_time=None, content_type="text/plain")
                 row += 1
                 failed = guarded("ingest", budget, armed, _take_row, rec, obj, source, extract, result)
@@ -147,6 +147,24 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
                 result.add(rec)
     if not result.read:
         result.count("empty_file")
+
+
+def _rows(batch: Any, source: SourceConfig) -> list[dict]:
+    """The batch's rows as dicts. A string value that is not UTF-8 (a writer that skipped validation)
+    makes pyarrow refuse the whole batch; then the batch's strings are read as bytes, so that the
+    text goes through the check a binary column gets (`ingest/bad_utf8`, or replacement characters
+    below MAX_INVALID_UTF8_FRACTION) and the other fields take replacement characters: the bad
+    value costs its own row at most."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        import pyarrow as pa
+
+        as_bytes = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}
+        columns = [c.cast(as_bytes[c.type]) if c.type in as_bytes else c for c in batch.columns]
+        rows = pa.table(dict(zip(batch.schema.names, columns))).to_pylist()
+        return [{k: v.decode("utf-8", "replace") if isinstance(v, bytes) and k != source.text_field else v
+                 for k, v in obj.items()} for obj in rows]
 
 
 def _take_row(rec: RawRecord, obj: dict, source: SourceConfig, extract: ExtractConfig, result: ReadResult) -> None:
