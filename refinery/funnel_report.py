@@ -6,6 +6,11 @@ stages it does not name come last, alphabetically), each the merge of its partit
 The budget is seed 002's `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes per token, and r_j
 each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect.
 
+The bytes a stage loses are shown two ways: `bytes_dropped`, the text of the documents it removed,
+and `bytes_rewritten`, what it took out of the documents it kept (HTML markup at extraction, C4's
+line rules in heuristic_filtered, placeholders in pii_redacted), so a low byte retention says
+which it was.
+
 Per language, from language ID on: the documents and bytes each language keeps after every stage,
 joined from the documents and rejects tables (stats files count by bucket only; a language is known
 once language_filtered has run: its kept rows carry it, its rejects name it in `detail`). A document
@@ -262,6 +267,8 @@ def build_report(totals: dict[str, StageTotals], target_tokens: int, bytes_per_t
                 "retention": round(s.retention, 6),
                 "bytes_in": s.bytes_in,
                 "bytes_out": s.bytes_out,
+                "bytes_dropped": s.bytes_dropped,
+                "bytes_rewritten": s.bytes_rewritten,
                 "byte_retention": round(s.byte_retention, 6),
                 "wall_s": round(s.wall_s, 3),
                 "top_reasons": dict(s.dropped.most_common(TOP_REASONS)),
@@ -274,6 +281,8 @@ def build_report(totals: dict[str, StageTotals], target_tokens: int, bytes_per_t
                 "docs_in": c.docs_in,
                 "docs_out": c.docs_out,
                 "retention": round(r, 6),
+                "bytes_dropped": c.bytes_dropped,
+                "bytes_rewritten": c.bytes_rewritten,
                 "byte_retention": round(br, 6),
             }
             b["retention"] *= r
@@ -312,7 +321,7 @@ def _human_bytes(n: float | None) -> str:
     if n is None:
         return "unbounded (nothing survives)"
     units = ["B", "KB", "MB", "GB", "TB", "PB", "EB"]
-    i = min(len(units) - 1, int(math.log(max(n, 1), 1000)))
+    i = min(len(units) - 1, int(math.log(max(abs(n), 1), 1000)))  # negative: a rewrite that added bytes
     return f"{n / 1000**i:,.2f} {units[i]}"
 
 
@@ -335,12 +344,18 @@ def format_report(report: dict[str, Any]) -> str:
             f"{s['docs_out']:,}",
             f"{s['retention']:.1%}",
             _human_bytes(s["bytes_in"]),
+            _human_bytes(s["bytes_dropped"]),
+            _human_bytes(s["bytes_rewritten"]),
             _human_bytes(s["bytes_out"]),
             f"{s['byte_retention']:.1%}",
         ]
         for s in report["stages"]
     ]
-    out = ["Funnel", _table(["stage", "parts", "docs in", "docs out", "kept", "bytes in", "bytes out", "bytes kept"], rows)]
+    header = ["stage", "parts", "docs in", "docs out", "kept", "bytes in", "dropped", "rewritten", "bytes out",
+              "bytes kept"]
+    out = ["Funnel", _table(header, rows),
+           "dropped: bytes of the documents a stage removed; rewritten: bytes it cut from the documents it kept "
+           "(negative where it added some)"]
     reasons = [
         f"  {s['stage']}: " + ", ".join(f"{r} {n:,}" for r, n in s["top_reasons"].items())
         for s in report["stages"]

@@ -42,7 +42,8 @@ class SourceConfig(Section):
         default_factory=list, description="Stages this source's documents pass through untouched "
         "(`heuristic` also skips `stages.custom_filters`).")
     # Heuristic rules that do not fit this source's documents, by reason name (e.g. c4/curly_bracket
-    # for documentation and code, whose shell and config snippets hold braces); checked against
+    # for documentation and code, whose shell and config snippets hold braces, and C4's line rules,
+    # c4_lines/..., LINE_RULES, where short lines and indentation are content); checked against
     # HeuristicConfig.rule_names() when the whole config loads.
     rules_off: list[str] = Field(default_factory=list, description="Heuristic rules switched off for this "
                                  "source, by reason name (e.g. `c4/curly_bracket` for code).")

@@ -12,6 +12,20 @@ from refinery.config.thresholds import (HEURISTIC_RULES, RULE_SECTIONS, C4Config
                                         GopherQualityConfig, GopherRepetitionConfig)
 
 
+# C4's line rules: they remove or change lines of the documents heuristic_filtered keeps, rather than
+# drop documents (refinery/stages/heuristic/c4.py, docs/languages.md). Each is switched off by name
+# like any rule; with all of them off a kept document's text is unchanged byte for byte.
+LINE_RULES = (
+    "c4_lines/too_long_word",
+    "c4_lines/no_terminal_punct",
+    "c4_lines/too_few_words",
+    "c4_lines/javascript",
+    "c4_lines/policy",
+    "c4_lines/citation",
+    "c4_lines/whitespace",
+)
+
+
 class ExtractConfig(Section):
     """HTML to text with resiliparse main-content extraction (DCLM's extractor)."""
 
@@ -72,14 +86,17 @@ class HeuristicConfig(Section):
     rules_off: list[str] = Field(default_factory=list)
 
     def rule_names(self) -> list[str]:
-        """Every rule name `rules_off` accepts under this config (the repetition n-gram rules of
-        every n configured stage-wide or for a language)."""
+        """Every rule name `rules_off` accepts under this config: the document rules, C4's line
+        rules (LINE_RULES), and the repetition n-gram rules of every n configured stage-wide or for
+        a language."""
         sections = [self.gopher_repetition.model_dump()]
         for settings in (*default_language_heuristics().values(), *self.languages.values()):
             sections.append(settings.gopher_repetition)
         top = sorted({int(n) for rep in sections for n, _ in rep.get("top_n_grams", [])})
         dup = sorted({int(n) for rep in sections for n, _ in rep.get("dup_n_grams", [])})
-        return [*HEURISTIC_RULES, *(f"gopher_rep/top_{n}_gram" for n in top),
+        # HEURISTIC_RULES names some of the line rules too: they are listed once, together
+        documents = [rule for rule in HEURISTIC_RULES if rule not in LINE_RULES]
+        return [*documents, *LINE_RULES, *(f"gopher_rep/top_{n}_gram" for n in top),
                 *(f"gopher_rep/dup_{n}_gram" for n in dup)]
 
     def check_rule_names(self, names: list[str], where: str) -> None:

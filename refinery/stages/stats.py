@@ -2,8 +2,11 @@
 
 `StageStats` holds one stage's counts over one partition (documents and bytes in and out, overall
 and per bucket, drops by reason, other counters, wall time) and merges with `+` across partitions
-and workers (datatrove's `Stats`). `Drop` is the reason one document was removed; `rejects_frame`
-turns the drops of a table into its reject rows.
+and workers (datatrove's `Stats`). The bytes a stage loses come two ways, counted apart:
+`bytes_dropped`, the text of the documents it removed, and `bytes_rewritten`, what it took out of
+the documents it kept by changing their text (C4's line rules, PII placeholders, HTML extraction);
+`bytes_in = bytes_out + bytes_dropped + bytes_rewritten`. `Drop` is the reason one document was
+removed; `rejects_frame` turns the drops of a table into its reject rows.
 
 Counters are `total`, `kept`, `dropped`, `dropped/<reason>`; reason strings are an API:
 `<rule family>/<rule>`, snake_case, e.g. `gopher_rep/dup_line_frac`.
@@ -34,12 +37,17 @@ class BucketCounts:
     docs_out: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    bytes_rewritten: int = 0  # as StageStats.bytes_rewritten, for this bucket
 
     def __add__(self, other: "BucketCounts") -> "BucketCounts":
         return BucketCounts(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
 
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        return (self.docs_in, self.docs_out, self.bytes_in, self.bytes_out)
+    def as_tuple(self) -> tuple[int, int, int, int, int]:
+        return (self.docs_in, self.docs_out, self.bytes_in, self.bytes_out, self.bytes_rewritten)
+
+    @property
+    def bytes_dropped(self) -> int:
+        return self.bytes_in - self.bytes_out - self.bytes_rewritten
 
 
 @dataclass
@@ -51,6 +59,10 @@ class StageStats:
     docs_out: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    # Bytes taken out of the documents the stage kept, by changing their text: their bytes in less
+    # their bytes out, negative where the new text is longer (a placeholder longer than the email
+    # it replaces). Stats files written before it was counted read as 0.
+    bytes_rewritten: int = 0
     wall_s: float = 0.0
     dropped: Counter = field(default_factory=Counter)  # reason -> documents
     counters: Counter = field(default_factory=Counter)  # anything else, e.g. pii/email replacements
@@ -66,11 +78,17 @@ class StageStats:
             docs_out=self.docs_out + other.docs_out,
             bytes_in=self.bytes_in + other.bytes_in,
             bytes_out=self.bytes_out + other.bytes_out,
+            bytes_rewritten=self.bytes_rewritten + other.bytes_rewritten,
             wall_s=self.wall_s + other.wall_s,
             dropped=self.dropped + other.dropped,
             counters=self.counters + other.counters,
             by_bucket=buckets,
         )
+
+    @property
+    def bytes_dropped(self) -> int:
+        """Bytes of the documents the stage removed, as they came in."""
+        return self.bytes_in - self.bytes_out - self.bytes_rewritten
 
     @property
     def retention(self) -> float:
@@ -91,6 +109,7 @@ class StageStats:
             "docs_out": self.docs_out,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            "bytes_rewritten": self.bytes_rewritten,
             "wall_s": round(self.wall_s, 6),
             "dropped": dict(sorted(self.dropped.items())),
             "counters": dict(sorted(self.counters.items())),
@@ -105,6 +124,7 @@ class StageStats:
             docs_out=d["docs_out"],
             bytes_in=d["bytes_in"],
             bytes_out=d["bytes_out"],
+            bytes_rewritten=d.get("bytes_rewritten", 0),
             wall_s=d["wall_s"],
             dropped=Counter(d.get("dropped", {})),
             counters=Counter(d.get("counters", {})),
@@ -121,17 +141,38 @@ def text_bytes(df: pl.DataFrame, column: str = "text") -> pl.Series:
 def count_in_out(
     stats: StageStats, before: pl.DataFrame, after: pl.DataFrame, column: str = "text", out_column: str | None = None
 ) -> None:
-    """Fill docs/bytes in and out, overall and per bucket, from the tables either side of a stage.
-    Bytes are those of `column` before and `out_column` (default: the same) after."""
-    for df, suffix, col in ((before, "in", column), (after, "out", out_column or column)):
-        sizes = df.select(pl.col("bucket"), text_bytes(df, col).alias("_bytes"))
-        setattr(stats, f"docs_{suffix}", getattr(stats, f"docs_{suffix}") + df.height)
-        setattr(stats, f"bytes_{suffix}", getattr(stats, f"bytes_{suffix}") + int(sizes["_bytes"].sum() or 0))
-        for row in sizes.group_by("bucket").agg(pl.len().alias("n"), pl.col("_bytes").sum().alias("b")).iter_rows():
-            bucket, n, b = row
-            counts = stats.by_bucket.setdefault(bucket, BucketCounts())
-            setattr(counts, f"docs_{suffix}", getattr(counts, f"docs_{suffix}") + n)
-            setattr(counts, f"bytes_{suffix}", getattr(counts, f"bytes_{suffix}") + int(b or 0))
+    """Fill docs/bytes in and out, and the bytes rewriting took out of the kept documents, overall
+    and per bucket, from the tables either side of a stage. Bytes are those of `column` before and
+    `out_column` (default: the same) after. A document of `before` is kept when its doc_id is in
+    `after`; a table without doc ids must keep every row."""
+    if "doc_id" in before.columns and "doc_id" in after.columns:
+        kept = before["doc_id"].is_in(after["doc_id"].implode())
+    elif before.height == after.height:
+        kept = pl.repeat(True, before.height, eager=True)
+    else:
+        raise ValueError(f"{stats.stage}: without a doc_id column, which of {before.height} documents are the "
+                         f"{after.height} kept cannot be told")
+    sizes_in = before.select(pl.col("bucket"), text_bytes(before, column).alias("_bytes"), kept.alias("_kept"))
+    sizes_out = after.select(pl.col("bucket"), text_bytes(after, out_column or column).alias("_bytes"))
+    kept_bytes_in = int(sizes_in.filter(pl.col("_kept"))["_bytes"].sum() or 0)
+    bytes_out = int(sizes_out["_bytes"].sum() or 0)
+    stats.docs_in += before.height
+    stats.docs_out += after.height
+    stats.bytes_in += int(sizes_in["_bytes"].sum() or 0)
+    stats.bytes_out += bytes_out
+    stats.bytes_rewritten += kept_bytes_in - bytes_out
+    kept_bytes = pl.col("_bytes").filter(pl.col("_kept"))
+    ins = sizes_in.group_by("bucket").agg(n=pl.len(), b=pl.col("_bytes").sum(), k=kept_bytes.sum())
+    for bucket, n, b, k in ins.iter_rows():
+        counts = stats.by_bucket.setdefault(bucket, BucketCounts())
+        counts.docs_in += n
+        counts.bytes_in += int(b or 0)
+        counts.bytes_rewritten += int(k or 0)  # less the bucket's bytes out, below
+    for bucket, n, b in sizes_out.group_by("bucket").agg(n=pl.len(), b=pl.col("_bytes").sum()).iter_rows():
+        counts = stats.by_bucket.setdefault(bucket, BucketCounts())
+        counts.docs_out += n
+        counts.bytes_out += int(b or 0)
+        counts.bytes_rewritten -= int(b or 0)
 
 
 def rejects_frame(df: pl.DataFrame, stage: str, drops: dict[int, Drop], text_column: str = "text") -> pl.DataFrame:

@@ -26,6 +26,12 @@ dup_para_char_frac, dup_line_frac, dup_line_char_frac, top_<n>_gram, dup_<n>_gra
 c4/{lorem_ipsum, curly_bracket, too_few_sentences}, fineweb/{empty, line_punct_ratio,
 short_line_ratio, char_dup_ratio, list_ratio}. Each family's module says where it differs from
 datatrove's code.
+
+C4's line rules rewrite the documents the stage keeps instead of dropping them: c4_lines/{too_long_word,
+no_terminal_punct, too_few_words, javascript, policy} remove lines, c4_lines/citation cuts citation
+marks, c4_lines/whitespace strips lines and rejoins them (c4.py). They are switched off by name as
+the document rules are, and with all of them off a kept text is unchanged byte for byte; what they
+take out is the stage's `bytes_rewritten`, apart from the bytes of the documents it drops.
 """
 
 from refinery.stages.heuristic.c4 import c4_lines

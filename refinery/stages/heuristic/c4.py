@@ -1,13 +1,21 @@
 """C4's line rules (Raffel et al. 2020, section 2.2; tensorflow_datasets c4_utils).
 
-C4 removes lines, not only documents (as datatrove's C4QualityFilter and FineWeb do): lines with a
-word over `max_word_length` characters, with fewer than `min_words_per_line` words, mentioning
-"javascript", or quoting a cookie/terms policy are dropped from the text, and Wikipedia citation
-marks are cut; the document is kept if it still has `min_num_sentences` sentences. Removed lines
-are counted under `c4_lines/<rule>` in the stage counters. "lorem ipsum" and "{" drop the whole
-document (`c4/lorem_ipsum`, `c4/curly_bracket`; too few sentences left is `c4/too_few_sentences`).
-This keeps pages whose navigation crumbs and cookie banners survived extraction, and feeds the
-FineWeb rules the same text FineWeb fed them.
+C4 removes lines, not only documents (as datatrove's C4QualityFilter and FineWeb do), so it rewrites
+the documents it keeps. Its line rules, each switched off by its name in `rules_off` (stage-wide,
+per language or per source, like the document rules): lines with a word over `max_word_length`
+characters (`c4_lines/too_long_word`), without terminal punctuation when
+`filter_no_terminal_punct` is set (`c4_lines/no_terminal_punct`), with fewer than
+`min_words_per_line` words, blank lines included (`c4_lines/too_few_words`), mentioning
+"javascript" (`c4_lines/javascript`), or quoting a cookie/terms policy (`c4_lines/policy`) are
+dropped from the text, and counted by rule in the stage counters; Wikipedia citation marks are
+cut (`c4_lines/citation`); every kept line is stripped and the lines are joined with "\n"
+(`c4_lines/whitespace`: indentation, trailing spaces, `\r\n` and blank lines at either end go).
+With all of them off a kept document's text is unchanged byte for byte. The document is kept if it
+still has `min_num_sentences` sentences. "lorem ipsum" and "{" drop the whole document
+(`c4/lorem_ipsum`, `c4/curly_bracket`; too few sentences left is `c4/too_few_sentences`). This
+keeps pages whose navigation crumbs and cookie banners survived extraction, and feeds the FineWeb
+rules the same text FineWeb fed them. The bytes the line rules take out of kept documents are the
+stage's `bytes_rewritten` (refinery/stages/stats.py); docs/languages.md has the table.
 
 Where we differ from datatrove's code: sentences are counted by terminal punctuation followed by
 whitespace rather than by spaCy's sentencizer.
@@ -40,30 +48,38 @@ def c4_lines(
     removed lines are counted by rule. The word count is given only for a segmented document
     (None: count the text's whitespace words), so FineWeb's rules need not segment again.
 
-    In explain mode (`verdict.every`) a document-level failure is recorded and the lines go on
+    The rules judge each line stripped and without citation marks, whether or not
+    `c4_lines/whitespace` and `c4_lines/citation` are off; those two decide only what is written
+    back. In explain mode (`verdict.every`) a document-level failure is recorded and the lines go on
     being checked, so every failing rule is reported."""
     v = Verdict() if verdict is None else verdict
     start = len(v.drops)
     off = v.off
     max_len = cfg.max_word_length
     check_long = "c4_lines/too_long_word" not in off
+    check_punct = cfg.filter_no_terminal_punct and "c4_lines/no_terminal_punct" not in off
     check_few = "c4_lines/too_few_words" not in off
     check_js = cfg.filter_javascript and "c4_lines/javascript" not in off
     check_policy = cfg.filter_policy and "c4_lines/policy" not in off
     check_lorem, check_curly = cfg.filter_lorem_ipsum, cfg.filter_curly_bracket
+    cut_citations = "c4_lines/citation" not in off
+    tidy = "c4_lines/whitespace" not in off
+    # Untidied, a kept line is written back as it came, with its own line break, so the lines of a
+    # document that no rule touches join back into its text byte for byte.
+    with_breaks = None if tidy else doc.text.splitlines(keepends=True)
     line_words = doc.line_words if doc.segment is not None else None
     kept: list[str] = []
     kept_words = 0
     for i, raw_line in enumerate(doc.lines):
-        line = raw_line.strip()
+        stripped = raw_line.strip()
         segments = line_words[i] if line_words is not None else None
         # A line no longer than max_word_length cannot hold a longer word; most lines skip the check.
-        if check_long and len(line) > max_len and any(len(w) > max_len for w in (segments or line.split())):
+        if check_long and len(stripped) > max_len and any(len(w) > max_len for w in (segments or stripped.split())):
             removed["c4_lines/too_long_word"] += 1
             continue
-        words = len(segments) if segments is not None else len(line.split(None, cfg.min_words_per_line))
-        line = C4_CITATION.sub("", line) if "[" in line else line
-        if cfg.filter_no_terminal_punct and (not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")):
+        words = len(segments) if segments is not None else len(stripped.split(None, cfg.min_words_per_line))
+        line = C4_CITATION.sub("", stripped) if "[" in stripped else stripped
+        if check_punct and (not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")):
             removed["c4_lines/no_terminal_punct"] += 1
             continue
         if check_few and words < cfg.min_words_per_line:
@@ -84,9 +100,13 @@ def c4_lines(
         if check_policy and any(p in lower for p in C4_POLICY_PHRASES):
             removed["c4_lines/policy"] += 1
             continue
-        kept.append(line)
+        if tidy:
+            kept.append(line if cut_citations else stripped)
+        else:
+            original = with_breaks[i]
+            kept.append(C4_CITATION.sub("", original) if cut_citations and "[" in stripped else original)
         kept_words += words
-    text = "\n".join(kept)
+    text = "\n".join(kept) if tidy else "".join(kept)
     # Every kept line holds at least one sentence, so counting is needed only for a few lines.
     if len(kept) < cfg.min_num_sentences:
         sentences = len(kept) + len(_SENTENCE_END.findall(text))
@@ -95,4 +115,4 @@ def c4_lines(
     first = v.first_since(start)
     if first is not None:
         return None, first, None
-    return text.strip(), None, (kept_words if line_words is not None else None)
+    return (text.strip() if tidy else text), None, (kept_words if line_words is not None else None)

@@ -25,8 +25,9 @@ STAGE = "heuristic_filtered"
 
 class HeuristicFilter(RecordStage):
     """Every heuristic rule over each document, read with the settings of the document's language
-    (the `language` column); kept documents carry C4's line-filtered text. `rules_off` names rules
-    switched off for this filter's source (SourceConfig.rules_off)."""
+    (the `language` column); kept documents carry C4's line-filtered text (unchanged when every
+    C4 line rule is off). `rules_off` names rules, document and line rules alike, switched off for
+    this filter's source (SourceConfig.rules_off)."""
 
     name = STAGE
     family = "heuristic"

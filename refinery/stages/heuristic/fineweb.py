@@ -1,6 +1,10 @@
 """FineWeb quality (Penedo et al. 2024, section 3.3; datatrove FineWebQualityFilter): lines ending
 in punctuation, short lines, characters in duplicated lines, newlines per word
 (`fineweb/<rule>`), read on the text C4's line rules kept, as in the FineWeb pipeline.
+
+Where we differ from datatrove's code: a line's trailing whitespace is not part of it, so a line
+of a `\r\n` text still ends in its punctuation. C4's line rules strip every line, so this matters
+only where `c4_lines/whitespace` is off and the text reaches FineWeb as it came.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ TERMINAL_PUNCTUATION = frozenset(
 def fineweb_quality(v: Verdict, text: str, cfg: FineWebQualityConfig, words: int | None = None) -> None:
     """FineWeb's rules on C4's edited text; `words` is its word count when the caller has it (a
     segmented document), else its whitespace words are counted."""
-    lines = [line for line in text.split("\n") if line.strip()]
+    lines = [line.rstrip() for line in text.split("\n") if line.strip()]
     if not lines:
         v.fail("fineweb/empty", 0, "no non-blank line")
         return
