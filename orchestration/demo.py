@@ -76,6 +76,34 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
+def materialize_step(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    step: PlanStep,
+    run_config: dict | None = None,
+) -> tuple[int, int]:
+    """Materialize one plan step over all its partitions, raising on the first failure; returns the
+    partition keys it covered and the Dagster runs it took. A step whose assets take many
+    partitions per run gets one run per partition range, tagged as a backfill's ranged run is."""
+    import dagster as dg
+
+    assets = list(defs.assets or []) + list(defs.asset_checks or [])
+    keys = step.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if step.partitions_def else []
+    per_run = step.per_run or max(len(keys), 1)
+    chunks = [keys[i : i + per_run] for i in range(0, len(keys), per_run)] if keys else [[]]
+    for chunk in chunks:
+        single = chunk[0] if len(chunk) == 1 else None
+        tags = {RANGE_START: chunk[0], RANGE_END: chunk[-1]} if len(chunk) > 1 else None
+        result = dg.materialize(
+            assets, selection=step.keys, partition_key=single, instance=instance, resources=defs.resources or {},
+            run_config=run_config, tags=tags, raise_on_error=True,
+        )
+        if not result.success:
+            names = ", ".join(k.to_user_string() for k in step.keys)
+            raise RuntimeError(f"materializing {names} [{chunk[0]}..{chunk[-1]}] failed")
+    return len(keys) or 1, len(chunks)
+
+
 def materialize_graph(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -83,31 +111,15 @@ def materialize_graph(
     log: Callable[[str], None] = print,
     run_config: dict | None = None,
 ) -> int:
-    """Materialize every (selected) asset and partition, raising on the first failure; returns the
-    number of Dagster runs it took. A step whose assets take many partitions per run gets one run
-    per partition range, tagged as a backfill's ranged run is."""
-    import dagster as dg
-
-    assets = list(defs.assets or []) + list(defs.asset_checks or [])
-    resources = defs.resources or {}
+    """Materialize every (selected) asset and partition, step by step (`materialize_step`), raising
+    on the first failure; returns the number of Dagster runs it took."""
     runs = 0
     for step in execution_plan(defs, selection):
-        keys = step.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if step.partitions_def else []
-        per_run = step.per_run or max(len(keys), 1)
-        chunks = [keys[i : i + per_run] for i in range(0, len(keys), per_run)] if keys else [[]]
-        names = ", ".join(k.to_user_string() for k in step.keys)
         start = time.perf_counter()
-        for chunk in chunks:
-            single = chunk[0] if len(chunk) == 1 else None
-            tags = {RANGE_START: chunk[0], RANGE_END: chunk[-1]} if len(chunk) > 1 else None
-            result = dg.materialize(
-                assets, selection=step.keys, partition_key=single, instance=instance, resources=resources,
-                run_config=run_config, tags=tags, raise_on_error=True,
-            )
-            if not result.success:
-                raise RuntimeError(f"materializing {names} [{chunk[0]}..{chunk[-1]}] failed")
-        runs += len(chunks)
-        log(f"  {names}: {len(keys) or 1} partition(s) in {len(chunks)} run(s), {time.perf_counter() - start:.1f}s")
+        partitions, step_runs = materialize_step(defs, instance, step, run_config)
+        runs += step_runs
+        names = ", ".join(k.to_user_string() for k in step.keys)
+        log(f"  {names}: {partitions} partition(s) in {step_runs} run(s), {time.perf_counter() - start:.1f}s")
     return runs
 
 
