@@ -89,6 +89,7 @@ class Found:
     fmt: str
     folder: str  # relative to DIR ("" for DIR itself)
     glob_name: str  # the glob of the source's file names in `folder` (a dataset's own name)
+    root: str  # DIR, which every input (a dataset's splits and files included) must stay inside
     paths: list[str] = field(default_factory=list)
     name: str = ""
     fields: dict[str, str] = field(default_factory=dict)
@@ -162,6 +163,8 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
     (everything under it, at any depth, feeds it); files directly in `root` go to `web`."""
     found: dict[tuple[str, str, str, str], Found] = {}
     ignored: list[str] = []
+    # Real paths of the folders walked: a link to one of them (to a parent: a loop) is not walked again.
+    folders_seen = {os.path.realpath(root)}
 
     def visit(path: str, bucket: str) -> None:
         if os.path.abspath(path) in exclude:
@@ -172,6 +175,9 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
             return
         fmt = detect_format(path)
         if fmt is None and os.path.isdir(path):
+            if os.path.realpath(path) in folders_seen:
+                return
+            folders_seen.add(os.path.realpath(path))
             for name in sorted(os.listdir(path)):
                 if not name.startswith("."):
                     visit(os.path.join(path, name), bucket)
@@ -182,7 +188,7 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
         folder = os.path.relpath(os.path.dirname(path), root)
         folder = "" if folder == "." else folder
         names = _glob_name(path, fmt)
-        entry = found.setdefault((bucket, fmt, folder, names), Found(bucket, fmt, folder, names))
+        entry = found.setdefault((bucket, fmt, folder, names), Found(bucket, fmt, folder, names, root))
         entry.paths.append(path)
         entry.input_bytes += _size(path)
 
@@ -257,6 +263,8 @@ def _sample_records(path: str, fmt: str) -> tuple[list[str], list[dict]]:
         return pf.schema_arrow.names, batch.to_pylist() if batch is not None else []
     with open(os.path.join(path, "state.json")) as f:
         first = json.load(f)["_data_files"][0]["filename"]
+    if outside_folder(os.path.join(path, first), path) is not None:
+        raise ValueError(f"{first} is a symlink out of the dataset's folder")  # ingest refuses it unread
     with pa.memory_map(os.path.join(path, first)) as source:
         reader = pa.ipc.open_stream(source)
         batch = next(iter(reader), None)
@@ -281,6 +289,9 @@ def detect_fields(src: Found) -> None:
         if src.fmt == "hf_dataset" and os.path.isfile(os.path.join(path, HF_DATASET_DICT)):
             with open(os.path.join(path, HF_DATASET_DICT)) as f:
                 path = os.path.join(path, json.load(f)["splits"][0])
+        if outside_folder(path, src.root) is not None:
+            src.problem = os.path.relpath(path, src.root) + OUTSIDE_NOTE
+            return
         try:
             columns, sample = _sample_records(path, src.fmt)
         except Exception as err:  # noqa: BLE001 - an unreadable input is reported, not fatal to init
@@ -333,9 +344,10 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
     extract_cfg = ExtractConfig()
     lid = language.LanguageFilter.from_config(LanguageConfig(languages="all"))
     rules = heuristic.HeuristicFilter(HeuristicConfig())
-    inputs = hf_dataset_dirs(src.paths) if src.fmt == "hf_dataset" else src.paths  # a DatasetDict's splits
+    inputs = hf_dataset_dirs(src.paths, src.root) if src.fmt == "hf_dataset" else src.paths  # a DatasetDict's splits
     for i, path in enumerate(_evenly(inputs, SAMPLE_FILES)):
-        shard = InputShard(key=f"{src.name}-sample{i}", source=src.name, bucket=src.bucket, path=path)
+        # With the scanned folder as the source's, a link out of it is an `ingest/outside_source` reject, unread.
+        shard = InputShard(key=f"{src.name}-sample{i}", source=src.name, bucket=src.bucket, path=path, folder=src.root)
         stages = [ingest.read_input_shard(shard, source_cfg, extract_cfg)]
         stages.append(extract.Extractor(extract_cfg).run(stages[-1].documents))
         if "language" not in src.skip:

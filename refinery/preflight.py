@@ -13,7 +13,9 @@
   that name no file (read from the YAML even when the schema rejects it, so these come together);
 - inputs that cannot be read: a glob match that is a directory, FIFO, dangling symlink or symlink
   loop (or, for `hf_dataset`, not a save_to_disk directory), a Parquet or Arrow table without the
-  source's text (or id) column (its schema only is read), and a glob that reaches into the data root;
+  source's text (or id) column (its schema only is read), and a glob that reaches into the data root
+  (a match whose symlinks lead out of the source's folder is not opened: ingest counts it as one
+  `ingest/outside_source` reject and reads nothing of it);
 - a data root that is a file, or a local one that cannot be written;
 - what the command needs: the quality classifier's buckets fed by a source, a curriculum to train.
 
@@ -41,6 +43,7 @@ from pydantic import ValidationError
 
 from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
                              read_yaml)
+from refinery.documents.inputs import outside_folder, source_folder
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ def _table_schemas(path: str, fmt: str) -> list[tuple[str, list[str]]]:
                 files = [os.path.join(path, e["filename"]) for e in json.load(f).get("_data_files", [])]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return []
+        files = [f for f in files if outside_folder(f, path) is None]  # ingest refuses the others unread
     out = []
     for file in files:
         try:
@@ -158,13 +162,17 @@ def _table_schemas(path: str, fmt: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-def source_file_problems(src: dict, i: int, matched: list[str]) -> list[str]:
+def source_file_problems(src: dict, i: int, matched: list[str], folder: str) -> list[str]:
     """Glob matches that cannot be read as the source's format: a directory, FIFO, dangling
     symlink or symlink loop where a file is expected (a file or a bare folder where a dataset is),
-    and a table without the column the source reads its text (or id) from."""
+    and a table without the column the source reads its text (or id) from. A match whose symlinks
+    lead out of the source's `folder` is left to ingest, which counts it (`ingest/outside_source`)
+    without opening it: nothing of it is read here either, not even its columns."""
     fmt = src.get("format")
     problems = []
     for path in matched:
+        if outside_folder(path, folder) is not None:
+            continue
         kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else _not_a_file(path)
         if kind is not None:
             problems.append(f"sources[{i}].path: {path} is {kind}; narrow the glob so it matches only "
@@ -230,7 +238,7 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
             if not matched and not dynamic:  # dynamic batches are registered as files arrive
                 where = "" if os.path.isabs(path) else f" (relative to the config's folder: {_resolve(base_dir, path)})"
                 problems.append(f"sources[{i}].path: glob {path!r} matches no file{where}")
-            problems += source_file_problems(src, i, matched)
+            problems += source_file_problems(src, i, matched, source_folder(_resolve(base_dir, path)))
         problems += data_root_in_source_problems(data, base_dir)
     if needs.eval_sets:
         for i, es in enumerate(_items(data, "contamination", "eval_sets")):

@@ -153,7 +153,7 @@ def test_hf_dataset_dict_splits_are_inputs_of_their_own(tmp_path):
         {"name": "curated", "path": "corpus", "format": "hf_dataset", "bucket": "books", "text_field": "content"}]},
         base_dir=str(tmp_path))
     shards = input_shards(cfg)
-    assert [(s.key, Path(s.path).name) for s in shards] == [("curated-corpus_train", "train"), ("curated-corpus_test", "test")]
+    assert [(s.key, Path(s.path).name) for s in shards] == [("curated-corpus~train", "train"), ("curated-corpus~test", "test")]
     out = read(Path(shards[1].path), source("hf_dataset"), key=shards[1].key)
     assert out.documents["raw"].to_list() == ["Fifth and last."]
     assert out.rejects["rule"].to_list() == ["ingest/binary_payload"]

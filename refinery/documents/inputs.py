@@ -16,14 +16,14 @@ from refinery.config import PartitionsConfig, RefineryConfig
 HF_DATASET_DICT = "dataset_dict.json"
 
 
-def hf_dataset_dirs(paths: list[str]) -> list[str]:
+def hf_dataset_dirs(paths: list[str], folder: str | None = None) -> list[str]:
     """The `save_to_disk` Dataset directories among `paths`: a DatasetDict's directory stands for its
     splits, in the order its dataset_dict.json lists them. Anything else stays, to be refused by
-    name when it is read."""
+    name when it is read; so does a path that leaves `folder` (the source's): nothing in it is opened."""
     out: list[str] = []
     for path in paths:
         index = os.path.join(path, HF_DATASET_DICT)
-        if os.path.isfile(index):
+        if (folder is None or outside_folder(path, folder) is None) and os.path.isfile(index):
             with open(index) as f:
                 out += [os.path.join(path, split) for split in json.load(f).get("splits", [])]
         else:
@@ -31,16 +31,26 @@ def hf_dataset_dirs(paths: list[str]) -> list[str]:
     return out
 
 
+def pattern_parts(pattern: str) -> tuple[int, str]:
+    """How many leading components of `pattern` hold no glob character (the source's folder), and
+    the literal text its last component ends with after its last glob character: every match's
+    name ends with that text."""
+    parts = pattern.split(os.sep)
+    fixed = 0
+    while fixed < len(parts) - 1 and not any(c in parts[fixed] for c in "*?["):
+        fixed += 1
+    last = parts[-1]
+    tail = last[max(last.rfind(c) for c in "*?]") + 1:]
+    return fixed, tail
+
+
 def source_folder(pattern: str) -> str | None:
     """The folder of a source's path pattern (the part before its first glob component), which
     every input must stay inside once its symlinks are resolved; None for a URL (no symlinks)."""
     if "://" in pattern:
         return None
-    parts = pattern.split(os.sep)
-    fixed = 0
-    while fixed < len(parts) - 1 and not any(c in parts[fixed] for c in "*?["):
-        fixed += 1
-    return os.sep.join(parts[:fixed]) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+    fixed, _ = pattern_parts(pattern)
+    return os.sep.join(pattern.split(os.sep)[:fixed]) or (os.sep if pattern.startswith(os.sep) else os.curdir)
 
 
 def outside_folder(path: str, folder: str) -> str | None:
@@ -56,8 +66,9 @@ def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
     """Every source's inputs (files; directories for `hf_dataset`), sorted so partition keys are stable."""
     out: dict[str, list[str]] = {}
     for src in cfg.sources:
-        matched = sorted(glob.glob(cfg.resolve(src.path)))
-        out[src.name] = hf_dataset_dirs(matched) if src.format == "hf_dataset" else matched
+        pattern = cfg.resolve(src.path)
+        matched = sorted(glob.glob(pattern))
+        out[src.name] = hf_dataset_dirs(matched, source_folder(pattern)) if src.format == "hf_dataset" else matched
     return out
 
 
@@ -73,35 +84,63 @@ class InputShard:
     folder: str | None = None
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_EXTENSIONS = (".warc.gz", ".warc", ".jsonl.gz", ".jsonl", ".json.gz", ".json", ".gz", ".parquet", ".arrow")
+# A path component shown as it is in a key: dot-separated words (no empty, leading or trailing
+# dot, so never Dagster's forbidden "..."), letters, digits, "_" and "-" only: safe as a Dagster
+# partition key, an S3 key and a file name.
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")  # what a snapshot name may not hold (`batch_key`)
+_UNSAFE_IN_KEY = re.compile(r"[^A-Za-z0-9_-]+")
+_EXTENSIONS = (".warc.gz", ".warc", ".jsonl.gz", ".jsonl", ".ndjson.gz", ".ndjson", ".json.gz", ".json", ".gz",
+               ".parquet", ".arrow")
+# Between the folders of a key's path (`~`: unreserved in URLs, and in no plain component); a key
+# that had to be cleaned or shortened ends in `~~` and a hash of the path, which no plain key holds.
+_FOLDER_MARK, _HASH_MARK = "~", "~~"
+_READABLE_CHARS = 120  # a longer path is shortened (with its hash): `<key>.parquet` stays a valid file name
+_HASH_BYTES = 5  # 10 hex digits, told apart only among paths that clean to the same name
 
 
-def _stem(path: str) -> str:
-    name = os.path.basename(path.rstrip("/"))
-    parent = os.path.dirname(path.rstrip("/"))
-    if os.path.isfile(os.path.join(parent, HF_DATASET_DICT)):
-        name = f"{os.path.basename(parent)}_{name}"  # a DatasetDict's split: the dataset and the split
-    for ext in _EXTENSIONS:
-        if name.endswith(ext):
+def input_key(source: str, path: str, pattern: str) -> str:
+    """The partition key of the input `path` of source `source`, whose glob is `pattern` (resolved):
+    `<source>-<path below the source's folder>`, a function of that path alone, so a new file never
+    changes an old one's key (nor its doc ids, `<key>/<record>`).
+
+    Folders are joined by `~` (`web-CC-MAIN-2024-10~part-00`). The file's extension is left out
+    when the glob fixes it (`*.jsonl.gz`: every match ends with it); otherwise it stays, since
+    `a.jsonl` and `a.jsonl.gz` are two files (`*.warc*` gives `web-web-00.warc.gz`). A path with
+    other characters (a space, a `+`, non-ASCII), or too long, is cleaned and ends in `~~` and a
+    hash of the whole relative path: `a b.jsonl` beside `a_b.jsonl` is `web-a_b~~84e1bb311b`, and
+    `web-a_b` stays `a_b.jsonl`'s. The relative path, never the absolute one, keeps keys the same on
+    every machine."""
+    fixed, tail = pattern_parts(pattern)
+    parts = path.rstrip(os.sep).split(os.sep)[fixed:]
+    name = parts[-1]
+    if len(parts) == len(pattern.split(os.sep)) - fixed:  # the glob's own match, not a DatasetDict's split
+        ext = next((e for e in _EXTENSIONS if tail.lower().endswith(e)), "")
+        if ext and len(name) > len(ext):
             name = name[: -len(ext)]
-            break
-    return _UNSAFE.sub("_", name) or "file"
+    shown = [*parts[:-1], name]
+    readable = _FOLDER_MARK.join(shown)
+    if all(_PLAIN.fullmatch(p) for p in shown) and len(readable) <= _READABLE_CHARS:
+        return f"{source}-{readable}"
+    relative = "/".join(parts).encode("utf-8", "surrogateescape")
+    digest = hashlib.blake2b(relative, digest_size=_HASH_BYTES).hexdigest()
+    cleaned = _FOLDER_MARK.join(_UNSAFE_IN_KEY.sub("_", p) for p in shown)[:_READABLE_CHARS].rstrip(_FOLDER_MARK)
+    return f"{source}-{cleaned}{_HASH_MARK}{digest}"
 
 
 def input_shards(cfg: RefineryConfig) -> list[InputShard]:
-    """Every input file as a partition, keyed `<source>-<file stem>`, in a stable order."""
+    """Every input file as a partition, keyed by `input_key`, in a stable order."""
     shards: list[InputShard] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
+    files = input_files(cfg)
     for src in cfg.sources:
-        folder = source_folder(cfg.resolve(src.path))
-        for path in input_files(cfg)[src.name]:
-            key = f"{src.name}-{_stem(path)}"
-            n = 2
-            while key in seen:
-                key = f"{src.name}-{_stem(path)}-{n}"
-                n += 1
-            seen.add(key)
+        pattern = cfg.resolve(src.path)
+        folder = source_folder(pattern)
+        for path in dict.fromkeys(files[src.name]):
+            key = input_key(src.name, path, pattern)
+            if key in seen:  # two paths, one cleaned name and one 40-bit hash: never silently merged
+                raise ValueError(f"inputs {seen[key]} and {path} both have the partition key {key!r}; rename one")
+            seen[key] = path
             shards.append(InputShard(key=key, source=src.name, bucket=src.bucket, path=path, folder=folder))
     return shards
 

@@ -32,7 +32,7 @@ import polars as pl
 
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import PROVENANCE_SCHEMA, InputShard, empty_rejects, make_doc_id
-from refinery.documents.inputs import outside_folder
+from refinery.documents.inputs import outside_folder, pattern_parts
 from refinery.stages.base import StageOutput
 from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S
 from refinery.stages.readers import RawRecord, ReadResult, read_jsonl, read_table, read_warc
@@ -48,9 +48,7 @@ def config_relative_file(path: str, pattern: str) -> str:
     if os.path.isabs(pattern) or "://" in pattern:
         return path
     parts = pattern.split("/")
-    fixed = 0
-    while fixed < len(parts) - 1 and not any(c in parts[fixed] for c in "*?["):
-        fixed += 1
+    fixed, _ = pattern_parts(pattern)
     tail = len(parts) - fixed
     if "**" in parts[fixed:]:
         return path

@@ -5,7 +5,9 @@ A row is a record, its fields read as a JSONL object's (`ingest/missing_text` fo
 non-string text; a binary column is decoded as UTF-8, `ingest/bad_utf8`). The rows of a row
 group from where it cannot be read on are one `ingest/bad_rows` naming them, and the next group is
 read; a file whose footer is gone, or an Arrow file cut short, is one `ingest/truncated_file` after
-the rows read before it. A table without the source's text (or id) column raises `InputColumnError`: no row of it can be read.
+the rows read before it. A dataset's data file that resolves outside its directory is one
+`ingest/outside_source` and is not opened. A table without the source's text (or id) column
+raises `InputColumnError`: no row of it can be read.
 
 `record_offset` is the row's number (across a dataset's Arrow files, a damaged file counting as one
 row).
@@ -25,6 +27,7 @@ from typing import Any, Iterator
 
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import EXCERPT_CHARS
+from refinery.documents.inputs import outside_folder
 from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
 from refinery.stages.readers.records import RawRecord, ReadResult, take_fields
 from refinery.stages.stats import Drop
@@ -55,10 +58,11 @@ def _table_columns(names: list[str], source: SourceConfig, path: str) -> list[st
 @dataclass
 class _TableDamage:
     """Rows of a table that cannot be read, from where reading got to: `rows` of them (None: the
-    rest of the file)."""
+    rest of the file). `rule` names another reason than damage (a file not opened)."""
 
     rows: int | None
     detail: str
+    rule: str | None = None
 
 
 def rows_per_slice(extract: ExtractConfig) -> int:
@@ -107,6 +111,12 @@ def _hf_dataset_batches(path: str, source: SourceConfig, rows: int) -> Iterator[
     with open(state) as f:
         files = [entry["filename"] for entry in json.load(f).get("_data_files", [])]
     for name in files:
+        outside = outside_folder(os.path.join(path, name), path)
+        if outside is not None:
+            # A data file is the dataset's only inside its directory: one reject, nothing of it read.
+            yield _TableDamage(None, f"{name} resolves to {outside}, outside the dataset's folder",
+                               "ingest/outside_source")
+            continue
         try:
             with pa.memory_map(os.path.join(path, name)) as source_file:
                 reader = pa.ipc.open_stream(source_file)
@@ -133,9 +143,9 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
         for batch in batches:
             if isinstance(batch, _TableDamage):
                 span = f"rows {row}..{row + batch.rows}" if batch.rows is not None else f"rows from {row}"
-                result.add(RawRecord(row, row, None, None, None, drop=Drop(
-                    "ingest/bad_rows" if batch.rows is not None else "ingest/truncated_file", float(row),
-                    f"{span} unreadable: {batch.detail}"[:ERROR_DETAIL_CHARS])))
+                rule = batch.rule or ("ingest/bad_rows" if batch.rows is not None else "ingest/truncated_file")
+                result.add(RawRecord(row, row, None, None, None, drop=Drop(rule, float(row),
+                    (batch.detail if batch.rule else f"{span} unreadable: {batch.detail}")[:ERROR_DETAIL_CHARS])))
                 row += batch.rows or 1
                 continue
             for obj in _rows(batch, source):
