@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from refinery.config import ConfigError, load_config
-from training.length_jump import (attention_parameters, phase_rope_scalings, renorm_second_moments,
-                                  reset_adam_state)
+from training.length_jump import attention_parameters, renorm_second_moments, reset_adam_state
 from training.model import GPT, GPTConfig
 from training.rope import RopeScaling, rope_tables, yarn_frequencies
+from training.schedule import phase_rope_scalings
 from refinery.testing.curriculum import SyntheticPhase, tiny_run
 from training.trainer import RunOptions, Trainer
 

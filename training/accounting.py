@@ -35,15 +35,16 @@ class RunAccounting:
         self.bucket_tokens: dict[str, int] = defaultdict(int)
         self.summary: dict[str, dict[str, dict[str, float]]] = {}  # phase -> bucket -> loss_sum, targets, tokens
 
-    def count(self, phase: str, seq_len: int, losses: list[float], targets: list[float], rows: list[int],
+    def count(self, phase_index: int, losses: list[float], targets: list[float], rows: list[int],
               finite: bool) -> dict[str, Any]:
-        """Add one step: per bucket (in `bucket_names` order) its summed loss, counted targets and
-        rows served; a non-finite step's loss is left out. Returns the step's `loss/<bucket>` and
-        `tokens/<bucket>` metrics."""
+        """Add one step of phase `phase_index`: per bucket (in `bucket_names` order) its summed loss,
+        counted targets and rows of the global batch served; a non-finite step's loss is left out.
+        Returns the step's `loss/<bucket>` and `tokens/<bucket>` metrics."""
         self.nonfinite_streak = 0 if finite else self.nonfinite_streak + 1
+        phase, step_tokens = self.schedule.phase_names[phase_index], self.schedule.step_tokens(phase_index)
         record: dict[str, Any] = {}
         for b, name in enumerate(self.bucket_names):
-            served = rows[b] * seq_len
+            served = rows[b] * step_tokens // self.schedule.global_batch  # a step's rows are equally long
             if served == 0:
                 continue
             self.bucket_tokens[name] += served

@@ -41,7 +41,7 @@ class TrainBatches:
                 yield exhausted[0]
                 return
             yield parts[0] if len(parts) == 1 else StepBatch(
-                step=parts[0].step, phase=parts[0].phase, seq_len=parts[0].seq_len,
+                step=parts[0].step, phase=parts[0].phase,
                 tokens=torch.cat([p.tokens for p in parts]), row_bucket=torch.cat([p.row_bucket for p in parts]),
                 layout=RowLayout.cat([p.layout for p in parts]),
                 states=parts[0].states, dropped=parts[0].dropped,
@@ -71,7 +71,7 @@ class TrainBatches:
 class StepInputs:
     """One step's tensors on the trainer's device (`Trainer.step_inputs`), and its rows per bucket."""
 
-    tokens: torch.Tensor  # int64 (rows, seq_len)
+    tokens: torch.Tensor  # int64 (rows, the phase's seq_len)
     targets: torch.Tensor  # int64, IGNORE where the target does not count
     doc_ids: torch.Tensor
     row_bucket: torch.Tensor

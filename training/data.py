@@ -8,7 +8,12 @@ planned step (see `training.sampler`) into whole-batch numpy arrays, and `gather
 many planned steps at once: one `np.concatenate` of memmap slices, handed to torch with
 `torch.from_numpy`: no per-item tensors and no Python lists of tokens. Where each row's entries
 start and which targets the loss skips travel as a `RowLayout`, a few positions per row, and become
-per-token doc ids and target masks only on the trainer's device.
+per-token doc ids and target masks only on the trainer's device. Held-out entries become rows here
+too (`eval_rows`), at the length of the phase being trained.
+
+A phase's seq_len reaches the model from here (docs/architecture.md): rows are cut to it
+(`gather_steps`, `eval_rows`) and the tensors' shape carries it on; the loader, the loop and the
+model keep no field of it.
 
 Sharding: every rank and loader worker plans the same global order (planning is integer
 arithmetic, no token reads); rank r reads rows [r*G/W, (r+1)*G/W) of each global batch, and with
@@ -99,6 +104,38 @@ def _positions(positions: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
+@dataclass
+class EvalRows:
+    """Held-out entries packed back to back into rows of one seq_len, with the loss mask."""
+
+    tokens: np.ndarray  # int64 (rows, L)
+    doc_ids: np.ndarray  # int32 (rows, L): entry ordinal, for document-masked attention
+    target_mask: np.ndarray  # bool (rows, L): position i's target (token i+1) counts
+
+
+def pack_eval_rows(shards: BucketIndex, ids: np.ndarray, seq_len: int) -> EvalRows:
+    """Entries `ids` of one bucket as rows of `seq_len`: a target counts when it lies in the same entry
+    and outside the entry's overlap prefix (the tokens its previous window already trained on), as
+    in training; the last row is padded with masked tokens."""
+    shard, offset, lengths, overlaps = shards.table(ids)
+    pieces = [shards.reader(s).tokens[o:o + n] for s, o, n in zip(shard.tolist(), offset.tolist(), lengths.tolist())]
+    n = int(lengths.sum())
+    rows = max(1, -(-n // seq_len))
+    tokens = np.zeros(rows * seq_len, dtype=np.int64)
+    if n:
+        tokens[:n] = np.concatenate(pieces)
+    doc = np.full(rows * seq_len, -1, dtype=np.int64)
+    doc[:n] = np.repeat(np.arange(len(ids)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    in_overlap = np.zeros(rows * seq_len, dtype=bool)
+    for s, ov in zip(starts, np.minimum(overlaps, lengths)):
+        in_overlap[s:s + ov] = True
+    doc, in_overlap = doc.reshape(rows, seq_len), in_overlap.reshape(rows, seq_len)
+    mask = np.zeros((rows, seq_len), dtype=bool)
+    mask[:, :-1] = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0) & ~in_overlap[:, 1:]
+    return EvalRows(tokens.reshape(rows, seq_len), doc.astype(np.int32), mask)
+
+
 def _fresh(name: str, n: int, dtype: Any) -> np.ndarray:
     return np.empty(n, dtype=dtype)
 
@@ -121,6 +158,7 @@ class CurriculumData:
         # Shards numbered across buckets (bucket_names order) for one lookup per chunk.
         self._bases = np.cumsum([0] + [len(buckets[n].shards) for n in self.bucket_names])[:-1]
         self._shard_base = dict(zip(self.bucket_names, self._bases.tolist()))
+        self._eval_rows: dict[tuple[str, int], EvalRows] = {}  # (bucket, seq_len) -> its held-out rows
 
     @classmethod
     def open(cls, cfg: RefineryConfig, root: DataRoot, global_batch: int) -> "CurriculumData":
@@ -178,6 +216,17 @@ class CurriculumData:
             )
         per = G // world_size
         return slice(rank * per, (rank + 1) * per)
+
+    def step_slice_tokens(self, phase: int, rows: slice) -> int:
+        """Tokens of rows `rows` (a rank's slice) in one step of phase `phase`: what `gather_steps` copies."""
+        return (rows.stop - rows.start) * self.schedule.manifests[phase].seq_len
+
+    def eval_rows(self, bucket: str, phase: int) -> EvalRows:
+        """Bucket `bucket`'s held-out entries as rows of phase `phase`'s seq_len, packed once per length."""
+        key = (bucket, self.schedule.manifests[phase].seq_len)
+        if key not in self._eval_rows:
+            self._eval_rows[key] = pack_eval_rows(self.buckets[bucket], self.heldout[bucket], key[1])
+        return self._eval_rows[key]
 
     def _reader_tokens(self, shard: int) -> np.ndarray:
         """The token map of shard number `shard` (numbered across buckets, in `bucket_names` order)."""

@@ -2,8 +2,9 @@
 the phase that starts there, and optionally Adam's state.
 
 RoPE: each phase's `rope_scaling`, as its manifest pins it, resolves to a `RopeScaling` or None
-(plain RoPE); see refinery/config/curriculum.py PhaseConfig for the spellings. Everything is a pure
-function of the manifests and the step, so a resumed run sets the same scaling at the same step.
+(plain RoPE) in the step schedule (training/schedule.py: `phase_rope_scalings`); see
+refinery/config/curriculum.py PhaseConfig for the spellings. Everything is a pure function of the
+manifests and the step, so a resumed run sets the same scaling at the same step.
 
 Adam (training.length_jump_adam), applied once, in the optimizer step of the first step at the new
 length (after gradient clipping, before the update):
@@ -18,45 +19,14 @@ length (after gradient clipping, before the update):
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Iterable
 
 import torch
 
-from refinery.config import RopeScalingConfig
 from training.model import GPT
-from training.rope import RopeScaling
 from training.schedule import StepSchedule
 
 LENGTH_JUMP_MODES = ("none", "reset", "renorm")
-
-
-def manifest_rope_spec(stored: str | dict[str, Any] | None) -> Any:
-    """A manifest's `rope_scaling` as `phase_rope_scalings` takes it: YaRN fields become the config's
-    section again (validated, with its defaults)."""
-    return RopeScalingConfig.model_validate(stored) if isinstance(stored, dict) else stored
-
-
-def phase_rope_scalings(seq_lens: Sequence[int], specs: Sequence[Any]) -> list[RopeScaling | None]:
-    """The RoPE scaling of each phase. A spec is None (keep the previous phase's), "none", "auto"
-    (YaRN from the native length, i.e. the original_seq_len already scaled from or else the
-    previous phase's seq_len, to this phase's seq_len; plain RoPE when that is no longer), or an
-    object with factor, original_seq_len, beta_fast, beta_slow."""
-    out: list[RopeScaling | None] = []
-    for i, (seq_len, spec) in enumerate(zip(seq_lens, specs, strict=True)):
-        current = out[-1] if out else None
-        if spec is None:
-            out.append(current)
-        elif spec == "none":
-            out.append(None)
-        elif spec == "auto":
-            if i == 0:
-                raise ValueError("curriculum.phases[0].rope_scaling auto: the first phase has no earlier length to "
-                                 "scale from; give {type: yarn, factor, original_seq_len} or leave it unset")
-            native = current.original_seq_len if current else seq_lens[i - 1]
-            out.append(RopeScaling(seq_len / native, native) if seq_len > native else None)
-        else:
-            out.append(RopeScaling(spec.factor, spec.original_seq_len, spec.beta_fast, spec.beta_slow))
-    return out
 
 
 def attention_parameters(model: GPT) -> list[torch.nn.Parameter]:
@@ -103,16 +73,14 @@ class LengthJump:
         if adam_mode not in LENGTH_JUMP_MODES:
             raise ValueError(f"training.length_jump_adam {adam_mode!r}: one of {LENGTH_JUMP_MODES}")
         self.model, self.optimizer, self.schedule, self.adam_mode = model, optimizer, schedule, adam_mode
-        # What was validated is what is trained: each phase's RoPE spec and seq_len from its manifest.
-        self.scalings = phase_rope_scalings([m.seq_len for m in schedule.manifests],
-                                            [manifest_rope_spec(m.rope_scaling) for m in schedule.manifests])
+        self.scalings = schedule.rope_scalings()
         self.armed = False
         if adam_mode != "none":
             optimizer.register_step_pre_hook(self._before_optimizer_step)
 
     def enter(self, step: int) -> None:
         self.model.set_rope_scaling(self.scalings[self.schedule.phase_at(step)])
-        if step > 0 and self.schedule.seq_len_at(step) != self.schedule.seq_len_at(step - 1) and self.adam_mode != "none":
+        if self.adam_mode != "none" and self.schedule.length_changes_at(step):
             self.armed = True
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:

@@ -46,8 +46,7 @@ class StepBatch:
 
     step: int
     phase: int
-    seq_len: int
-    tokens: torch.Tensor  # int32 (rows, seq_len)
+    tokens: torch.Tensor  # int32 (rows, the phase's seq_len)
     row_bucket: torch.Tensor  # int64 (rows,): index into CurriculumData.bucket_names
     layout: RowLayout  # where entries start, which targets count: `doc_ids()`, `target_mask()`
     states: ChunkStates  # the sampler states of the step's chunk; this step's is `sampler_state`
@@ -75,7 +74,6 @@ class StepChunk:
 
     first_step: int
     phase: int
-    seq_len: int
     arrays: dict[str, torch.Tensor] | None  # BATCH_FIELDS, each (steps, rows, ...)
     layouts: list[RowLayout]
     states: ChunkStates  # the sampler state after each step
@@ -91,7 +89,7 @@ class StepChunk:
 
     def batches(self) -> list[StepBatch]:
         tokens, row_bucket = (self.arrays[k].unbind(0) for k in BATCH_FIELDS)
-        out = [StepBatch(step, self.phase, self.seq_len, *parts, self.states, [])
+        out = [StepBatch(step, self.phase, *parts, self.states, [])
                for step, *parts in zip(itertools.count(self.first_step), tokens, row_bucket, self.layouts)]
         out[0].dropped = self.dropped
         for batch, pieces in zip(out, self.consumed or ()):
@@ -108,14 +106,15 @@ class StepStream:
         self.rank, self.world_size, self.record = rank, world_size, record
         self.rows = data.rank_rows(rank, world_size)
 
-    def chunk_steps(self, seq_len: int) -> int:
-        return max(1, CHUNK_TOKENS // ((self.rows.stop - self.rows.start) * seq_len))
+    def chunk_steps(self, phase: int) -> int:
+        """Steps of phase `phase` in one chunk: about CHUNK_TOKENS tokens of this rank's rows."""
+        return max(1, CHUNK_TOKENS // self.data.step_slice_tokens(phase, self.rows))
 
     def chunk_sizes(self) -> dict[str, int]:
         """The most elements of each gather output one chunk of any phase needs."""
-        per = self.rows.stop - self.rows.start
-        rows = max(self.chunk_steps(m.seq_len) * per for m in self.data.schedule.manifests)
-        tokens = max(self.chunk_steps(m.seq_len) * per * m.seq_len for m in self.data.schedule.manifests)
+        per, phases = self.rows.stop - self.rows.start, range(len(self.data.schedule.manifests))
+        rows = max(self.chunk_steps(j) * per for j in phases)
+        tokens = max(self.chunk_steps(j) * self.data.step_slice_tokens(j, self.rows) for j in phases)
         return {"tokens": tokens, "row_bucket": rows}
 
     def _sampler(self) -> CurriculumSampler:
@@ -132,7 +131,7 @@ class StepStream:
         index = 0
         while not sampler.done():
             try:
-                plan = sampler.plan_steps(self.chunk_steps(self.data.schedule.seq_len_at(sampler.step)))
+                plan = sampler.plan_steps(self.chunk_steps(self.data.schedule.phase_at(sampler.step)))
             except BucketExhausted as err:
                 if index % workers == worker:
                     yield Exhausted(err.bucket, err.step, str(err))
@@ -147,11 +146,11 @@ class StepStream:
             states = sampler.chunk_states(plan, self.world_size)
             if ring is not None and ring.shared:  # in a worker: only (slot, shapes) go back
                 shapes = {k: tuple(arrays[k].shape) for k in BATCH_FIELDS}
-                yield StepChunk(plan.step, plan.phase, plan.seq_len, None, arrays["layouts"], states, plan.dropped,
+                yield StepChunk(plan.step, plan.phase, None, arrays["layouts"], states, plan.dropped,
                                 arrays.get("consumed"), (slot, shapes))
                 continue
             tensors = {k: buffers.tensor(k, arrays[k]) if buffers else torch.from_numpy(arrays[k]) for k in BATCH_FIELDS}
-            yield StepChunk(plan.step, plan.phase, plan.seq_len, tensors, arrays["layouts"], states, plan.dropped,
+            yield StepChunk(plan.step, plan.phase, tensors, arrays["layouts"], states, plan.dropped,
                             arrays.get("consumed"))
 
 

@@ -540,7 +540,7 @@ class CurriculumSampler:
         if len(empty):  # every bucket the step weights is dropped: the last one dropped ran dry
             last = max(dropped, key=lambda d: d[1])[0]
             raise BucketExhausted(last, self.schedule.phase_starts[phase] + lo + int(empty[0]),
-                                  G * self.schedule.manifests[phase].seq_len, 0)
+                                  self.schedule.step_tokens(phase), 0)
         last = offset + quota.sum(axis=0)
 
         def beyond(b: int, units: int) -> int:

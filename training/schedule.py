@@ -1,6 +1,12 @@
 """The step plan of a curriculum run: the token schedule of refinery/curriculum/schedule.py (phase
 boundaries, blended mixtures, the LR shape) laid onto optimizer steps.
 
+`StepSchedule` is the trainer's one view of its phases, built from the phase manifests alone. The
+sampler and `training.data` read a phase's seq_len here to cut rows; every other part of the trainer
+asks for what it implies instead (`step_tokens`, `length_changes_at`, `rope_scalings`, `describe`),
+so seq_len reaches the model through the six files docs/architecture.md lists
+(tests/test_seq_len_path.py keeps it so).
+
 A step trains on `global_batch` rows of the current phase's seq_len. Step s belongs to the phase that
 holds the token after `tokens_before(s)`, so a phase ends at the first step that reaches its token
 boundary (the last step of a phase may overshoot it by less than one batch, and the next phase starts
@@ -14,11 +20,42 @@ import bisect
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
-from refinery.curriculum import Schedule, schedule_from_manifests
-from refinery.curriculum import PhaseManifest
+from refinery.config import RopeScalingConfig
+from refinery.curriculum import PhaseManifest, Schedule, schedule_from_manifests
+from training.rope import RopeScaling
+
+
+def manifest_rope_spec(stored: str | dict[str, Any] | None) -> Any:
+    """A manifest's `rope_scaling` as `phase_rope_scalings` takes it: YaRN fields become the config's
+    section again (validated, with its defaults)."""
+    return RopeScalingConfig.model_validate(stored) if isinstance(stored, dict) else stored
+
+
+def phase_rope_scalings(seq_lens: Sequence[int], specs: Sequence[Any]) -> list[RopeScaling | None]:
+    """The RoPE scaling of each phase. A spec is None (keep the previous phase's), "none", "auto"
+    (YaRN from the native length, i.e. the original_seq_len already scaled from or else the
+    previous phase's seq_len, to this phase's seq_len; plain RoPE when that is no longer), or an
+    object with factor, original_seq_len, beta_fast, beta_slow."""
+    out: list[RopeScaling | None] = []
+    for i, (seq_len, spec) in enumerate(zip(seq_lens, specs, strict=True)):
+        current = out[-1] if out else None
+        if spec is None:
+            out.append(current)
+        elif spec == "none":
+            out.append(None)
+        elif spec == "auto":
+            if i == 0:
+                raise ValueError("curriculum.phases[0].rope_scaling auto: the first phase has no earlier length to "
+                                 "scale from; give {type: yarn, factor, original_seq_len} or leave it unset")
+            native = current.original_seq_len if current else seq_lens[i - 1]
+            out.append(RopeScaling(seq_len / native, native) if seq_len > native else None)
+        else:
+            out.append(RopeScaling(spec.factor, spec.original_seq_len, spec.beta_fast, spec.beta_slow))
+    return out
 
 
 @dataclass(frozen=True)
@@ -65,15 +102,34 @@ class StepSchedule:
     def seq_len_at(self, step: int) -> int:
         return self.manifests[self.phase_at(step)].seq_len
 
+    def step_tokens(self, phase: int) -> int:
+        """Tokens one step of phase `phase` trains: global_batch rows of its seq_len."""
+        return self.global_batch * self.manifests[phase].seq_len
+
+    def length_changes_at(self, step: int) -> bool:
+        """Whether step `step` is the first at a seq_len other than the step before's (the length jump)."""
+        return step > 0 and self.seq_len_at(step) != self.seq_len_at(step - 1)
+
+    def rope_scalings(self) -> list[RopeScaling | None]:
+        """Each phase's RoPE scaling: what its manifest pins, resolved against the manifests' seq_lens
+        (what was validated is what is trained). Raises ValueError on "auto" in the first phase."""
+        return phase_rope_scalings([m.seq_len for m in self.manifests],
+                                   [manifest_rope_spec(m.rope_scaling) for m in self.manifests])
+
+    def describe(self, phase: int) -> dict[str, Any]:
+        """What a step's metrics record says about its phase."""
+        m = self.manifests[phase]
+        return {"phase": phase, "phase_name": m.phase, "seq_len": m.seq_len}
+
     def tokens_before(self, step: int) -> int:
         j = self.phase_at(step)
-        return self.start_tokens[j] + (step - self.phase_starts[j]) * self.global_batch * self.manifests[j].seq_len
+        return self.start_tokens[j] + (step - self.phase_starts[j]) * self.step_tokens(j)
 
     def read_point(self, step: int) -> int:
         """The token where step `step` reads its mixture and LR: the middle of the step, kept inside
         its phase's token span, so neither the first step (warmup from 0) nor the last (decay to 0)
         gets a zero LR and a step that straddles a boundary keeps its own phase's values."""
-        mid = self.tokens_before(step) + self.global_batch * self.seq_len_at(step) // 2
+        mid = self.tokens_before(step) + self.step_tokens(self.phase_at(step)) // 2
         return min(mid, self.tokens.phases[self.phase_at(step)].end - 1)
 
     def phase_steps(self, phase: int) -> range:
@@ -83,11 +139,11 @@ class StepSchedule:
         """The mixture of steps [lo, hi) of phase `phase` (counted from its first step; default all),
         (steps, buckets) aligned with `tokens.buckets`: `weights_at` of each step, computed at once
         (the same float operations)."""
-        span, L = self.tokens.phases[phase], self.manifests[phase].seq_len
+        span, step_tokens = self.tokens.phases[phase], self.step_tokens(phase)
         hi = len(self.phase_steps(phase)) if hi is None else hi
         n = hi - lo
-        point = np.minimum(self.start_tokens[phase] + np.arange(lo, hi, dtype=np.int64) * (self.global_batch * L)
-                           + self.global_batch * L // 2, span.end - 1)
+        point = np.minimum(self.start_tokens[phase] + np.arange(lo, hi, dtype=np.int64) * step_tokens
+                           + step_tokens // 2, span.end - 1)
         if phase == 0 or span.blend_tokens == 0:
             return np.broadcast_to(span.weights, (n, len(span.weights))).astype(np.float64)
         lam = (point - span.start) / span.blend_tokens
@@ -102,7 +158,7 @@ class StepSchedule:
     def lr_at(self, step: int, peak: float, warmup_steps: int, stable: str, min_lr_ratio: float) -> float:
         """peak x the curriculum's LR multiplier (warmup, stable or cosine, linear decay to zero through
         the last phase, times lr_scale), with warmup_steps counted at the first phase's batch."""
-        warmup = warmup_steps * self.global_batch * self.manifests[0].seq_len
+        warmup = warmup_steps * self.step_tokens(0)
         return peak * self.tokens.lr_multiplier(self.read_point(step), warmup, stable, min_lr_ratio)
 
     def phase_fingerprints_before(self, step: int) -> dict[str, str]:

@@ -193,12 +193,10 @@ class Trainer:
                                                                     tc.stable_schedule, tc.min_lr_ratio),
                                          inputs, batches.fetch if ahead else None)
                 record.update({"time/data_wait_s": wait, "time/step_s": time.perf_counter() - t0})
-                phase = self.schedule.phase_names[batch.phase]
-                val_rise = self.evaluator.after_step(self.step, self.tokens, self.global_batch * batch.seq_len,
-                                                     batch.seq_len, phase, record)
+                val_rise = self.evaluator.after_step(self.step, self.tokens, batch.phase, record)
                 self._log(batch, record)
                 closes = self.schedule.is_last_step_of_phase(self.step - 1)
-                boundary = phase if closes else None
+                boundary = self.schedule.phase_names[batch.phase] if closes else None
                 streak = self.accounting.nonfinite_streak
                 if streak >= tc.max_consecutive_nonfinite:
                     return self._halt(f"nonfinite_loss: {streak} consecutive steps with a NaN/Inf loss "
@@ -304,9 +302,8 @@ class Trainer:
         self.step += 1
         self.batches.commit(batch)
         record: dict[str, Any] = {"loss/total": total, "lr": lr, "grad_norm": norm, "nonfinite": not finite}
-        record.update(self.accounting.count(self.schedule.phase_names[batch.phase], batch.seq_len, losses,
-                                            targets_counted, rows_served, finite))
-        self.tokens += self.global_batch * batch.seq_len
+        record.update(self.accounting.count(batch.phase, losses, targets_counted, rows_served, finite))
+        self.tokens += self.schedule.step_tokens(batch.phase)
         return record
 
     def _step_then_read(self, parts: list[torch.Tensor], nonfinite: torch.Tensor,
@@ -337,10 +334,10 @@ class Trainer:
     # ---- bookkeeping -----------------------------------------------------------------------------
 
     def _log(self, batch: StepBatch, record: dict[str, Any]) -> None:
-        record.update({"step": self.step, "phase": batch.phase, "phase_name": self.schedule.phase_names[batch.phase],
-                       "tokens": self.tokens, "seq_len": batch.seq_len, "world_size": self.batches.world})
+        record.update({"step": self.step, **self.schedule.describe(batch.phase), "tokens": self.tokens,
+                       "world_size": self.batches.world})
         # What this launch achieves per device, for the throughput contract (refinery/throughput.py).
-        step_tokens, step_s = self.global_batch * batch.seq_len, record.get("time/step_s", 0.0)
+        step_tokens, step_s = self.schedule.step_tokens(batch.phase), record.get("time/step_s", 0.0)
         self.achieved[0] += step_tokens
         self.achieved[1] += step_s
         if step_s > 0:

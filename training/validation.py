@@ -2,7 +2,8 @@
 training/heldout.py), every `training.eval_every_tokens` trained tokens, and the rule that halts a
 run when a bucket's validation loss rises during the phase `training.anneal_halt_on_val_rise` watches.
 
-`Evaluator` runs the evaluations and keeps their history; its state travels in the checkpoint's
+`Evaluator` runs the evaluations (on rows of the phase's length, which `training.data` packs) and
+keeps their history; its state travels in the checkpoint's
 train state with the held-out entries' fingerprints, so a resumed run evaluates at the same steps
 and refuses held-out entries that changed.
 """
@@ -10,7 +11,6 @@ and refuses held-out entries that changed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,41 +23,8 @@ from training.loss import IGNORE
 if TYPE_CHECKING:
     from refinery.config import ValRiseHaltConfig
     from training.data import CurriculumData
-    from training.shard_pool import BucketIndex
     from training.distributed import Distributed
     from training.model import GPT
-
-
-@dataclass
-class EvalRows:
-    """Held-out entries packed back to back into rows of one seq_len, with the loss mask."""
-
-    tokens: np.ndarray  # int64 (rows, L)
-    doc_ids: np.ndarray  # int32 (rows, L): entry ordinal, for document-masked attention
-    target_mask: np.ndarray  # bool (rows, L): position i's target (token i+1) counts
-
-
-def pack_eval_rows(shards: "BucketIndex", ids: np.ndarray, seq_len: int) -> EvalRows:
-    """Entries `ids` of one bucket as rows of `seq_len`: a target counts when it lies in the same entry
-    and outside the entry's overlap prefix (the tokens its previous window already trained on), as
-    in training; the last row is padded with masked tokens."""
-    shard, offset, lengths, overlaps = shards.table(ids)
-    pieces = [shards.reader(s).tokens[o:o + n] for s, o, n in zip(shard.tolist(), offset.tolist(), lengths.tolist())]
-    n = int(lengths.sum())
-    rows = max(1, -(-n // seq_len))
-    tokens = np.zeros(rows * seq_len, dtype=np.int64)
-    if n:
-        tokens[:n] = np.concatenate(pieces)
-    doc = np.full(rows * seq_len, -1, dtype=np.int64)
-    doc[:n] = np.repeat(np.arange(len(ids)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    in_overlap = np.zeros(rows * seq_len, dtype=bool)
-    for s, ov in zip(starts, np.minimum(overlaps, lengths)):
-        in_overlap[s:s + ov] = True
-    doc, in_overlap = doc.reshape(rows, seq_len), in_overlap.reshape(rows, seq_len)
-    mask = np.zeros((rows, seq_len), dtype=bool)
-    mask[:, :-1] = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0) & ~in_overlap[:, 1:]
-    return EvalRows(tokens.reshape(rows, seq_len), doc.astype(np.int32), mask)
 
 
 def val_rise(losses: list[float], patience: int, min_delta: float) -> tuple[float, list[float]] | None:
@@ -92,18 +59,17 @@ class Evaluator:
         self.micro_batch_size, self.every_tokens, self.rule = micro_batch_size, every_tokens, rule
         self.val_history: dict[str, dict[str, list[float]]] = {}  # phase -> bucket -> validation losses, in order
         self.val_last: dict[str, Any] = {}  # the latest evaluation: step and loss per bucket
-        self._eval_rows: dict[tuple[str, int], EvalRows] = {}
 
-    def after_step(self, step: int, tokens: int, step_tokens: int, seq_len: int, phase: str,
-                   record: dict[str, Any]) -> str | None:
-        """When the step that brought the run to `tokens` crossed a multiple of every_tokens: per-bucket
-        validation loss into `record` (`val_loss/<bucket>`); returns the halt reason when the anneal
-        rule fires, else None."""
+    def after_step(self, step: int, tokens: int, phase_index: int, record: dict[str, Any]) -> str | None:
+        """When the step of phase `phase_index` that brought the run to `tokens` crossed a multiple of
+        every_tokens: per-bucket validation loss into `record` (`val_loss/<bucket>`); returns the halt
+        reason when the anneal rule fires, else None."""
         every = self.every_tokens
-        if not every or tokens // every == (tokens - step_tokens) // every:
+        if not every or tokens // every == (tokens - self.data.schedule.step_tokens(phase_index)) // every:
             return None
+        phase = self.data.schedule.phase_names[phase_index]
         t0 = time.perf_counter()
-        losses = self.losses(seq_len)
+        losses = self.losses(phase_index)
         for name, loss in losses.items():
             record[f"val_loss/{name}"] = loss
             self.val_history.setdefault(phase, {}).setdefault(name, []).append(loss)
@@ -121,9 +87,9 @@ class Evaluator:
                 f"{rule.patience} evaluation(s) in a row by more than {rule.min_delta:g} ({detail}); rule "
                 "training.anneal_halt_on_val_rise")
 
-    def losses(self, seq_len: int) -> dict[str, float]:
-        """Mean loss per bucket over its held-out entries packed into rows of `seq_len`, with the
-        current weights (no gradient, no RNG use, so training is unchanged by evaluating)."""
+    def losses(self, phase: int) -> dict[str, float]:
+        """Mean loss per bucket over its held-out entries packed into rows of phase `phase`'s length,
+        with the current weights (no gradient, no RNG use, so training is unchanged by evaluating)."""
         device = self.dist.device
         names = [n for n in self.data.bucket_names if self.data.heldout.get(n) is not None and self.data.heldout[n].size]
         sums = torch.zeros(2, len(names), device=device, dtype=torch.float64)
@@ -131,10 +97,7 @@ class Evaluator:
         self.model.eval()
         with torch.no_grad():
             for i, name in enumerate(names):
-                key = (name, seq_len)
-                if key not in self._eval_rows:
-                    self._eval_rows[key] = pack_eval_rows(self.data.buckets[name], self.data.heldout[name], seq_len)
-                rows = self._eval_rows[key]
+                rows = self.data.eval_rows(name, phase)
                 for lo in range(0, len(rows.tokens), mb):
                     tokens = torch.from_numpy(rows.tokens[lo:lo + mb]).to(device)
                     mask = torch.from_numpy(rows.target_mask[lo:lo + mb]).to(device)

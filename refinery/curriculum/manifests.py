@@ -68,7 +68,7 @@ class PhaseManifest:
     interpolation: float
     buckets: dict[str, BucketSlice]
     # The phase's declared RoPE scaling (None: keep the previous phase's; "none"; "auto"; or the YaRN
-    # parameters), resolved against the manifests' seq_lens by the trainer (training/length_jump.py).
+    # parameters), resolved against the manifests' seq_lens by the trainer (training/schedule.py).
     rope_scaling: str | dict[str, Any] | None = None
     validation: dict[str, Any] = field(default_factory=dict)  # {"ok": bool, "errors": [...], "warnings": [...], ...}
     config_fingerprint: str = ""
