@@ -1,21 +1,32 @@
-"""The `refinery` command: every subcommand, imported explicitly.
+"""The `refinery` command: every subcommand, each from its own module.
 
 Each command's module exposes `register(subparsers)` (refinery/commands.py says what it sets), and
 keeps heavy imports (dagster, torch) inside its command function so `refinery --help` is instant.
+A command line that names its command imports that command's module only: a `refinery lineage`
+query does not pay for the imports of scan, demo, validate and the rest.
 Every command exits non-zero on error with a message that says what is wrong and how to fix it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from orchestration import demo, lineage
-from refinery import commands, funnel_report, init, scan, validate, why
-from training import cli as train
+from refinery import commands
 
-# Each defines `register(subparsers)`, in the order `refinery --help` lists them.
-COMMAND_MODULES = (demo, scan, lineage, funnel_report, why, validate, init, train)
+# Command name -> the module whose `register(subparsers)` adds it, in the order `refinery --help`
+# lists them.
+COMMAND_MODULES = {
+    "demo": "orchestration.demo",
+    "scan": "refinery.scan",
+    "lineage": "orchestration.lineage",
+    "funnel": "refinery.funnel_report",
+    "why": "refinery.why",
+    "validate": "refinery.validate",
+    "init": "refinery.init",
+    "train": "training.cli",
+}
 
 DESCRIPTION = """\
 Refinery turns raw web crawl and curated corpora into a clean, deduplicated, curriculum-ordered token
@@ -37,12 +48,18 @@ examples:
 2 a config or input problem (nothing was run), 3 training halted."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    return commands.build_parser(COMMAND_MODULES, description=DESCRIPTION, epilog=EPILOG)
+def build_parser(names: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of the commands named (every command when None), importing only their modules."""
+    modules = [importlib.import_module(COMMAND_MODULES[name]) for name in (COMMAND_MODULES if names is None else names)]
+    return commands.build_parser(modules, description=DESCRIPTION, epilog=EPILOG)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return commands.run(build_parser(), argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The program takes no option but --help before its command, so a command line that runs a
+    # command starts with its name; anything else (help, a mistyped command) gets every command.
+    named = argv[:1] if argv and argv[0] in COMMAND_MODULES else None
+    return commands.run(build_parser(named), argv)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refinery.config import load_config
 from refinery.lineage import CONTEXT_TOKENS, LineageError, format_lineage, resolve_token
 from refinery.preflight import Needs
 from refinery.shard_format import ShardFormatError
@@ -16,7 +15,7 @@ from refinery.storage import dumps_json, open_data_root
 
 
 def run_lineage(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg = args.loaded_config  # the preflight's (refinery/commands.py), so the YAML is parsed once
     root = open_data_root(cfg.resolve(cfg.data_root))
     shard, offset, trained = args.shard, args.offset, None
     if args.run is not None:
@@ -73,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
     query = p.add_mutually_exclusive_group(required=True)
-    query.add_argument("--shard", help="a final shard, <bucket>/shard-NNNNN, or shards/<stage>/<bucket>/shard-NNNNN")
+    query.add_argument("--shard", help="a final shard, <bucket>/shard-NNNNN or shards/final/<bucket>/shard-NNNNN, or one input "
+                                       "file's tokenized shard, shards/tokenized/<bucket>/<file>/shard-NNNNN")
     query.add_argument("--run", help="a training run directory: name the token by --step, --row and --pos")
     p.add_argument("--offset", type=int, help="token offset inside --shard")
     p.add_argument("--step", type=int, help="with --run: the optimizer step (1-based, as in metrics.jsonl)")

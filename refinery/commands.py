@@ -4,7 +4,8 @@ the exit codes for a config or input problem.
 A subcommand's module exposes `register(subparsers)`, whose parser sets `func(args) -> int` and
 `needs` (a `refinery.preflight.Needs`, or a function of the parsed arguments giving one). `run`
 checks `--config` against those needs before the command, so every config mistake is reported at
-once, before any work. The full command line is assembled in orchestration/cli.py; `python -m
+once, before any work, and hands the command the config it loaded (`args.loaded_config`, so the
+YAML is parsed once). The full command line is assembled in orchestration/cli.py; `python -m
 training` assembles only `train` from the same pieces.
 """
 
@@ -14,7 +15,7 @@ import argparse
 import sys
 import textwrap
 
-from refinery.config import ConfigError
+from refinery.config import ConfigError, RefineryConfig
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -52,15 +53,16 @@ def config_path(args: argparse.Namespace) -> str | None:
     return getattr(args, "config", None) or getattr(args, "config_file", None)
 
 
-def run_preflight(args: argparse.Namespace) -> None:
-    """Raise PreflightError listing every problem of the command's config (none: return)."""
+def run_preflight(args: argparse.Namespace) -> RefineryConfig | None:
+    """The command's config, loaded and checked; raise PreflightError listing every problem of it.
+    None when the command declares no needs or was given no config."""
     from refinery import preflight
 
     needs = getattr(args, "needs", None)
     path = config_path(args)
     if needs is None or path is None:
-        return
-    preflight.require(path, needs(args) if callable(needs) else needs)
+        return None
+    return preflight.require(path, needs(args) if callable(needs) else needs)
 
 
 def _causes(err: BaseException) -> list[BaseException]:
@@ -99,7 +101,9 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse `argv`, run the preflight, then the command; a config or input problem exits 2."""
     args = parser.parse_args(argv)
     try:
-        run_preflight(args)
+        # A command may read the config the preflight loaded (`args.loaded_config`) instead of
+        # parsing the YAML again.
+        args.loaded_config = run_preflight(args)
         return int(args.func(args) or 0)
     except ConfigError as err:
         print(f"refinery {args.command}: {err}", file=sys.stderr)

@@ -37,7 +37,14 @@ def test_program_help_is_whole_and_lists_every_command(capsys):
     assert "refinery demo --config my.yaml" in text and "Exit status: 0 success" in flat
     for command in COMMANDS:
         assert f"    {command} " in text, command
-    assert len(COMMAND_MODULES) == len(COMMANDS)
+    assert list(COMMAND_MODULES) == COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_command_line_gets_the_parser_of_its_own_command(command):
+    """`refinery COMMAND ...` imports only COMMAND's module: the module listed must add that command."""
+    parser = build_parser([command])
+    assert list(parser._subparsers._group_actions[0].choices) == [command]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
