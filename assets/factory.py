@@ -154,6 +154,7 @@ def batch_stage_asset(
     documents_out: bool = True,
     extra_metadata: Optional[ExtraMetadata] = None,
     check_input: Optional[Callable[[RefineryConfig], None]] = None,
+    group: str = "funnel",
 ) -> dg.AssetsDefinition:
     """A per-document step over input batches: `file_task` on every file of the run's batches,
     fanned out over `partitions.workers`; one run may cover many batches (the batch backfill
@@ -167,7 +168,7 @@ def batch_stage_asset(
         deps=deps,
         partitions_def=parts.input_batches,
         backfill_policy=parts.batch_backfill,
-        group_name="funnel",
+        group_name=group,
         description=description,
         code_version=version,
         kinds=set(kinds),

@@ -1,25 +1,31 @@
-"""`tokenizer` (global), `tokenized_shards` and `shuffled_shards` (per bucket), `lineage_index` (global).
+"""`tokenizer` (global), `tokenized_shards` (per input batch, one token series per file),
+`shuffled_shards` (per bucket), `lineage_index` (global).
 
 Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuffle` and
-`refinery.lineage`. Each bucket partition reads the clean tables of the input shards routed to it
-(a static partition mapping from input shard to bucket).
+`refinery.lineage`. Tokenization is a per-batch stage like the funnel's (fanned out over the batch's
+files and `partitions.workers`); each bucket's shuffle reads the series of the files routed to it
+(a static partition mapping from input batch to bucket).
 """
+
+from collections import Counter
 
 import dagster as dg
 
 from refinery import layout
-from assets.factory import StepResult, eager_after, global_step_asset
+from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
+from assets.fanout import FileResult
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import lineage as lin
 from refinery.config import RefineryConfig
-from refinery.documents import CLEAN_STAGE, input_batches
+from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.layout import rejects_key, stats_key
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 
 GROUP = "tokens"
+TOKENIZE_STAGE = "tokenized_shards"
 
 
 def _shard_hashes(index: dict) -> dict[str, str]:
@@ -66,32 +72,41 @@ def build_tokenizer(version: str):
     return step
 
 
-def tokenize_bucket(version: str):
-    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
-        cfg, root, bucket = refinery.config, refinery.root, context.partition_key
-        result = tk.tokenize_bucket(root, cfg, bucket, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
-        rejects = {rejects_key("tokenized_shards", bucket):
-                   root.write_parquet(rejects_key("tokenized_shards", bucket), result.rejects)}
-        root.write_json(stats_key("tokenized_shards", bucket), result.stats.to_dict())
-        index, stats = result.index, result.stats
-        tokens_per_s = index["tokens"] / stats.wall_s if stats.wall_s else 0.0
-        context.log.info(f"tokenized_shards[{bucket}]: {stats.docs_out} docs -> {index['tokens']:,} tokens in "
-                         f"{len(index['shards'])} shards ({tokens_per_s:,.0f} tokens/s)")
-        settings = {"window": index["window"], "overlap": index["overlap"], "shard_tokens": cfg.shards.shard_tokens,
-                    "encode_batch_docs": cfg.shards.encode_batch_docs, "vocab_size": index["vocab_size"]}
-        provenance = Provenance.of_stats(stats, settings, version, {**rejects, **_shard_hashes(index)})
-        return StepResult(provenance, {
-            **_shard_metadata(index),
-            "tokens_per_s": _tokens_per_s(index["tokens"], stats.wall_s),
-            "windowed_docs": dg.MetadataValue.int(stats.counters["windowed_docs"]),
-        })
-    return step
+def tokenize_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
+    """One input file's clean documents into its token series, with its rejects and stats."""
+    cfg, root = refinery.config, refinery.root
+    if "tokenizer" not in cache:  # loaded once per fan-out worker
+        cache["tokenizer"] = tk.read_tokenizer(root, cfg.tokenizer.eod_token)
+    result = tk.tokenize_file(root, cfg, shard, cache["tokenizer"])
+    key = rejects_key(TOKENIZE_STAGE, shard.key)
+    hashes = {key: root.write_parquet(key, result.rejects), **_shard_hashes(result.index)}
+    root.write_json(stats_key(TOKENIZE_STAGE, shard.key), result.stats.to_dict())
+    index = result.index
+    settings = {"window": index["window"], "overlap": index["overlap"], "shard_tokens": cfg.shards.shard_tokens,
+                "encode_batch_docs": cfg.shards.encode_batch_docs, "vocab_size": index["vocab_size"]}
+    return FileResult(shard.key, shard.source, result.stats, hashes, settings)
+
+
+def token_metadata(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
+    """Tokens, entries and shards written by a run's files, and its tokens per second of stage time."""
+    counters = sum((r.stats.counters for r in results), Counter())
+    wall_s = sum(r.stats.wall_s for r in results)
+    return {
+        "tokens": dg.MetadataValue.int(counters["tokens"]),
+        "entries": dg.MetadataValue.int(counters["entries"]),
+        "shards": dg.MetadataValue.int(counters["shards"]),
+        "windowed_docs": dg.MetadataValue.int(counters["windowed_docs"]),
+        "tokens_per_s": _tokens_per_s(counters["tokens"], wall_s),
+    }
 
 
 def shuffle_bucket(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root, bucket = refinery.config, refinery.root, context.partition_key
-        result = sh.shuffle_bucket(root, cfg.seed, bucket, cfg.shards.shard_tokens, cfg.shards.shuffle_buffer_mb)
+        parts = [shard.key for shard in tk.bucket_shards(cfg, bucket)]
+        fields = tk.series_fields(cfg, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
+        result = sh.shuffle_bucket(root, cfg.seed, bucket, parts, fields, cfg.shards.shard_tokens,
+                                   cfg.shards.shuffle_buffer_mb)
         index = result.index
         context.log.info(f"shuffled_shards[{bucket}]: {index['entries']} entries through {result.runs} runs "
                          f"in {result.wall_s:.2f}s")
@@ -133,8 +148,9 @@ def index_lineage(version: str):
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     # A batch holds one source's files, so it feeds one bucket; dynamic batches are unknown here.
     to_bucket = {} if cfg.partitions.dynamic else {b.key: cfg.source(b.source).bucket for b in input_batches(cfg)}
-    clean_by_bucket = dg.AssetDep(
-        CLEAN_STAGE, partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping()
+    tokenized_by_bucket = dg.AssetDep(
+        TOKENIZE_STAGE,
+        partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping(),
     )
     every = dg.AllPartitionMapping()
     tokenize_version, shuffle_version, lineage_version = code_version(tk), code_version(sh), code_version(lin)
@@ -146,19 +162,20 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             description="Byte-level BPE trained on a seeded sample of the clean corpus, or tokenizer.path loaded; "
             "written to tokenizer/tokenizer.json.",
         ),
-        global_step_asset(
-            "tokenized_shards", tokenize_bucket(tokenize_version), version=tokenize_version, group=GROUP,
-            kinds={"numpy"}, automation_condition=dg.AutomationCondition.eager(), partitions_def=parts.buckets,
-            deps=[dg.AssetDep("tokenizer"), clean_by_bucket],
-            description="Clean documents encoded in parallel batches, EOD appended, windowed at the packing window "
-            "with overlap, packed into shards/tokenized/<bucket>/ (.bin/.idx/.entries.parquet) plus entries.parquet.",
+        batch_stage_asset(
+            TOKENIZE_STAGE, tokenize_file, parts, group=GROUP, version=tokenize_version, kinds={"numpy"},
+            deps=[dg.AssetDep("tokenizer"), dg.AssetDep(CLEAN_STAGE)],
+            documents_out=False, extra_metadata=token_metadata,
+            description="Each input file's clean documents encoded in batches, EOD appended, windowed at the packing "
+            "window with overlap, packed into shards/tokenized/<bucket>/<file>/ (.bin/.idx/.entries.parquet) plus "
+            "entries.parquet and index.json: one series per file, fanned out like the funnel.",
         ),
         global_step_asset(
             "shuffled_shards", shuffle_bucket(shuffle_version), version=shuffle_version, group=GROUP,
             kinds={"numpy"}, automation_condition=dg.AutomationCondition.eager(), partitions_def=parts.buckets,
-            deps=[dg.AssetDep("tokenized_shards")],
-            description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, into "
-            "shards/final/<bucket>/ with sha256 of every file in index.json.",
+            deps=[tokenized_by_bucket],
+            description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, reading its files' "
+            "token series in input order, into shards/final/<bucket>/ with sha256 of every file in index.json.",
         ),
         global_step_asset(
             "lineage_index", index_lineage(lineage_version), version=lineage_version, group=GROUP,

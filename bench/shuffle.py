@@ -2,8 +2,8 @@
 
     python bench/shuffle.py [--small-tokens 10000000] [--buffer-mb 64] [--repeats 2]
 
-For each size a tokenized bucket of random tokens (entries of 50-4,000 tokens, uint16, shards of
-4M tokens) is generated, then `shuffle_bucket` runs in a fresh subprocess that reports its peak
+For each size a tokenized bucket of random tokens (one token series of entries of 50-4,000 tokens,
+uint16, shards of 4M tokens) is generated, then `shuffle_bucket` runs in a fresh subprocess that reports its peak
 RSS (`ru_maxrss`) and its RSS before shuffling (interpreter, numpy, polars and pyarrow loaded: the
 baseline). Target:
 peak minus baseline flat across sizes and within the configured buffer.
@@ -32,6 +32,8 @@ from refinery.storage import LocalDataRoot  # noqa: E402
 
 SHARD_TOKENS = 4_000_000
 BUCKET = "web"
+PART = "bench"  # the one input file's token series the bucket is made of
+FIELDS = {"vocab_size": 65_000, "eod_id": 0, "window": 4000, "overlap": 0}  # what the generated series claims
 
 
 def current_rss_mb() -> float:
@@ -46,7 +48,7 @@ def generate(folder: str, tokens: int, seed: int = 0) -> int:
     """A tokenized bucket of about `tokens` random tokens; returns the entry count."""
     rng = np.random.default_rng(seed)
     root = LocalDataRoot(folder)
-    with tk.ShardSeries(root, tk.TOKENIZED, BUCKET, np.dtype(np.uint16), SHARD_TOKENS) as series:
+    with tk.ShardSeries(root, tk.TOKENIZED, BUCKET, np.dtype(np.uint16), SHARD_TOKENS, dict(FIELDS), part=PART) as series:
         written, doc = 0, 0
         while written < tokens:
             lengths = rng.integers(50, 4000, size=1000)
@@ -65,10 +67,10 @@ def child(folder: str, buffer_mb: int) -> None:
     import pyarrow.parquet  # noqa: F401  (loaded by the shuffle; its libraries belong to the baseline)
 
     root = LocalDataRoot(folder)
-    pl.scan_parquet(root.local_path(layout.bucket_entries_key(tk.TOKENIZED, BUCKET))).head(1).collect()
+    pl.scan_parquet(root.local_path(layout.bucket_entries_key(tk.TOKENIZED, BUCKET, PART))).head(1).collect()
     before = current_rss_mb()
     t0 = time.perf_counter()
-    result = sh.shuffle_bucket(root, seed=1, bucket=BUCKET, shard_tokens=SHARD_TOKENS, buffer_mb=buffer_mb)
+    result = sh.shuffle_bucket(root, 1, BUCKET, [PART], {"dtype": "uint16", **FIELDS}, SHARD_TOKENS, buffer_mb)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"baseline_mb": before, "peak_mb": peak, "runs": result.runs, "wall_s": wall,

@@ -1,4 +1,4 @@
-"""Tokenize + pack throughput: `tokenize_bucket` (batched, parallel encode, windowing, shard writes)
+"""Tokenize + pack throughput: `tokenize_file` (batched, parallel encode, windowing, shard writes)
 against a naive per-document `encode` loop over the same documents, in the same run.
 
     python bench/tokenize_throughput.py [--mb 20] [--repeats 3] [--threads 2]
@@ -103,6 +103,7 @@ def main() -> None:
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         cfg, root, texts = setup(Path(tmp), args.mb)
+        shard = input_shards(cfg)[0]
         t0 = time.perf_counter()
         tok = tk.build_tokenizer(root, cfg).tokenizer
         print(f"tokenizer trained in {time.perf_counter() - t0:.1f}s on {cfg.tokenizer.train_docs} docs")
@@ -115,7 +116,7 @@ def main() -> None:
             naive.append(tokens / (time.perf_counter() - t0))
             naive_cpu.append(tokens / (time.process_time() - c0))
             t0, c0 = time.perf_counter(), time.process_time()
-            index = tk.tokenize_bucket(root, cfg, "web", tok).index
+            index = tk.tokenize_file(root, cfg, shard, tok).index
             ours.append(index["tokens"] / (time.perf_counter() - t0))
             ours_cpu.append(index["tokens"] / (time.process_time() - c0))
             assert index["tokens"] >= tokens  # windows repeat their overlap tokens
@@ -124,11 +125,11 @@ def main() -> None:
               f"{index['entries']} entries in {len(index['shards'])} shards; RAYON_NUM_THREADS={args.threads}")
         print(f"naive per-document encode loop: {statistics.median(naive) / 1e6:.2f}M tokens/s "
               f"(runs: {', '.join(f'{x / 1e6:.2f}' for x in naive)})")
-        print(f"tokenize_bucket (read, encode_batch_fast, window, pack, write): {statistics.median(ours) / 1e6:.2f}M "
+        print(f"tokenize_file (read, encode_batch_fast, window, pack, write): {statistics.median(ours) / 1e6:.2f}M "
               f"tokens/s (runs: {', '.join(f'{x / 1e6:.2f}' for x in ours)})")
         print(f"ratio: {statistics.median(ours) / statistics.median(naive):.2f}x")
         print(f"per CPU-second: naive {statistics.median(naive_cpu) / 1e6:.2f}M, "
-              f"tokenize_bucket {statistics.median(ours_cpu) / 1e6:.2f}M tokens; load average {os.getloadavg()[0]:.1f}")
+              f"tokenize_file {statistics.median(ours_cpu) / 1e6:.2f}M tokens; load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

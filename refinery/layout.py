@@ -74,24 +74,26 @@ TOKENIZER_INFO_KEY = "tokenizer/info.json"
 FINAL_SHARDS_PREFIX = "shards/final"
 
 
-def bucket_shards_prefix(stage: str, bucket: str) -> str:
-    """`shards/<stage>/<bucket>`: stage `tokenized` (per bucket, in document order) or `final` (shuffled)."""
-    return f"shards/{stage}/{bucket}"
+def bucket_shards_prefix(stage: str, bucket: str, part: str | None = None) -> str:
+    """`shards/<stage>/<bucket>`: stage `final` (a bucket's shuffled shards); with `part`,
+    `shards/<stage>/<bucket>/<part>`: stage `tokenized` (one input file's documents, in order, the
+    part being the file's partition key)."""
+    return f"shards/{stage}/{bucket}" + (f"/{part}" if part is not None else "")
 
 
-def shard_key(stage: str, bucket: str, number: int) -> str:
+def shard_key(stage: str, bucket: str, number: int, part: str | None = None) -> str:
     """A shard's key without its suffix (`.bin`, `.idx`, `.entries.parquet`)."""
-    return f"{bucket_shards_prefix(stage, bucket)}/shard-{number:05d}"
+    return f"{bucket_shards_prefix(stage, bucket, part)}/shard-{number:05d}"
 
 
-def shard_index_key(stage: str, bucket: str) -> str:
-    """A bucket's shards, each with its token count and sha256."""
-    return f"{bucket_shards_prefix(stage, bucket)}/index.json"
+def shard_index_key(stage: str, bucket: str, part: str | None = None) -> str:
+    """A series' shards (a bucket's, or one part's of it), each with its token count and sha256."""
+    return f"{bucket_shards_prefix(stage, bucket, part)}/index.json"
 
 
-def bucket_entries_key(stage: str, bucket: str) -> str:
-    """Every entry of a bucket's shards in shard order: doc_id, window and the columns carried with it."""
-    return f"{bucket_shards_prefix(stage, bucket)}/entries.parquet"
+def bucket_entries_key(stage: str, bucket: str, part: str | None = None) -> str:
+    """Every entry of a series' shards in shard order: doc_id, window and the columns carried with it."""
+    return f"{bucket_shards_prefix(stage, bucket, part)}/entries.parquet"
 
 
 def final_index_key(bucket: str) -> str:

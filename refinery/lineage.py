@@ -243,45 +243,52 @@ def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_
 # Queries
 # --------------------------------------------------------------------------------------------------
 
-_SHARD_NAME = re.compile(r"^(?:shards/(?P<stage>[a-z]+)/)?(?P<bucket>[A-Za-z0-9_.-]+)/(?P<shard>shard-\d{5})(?:\.\w+)*$")
+_SHARD_NAME = re.compile(r"^(?:shards/(?P<stage>[a-z]+)/)?(?P<bucket>[A-Za-z0-9_.-]+)/(?:(?P<part>[A-Za-z0-9_.~-]+)/)?"
+                         r"(?P<shard>shard-\d{5})(?:\.\w+)*$")
+_SHARD_NAMES = ("give <bucket>/shard-NNNNN or shards/final/<bucket>/shard-NNNNN (a final shard), or "
+                "shards/tokenized/<bucket>/<file>/shard-NNNNN (one input file's tokenized shard)")
 
 
-def parse_shard(shard: str) -> tuple[str, str, str]:
-    """(stage, bucket, key prefix) from `web/shard-00003`, `shards/final/web/shard-00003` or a file of it."""
+def parse_shard(shard: str) -> tuple[str, str, str | None, str]:
+    """(stage, bucket, part, key prefix) from `web/shard-00003`, `shards/final/web/shard-00003`,
+    `shards/tokenized/web/<file>/shard-00003` or a file of one; `part` is the input file's key of a
+    tokenized shard (None for a final one)."""
     m = _SHARD_NAME.match(shard.strip().removesuffix(".entries.parquet"))
     if not m:
-        raise LineageError(
-            f"shard {shard!r} is not a shard name; give <bucket>/shard-NNNNN (a final shard) or "
-            f"shards/<stage>/<bucket>/shard-NNNNN"
-        )
+        raise LineageError(f"shard {shard!r} is not a shard name; {_SHARD_NAMES}")
     stage = m["stage"] or "final"
     if stage not in SHARD_STAGES:
         raise LineageError(f"shard {shard!r}: unknown shard stage {stage!r}; use one of {list(SHARD_STAGES)}")
-    return stage, m["bucket"], f"{bucket_shards_prefix(stage, m['bucket'])}/{m['shard']}"
+    if (m["part"] is None) != (stage == "final"):
+        raise LineageError(f"shard {shard!r}: {_SHARD_NAMES}")
+    return stage, m["bucket"], m["part"], f"{bucket_shards_prefix(stage, m['bucket'], m['part'])}/{m['shard']}"
 
 
 @dataclass(frozen=True)
 class ShardDirectory:
-    """One bucket's shards at one stage, from its index.json: by prefix, (number, ref, entries before
-    it in the bucket); and the index's sha256."""
+    """One series' shards (a bucket's final shards, or one input file's tokenized shards), from its
+    index.json: by prefix, (number, ref, entries before it in the series); the series' entries; and
+    the index's sha256."""
 
     shards: dict[str, tuple[int, dict[str, Any], int]]
     names: list[str]
+    entries: int
     sha256: str
 
 
-def read_shard_directory(root: DataRoot, stage: str, bucket: str) -> ShardDirectory:
-    key = shard_index_key(stage, bucket)
+def read_shard_directory(root: DataRoot, stage: str, bucket: str, part: str | None = None) -> ShardDirectory:
+    key = shard_index_key(stage, bucket, part)
     try:
         raw = root.read_bytes(key)
     except FileNotFoundError:
-        raise LineageError(f"{root.display(key)}: no {stage} shards for bucket {bucket!r}; materialize them first") from None
+        of = f"bucket {bucket!r}" + (f" and input file {part!r}" if part is not None else "")
+        raise LineageError(f"{root.display(key)}: no {stage} shards for {of}; materialize them first") from None
     shards, before = {}, 0
     refs = json.loads(raw)["shards"]
     for number, ref in enumerate(refs):
         shards[ref["prefix"]] = (number, ref, before)
         before += ref["entries"]
-    return ShardDirectory(shards, [r["prefix"].rsplit("/", 1)[-1] for r in refs], hashlib.sha256(raw).hexdigest())
+    return ShardDirectory(shards, [r["prefix"].rsplit("/", 1)[-1] for r in refs], before, hashlib.sha256(raw).hexdigest())
 
 
 def _read_json(root: DataRoot, key: str, missing: str) -> Any:
@@ -312,26 +319,42 @@ class LineageIndex:
         if self.index.get("version") != LINEAGE_VERSION:
             raise LineageError(f"{root.display(LINEAGE_INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
 
-    def find_shard(self, shard: str) -> tuple[str, str, int, dict[str, Any], int, str]:
-        """(stage, bucket, number, shard ref, entries before it in the bucket, sha256 of the bucket
-        index); each bucket's index.json parsed once per version of the file."""
-        stage, bucket, prefix = parse_shard(shard)
-        if bucket not in self.cfg.buckets:
-            raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {self.cfg.buckets}")
-        key = shard_index_key(stage, bucket)
+    def directory(self, stage: str, bucket: str, part: str | None = None) -> ShardDirectory:
+        """A series' shard directory, its index.json parsed once per version of the file."""
+        key = shard_index_key(stage, bucket, part)
         version = file_version(self.root, key) if self.root.exists(key) else None
         cached = self._directories.get(key)
         if cached is None or cached[0] != version:
-            cached = (version, read_shard_directory(self.root, stage, bucket))
+            cached = (version, read_shard_directory(self.root, stage, bucket, part))
             self._directories[key] = cached
-        directory = cached[1]
+        return cached[1]
+
+    def entries_of_earlier_files(self, bucket: str, part: str) -> int:
+        """Entries of the tokenized series of the bucket's input files before `part`: a bucket's entries
+        are numbered across its files' series in input order (docs/formats.md, the shuffle)."""
+        parts = [s.key for s in input_shards(self.cfg) if s.bucket == bucket]
+        if part not in parts:
+            raise LineageError(f"input file {part!r} is not one of bucket {bucket!r}'s {len(parts)} input files "
+                               f"under the config's sources")
+        return sum(self.directory("tokenized", bucket, p).entries for p in parts[:parts.index(part)])
+
+    def find_shard(self, shard: str) -> tuple[str, str, int, dict[str, Any], int, str]:
+        """(stage, bucket, number, shard ref, entries before it in the bucket, sha256 of its series'
+        index.json)."""
+        stage, bucket, part, prefix = parse_shard(shard)
+        if bucket not in self.cfg.buckets:
+            raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {self.cfg.buckets}")
+        directory = self.directory(stage, bucket, part)
         if prefix not in directory.shards:
             names = directory.names
+            of = f"bucket {bucket!r}" + (f" input file {part!r}" if part is not None else "")
             raise LineageError(
-                f"shard {shard!r}: unknown shard; bucket {bucket!r} has {len(names)} {stage} shards"
+                f"shard {shard!r}: unknown shard; {of} has {len(names)} {stage} shards"
                 + (f" ({names[0]} .. {names[-1]})" if names else "")
             )
         number, ref, before = directory.shards[prefix]
+        if part is not None:
+            before += self.entries_of_earlier_files(bucket, part)
         return stage, bucket, number, ref, before, directory.sha256
 
     def document(self, doc_id: str) -> dict[str, Any]:
@@ -367,8 +390,6 @@ class LineageIndex:
         return {"before": decode(ids[:pos]), "token": decode(ids[pos:pos + 1]), "after": decode(ids[pos + 1:])}
 
     def resolve(self, shard: str, offset: int, context: int = CONTEXT_TOKENS) -> dict[str, Any]:
-        import pyarrow.parquet as pq
-
         stage, bucket, number, ref, before, bucket_sha = self.find_shard(shard)
         prefix = ref["prefix"]
         try:
@@ -385,6 +406,8 @@ class LineageIndex:
         if stage == "final":
             doc, side = self._final_entry(bucket, bucket_sha, ref["prefix"], entry)
         else:
+            import pyarrow.parquet as pq  # only a tokenized shard's entries are read from Parquet
+
             entries_path = _check_hash(local + ".entries.parquet", ref["sha256"][".entries.parquet"])
             sidecar = pq.ParquetFile(entries_path, memory_map=True).read_row_group(0, columns=["doc_id", "window", "n_windows"])
             side = sidecar.slice(entry, 1).to_pylist()[0]

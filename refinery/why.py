@@ -219,7 +219,7 @@ class DocumentTrail:
     def _locate(self, out: dict[str, Any]) -> None:
         """Tokenization's verdict and the final shard windows of a document every stage kept."""
         bucket, doc_id = out["bucket"], out["doc_id"]
-        removals = self._rejected(TOKENIZE_STAGE, bucket).get(doc_id)
+        removals = self._rejected(TOKENIZE_STAGE, partition_of(doc_id)).get(doc_id)  # tokenized per input file
         if removals:
             removed = self._removal(removals[0], partition_of(doc_id))
             out["stages"].append({"stage": TOKENIZE_STAGE, "status": "removed", **removed})
@@ -356,7 +356,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "offsets, which `refinery lineage --shard S --offset N` takes. It reads what the graph wrote "
                     "under the data root.",
         epilog="examples:\n  refinery why --config configs/demo.yaml https://example.com/page\n"
-               "  refinery why --config configs/demo.yaml web-web-00/0000015 --json",
+               "  refinery why --config configs/demo.yaml web-web-00.warc.gz/0000015 --json",
     )
     p.add_argument("document", metavar="URL_OR_DOC_ID", help="a doc_id (<input file>/<record>) or a url")
     p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")

@@ -100,7 +100,8 @@ def test_a_new_input_batch_flows_to_the_manifests_and_scans_once(tmp_path):
         {"exact_deduped": {f"r{i:02d}-of-04" for i in range(4)}},  # dedup is global: every range,
         {"near_deduped": {f"b{i:02d}" for i in range(16)}},  # every band, after the ranges,
         {"near_dup_clusters": {None}},
-        {name: batches for name in ("deduped", "quality_scored", "pii_redacted")},  # and every batch again
-        {"tokenized_shards": buckets, "shuffled_shards": buckets, "funnel_report": {None}},
+        # every batch again, tokenized in the same run (same partitions)
+        {name: batches for name in ("deduped", "quality_scored", "pii_redacted", "tokenized_shards")},
+        {"shuffled_shards": buckets, "funnel_report": {None}},
         {"phase_manifests": set(PHASES), "contamination_scan": set(PHASES), "lineage_index": {None}},
     ]

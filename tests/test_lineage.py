@@ -7,20 +7,23 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
 from refinery import layout
-from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery import lineage as lin
-from orchestration.cli import main
+from orchestration.cli import COMMAND_MODULES, main
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key
 from refinery.shard_format import ShardFormatError, ShardReader
-from helpers.corpus import make_corpus, token_bytes, tokenize_all
+from helpers.corpus import make_corpus, series_indexes, shuffle, token_bytes, tokenize_all
 
 CONTEXT_TOKENS = 12
 
@@ -31,13 +34,20 @@ def built(tmp_path_factory):
                     empty_docs=2)
     tokenize_all(c)
     for bucket in c.cfg.buckets:
-        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, c.cfg.shards.shard_tokens, c.cfg.shards.shuffle_buffer_mb)
+        shuffle(c, bucket, c.cfg.seed, c.cfg.shards.shard_tokens, c.cfg.shards.shuffle_buffer_mb)
     lin.build_lineage_index(c.root, c.cfg)
     return c
 
 
 def shard_refs(c, stage: str) -> list[dict]:
-    return [ref for b in c.cfg.buckets for ref in c.root.read_json(layout.shard_index_key(stage, b))["shards"]]
+    return [ref for b in c.cfg.buckets for index in series_indexes(c, stage, b) for ref in index["shards"]]
+
+
+def bucket_entry_doc_ids(c, stage: str, bucket: str) -> list[str]:
+    """The doc_id of each entry of a bucket, numbered as a lineage query numbers them: its final shards'
+    entries, or its files' tokenized series one after another in input order."""
+    return [doc_id for index in series_indexes(c, stage, bucket)
+            for doc_id in c.root.read_parquet(index["entries_table"]["key"])["doc_id"].to_list()]
 
 
 def read_arrow(c, key: str) -> pl.DataFrame:
@@ -57,6 +67,7 @@ def test_200_random_tokens_trace_back_to_text_of_their_document(built, stage):
     refs = shard_refs(c, stage)
     total = sum(r["tokens"] for r in refs)
     starts = np.cumsum([0] + [r["tokens"] for r in refs])
+    entry_doc_ids = {b: bucket_entry_doc_ids(c, stage, b) for b in c.cfg.buckets}
     rng = random.Random(11)
     checked_bytes = 0
     for _ in range(200):
@@ -78,6 +89,7 @@ def test_200_random_tokens_trace_back_to_text_of_their_document(built, stage):
         assert r["url"] == f"https://{r['source']}.example/{int(r['doc_id'].rsplit('/', 1)[1]) // 3}"
         assert r["record_offset"] == int(r["doc_id"].rsplit("/", 1)[1]) // 3 * 1000
         assert r["token_id"] == int(tokens[offset])
+        assert entry_doc_ids[r["bucket"]][r["bucket_entry"]] == r["doc_id"]
     assert checked_bytes > 200 * 10
 
 
@@ -139,6 +151,10 @@ def test_overlap_prefix_is_flagged(built):
         ("books/shard-00000", 0, "unknown bucket 'books'"),
         ("web/shard-0", 0, "not a shard name"),
         ("shards/raw/web/shard-00000", 0, "unknown shard stage 'raw'"),
+        ("shards/tokenized/web/shard-00000", 0, "shards/tokenized/<bucket>/<file>/shard-NNNNN"),
+        ("shards/final/web/web-a/shard-00000", 0, "shards/final/<bucket>/shard-NNNNN"),
+        ("shards/tokenized/web/web-z/shard-00000", 0, "no tokenized shards for bucket 'web' and input file 'web-z'"),
+        ("shards/tokenized/web/web-a/shard-00999", 0, "unknown shard; bucket 'web' input file 'web-a' has"),
     ],
 )
 def test_queries_outside_the_shards_are_clear_errors(built, shard, offset, message):
@@ -150,7 +166,7 @@ def test_changed_shard_index_is_detected(tmp_path):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 30, "web/b": 10, "math/m": 5})
     tokenize_all(c)
     for bucket in c.cfg.buckets:
-        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+        shuffle(c, bucket, c.cfg.seed, 1024, 1)
     lin.build_lineage_index(c.root, c.cfg)
     idx = c.root.local_path("shards/final/web/shard-00000.idx")
     raw = bytearray(idx.read_bytes())
@@ -206,7 +222,7 @@ def test_rebuild_is_byte_identical_and_drops_stale_files(tmp_path):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 30, "web/b": 10, "math/m": 5})
     tokenize_all(c)
     for bucket in c.cfg.buckets:
-        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+        shuffle(c, bucket, c.cfg.seed, 1024, 1)
     first = lin.build_lineage_index(c.root, c.cfg)
     files = {key: c.root.read_bytes(key) for key in c.root.list("lineage")}
     c.root.write_bytes("lineage/documents.arrow", b"an earlier layout")
@@ -221,7 +237,7 @@ def test_shards_holding_a_document_no_clean_table_has_are_refused(tmp_path):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 30, "web/b": 10, "math/m": 5})
     tokenize_all(c)
     for bucket in c.cfg.buckets:
-        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+        shuffle(c, bucket, c.cfg.seed, 1024, 1)
     key = documents_key(CLEAN_STAGE, "web-a")
     clean = c.root.read_parquet(key)
     c.root.write_parquet(key, clean.filter(pl.col("doc_id") != "web-a/0000006"))
@@ -254,11 +270,45 @@ def test_cli_prints_json_and_a_table(built, capsys):
     assert (narrow["before"], narrow["token"], narrow["after"]) == ("", window["token"], "")
 
 
+# A fresh process that counts the config's YAML parses, runs `refinery <argv>`, then prints a last line:
+# the exit code, the parse count and every module it imported.
+QUERY_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    from refinery.config import loader
+    parses = []
+    parse_yaml = loader.parse_yaml
+    loader.parse_yaml = lambda text: parses.append(text) or parse_yaml(text)
+    from orchestration.cli import main
+    code = main(sys.argv[1:])
+    print()
+    print(json.dumps({"exit": code, "yaml_parses": len(parses), "modules": sorted(sys.modules)}))
+""")
+
+
+def test_a_cli_query_imports_only_the_lineage_command_and_parses_the_config_once(built):
+    """What keeps one `refinery lineage` query fast: no other command's module, no dagster or torch,
+    and the preflight's config reused by the command."""
+    argv = ["lineage", "--config", str(built.config_path), "--shard", "web/shard-00001", "--offset", "5", "--json"]
+    child = subprocess.run([sys.executable, "-c", QUERY_IN_A_FRESH_PROCESS, *argv], cwd=Path(__file__).resolve().parents[1],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    *answer, probe = child.stdout.splitlines()
+    probe = json.loads(probe)
+    assert probe["exit"] == 0 and probe["yaml_parses"] == 1
+    out = json.loads("\n".join(answer))
+    expected = lin.resolve_token(built.root, built.cfg, "web/shard-00001", 5)
+    assert (out["doc_id"], out["token_id"], out["text"]) == (expected["doc_id"], expected["token_id"], expected["text"])
+    others = [module for name, module in COMMAND_MODULES.items() if name != "lineage"]
+    imported = set(probe["modules"])
+    assert "orchestration.lineage" in imported
+    assert [m for m in ["dagster", "torch", *others] if m in imported] == []
+
+
 def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(tmp_path, capsys):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 20, "web/b": 10, "math/m": 5})
     tokenize_all(c)
     for bucket in c.cfg.buckets:
-        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+        shuffle(c, bucket, c.cfg.seed, 1024, 1)
     lin.build_lineage_index(c.root, c.cfg)
     c.root.delete(layout.TOKENIZER_KEY)
     r = lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)
@@ -281,9 +331,9 @@ def test_lineage_index_older_than_the_shards_is_refused(tmp_path):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 20, "web/b": 10, "math/m": 5})
     tokenize_all(c)
     for bucket in c.cfg.buckets:
-        sh.shuffle_bucket(c.root, c.cfg.seed, bucket, 1024, 1)
+        shuffle(c, bucket, c.cfg.seed, 1024, 1)
     lin.build_lineage_index(c.root, c.cfg)
-    sh.shuffle_bucket(c.root, c.cfg.seed + 1, "web", 1024, 1)
+    shuffle(c, "web", c.cfg.seed + 1, 1024, 1)
     with pytest.raises(lin.LineageError, match="materialize lineage_index again"):
         lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
     assert lin.resolve_token(c.root, c.cfg, "math/shard-00000", 0)["bucket"] == "math"

@@ -11,14 +11,15 @@ import pytest
 from refinery import layout
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
+from refinery.documents import input_shards
 from refinery.shard_format import HEADER, ShardFormatError, ShardReader
-from helpers.corpus import make_corpus, tokenize_all
+from helpers.corpus import bucket_parts, make_corpus, series_indexes, shuffle, tokenize_all
 
 
-def entry_tokens(root, stage: str, bucket: str) -> dict[tuple[str, int], tuple[bytes, int]]:
+def entry_tokens(c, stage: str, bucket: str) -> dict[tuple[str, int], tuple[bytes, int]]:
     """(doc_id, window) -> (token bytes, overlap) over every shard of a bucket, asserting no repeats."""
-    out = {}
-    for ref in root.read_json(layout.shard_index_key(stage, bucket))["shards"]:
+    out, root = {}, c.root
+    for ref in (ref for index in series_indexes(c, stage, bucket) for ref in index["shards"]):
         reader = ShardReader(root.local_path(ref["prefix"] + ".idx").with_suffix(""))
         for i, row in enumerate(reader.entries.iter_rows(named=True)):
             key = (row["doc_id"], row["window"])
@@ -40,18 +41,20 @@ def tokenized(tmp_path):
 
 def test_shuffle_moves_every_entry_exactly_once(tokenized):
     root = tokenized.root
-    result = sh.shuffle_bucket(root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
-    before = entry_tokens(root, tk.TOKENIZED, "web")
-    after = entry_tokens(root, tk.FINAL, "web")
+    result = shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
+    before = entry_tokens(tokenized, tk.TOKENIZED, "web")
+    after = entry_tokens(tokenized, tk.FINAL, "web")
     assert after == before
     assert len(after) == result.index["entries"] and result.index["documents"] == 250
     docs = {doc for doc, _ in after}
     assert docs == {d for d, b in tokenized.buckets.items() if b == "web"}
-    order_in = root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, "web"))["doc_id"].to_list()
+    tokenized_tables = pl.concat([root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, "web", part))
+                                  for part in bucket_parts(tokenized, "web")])
+    order_in = tokenized_tables["doc_id"].to_list()
     table = root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))
     assert table["doc_id"].to_list() != order_in and sorted(table["doc_id"].to_list()) == sorted(order_in)
     assert table["entry"].to_list() == list(range(table.height))
-    src = root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, "web")).select("doc_id", "window", "quality_score", "n_windows")
+    src = tokenized_tables.select("doc_id", "window", "quality_score", "n_windows")
     joined = table.join(src, on=["doc_id", "window"], suffix="_in")
     assert joined.height == table.height
     assert (joined["quality_score"] == joined["quality_score_in"]).all()
@@ -61,7 +64,7 @@ def test_shuffle_moves_every_entry_exactly_once(tokenized):
 
 
 def test_shuffle_mixes_documents_across_input_shards(tokenized):
-    sh.shuffle_bucket(tokenized.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+    shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
     first_shard = tokenized.root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web")).filter(pl.col("shard") == 0)
     sources = {d.split("/")[0] for d in first_shard["doc_id"]}
     assert sources == {"web-a", "web-b"}
@@ -69,10 +72,10 @@ def test_shuffle_mixes_documents_across_input_shards(tokenized):
 
 def test_many_small_runs_give_the_same_bytes_as_one_run(tokenized, tmp_path, monkeypatch):
     root = tokenized.root
-    one = sh.shuffle_bucket(root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=64)
+    one = shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=64)
     files_one = shuffled_files(root)
     monkeypatch.setattr(sh, "RUN_FRACTION", 0.0005)  # about 500 bytes per run and scatter flush
-    many = sh.shuffle_bucket(root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+    many = shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
     assert one.runs == 1 and many.runs > 20
     files_many = shuffled_files(root)
     for name in ("index.json",):
@@ -83,12 +86,12 @@ def test_many_small_runs_give_the_same_bytes_as_one_run(tokenized, tmp_path, mon
 
 def test_same_seed_same_bytes_other_seed_other_order(tokenized, tmp_path):
     root = tokenized.root
-    sh.shuffle_bucket(root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+    shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
     first = shuffled_files(root)
-    sh.shuffle_bucket(root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+    shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
     assert shuffled_files(root) == first
     order_3 = root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))["doc_id"].to_list()
-    sh.shuffle_bucket(root, seed=4, bucket="web", shard_tokens=1024, buffer_mb=1)
+    shuffle(tokenized, "web", seed=4, shard_tokens=1024, buffer_mb=1)
     order_4 = root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))["doc_id"].to_list()
     assert order_3 != order_4 and sorted(order_3) == sorted(order_4)
 
@@ -105,19 +108,43 @@ def test_shuffle_keys_are_a_seeded_permutation():
 
 
 def test_empty_bucket_shuffles_to_an_empty_index(tokenized):
-    result = sh.shuffle_bucket(tokenized.root, seed=3, bucket="code", shard_tokens=1024, buffer_mb=1)
+    result = shuffle(tokenized, "code", seed=3, shard_tokens=1024, buffer_mb=1)
     assert result.index["entries"] == 0 and result.index["shards"] == []
     assert tokenized.root.read_parquet(layout.bucket_entries_key(tk.FINAL, "code")).height == 0
 
 
-def test_missing_tokenized_index_names_the_asset(tmp_path):
+def test_missing_tokenized_index_names_the_asset_and_file(tmp_path):
     c = make_corpus(tmp_path)
-    with pytest.raises(sh.ShuffleError, match=r"materialize tokenized_shards\[web\]"):
-        sh.shuffle_bucket(c.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+    tok = tk.build_tokenizer(c.root, c.cfg).tokenizer
+    tk.tokenize_file(c.root, c.cfg, next(s for s in input_shards(c.cfg) if s.key == "web-a"), tok)
+    with pytest.raises(sh.ShuffleError, match=r"materialize tokenized_shards for input file 'web-b'"):
+        shuffle(c, "web", seed=3, shard_tokens=1024, buffer_mb=1)
+    assert not c.root.exists(layout.shard_index_key(tk.FINAL, "web"))
+
+
+def test_a_series_from_another_tokenizer_or_window_is_refused(tokenized):
+    key = layout.shard_index_key(tk.TOKENIZED, "web", "web-b")
+    index = tokenized.root.read_json(key)
+    tokenized.root.write_json(key, {**index, "window": index["window"] * 2})
+    with pytest.raises(sh.ShuffleError, match=r"web-b/index.json: tokenized with another window .* input file 'web-b'"):
+        shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
+
+
+def test_entries_count_across_the_files_of_a_bucket_in_input_order(tokenized):
+    """The shuffle key of an entry is its number in the bucket, counting web-a's entries then web-b's."""
+    result = shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
+    counts = [tokenized.root.read_json(layout.shard_index_key(tk.TOKENIZED, "web", p))["entries"]
+              for p in ("web-a", "web-b")]
+    keys = sh.shuffle_keys(3, "web", 0, sum(counts))
+    expected = pl.concat([tokenized.root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, "web", p))
+                          for p in ("web-a", "web-b")])["doc_id"].gather(np.argsort(keys, kind="stable"))
+    final = tokenized.root.read_parquet(layout.bucket_entries_key(tk.FINAL, "web"))
+    assert final["doc_id"].to_list() == expected.to_list()
+    assert result.index["source_parts"] == 2
 
 
 def _first_shard(c) -> str:
-    return str(c.root.local_path(layout.shard_key(tk.TOKENIZED, "web", 0) + ".idx"))
+    return str(c.root.local_path(layout.shard_key(tk.TOKENIZED, "web", 0, "web-a") + ".idx"))
 
 
 def test_changed_shard_content_fails_its_hash_and_writes_nothing(tokenized):
@@ -126,7 +153,7 @@ def test_changed_shard_content_fails_its_hash_and_writes_nothing(tokenized):
     data[10] ^= 0xFF
     open(bin_path, "wb").write(bytes(data))
     with pytest.raises(ShardFormatError, match="content hash .* does not match"):
-        sh.shuffle_bucket(tokenized.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+        shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
     assert not tokenized.root.exists(layout.shard_index_key(tk.FINAL, "web"))
 
 
@@ -144,14 +171,14 @@ def test_corrupt_idx_is_a_clear_error(tokenized, corrupt, message):
     raw = open(path, "rb").read()
     open(path, "wb").write(corrupt(raw))
     with pytest.raises(ShardFormatError, match=message):
-        sh.shuffle_bucket(tokenized.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+        shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
 
 
 def test_a_failed_shuffle_keeps_the_previous_final_shards(tokenized):
-    sh.shuffle_bucket(tokenized.root, seed=3, bucket="web", shard_tokens=1024, buffer_mb=1)
+    shuffle(tokenized, "web", seed=3, shard_tokens=1024, buffer_mb=1)
     before = shuffled_files(tokenized.root)
     path = _first_shard(tokenized)
     open(path, "wb").write(b"RFSH" + open(path, "rb").read()[4:-1])
     with pytest.raises(ShardFormatError):
-        sh.shuffle_bucket(tokenized.root, seed=4, bucket="web", shard_tokens=1024, buffer_mb=1)
+        shuffle(tokenized, "web", seed=4, shard_tokens=1024, buffer_mb=1)
     assert shuffled_files(tokenized.root) == before

@@ -9,6 +9,7 @@ import pytest
 from refinery import layout
 from refinery.stages import tokenize as tk
 from assets import tokens
+from refinery.documents import input_batches
 from refinery import lineage as lin
 
 from helpers.corpus import make_corpus
@@ -18,9 +19,12 @@ from helpers.materialize import materialize, module_assets
 def materialize_tokens(c) -> dict[str, dg.ExecuteInProcessResult]:
     assets = module_assets(tokens, c.config_path)
     results = {"tokenizer": materialize([assets["tokenizer"]], c.config_path)}
-    for name in ("tokenized_shards", "shuffled_shards"):
-        for bucket in c.cfg.buckets:
-            results[f"{name}[{bucket}]"] = materialize([assets[name]], c.config_path, partition_key=bucket)
+    for batch in input_batches(c.cfg):  # tokenized per input batch, shuffled per bucket
+        results[f"tokenized_shards[{batch.key}]"] = materialize([assets["tokenized_shards"]], c.config_path,
+                                                                partition_key=batch.key)
+    for bucket in c.cfg.buckets:
+        results[f"shuffled_shards[{bucket}]"] = materialize([assets["shuffled_shards"]], c.config_path,
+                                                            partition_key=bucket)
     results["lineage_index"] = materialize([assets["lineage_index"]], c.config_path)
     return results
 
@@ -41,13 +45,19 @@ def test_every_partition_succeeds_with_provenance_metadata(run):
     tok = metadata(results["tokenizer"], "tokenizer")
     assert tok["vocab_size"] == 400 and tok["train_docs"] == 127 and tok["eod_id"] == 0
     assert tok["content_hashes"] == {layout.TOKENIZER_KEY: c.root.sha256(layout.TOKENIZER_KEY)}
-    web = metadata(results["tokenized_shards[web]"], "tokenized_shards")
+    web = [metadata(results[f"tokenized_shards[{part}]"], "tokenized_shards") for part in ("web-a", "web-b")]
     for key in ("docs_in", "docs_out", "retention", "removed_by_rule", "wall_s", "config", "code_version",
-                "content_hashes", "tokens", "entries", "shards", "tokens_per_s"):
-        assert key in web, key
-    assert web["docs_in"] == 100 and web["docs_out"] == 98 and web["removed_by_rule"] == {"tokenize/empty_text": 2}
+                "content_hashes", "tokens", "entries", "shards", "tokens_per_s", "input_files"):
+        assert key in web[0], key
+    assert [(m["docs_in"], m["docs_out"], m["input_files"]) for m in web] == [(60, 59, 1), (40, 39, 1)]
+    assert all(m["removed_by_rule"] == {"tokenize/empty_text": 1} for m in web)
+    series = c.root.read_json(layout.shard_index_key(tk.TOKENIZED, "web", "web-a"))
+    for ref in series["shards"]:
+        for suffix, digest in ref["sha256"].items():
+            assert web[0]["content_hashes"][ref["prefix"] + suffix] == digest
     final = metadata(results["shuffled_shards[web]"], "shuffled_shards")
-    assert (final["tokens"], final["entries"], final["documents"]) == (web["tokens"], web["entries"], 98)
+    assert (final["tokens"], final["entries"], final["documents"]) == (
+        web[0]["tokens"] + web[1]["tokens"], web[0]["entries"] + web[1]["entries"], 98)
     index = c.root.read_json(layout.shard_index_key(tk.FINAL, "web"))
     for ref in index["shards"]:
         for suffix, digest in ref["sha256"].items():
@@ -69,6 +79,7 @@ def test_rematerializing_gives_byte_identical_shards(run, tmp_path):
 
 def test_shuffle_before_tokenizing_fails_with_the_fix(tmp_path):
     c = make_corpus(tmp_path)
-    shuffled = module_assets(tokens, c.config_path)["shuffled_shards"]
-    with pytest.raises(Exception, match=r"materialize tokenized_shards\[web\] first"):
-        materialize([shuffled], c.config_path, partition_key="web")
+    assets = module_assets(tokens, c.config_path)
+    materialize([assets["tokenizer"]], c.config_path)
+    with pytest.raises(Exception, match=r"materialize tokenized_shards for input file 'web-a' first"):
+        materialize([assets["shuffled_shards"]], c.config_path, partition_key="web")

@@ -9,7 +9,7 @@ import pytest
 from refinery import layout
 from refinery.stages import tokenize as tk
 from refinery.config import parse_config
-from refinery.documents import CLEAN_STAGE
+from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key
 from refinery.shard_format import ShardReader, split_windows
 
@@ -89,14 +89,18 @@ def test_tokenized_shards_hold_every_document_windowed_with_eod(corpus):
     results = tokenize_all(corpus)
     tok = tk.read_tokenizer(corpus.root, corpus.cfg.tokenizer.eod_token)
     eod = tok.token_to_id(corpus.cfg.tokenizer.eod_token)
-    for bucket, result in results.items():
+    assert sorted(results) == ["math-m", "web-a", "web-b"]  # one series per input file; code has none
+    for part, result in results.items():
         index = result.index
-        expected_docs = [d for d, b in corpus.buckets.items() if b == bucket]
-        assert index["documents"] == len(expected_docs)
-        table = corpus.root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, bucket))
+        bucket = index["bucket"]
+        assert index["part"] == part and index["stage"] == tk.TOKENIZED
+        expected_docs = [d for d, b in corpus.buckets.items() if b == bucket and d.startswith(part + "/")]
+        assert expected_docs and index["documents"] == len(expected_docs)
+        table = corpus.root.read_parquet(layout.bucket_entries_key(tk.TOKENIZED, bucket, part))
         assert table.height == index["entries"] and int(table["tokens"].sum() or 0) == index["tokens"]
-        assert sorted(table.filter(pl.col("window") == 0)["doc_id"].to_list()) == sorted(expected_docs)
+        assert table.filter(pl.col("window") == 0)["doc_id"].to_list() == expected_docs  # input order
         for ref in index["shards"]:
+            assert ref["prefix"].startswith(f"shards/tokenized/{bucket}/{part}/shard-")
             assert ref["tokens"] <= 1024 or ref["entries"] == 1
             assert ShardReader(corpus.root.local_path(ref["prefix"] + ".idx").with_suffix("")).num_tokens == ref["tokens"]
         for doc_id in expected_docs:
@@ -106,14 +110,26 @@ def test_tokenized_shards_hold_every_document_windowed_with_eod(corpus):
             assert rows["window"].to_list() == list(range(len(cuts)))
             assert rows["n_windows"].to_list() == [len(cuts)] * len(cuts)
             for row, (a, b, ov) in zip(rows.iter_rows(named=True), cuts):
-                reader = ShardReader(corpus.root.local_path(f"{layout.shard_key(tk.TOKENIZED, bucket, row['shard'])}.idx").with_suffix(""))
+                shard = layout.shard_key(tk.TOKENIZED, bucket, row["shard"], part)
+                reader = ShardReader(corpus.root.local_path(f"{shard}.idx").with_suffix(""))
                 got = np.asarray(reader.entry(row["index"]))
                 assert np.array_equal(got, whole[a:b]) and row["overlap"] == ov
                 assert reader.overlaps[row["index"]] == ov
                 assert (got[-1] == eod) == (row["window"] == len(cuts) - 1)
                 assert reader.entries.row(row["index"], named=True)["doc_id"] == doc_id
-    assert results["code"].index["entries"] == 0 and results["code"].index["shards"] == []
-    assert results["web"].stats.counters["windowed_docs"] > 0
+    assert results["web-a"].stats.counters["windowed_docs"] > 0
+
+
+def test_a_file_is_read_a_batch_at_a_time(tmp_path, monkeypatch):
+    """The clean table is read `encode_batch_docs` rows at a time: the encoder never sees more."""
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 50, "web/b": 1, "math/m": 1})
+    seen = []
+    real = tk.encode_texts
+    monkeypatch.setattr(tk, "encode_texts", lambda tok, texts, dtype: seen.append(len(texts)) or real(tok, texts, dtype))
+    tok = tk.build_tokenizer(c.root, c.cfg).tokenizer
+    shard = next(s for s in input_shards(c.cfg) if s.key == "web-a")
+    index = tk.tokenize_file(c.root, c.cfg, shard, tok).index
+    assert seen == [16, 16, 16, 2] and index["documents"] == 50
 
 
 def test_tokenized_shards_are_byte_identical_on_rerun(tmp_path):
@@ -129,30 +145,38 @@ def test_tokenized_shards_are_byte_identical_on_rerun(tmp_path):
 
 def test_empty_and_null_texts_are_counted_rejections(tmp_path):
     c = make_corpus(tmp_path, empty_docs=4)
-    result = tokenize_all(c)["web"]
-    # the first 4 documents of each of web's two input shards
-    assert result.stats.dropped["tokenize/empty_text"] == 8
-    assert result.rejects.height == 8 and set(result.rejects["rule"]) == {"tokenize/empty_text"}
-    assert result.index["documents"] == 100 - 8 and result.stats.docs_out == 92
+    results = tokenize_all(c)
+    for part, docs in (("web-a", 60), ("web-b", 40)):  # the first 4 documents of each of web's files
+        result = results[part]
+        assert result.stats.dropped["tokenize/empty_text"] == 4
+        assert result.rejects.height == 4 and set(result.rejects["rule"]) == {"tokenize/empty_text"}
+        assert set(result.rejects["doc_id"].str.split("/").list.first()) == {part}
+        assert result.index["documents"] == docs - 4 and result.stats.docs_out == docs - 4
 
 
-def test_missing_upstream_table_names_the_asset(tmp_path, corpus):
+def test_missing_upstream_table_names_it(tmp_path, corpus):
     tok = tk.build_tokenizer(corpus.root, corpus.cfg).tokenizer
     corpus.root.delete(documents_key(CLEAN_STAGE, "web-b"))
+    shard = next(s for s in input_shards(corpus.cfg) if s.key == "web-b")
     with pytest.raises(FileNotFoundError, match="web-b.parquet"):
-        tk.tokenize_bucket(corpus.root, corpus.cfg, "web", tok)
+        tk.tokenize_file(corpus.root, corpus.cfg, shard, tok)
+    assert not corpus.root.list("shards/tokenized/web/web-b")
 
 
 def test_rerun_with_fewer_shards_removes_stale_ones(tmp_path, corpus):
     tokenize_all(corpus)
-    before = corpus.root.list("shards/tokenized/web")
+    before = corpus.root.list("shards/tokenized/web/web-a")
+    other = corpus.root.list("shards/tokenized/web/web-b")
     data = corpus.cfg.model_dump(mode="json", exclude_unset=True, exclude={"base_dir"})
     data["shards"]["shard_tokens"] = 100_000
     cfg = parse_config(data, base_dir=corpus.cfg.base_dir)
     tok = tk.read_tokenizer(corpus.root, cfg.tokenizer.eod_token)
-    index = tk.tokenize_bucket(corpus.root, cfg, "web", tok).index
-    after = corpus.root.list("shards/tokenized/web")
+    shard = next(s for s in input_shards(cfg) if s.key == "web-a")
+    index = tk.tokenize_file(corpus.root, cfg, shard, tok).index
+    after = corpus.root.list("shards/tokenized/web/web-a")
+    prefix = "shards/tokenized/web/web-a"
     assert len(index["shards"]) == 1 and len(before) > len(after)
-    assert sorted(after) == sorted(["shards/tokenized/web/entries.parquet", "shards/tokenized/web/index.json"]
-                                   + [f"shards/tokenized/web/shard-00000{s}" for s in (".bin", ".entries.parquet", ".idx")])
+    assert sorted(after) == sorted([f"{prefix}/entries.parquet", f"{prefix}/index.json"]
+                                   + [f"{prefix}/shard-00000{s}" for s in (".bin", ".entries.parquet", ".idx")])
+    assert corpus.root.list("shards/tokenized/web/web-b") == other  # another file's series is left alone
     assert not any(p.name.startswith(".") for p in (corpus.root.root / "shards").rglob("*"))

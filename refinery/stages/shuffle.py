@@ -69,11 +69,11 @@ def run_of(keys: np.ndarray, runs: int) -> np.ndarray:
     return ((keys >> np.uint64(32)) * np.uint64(runs)) >> np.uint64(32)
 
 
-def load_index(root: DataRoot, stage: str, bucket: str) -> dict[str, Any]:
-    key = shard_index_key(stage, bucket)
+def load_index(root: DataRoot, stage: str, bucket: str, part: str | None = None) -> dict[str, Any]:
+    key = shard_index_key(stage, bucket, part)
     if not root.exists(key):
-        asset = "tokenized_shards" if stage == TOKENIZED else "shuffled_shards"
-        raise ShuffleError(f"{root.display(key)}: no shard index for bucket {bucket!r}; materialize {asset}[{bucket}] first")
+        asset = f"tokenized_shards for input file {part!r}" if stage == TOKENIZED else f"shuffled_shards[{bucket}]"
+        raise ShuffleError(f"{root.display(key)}: no shard index for bucket {bucket!r}; materialize {asset} first")
     return root.read_json(key)
 
 
@@ -136,45 +136,47 @@ def plan_runs(total_tokens: int, itemsize: int, buffer_bytes: int) -> int:
     return max(1, math.ceil(total_tokens * itemsize / (buffer_bytes * RUN_FRACTION)))
 
 
-def shard_entries(root: DataRoot, stage: str, bucket: str, shard: int) -> pl.DataFrame:
-    """One shard's rows of the bucket entry table (row groups of other shards are skipped)."""
-    path = root.local_path(bucket_entries_key(stage, bucket))
+def shard_entries(root: DataRoot, stage: str, bucket: str, shard: int, part: str | None = None) -> pl.DataFrame:
+    """One shard's rows of the series' entry table (row groups of other shards are skipped)."""
+    path = root.local_path(bucket_entries_key(stage, bucket, part))
     return pl.scan_parquet(path).filter(pl.col("shard") == shard).collect()
 
 
-def _scatter(root: DataRoot, source: dict[str, Any], seed: int, bucket: str, scatter: _Scatter, runs: int) -> None:
+def _scatter(root: DataRoot, sources: list[dict[str, Any]], seed: int, bucket: str, scatter: _Scatter, runs: int) -> None:
     first = 0
-    for number, ref in enumerate(source["shards"]):
-        reader = open_verified(root, ref)
-        n = len(reader)
-        entries = shard_entries(root, TOKENIZED, bucket, number)
-        if entries.height != n or not np.array_equal(entries["tokens"].to_numpy(), np.diff(reader.offsets)):
-            raise ShuffleError(
-                f"{root.display(bucket_entries_key(TOKENIZED, bucket))}: rows of shard {number} do not match "
-                f"{ref['prefix']}.idx; rebuild tokenized_shards[{bucket}]"
-            )
-        keys = shuffle_keys(seed, bucket, first, n)
-        owner = run_of(keys, runs)
-        offsets = reader.offsets
-        records = np.empty(n, dtype=RECORD)
-        records["key"] = keys
-        records["length"] = entries["tokens"].to_numpy()
-        records["overlap"] = reader.overlaps
-        records["window"] = entries["window"].to_numpy()
-        records["n_windows"] = entries["n_windows"].to_numpy()
-        records["quality"] = entries["quality_score"].fill_null(np.nan).to_numpy()
-        doc_ids = entries["doc_id"].to_list()
-        if any("\n" in d for d in doc_ids):
-            raise ShuffleError(f"{ref['prefix']}: a doc_id contains a newline; doc ids must be single-line")
-        order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(runs + 1))
-        for r in range(runs):
-            picked = order[bounds[r] : bounds[r + 1]]
-            if len(picked):
-                tokens = np.concatenate([reader.tokens[offsets[i] : offsets[i + 1]] for i in picked])
-                scatter.add(r, tokens, records[picked], [doc_ids[i] for i in picked])
-        first += n
-        del reader
+    for source in sources:
+        part = source["part"]
+        for number, ref in enumerate(source["shards"]):
+            reader = open_verified(root, ref)
+            n = len(reader)
+            entries = shard_entries(root, TOKENIZED, bucket, number, part)
+            if entries.height != n or not np.array_equal(entries["tokens"].to_numpy(), np.diff(reader.offsets)):
+                raise ShuffleError(
+                    f"{root.display(bucket_entries_key(TOKENIZED, bucket, part))}: rows of shard {number} do not "
+                    f"match {ref['prefix']}.idx; rebuild tokenized_shards for input file {part!r}"
+                )
+            keys = shuffle_keys(seed, bucket, first, n)
+            owner = run_of(keys, runs)
+            offsets = reader.offsets
+            records = np.empty(n, dtype=RECORD)
+            records["key"] = keys
+            records["length"] = entries["tokens"].to_numpy()
+            records["overlap"] = reader.overlaps
+            records["window"] = entries["window"].to_numpy()
+            records["n_windows"] = entries["n_windows"].to_numpy()
+            records["quality"] = entries["quality_score"].fill_null(np.nan).to_numpy()
+            doc_ids = entries["doc_id"].to_list()
+            if any("\n" in d for d in doc_ids):
+                raise ShuffleError(f"{ref['prefix']}: a doc_id contains a newline; doc ids must be single-line")
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(runs + 1))
+            for r in range(runs):
+                picked = order[bounds[r] : bounds[r + 1]]
+                if len(picked):
+                    tokens = np.concatenate([reader.tokens[offsets[i] : offsets[i + 1]] for i in picked])
+                    scatter.add(r, tokens, records[picked], [doc_ids[i] for i in picked])
+            first += n
+            del reader
     scatter.flush()
 
 
@@ -200,24 +202,48 @@ class ShuffleResult:
     wall_s: float
 
 
-def shuffle_bucket(root: DataRoot, seed: int, bucket: str, shard_tokens: int, buffer_mb: int) -> ShuffleResult:
-    """Shuffle `shards/tokenized/<bucket>/` into `shards/final/<bucket>/` (see the module doc)."""
+def load_sources(root: DataRoot, bucket: str, parts: list[str], fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tokenized series of `parts` (a bucket's input files, in input order), each checked to
+    have been made with `fields` (`tokenize.series_fields`: the dtype, the tokenizer, the windowing)."""
+    sources = []
+    for part in parts:
+        source = load_index(root, TOKENIZED, bucket, part)
+        differ = [k for k in fields if source.get(k) != fields[k]]
+        if differ:
+            raise ShuffleError(
+                f"{root.display(shard_index_key(TOKENIZED, bucket, part))}: tokenized with another "
+                f"{', '.join(differ)} than the current tokenizer and config; materialize tokenized_shards for "
+                f"input file {part!r} again"
+            )
+        sources.append(source)
+    return sources
+
+
+def shuffle_bucket(root: DataRoot, seed: int, bucket: str, parts: list[str], fields: dict[str, Any],
+                   shard_tokens: int, buffer_mb: int) -> ShuffleResult:
+    """Shuffle the tokenized series of `parts` (the bucket's input files, in input order, each made
+    with `fields`) into `shards/final/<bucket>/` (see the module doc). A bucket without input files
+    gets an empty final index."""
     t0 = time.perf_counter()
-    source = load_index(root, TOKENIZED, bucket)
-    dtype = np.dtype(source["dtype"])
+    sources = load_sources(root, bucket, parts, fields)
+    dtype = np.dtype(fields["dtype"])
+    entries, tokens = sum(s["entries"] for s in sources), sum(s["tokens"] for s in sources)
     buffer_bytes = buffer_mb * 1024 * 1024
-    runs = plan_runs(source["tokens"], dtype.itemsize, buffer_bytes)
+    runs = plan_runs(tokens, dtype.itemsize, buffer_bytes)
+    part_hashes = "".join(root.sha256(shard_index_key(TOKENIZED, bucket, part)) for part in parts)
     extra = {
         "seed": seed,
         "runs": runs,
         "shuffle_buffer_mb": buffer_mb,
-        "source_index_sha256": root.sha256(shard_index_key(TOKENIZED, bucket)),
-        **{k: source[k] for k in ("vocab_size", "eod_id", "window", "overlap") if k in source},
+        # The sha256 of the tokenized series' index.json hashes, in input order: what was shuffled.
+        "source_indexes_sha256": hashlib.sha256(part_hashes.encode()).hexdigest(),
+        "source_parts": len(parts),
+        **{k: v for k, v in fields.items() if k != "dtype"},
     }
     work = staging_dir(root)
     try:
         scatter = _Scatter(work, runs, int(buffer_bytes * RUN_FRACTION), dtype)
-        _scatter(root, source, seed, bucket, scatter, runs)
+        _scatter(root, sources, seed, bucket, scatter, runs)
         with ShardSeries(root, FINAL, bucket, dtype, shard_tokens, extra) as series:
             for files in scatter.files:
                 _gather(files, dtype, series)
@@ -226,9 +252,9 @@ def shuffle_bucket(root: DataRoot, seed: int, bucket: str, shard_tokens: int, bu
             index = series.finish()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if (index["entries"], index["tokens"]) != (source["entries"], source["tokens"]):
+    if (index["entries"], index["tokens"]) != (entries, tokens):
         raise ShuffleError(
             f"shuffle of {bucket!r} wrote {index['entries']} entries / {index['tokens']} tokens, "
-            f"but the input has {source['entries']} / {source['tokens']}"
+            f"but the input has {entries} / {tokens}"
         )
     return ShuffleResult(index, runs, time.perf_counter() - t0)

@@ -7,10 +7,12 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
   `tokenizer.json` named by `cfg.tokenizer.path`. Nothing is ever downloaded.
 - Encoding runs `encode_batch_fast` on lists of documents, so the Rust side spreads a batch over
   every core and skips the offsets nobody reads.
-- Each document gets an EOD token and is cut into windows of at most `packing_window(cfg)` tokens
+- Tokenization runs per input file (`tokenize_file`), so it fans out over files like the funnel.
+  Each document gets an EOD token and is cut into windows of at most `packing_window(cfg)` tokens
   (`refinery.shard_format.split_windows`); entries are appended to shards of about
-  `cfg.shards.shard_tokens` tokens by a `ShardSeries`, which also writes the bucket's entry table
-  and `index.json` (see docs/formats.md).
+  `cfg.shards.shard_tokens` tokens by a `ShardSeries`, which also writes the series' entry table
+  and `index.json` (see docs/formats.md): one series per input file under
+  `shards/tokenized/<bucket>/<file key>/`, read in order by the bucket's shuffle.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -34,6 +36,7 @@ from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix, documents_key,
                              shard_index_key, shard_key)
+from refinery.stages.parquet_batches import parquet_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
 
@@ -244,8 +247,9 @@ def publish_file(root: DataRoot, local: Path, key: str) -> None:
 
 @dataclass
 class ShardSeries:
-    """Shards `shard-00000`, `shard-00001`, ... under `shards/<stage>/<bucket>/`, each closed once
-    it would pass `shard_tokens`; then the entry table and index.json.
+    """Shards `shard-00000`, `shard-00001`, ... under `shards/<stage>/<bucket>/` (with `part`:
+    `shards/<stage>/<bucket>/<part>/`), each closed once it would pass `shard_tokens`; then the
+    entry table and index.json.
 
     Shards are assembled in a staging folder and published by `finish()`, so a failure leaves the
     bucket's previous shards as they were. Use as a context manager: the staging folder is removed
@@ -258,6 +262,7 @@ class ShardSeries:
     dtype: np.dtype
     shard_tokens: int
     extra_index: dict[str, Any] = field(default_factory=dict)
+    part: str | None = None
 
     def __post_init__(self) -> None:
         self._stage_dir = staging_dir(self.root)
@@ -311,7 +316,7 @@ class ShardSeries:
         assert self._writer is not None
         writer, number = self._writer, len(self._shards)
         hashes = writer.close()
-        key = shard_key(self.stage, self.bucket, number)
+        key = shard_key(self.stage, self.bucket, number, self.part)
         self._staged.append((writer.prefix, key))
         self._shards.append({"prefix": key, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": hashes})
         table = pl.DataFrame(self._rows, schema=ENTRY_TABLE_SCHEMA).to_arrow()
@@ -338,13 +343,14 @@ class ShardSeries:
             files = shard_files(staged)
             for suffix in (".bin", ".entries.parquet", ".idx"):  # .idx last: it marks the shard complete
                 publish_file(self.root, files[suffix], key + suffix)
-        table_key = bucket_entries_key(self.stage, self.bucket)
+        table_key = bucket_entries_key(self.stage, self.bucket, self.part)
         table_sha = hashlib.sha256(self._table_path.read_bytes()).hexdigest()
         publish_file(self.root, self._table_path, table_key)
         index = {
             "version": INDEX_VERSION,
             "stage": self.stage,
             "bucket": self.bucket,
+            **({"part": self.part} if self.part is not None else {}),
             "dtype": str(self.dtype),
             "tokens": self.tokens,
             "entries": self.entries,
@@ -353,10 +359,10 @@ class ShardSeries:
             "entries_table": {"key": table_key, "sha256": table_sha},
             **self.extra_index,
         }
-        key = shard_index_key(self.stage, self.bucket)
+        key = shard_index_key(self.stage, self.bucket, self.part)
         self.root.write_json(key, index)
         keep = {key, table_key} | {s["prefix"] + suffix for s in self._shards for suffix in SHARD_SUFFIXES}
-        for stale in self.root.list(bucket_shards_prefix(self.stage, self.bucket)):
+        for stale in self.root.list(bucket_shards_prefix(self.stage, self.bucket, self.part)):
             if stale not in keep:
                 self.root.delete(stale)
         return index
@@ -367,15 +373,13 @@ class ShardSeries:
 # --------------------------------------------------------------------------------------------------
 
 
-def iter_document_batches(
-    root: DataRoot, shards: list[InputShard], batch_docs: int, stage: str = CLEAN_STAGE
-) -> Iterator[tuple[InputShard, pl.DataFrame]]:
-    for shard in shards:
-        df = root.read_parquet(documents_key(stage, shard.key))
-        if "quality_score" not in df.columns:
-            df = df.with_columns(quality_score=pl.lit(None, dtype=pl.Float64))
-        for start in range(0, df.height, batch_docs):
-            yield shard, df.slice(start, batch_docs)
+def series_fields(cfg: RefineryConfig, tokenizer) -> dict[str, Any]:
+    """What every token series of a run shares, in its index.json: the token dtype, the tokenizer's
+    vocabulary size and EOD id, and the packing window and overlap."""
+    vocab = tokenizer.get_vocab_size()
+    return {"dtype": str(token_dtype(vocab)), "vocab_size": vocab,
+            "eod_id": int(tokenizer.token_to_id(cfg.tokenizer.eod_token)),
+            "window": packing_window(cfg), "overlap": windowing_overlap(cfg)}
 
 
 @dataclass
@@ -385,33 +389,36 @@ class TokenizeResult:
     rejects: pl.DataFrame
 
 
-def tokenize_bucket(root: DataRoot, cfg: RefineryConfig, bucket: str, tokenizer, stage: str = CLEAN_STAGE) -> TokenizeResult:
-    """Encode every clean document of `bucket` (input shards in key order, rows in table order),
-    append EOD, window, and pack into `shards/tokenized/<bucket>/`."""
+def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokenizer,
+                  stage: str = CLEAN_STAGE) -> TokenizeResult:
+    """Encode the clean documents of one input file (rows in table order), append EOD, window, and
+    pack them into `shards/tokenized/<bucket>/<file key>/`. The table is read `encode_batch_docs`
+    rows at a time, so memory is one batch's, whatever the file's size; a file is the unit of work,
+    so tokenization fans out like the funnel (the shuffle then reads a bucket's files in order)."""
     t0 = time.perf_counter()
-    window = packing_window(cfg)
-    overlap = windowing_overlap(cfg)
-    vocab = tokenizer.get_vocab_size()
-    dtype = token_dtype(vocab)
-    eod = np.asarray([tokenizer.token_to_id(cfg.tokenizer.eod_token)], dtype=dtype)
+    fields = series_fields(cfg, tokenizer)
+    window, overlap, dtype = fields.pop("window"), fields.pop("overlap"), np.dtype(fields.pop("dtype"))
+    eod = np.asarray([fields["eod_id"]], dtype=dtype)
     stats = StageStats(stage="tokenized_shards")
     reject_parts: list[pl.DataFrame] = []
     windowed = 0
-    extra = {"vocab_size": vocab, "eod_id": int(eod[0]), "window": window, "overlap": overlap}
+    extra = {**fields, "window": window, "overlap": overlap}
 
     def encode(batch: pl.DataFrame) -> tuple[pl.DataFrame, list[int], list[np.ndarray]]:
+        if "quality_score" not in batch.columns:
+            batch = batch.with_columns(quality_score=pl.lit(None, dtype=pl.Float64))
         texts = batch["text"].to_list()
         keep = [i for i, t in enumerate(texts) if t]
         return batch, keep, encode_texts(tokenizer, [texts[i] for i in keep], dtype)
 
-    batches = iter_document_batches(root, bucket_shards(cfg, bucket), cfg.shards.encode_batch_docs, stage)
+    batches = parquet_batches(root.local_path(documents_key(stage, shard.key)), cfg.shards.encode_batch_docs)
     # The Rust encoder releases the GIL, so the next batch encodes while this thread packs the last.
-    with ShardSeries(root, TOKENIZED, bucket, dtype, cfg.shards.shard_tokens, extra) as series, \
+    with ShardSeries(root, TOKENIZED, shard.bucket, dtype, cfg.shards.shard_tokens, extra, part=shard.key) as series, \
             ThreadPoolExecutor(max_workers=1) as pool:
-        pending = [pool.submit(encode, batch) for _, batch in itertools.islice(batches, 1)]
+        pending = [pool.submit(encode, batch) for batch in itertools.islice(batches, 1)]
         while pending:
             batch, keep, encoded = pending.pop().result()
-            pending = [pool.submit(encode, nxt) for _, nxt in itertools.islice(batches, 1)]
+            pending = [pool.submit(encode, nxt) for nxt in itertools.islice(batches, 1)]
             ids, qualities = batch["doc_id"].to_list(), batch["quality_score"].to_list()
             for i, doc_tokens in zip(keep, encoded):
                 doc_tokens = np.concatenate([doc_tokens, eod])

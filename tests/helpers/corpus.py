@@ -10,6 +10,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from refinery import layout
+from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, input_shards, make_doc_id
@@ -129,5 +131,23 @@ _BYTE_DECODER = _byte_decoder()
 
 
 def tokenize_all(c: Corpus) -> dict[str, tk.TokenizeResult]:
+    """Every input file's clean documents tokenized (as `tokenized_shards` does), by file key."""
     tok = tk.build_tokenizer(c.root, c.cfg).tokenizer
-    return {b: tk.tokenize_bucket(c.root, c.cfg, b, tok) for b in c.cfg.buckets}
+    return {shard.key: tk.tokenize_file(c.root, c.cfg, shard, tok) for shard in input_shards(c.cfg)}
+
+
+def bucket_parts(c: Corpus, bucket: str) -> list[str]:
+    """The file keys of a bucket's token series, in input order (what its shuffle reads)."""
+    return [shard.key for shard in tk.bucket_shards(c.cfg, bucket)]
+
+
+def shuffle(c: Corpus, bucket: str, seed: int, shard_tokens: int, buffer_mb: int):
+    """`shuffled_shards` for one bucket over its files' token series, as the asset calls it."""
+    fields = tk.series_fields(c.cfg, tk.read_tokenizer(c.root, c.cfg.tokenizer.eod_token))
+    return sh.shuffle_bucket(c.root, seed, bucket, bucket_parts(c, bucket), fields, shard_tokens, buffer_mb)
+
+
+def series_indexes(c: Corpus, stage: str, bucket: str) -> list[dict]:
+    """The index.json of a bucket's final shards, or of each of its files' tokenized series."""
+    parts = bucket_parts(c, bucket) if stage == tk.TOKENIZED else [None]
+    return [c.root.read_json(layout.shard_index_key(stage, bucket, part)) for part in parts]
