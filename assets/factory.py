@@ -29,7 +29,7 @@ from assets.partitions import Partitions
 from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, provenance_metadata
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards
+from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards, input_batches
 from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 from refinery.stages.stats import StageStats
@@ -183,11 +183,23 @@ def batch_stage_asset(
             f"{name}: {len(context.partition_keys)} batch(es), {len(shards)} file(s), {stats.docs_in} -> "
             f"{stats.docs_out} docs ({stats.retention:.1%}) in {stats.wall_s:.2f}s of stage time"
         )
-        extra = {"input_files": dg.MetadataValue.int(len(results))}
-        if extra_metadata is not None:
-            extra.update(extra_metadata(refinery, shards, results))
-        provenance = batch_provenance(name, results, version, text_column, documents_out)
-        return dg.MaterializeResult(metadata=with_provenance(provenance, extra))
+
+        def metadata(files: list[InputShard], done: list[FileResult]) -> dict[str, Any]:
+            extra = {"input_files": dg.MetadataValue.int(len(done))}
+            if extra_metadata is not None:
+                extra.update(extra_metadata(refinery, files, done))
+            return with_provenance(batch_provenance(name, done, version, text_column, documents_out), extra)
+
+        if len(context.partition_keys) == 1:
+            return dg.MaterializeResult(metadata=metadata(shards, results))
+        # A run over many batches: each batch's materialization carries its own files' numbers,
+        # hashes and samples, not the run's.
+        members = {batch.key: {shard.key for shard in batch.shards} for batch in input_batches(refinery.config)}
+        for key in context.partition_keys:
+            own = members[key]
+            context.add_asset_metadata(metadata([s for s in shards if s.key in own],
+                                                [r for r in results if r.shard in own]), partition_key=key)
+        return dg.MaterializeResult()
 
     return _batch_asset
 

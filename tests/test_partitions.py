@@ -144,6 +144,28 @@ def test_one_run_over_every_batch_writes_the_same_per_file_bytes_as_runs_per_fil
     assert png == funnel_chart_png(merged, "funnel of 5 input files")
 
 
+def test_each_batch_of_a_run_over_many_carries_its_own_numbers(tmp_path):
+    """One run over every batch: each batch's materialization has its own files' counts, input file
+    count and content hashes, not the run's (issue 25's per-partition truth)."""
+    write_files(tmp_path / "web", ["a", "b", "c", "d", "e"])
+    config = write_config(tmp_path, {"by": "hash", "count": 3}, code=False)
+    batches = batches_of(config)
+    assert len(batches) >= 2
+    root = LocalDataRoot(tmp_path / "out-refinery")
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert materialize_graph(build_definitions(str(config)), instance, [dg.AssetKey(k) for k in FUNNEL],
+                                 log=lambda _: None, run_config=QUIET_RUN_CONFIG) == 1
+        for name in FUNNEL:
+            for key, files in batches.items():
+                records = instance.fetch_materializations(
+                    dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[key]), limit=1).records
+                md = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+                assert md["input_files"] == len(files), (name, key)
+                assert md["docs_in"] == sum(root.read_json(stats_key(name, f))["docs_in"] for f in files), (name, key)
+                assert set(md["content_hashes"]) == {k for f in files for k in (documents_key(name, f),
+                                                                                 rejects_key(name, f))}
+
+
 @pytest.mark.slow
 def test_a_worker_pool_writes_the_same_bytes_as_one_process(tmp_path):
     write_files(tmp_path / "web", ["a", "b", "c", "d"])
