@@ -23,6 +23,7 @@ from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.layout import rejects_key, stats_key
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
+from refinery import tokenizer_file
 
 GROUP = "tokens"
 TOKENIZE_STAGE = "tokenized_shards"
@@ -153,7 +154,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping(),
     )
     every = dg.AllPartitionMapping()
-    tokenize_version, shuffle_version, lineage_version = code_version(tk), code_version(sh), code_version(lin)
+    tokenize_version = code_version(tk, tokenizer_file)
+    shuffle_version, lineage_version = code_version(sh), code_version(lin)
     return dg.Definitions(assets=[
         global_step_asset(
             "tokenizer", build_tokenizer(tokenize_version), version=tokenize_version, group=GROUP,

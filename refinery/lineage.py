@@ -33,10 +33,9 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import polars as pl
 
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
@@ -46,6 +45,13 @@ from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENI
 from refinery.progress import track
 from refinery.shard_format import ShardFormatError, ShardReader, read_index
 from refinery.storage import DataRoot, sha256_file
+from refinery.tokenizer_file import TokenizeError, read_tokenizer
+
+# polars is imported by the functions that use it (building the index, a tokenized shard's query),
+# not here: a final-shard query reads only Arrow, JSON and the shard's files, and importing polars
+# cost a `refinery lineage` process ~0.19 s (bench/RESULTS.md).
+if TYPE_CHECKING:
+    import polars as pl
 
 LINEAGE_VERSION = 2
 SHARD_STAGES = ("final", "tokenized")
@@ -106,6 +112,7 @@ def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAG
     """Pass 1, per input file: its clean documents without text, sorted by record_index, to
     `documents_part_key`. Checks that every doc_id is `<input_key>/<record_index>` (`make_doc_id`),
     which is how a shard entry finds its document here. Returns rows, bytes, sha256 and the schema."""
+    import polars as pl
     import pyarrow.parquet as pq
 
     path = root.local_path(documents_key(stage, input_key))
@@ -144,6 +151,7 @@ def documents_by_id(doc_ids: pl.Series, open_part: Callable[[str], tuple[Any, np
     """The lineage rows of `doc_ids`, in their order (repeats allowed), each found in its input
     file's part (`open_part(input_key)`, see `open_documents_part`) by binary search over the
     record_index column: the work and memory are those of the rows asked for."""
+    import polars as pl
     import pyarrow as pa
 
     origin = pl.DataFrame({"doc_id": doc_ids}).with_row_index("at").with_columns(
@@ -182,6 +190,8 @@ def write_shard_lineage(root: DataRoot, ref: dict[str, Any], columns: pl.DataFra
     """Pass 2, per final shard: verify its files, then write `shard_lineage_key`: one row per entry
     of the shard's own `.entries.parquet`, its window and n_windows and its document's columns
     (`columns`: an empty frame of the corpus-wide document schema, so every file has every column)."""
+    import polars as pl
+
     local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
     ShardReader(local).verify(ref["sha256"])
     entries = pl.read_parquet(local + ".entries.parquet", columns=["doc_id", *ENTRY_COLUMNS])
@@ -197,6 +207,8 @@ def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_
     its bucket's index.json first), then the top-level index. `log` gets a progress line every 10%
     (an asset passes its context's logger). Returns the index, with `sha256` (of index.json, which
     names the sha256 of every listing and so of every file) and `wall_s`."""
+    import polars as pl
+
     t0 = time.perf_counter()
     if root.exists(LINEAGE_INDEX_KEY):
         root.delete(LINEAGE_INDEX_KEY)  # a build that fails part-way must not leave a stale index behind
@@ -360,6 +372,8 @@ class LineageIndex:
     def document(self, doc_id: str) -> dict[str, Any]:
         """The lineage row of `doc_id`, read from its input file's part (memory-mapped), with every
         column of the index (None where that part has no such column)."""
+        import polars as pl
+
         row = documents_by_id(pl.Series([doc_id], dtype=pl.String), lambda key: open_documents_part(self.root, key)).row(0, named=True)
         return {c: row.get(c) for c in self.index["columns"]}
 
@@ -378,8 +392,6 @@ class LineageIndex:
     def decoded_window(self, tokens: np.ndarray, pos: int) -> dict[str, Any]:
         """`tokens` decoded with the tokenizer the shards were made with (the data root's), split
         around `tokens[pos]`; `error` says why there is no text when that tokenizer is unreadable."""
-        from refinery.stages.tokenize import TokenizeError, read_tokenizer
-
         if self._tokenizer is None:
             try:
                 self._tokenizer = read_tokenizer(self.root, self.cfg.tokenizer.eod_token)

@@ -261,10 +261,13 @@ def custom_filter_problems(data: Any, base_dir: Path) -> list[str]:
     """Import and build every custom filter of the raw config now, so a wrong path, a class on
     another base or bad params fail before any work, naming the field, not in the middle of a run.
     An entry the schema rejects is not built: the schema's problem names it already."""
+    entries = _items(data, "stages", "custom_filters")
+    if not entries:
+        return []  # nothing to build: a command on a config without custom filters skips the stages' imports (polars)
     from refinery.stages.custom import CustomFilterError, build_custom_filter
 
     problems: list[str] = []
-    for i, raw in enumerate(_items(data, "stages", "custom_filters")):
+    for i, raw in enumerate(entries):
         try:
             spec = CustomFilterConfig.model_validate(raw)
         except ValidationError:
@@ -299,10 +302,10 @@ def data_root_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
 def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
     """What this command needs of a config that is valid on its own: a quality classifier with data,
     a curriculum that phase manifests can be built from."""
-    from refinery.curriculum import structure_findings
-
     problems: list[str] = []
     if needs.schedule and cfg.curriculum is not None:
+        from refinery.curriculum import structure_findings  # here: only a command that builds phases pays for it
+
         problems += [str(f) for f in structure_findings(cfg)]
     q = cfg.stages.quality
     fed = {s.bucket for s in cfg.sources}

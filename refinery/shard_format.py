@@ -16,17 +16,20 @@ The `.idx` is published last, so a reader that finds it finds a complete shard.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-import polars as pl
 
 from refinery.storage import atomic_path, sha256_file, write_parquet_file
+
+if TYPE_CHECKING:
+    import polars as pl
 
 MAGIC = b"RFSH"
 VERSION = 1
@@ -34,8 +37,26 @@ HEADER = struct.Struct("<4sHHQ")  # 16 bytes
 DTYPES = {1: np.dtype(np.uint16), 2: np.dtype(np.uint32)}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 OVERLAP_DTYPE = np.dtype(np.uint32)
-ENTRIES_SCHEMA = {"doc_id": pl.String(), "window": pl.Int32(), "n_windows": pl.Int32()}
+# The entry sidecar's columns and their polars types by name: `ENTRIES_SCHEMA` is built from them on
+# first use (the module's `__getattr__`), so reading a shard's index and tokens (a lineage query)
+# does not import polars.
+ENTRIES_TYPES = {"doc_id": "String", "window": "Int32", "n_windows": "Int32"}
 SHARD_SUFFIXES = (".bin", ".idx", ".entries.parquet")
+
+
+@functools.cache
+def entries_schema() -> dict[str, pl.DataType]:
+    """The entry sidecar's polars schema; one dict, as a constant would be."""
+    import polars as pl
+
+    return {column: getattr(pl, dtype)() for column, dtype in ENTRIES_TYPES.items()}
+
+
+def __getattr__(name: str) -> dict[str, pl.DataType]:
+    """`ENTRIES_SCHEMA`, built on first use."""
+    if name == "ENTRIES_SCHEMA":
+        return entries_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ShardFormatError(ValueError):
@@ -150,6 +171,8 @@ class ShardWriter:
 
     def close(self) -> dict[str, str]:
         """Write the files and return their sha256 by suffix."""
+        import polars as pl
+
         if self.closed:
             raise RuntimeError("shard already closed")
         self.closed = True
@@ -160,7 +183,7 @@ class ShardWriter:
         offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(self._lengths, dtype=np.int64), out=offsets[1:])
         entries = pl.DataFrame(
-            {"doc_id": self._doc_ids, "window": self._windows, "n_windows": self._n_windows}, schema=ENTRIES_SCHEMA
+            {"doc_id": self._doc_ids, "window": self._windows, "n_windows": self._n_windows}, schema=entries_schema()
         )
         with atomic_path(files[".entries.parquet"]) as tmp:
             write_parquet_file(entries, tmp)
@@ -280,6 +303,8 @@ class ShardReader:
         if self._entries is None:
             if not self._entries_path.is_file():
                 raise ShardFormatError(f"{self._entries_path}: entry sidecar not found")
+            import polars as pl
+
             self._entries = pl.read_parquet(self._entries_path)
             if self._entries.height != len(self):
                 raise ShardFormatError(

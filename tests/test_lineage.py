@@ -287,7 +287,8 @@ QUERY_IN_A_FRESH_PROCESS = textwrap.dedent("""
 
 def test_a_cli_query_imports_only_the_lineage_command_and_parses_the_config_once(built):
     """What keeps one `refinery lineage` query fast: no other command's module, no dagster or torch,
-    and the preflight's config reused by the command."""
+    no polars (a final-shard query reads Arrow, JSON and the shard's files), and the preflight's
+    config reused by the command."""
     argv = ["lineage", "--config", str(built.config_path), "--shard", "web/shard-00001", "--offset", "5", "--json"]
     child = subprocess.run([sys.executable, "-c", QUERY_IN_A_FRESH_PROCESS, *argv], cwd=Path(__file__).resolve().parents[1],
                            capture_output=True, text=True, timeout=120)
@@ -301,7 +302,9 @@ def test_a_cli_query_imports_only_the_lineage_command_and_parses_the_config_once
     others = [module for name, module in COMMAND_MODULES.items() if name != "lineage"]
     imported = set(probe["modules"])
     assert "orchestration.lineage" in imported
-    assert [m for m in ["dagster", "torch", *others] if m in imported] == []
+    # The preflight builds no custom filter and checks no curriculum for a config without them.
+    assert [m for m in ["dagster", "torch", "polars", "refinery.stages.custom", "refinery.curriculum", *others]
+            if m in imported] == []
 
 
 def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(tmp_path, capsys):

@@ -4,44 +4,71 @@ table.
 A document table is one Parquet file per partition. Every stage carries the provenance columns
 through unchanged and may add its own (language, scores, cluster ids); `doc_id` and `url` are
 never dropped. Removed documents go to a rejects table of a fixed schema.
+
+The schemas are written as polars type names and built into `PROVENANCE_SCHEMA` and
+`REJECTS_SCHEMA` on first use (the module's `__getattr__`), so a reader of the column names alone (a
+`refinery lineage` query) does not import polars.
 """
 
 from __future__ import annotations
 
-import polars as pl
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # Provenance columns, present in every document table from raw_documents on.
-PROVENANCE_SCHEMA: dict[str, pl.DataType] = {
-    "doc_id": pl.String(),
-    "url": pl.String(),
-    "source": pl.String(),
-    "bucket": pl.String(),
-    "file": pl.String(),
-    "record_index": pl.Int64(),
-    "record_offset": pl.Int64(),
-    "fetch_time": pl.String(),
-    "content_type": pl.String(),
+PROVENANCE_TYPES = {
+    "doc_id": "String",
+    "url": "String",
+    "source": "String",
+    "bucket": "String",
+    "file": "String",
+    "record_index": "Int64",
+    "record_offset": "Int64",
+    "fetch_time": "String",
+    "content_type": "String",
 }
-PROVENANCE_COLUMNS = list(PROVENANCE_SCHEMA)
+PROVENANCE_COLUMNS = list(PROVENANCE_TYPES)
 
-REJECTS_SCHEMA: dict[str, pl.DataType] = {
-    "doc_id": pl.String(),
-    "url": pl.String(),
-    "source": pl.String(),
-    "bucket": pl.String(),
-    "stage": pl.String(),
-    "rule": pl.String(),
-    "value": pl.Float64(),
-    "detail": pl.String(),
-    "excerpt": pl.String(),
+REJECTS_TYPES = {
+    "doc_id": "String",
+    "url": "String",
+    "source": "String",
+    "bucket": "String",
+    "stage": "String",
+    "rule": "String",
+    "value": "Float64",
+    "detail": "String",
+    "excerpt": "String",
 }
+# The polars schemas this module provides, by name, and the column types each is built from.
+SCHEMA_TYPES = {"PROVENANCE_SCHEMA": PROVENANCE_TYPES, "REJECTS_SCHEMA": REJECTS_TYPES}
 EXCERPT_CHARS = 500
 # The last document stage of the funnel: what gets tokenized, and what lineage and scans read.
 CLEAN_STAGE = "pii_redacted"
 
 
+@functools.cache
+def polars_schema(name: str) -> dict[str, pl.DataType]:
+    """The schema `name` of SCHEMA_TYPES as polars types; one dict per name, as a constant would be."""
+    import polars as pl
+
+    return {column: getattr(pl, dtype)() for column, dtype in SCHEMA_TYPES[name].items()}
+
+
+def __getattr__(name: str) -> dict[str, pl.DataType]:
+    """`PROVENANCE_SCHEMA` and `REJECTS_SCHEMA`, built on first use."""
+    if name in SCHEMA_TYPES:
+        return polars_schema(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def empty_rejects() -> pl.DataFrame:
-    return pl.DataFrame(schema=REJECTS_SCHEMA)
+    import polars as pl
+
+    return pl.DataFrame(schema=polars_schema("REJECTS_SCHEMA"))
 
 
 def make_doc_id(partition: str, record_index: int) -> str:

@@ -4,7 +4,8 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
 
 - The tokenizer is a byte-level BPE trained with HF `tokenizers` on a seeded sample of the clean
   corpus (the `cfg.tokenizer.train_docs` documents whose seeded hash of doc_id is smallest), or the
-  `tokenizer.json` named by `cfg.tokenizer.path`. Nothing is ever downloaded.
+  `tokenizer.json` named by `cfg.tokenizer.path` (refinery/tokenizer_file.py reads and parses the
+  file). Nothing is ever downloaded.
 - Encoding runs `encode_batch_fast` on lists of documents, so the Rust side spreads a batch over
   every core and skips the offsets nobody reads.
 - Tokenization runs per input file (`tokenize_file`), so it fans out over files like the funnel.
@@ -39,6 +40,9 @@ from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_k
 from refinery.stages.parquet_batches import parquet_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
+# The tokenizer.json file's functions live in a module without polars (a lineage query reads the file
+# alone); they are named here too, where the pipeline's callers find them.
+from refinery.tokenizer_file import TokenizeError, load_tokenizer_file, parse_tokenizer, read_tokenizer  # noqa: F401
 
 TOKENIZED = "tokenized"
 FINAL = "final"
@@ -61,10 +65,6 @@ ENTRY_TABLE_SCHEMA: dict[str, pl.DataType] = {
     "n_windows": pl.Int32(),
     "quality_score": pl.Float64(),
 }
-
-
-class TokenizeError(ValueError):
-    """A tokenizer or token shard that cannot be built or read as configured."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,29 +155,6 @@ def train_tokenizer(texts: list[str], vocab_size: int, eod_token: str):
     return tok
 
 
-def parse_tokenizer(data: str, eod_token: str, origin: str):
-    """A tokenizer from tokenizer.json text; it must know `eod_token`."""
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_str(data)
-    except Exception as err:  # the Rust side raises a bare Exception on malformed JSON
-        raise TokenizeError(f"{origin}: not a valid tokenizer.json: {err}") from None
-    if tok.token_to_id(eod_token) is None:
-        raise TokenizeError(
-            f"{origin}: the tokenizer has no {eod_token!r} token; set tokenizer.eod_token to its "
-            f"end-of-document token, or add that special token to the tokenizer"
-        )
-    return tok
-
-
-def load_tokenizer_file(path: str, eod_token: str):
-    p = Path(path)
-    if not p.is_file():
-        raise TokenizeError(f"{p}: tokenizer.path names no file; give a local tokenizer.json (nothing is downloaded)")
-    return parse_tokenizer(p.read_text(), eod_token, str(p))
-
-
 @dataclass
 class TokenizerBuild:
     tokenizer: Any
@@ -212,12 +189,6 @@ def build_tokenizer(root: DataRoot, cfg: RefineryConfig) -> TokenizerBuild:
     root.write_json(TOKENIZER_INFO_KEY, info)
     info["wall_s"] = time.perf_counter() - t0
     return TokenizerBuild(tok, info)
-
-
-def read_tokenizer(root: DataRoot, eod_token: str):
-    if not root.exists(TOKENIZER_KEY):
-        raise TokenizeError(f"{root.display(TOKENIZER_KEY)}: no tokenizer; materialize the `tokenizer` asset first")
-    return parse_tokenizer(root.read_bytes(TOKENIZER_KEY).decode(), eod_token, root.display(TOKENIZER_KEY))
 
 
 def encode_texts(tokenizer, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:

@@ -15,9 +15,10 @@ import tempfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 
 PARQUET_COMPRESSION = "zstd"
@@ -108,6 +109,8 @@ class DataRoot(ABC):
         return self.write_bytes(key, buf.getvalue())
 
     def read_parquet(self, key: str, columns: list[str] | None = None) -> pl.DataFrame:
+        import polars as pl  # here, so that a reader of JSON and shards alone (a lineage query) does not import it
+
         return pl.read_parquet(self.local_path(key), columns=columns)
 
     def sha256(self, key: str) -> str:
