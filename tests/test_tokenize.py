@@ -152,6 +152,8 @@ def test_empty_and_null_texts_are_counted_rejections(tmp_path):
         assert result.rejects.height == 4 and set(result.rejects["rule"]) == {"tokenize/empty_text"}
         assert set(result.rejects["doc_id"].str.split("/").list.first()) == {part}
         assert result.index["documents"] == docs - 4 and result.stats.docs_out == docs - 4
+        bucket = result.stats.by_bucket["web"]  # the funnel's per-bucket table reads these
+        assert (bucket.docs_in, bucket.docs_out, bucket.bytes_in) == (docs, docs - 4, result.stats.bytes_in)
 
 
 def test_missing_upstream_table_names_it(tmp_path, corpus):

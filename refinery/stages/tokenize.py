@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from refinery.stages.stats import Drop, StageStats, rejects_frame, text_bytes
+from refinery.stages.stats import BucketCounts, Drop, StageStats, rejects_frame, text_bytes
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix, documents_key,
@@ -411,6 +411,8 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
     stats.counters.update(
         tokens=index["tokens"], entries=index["entries"], shards=len(index["shards"]), windowed_docs=windowed
     )
+    stats.by_bucket[shard.bucket] = BucketCounts(docs_in=stats.docs_in, docs_out=stats.docs_out,
+                                                 bytes_in=stats.bytes_in, bytes_out=stats.bytes_out)
     stats.wall_s = time.perf_counter() - t0
     rejects = pl.concat(reject_parts) if reject_parts else empty_rejects()
     return TokenizeResult(index, stats, rejects)
