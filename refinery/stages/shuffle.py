@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import polars as pl
@@ -142,7 +142,8 @@ def shard_entries(root: DataRoot, stage: str, bucket: str, shard: int, part: str
     return pl.scan_parquet(path).filter(pl.col("shard") == shard).collect()
 
 
-def _scatter(root: DataRoot, sources: list[dict[str, Any]], seed: int, bucket: str, scatter: _Scatter, runs: int) -> None:
+def _scatter(root: DataRoot, sources: Iterable[dict[str, Any]], seed: int, bucket: str, scatter: _Scatter,
+             runs: int) -> None:
     first = 0
     for source in sources:
         part = source["part"]
@@ -202,48 +203,49 @@ class ShuffleResult:
     wall_s: float
 
 
-def load_sources(root: DataRoot, bucket: str, parts: list[str], fields: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tokenized series of `parts` (a bucket's input files, in input order), each checked to
-    have been made with `fields` (`tokenize.series_fields`: the dtype, the tokenizer, the windowing)."""
-    sources = []
-    for part in parts:
-        source = load_index(root, TOKENIZED, bucket, part)
-        differ = [k for k in fields if source.get(k) != fields[k]]
-        if differ:
-            raise ShuffleError(
-                f"{root.display(shard_index_key(TOKENIZED, bucket, part))}: tokenized with another "
-                f"{', '.join(differ)} than the current tokenizer and config; materialize tokenized_shards for "
-                f"input file {part!r} again"
-            )
-        sources.append(source)
-    return sources
+def load_source(root: DataRoot, bucket: str, part: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The tokenized series of input file `part`, checked to have been made with `fields`
+    (`tokenize.series_fields`: the dtype, the tokenizer, the windowing)."""
+    source = load_index(root, TOKENIZED, bucket, part)
+    differ = [k for k in fields if source.get(k) != fields[k]]
+    if differ:
+        raise ShuffleError(
+            f"{root.display(shard_index_key(TOKENIZED, bucket, part))}: tokenized with another "
+            f"{', '.join(differ)} than the current tokenizer and config; materialize tokenized_shards for "
+            f"input file {part!r} again"
+        )
+    return source
 
 
 def shuffle_bucket(root: DataRoot, seed: int, bucket: str, parts: list[str], fields: dict[str, Any],
                    shard_tokens: int, buffer_mb: int) -> ShuffleResult:
     """Shuffle the tokenized series of `parts` (the bucket's input files, in input order, each made
     with `fields`) into `shards/final/<bucket>/` (see the module doc). A bucket without input files
-    gets an empty final index."""
+    gets an empty final index. The series' indexes are read one at a time, twice (totals first,
+    then the scatter), so memory does not grow with the bucket's file count."""
     t0 = time.perf_counter()
-    sources = load_sources(root, bucket, parts, fields)
     dtype = np.dtype(fields["dtype"])
-    entries, tokens = sum(s["entries"] for s in sources), sum(s["tokens"] for s in sources)
+    entries = tokens = 0
+    # The sha256 of the tokenized series' index.json hashes, in input order: what was shuffled.
+    sources_digest = hashlib.sha256()
+    for part in parts:
+        source = load_source(root, bucket, part, fields)
+        entries, tokens = entries + source["entries"], tokens + source["tokens"]
+        sources_digest.update(root.sha256(shard_index_key(TOKENIZED, bucket, part)).encode())
     buffer_bytes = buffer_mb * 1024 * 1024
     runs = plan_runs(tokens, dtype.itemsize, buffer_bytes)
-    part_hashes = "".join(root.sha256(shard_index_key(TOKENIZED, bucket, part)) for part in parts)
     extra = {
         "seed": seed,
         "runs": runs,
         "shuffle_buffer_mb": buffer_mb,
-        # The sha256 of the tokenized series' index.json hashes, in input order: what was shuffled.
-        "source_indexes_sha256": hashlib.sha256(part_hashes.encode()).hexdigest(),
+        "source_indexes_sha256": sources_digest.hexdigest(),
         "source_parts": len(parts),
         **{k: v for k, v in fields.items() if k != "dtype"},
     }
     work = staging_dir(root)
     try:
         scatter = _Scatter(work, runs, int(buffer_bytes * RUN_FRACTION), dtype)
-        _scatter(root, sources, seed, bucket, scatter, runs)
+        _scatter(root, (load_source(root, bucket, part, fields) for part in parts), seed, bucket, scatter, runs)
         with ShardSeries(root, FINAL, bucket, dtype, shard_tokens, extra) as series:
             for files in scatter.files:
                 _gather(files, dtype, series)
