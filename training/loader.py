@@ -32,9 +32,11 @@ from training.data import CurriculumData, RowLayout
 from training.lifeline import worker_init
 from training.sampler import BucketExhausted, ChunkStates, CurriculumSampler
 
-# Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer: 2^21 tokens
-# read 25% faster than 2^20 (bench/RESULTS.md), for 4 bytes a token in each ring slot (`ring_chunks`).
-CHUNK_TOKENS = 1 << 21
+# Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer, and one
+# planning call whose fixed part (cursor tables, windows, row keys, pieces) is paid per chunk: 2^21
+# tokens read 25% faster than 2^20, 2^22 another 15-25% at num_workers=0 (bench/RESULTS.md), for 4
+# bytes a token in each ring slot (`ring_chunks`): 48 MiB a rank at num_workers=0.
+CHUNK_TOKENS = 1 << 22
 PREFETCH_CHUNKS = 2
 BATCH_FIELDS = ("tokens", "row_bucket")  # the arrays of a chunk; layouts travel beside them
 _DTYPES = {"tokens": np.int32, "row_bucket": np.int64}
