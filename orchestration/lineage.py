@@ -10,7 +10,7 @@ import sys
 
 from refinery.lineage import CONTEXT_TOKENS, LineageError, format_lineage, resolve_token
 from refinery.preflight import Needs
-from refinery.shard_format import ShardFormatError
+from refinery.shard_header import ShardFormatError
 from refinery.storage import dumps_json, open_data_root
 
 

@@ -15,7 +15,7 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
     shards/<stage>/<bucket>/shard-NNNNN.*      token shards (stage `tokenized`, then `final`)
     shards/<stage>/<bucket>/index.json         a bucket's shards with their sha256
     lineage/documents/<input>.arrow, index.json  the lineage index: each input file's documents, text-free;
-                                                 lineage/final/<bucket>/shard-N.arrow, one per final shard
+                                                 lineage/final/<bucket>/shard-N.rows, one per final shard
     manifests/<phase>.json                     a phase's manifest; manifests/<phase>/<bucket>-selection.npy
     contamination/<phase>/...                  scan report, hits, and the drop policy's exclusions
     curriculum/schedule.png                    the schedule picture
@@ -113,8 +113,8 @@ def documents_part_key(input_key: str) -> str:
 
 
 def shard_lineage_key(shard_prefix: str) -> str:
-    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.arrow`."""
-    return "lineage/" + shard_prefix.removeprefix("shards/") + ".arrow"
+    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.rows` (refinery/lineage.py's rows file)."""
+    return "lineage/" + shard_prefix.removeprefix("shards/") + ".rows"
 
 
 def bucket_lineage_key(bucket: str) -> str:

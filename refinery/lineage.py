@@ -8,11 +8,13 @@ The `lineage_index` asset writes, in two passes whose work is per file (docs/for
   quality score, PII counts, ...). A doc_id names its input shard and record (`make_doc_id`), so a
   document is found without any corpus-wide table: open its input file's part and binary-search
   the memory-mapped `record_index` column.
-- `lineage/final/<bucket>/shard-NNNNN.arrow`, one per final shard, built from that shard's own
+- `lineage/final/<bucket>/shard-NNNNN.rows`, one per final shard, built from that shard's own
   `.entries.parquet` and only the documents its entries hold: one row per entry, in entry order,
-  with the entry's window and n_windows and its document's columns. A final-shard query reads one
-  row of this one file, memory-mapped. `lineage/final/<bucket>/index.json` lists each file's
-  entries, bytes and sha256.
+  with the entry's window and n_windows and its document's columns, as a rows file (`write_rows`: a
+  JSON line per row and a table of their byte offsets). A final-shard query reads one row of it
+  with three small reads and the standard library: with the shard's index read the same way
+  (refinery/shard_header.py), a `refinery lineage` command line imports neither numpy nor pyarrow.
+  `lineage/final/<bucket>/index.json` lists each file's entries, bytes and sha256.
 - `lineage/index.json`, small: counts, the column list, and per bucket the sha256 of the final
   shards' index.json it was built against. Written last, so a build that fails part-way leaves no
   index to trust.
@@ -31,11 +33,10 @@ import hashlib
 import json
 import os
 import re
+import struct
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
-
-import numpy as np
 
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
@@ -43,17 +44,18 @@ from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENI
                              bucket_shards_prefix, documents_key, documents_part_key, final_index_key,
                              shard_index_key, shard_lineage_key)
 from refinery.progress import track
-from refinery.shard_format import ShardFormatError, ShardReader, read_index
+from refinery.shard_header import ShardFormatError, locate_token, read_tokens
 from refinery.storage import DataRoot, sha256_file
-from refinery.tokenizer_file import TokenizeError, read_tokenizer
+from refinery.tokenizer_file import TokenizeError, read_decoder
 
-# polars is imported by the functions that use it (building the index, a tokenized shard's query),
-# not here: a final-shard query reads only Arrow, JSON and the shard's files, and importing polars
-# cost a `refinery lineage` process ~0.19 s (bench/RESULTS.md).
+# numpy, polars and pyarrow are imported by the functions that use them (building the index, a
+# tokenized shard's query), not here: a final-shard query reads only JSON and the shard's files, and
+# those imports cost a `refinery lineage` command line 0.3-0.5 s (bench/RESULTS.md).
 if TYPE_CHECKING:
+    import numpy as np
     import polars as pl
 
-LINEAGE_VERSION = 2
+LINEAGE_VERSION = 3
 SHARD_STAGES = ("final", "tokenized")
 # The entry columns a final shard's lineage file holds before its document's columns.
 ENTRY_COLUMNS = ["window", "n_windows"]
@@ -99,6 +101,65 @@ def _write_arrow(root: DataRoot, key: str, df: pl.DataFrame) -> dict[str, Any]:
         size = tmp.stat().st_size
         digest = sha256_file(tmp)
     return {"rows": df.height, "bytes": size, "sha256": digest}
+
+
+ROWS_MAGIC = b"RFLR"
+ROWS_VERSION = 1
+ROWS_TRAILER = struct.Struct("<4sIQ")  # magic, version, where the row offsets start
+ROW_SPAN = struct.Struct("<QQ")  # a row's first byte and the next row's
+
+
+def write_rows(root: DataRoot, key: str, df: pl.DataFrame) -> dict[str, Any]:
+    """`df` as a rows file: a header line (JSON: the columns), one line per row (a JSON array of its
+    values in column order, encoded by polars), the rows' byte offsets (u64, rows + 1), and a
+    trailer (magic, version, where the offsets start). `read_row` reads one row back without
+    pyarrow or numpy. About the size of the same frame as Arrow IPC. Same frame, same bytes."""
+    import numpy as np
+    import polars as pl
+
+    # Each value's JSON is its one-field struct's encoding less `{"<column>":` and `}`.
+    values = [pl.struct(pl.col(c)).struct.json_encode().str.slice(len(json.dumps(c, ensure_ascii=False)) + 2).str.head(-1)
+              for c in df.columns]
+    lines = df.select(pl.concat_str([pl.lit("["), pl.concat_str(values, separator=","), pl.lit("]\n")]).alias("row"))["row"]
+    header = json.dumps({"columns": df.columns}, ensure_ascii=False).encode() + b"\n"
+    if df.height and len(json.loads(lines[0])) != df.width:
+        raise LineageError(f"{root.display(key)}: a row did not encode to its {df.width} columns; a column name polars "
+                           f"escapes differently from JSON? {df.columns}")
+    body = "".join(lines.to_list()).encode()
+    offsets = np.zeros(df.height + 1, dtype="<u8")
+    np.cumsum(lines.str.len_bytes().to_numpy(), out=offsets[1:])
+    offsets += len(header)
+    with root.writer(key) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(body)
+            f.write(offsets.tobytes())
+            f.write(ROWS_TRAILER.pack(ROWS_MAGIC, ROWS_VERSION, len(header) + len(body)))
+        size = tmp.stat().st_size
+        digest = sha256_file(tmp)
+    return {"rows": df.height, "bytes": size, "sha256": digest}
+
+
+def read_row(path: str | os.PathLike, row: int) -> dict[str, Any]:
+    """Row `row` of the rows file at `path` (`write_rows`), by column name."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < ROWS_TRAILER.size:
+            raise LineageError(f"{path}: {size} bytes, too short for a lineage rows file; materialize lineage_index again")
+        f.seek(size - ROWS_TRAILER.size)
+        magic, version, at = ROWS_TRAILER.unpack(f.read(ROWS_TRAILER.size))
+        rows = (size - ROWS_TRAILER.size - at) // 8 - 1
+        if magic != ROWS_MAGIC or version != ROWS_VERSION or rows < 0:
+            raise LineageError(f"{path}: not a lineage rows file of version {ROWS_VERSION}; materialize lineage_index again")
+        if not 0 <= row < rows:
+            raise LineageError(f"{path}: row {row} asked of {rows}; the file and its shard disagree, materialize lineage_index again")
+        f.seek(at + 8 * row)
+        start, end = ROW_SPAN.unpack(f.read(ROW_SPAN.size))
+        f.seek(0)
+        columns = json.loads(f.readline())["columns"]
+        f.seek(start)
+        values = json.loads(f.read(end - start))
+    return dict(zip(columns, values))
 
 
 def _read_arrow(root: DataRoot, key: str):
@@ -151,6 +212,7 @@ def documents_by_id(doc_ids: pl.Series, open_part: Callable[[str], tuple[Any, np
     """The lineage rows of `doc_ids`, in their order (repeats allowed), each found in its input
     file's part (`open_part(input_key)`, see `open_documents_part`) by binary search over the
     record_index column: the work and memory are those of the rows asked for."""
+    import numpy as np
     import polars as pl
     import pyarrow as pa
 
@@ -192,11 +254,13 @@ def write_shard_lineage(root: DataRoot, ref: dict[str, Any], columns: pl.DataFra
     (`columns`: an empty frame of the corpus-wide document schema, so every file has every column)."""
     import polars as pl
 
+    from refinery.shard_format import ShardReader
+
     local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
     ShardReader(local).verify(ref["sha256"])
     entries = pl.read_parquet(local + ".entries.parquet", columns=["doc_id", *ENTRY_COLUMNS])
     docs = pl.concat([columns, documents_by_id(entries["doc_id"], open_part)], how="diagonal_relaxed")
-    written = _write_arrow(root, shard_lineage_key(ref["prefix"]), pl.concat([entries.drop("doc_id"), docs], how="horizontal"))
+    written = write_rows(root, shard_lineage_key(ref["prefix"]), pl.concat([entries.drop("doc_id"), docs], how="horizontal"))
     return {"shard": ref["prefix"], "key": shard_lineage_key(ref["prefix"]), "entries": written["rows"],
             "bytes": written["bytes"], "sha256": written["sha256"]}
 
@@ -325,7 +389,7 @@ class LineageIndex:
 
     def __init__(self, root: DataRoot, cfg: RefineryConfig):
         self.root, self.cfg = root, cfg
-        self._tokenizer: Any = None
+        self._decode: Callable[[list[int]], str] | None = None
         self._directories: dict[str, tuple[tuple[int, int] | None, ShardDirectory]] = {}
         self.index = _read_json(root, LINEAGE_INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
         if self.index.get("version") != LINEAGE_VERSION:
@@ -385,20 +449,19 @@ class LineageIndex:
                 f"the lineage index was built from other {bucket!r} shards than the current ones "
                 f"(shards/final/{bucket}/index.json changed); materialize lineage_index again"
             )
-        row = _read_arrow(self.root, shard_lineage_key(prefix)).slice(entry, 1).to_pylist()[0]
+        row = read_row(self.root.local_path(shard_lineage_key(prefix)), entry)
         side = {c: row.pop(c) for c in ENTRY_COLUMNS}
         return row, side
 
-    def decoded_window(self, tokens: np.ndarray, pos: int) -> dict[str, Any]:
-        """`tokens` decoded with the tokenizer the shards were made with (the data root's), split
-        around `tokens[pos]`; `error` says why there is no text when that tokenizer is unreadable."""
-        if self._tokenizer is None:
+    def decoded_window(self, ids: list[int], pos: int) -> dict[str, Any]:
+        """Token `ids` decoded with the tokenizer the shards were made with (the data root's), split
+        around `ids[pos]`; `error` says why there is no text when that tokenizer is unreadable."""
+        if self._decode is None:
             try:
-                self._tokenizer = read_tokenizer(self.root, self.cfg.tokenizer.eod_token)
+                self._decode = read_decoder(self.root, self.cfg.tokenizer.eod_token)
             except TokenizeError as err:
                 return {"before": None, "token": None, "after": None, "error": str(err)}
-        ids = [int(t) for t in tokens]
-        decode = lambda part: self._tokenizer.decode(part, skip_special_tokens=False)  # noqa: E731
+        decode = self._decode
         return {"before": decode(ids[:pos]), "token": decode(ids[pos:pos + 1]), "after": decode(ids[pos + 1:])}
 
     def resolve(self, shard: str, offset: int, context: int = CONTEXT_TOKENS) -> dict[str, Any]:
@@ -408,13 +471,10 @@ class LineageIndex:
             local = str(self.root.local_path(prefix + ".idx"))[: -len(".idx")]  # the shard's files sit together
         except FileNotFoundError as err:
             raise ShardFormatError(f"{err}; the shard's bucket index names it, so rebuild the bucket's shards") from None
-        index = read_index(_check_hash(local + ".idx", ref["sha256"][".idx"]))
-        if not 0 <= offset < index.num_tokens:
-            raise LineageError(
-                f"offset {offset} is outside shard {prefix} ({index.num_tokens} tokens: 0..{index.num_tokens - 1})"
-            )
-        entry = int(np.searchsorted(index.offsets, offset, side="right") - 1)
-        start, end = int(index.offsets[entry]), int(index.offsets[entry + 1])
+        num_tokens, span = locate_token(_check_hash(local + ".idx", ref["sha256"][".idx"]), offset)
+        if span is None:
+            raise LineageError(f"offset {offset} is outside shard {prefix} ({num_tokens} tokens: 0..{num_tokens - 1})")
+        entry, start, end = span.entry, span.start, span.end
         if stage == "final":
             doc, side = self._final_entry(bucket, bucket_sha, ref["prefix"], entry)
         else:
@@ -425,8 +485,8 @@ class LineageIndex:
             side = sidecar.slice(entry, 1).to_pylist()[0]
             doc = self.document(side["doc_id"])
         lo, hi = max(start, offset - context), min(end, offset + context + 1)
-        window = np.memmap(local + ".bin", dtype=index.dtype, mode="r", offset=lo * index.dtype.itemsize, shape=(hi - lo,))
-        token = int(window[offset - lo])
+        window = read_tokens(local + ".bin", span.code, lo, hi)
+        token = window[offset - lo]
         return {
             "shard": prefix,
             "stage": stage,
@@ -440,7 +500,7 @@ class LineageIndex:
             "entry_start": start,
             "entry_end": end,
             "position_in_entry": offset - start,
-            "in_overlap_prefix": offset - start < int(index.overlaps[entry]),
+            "in_overlap_prefix": offset - start < span.overlap,
             "window": side["window"],
             "n_windows": side["n_windows"],
             "doc_id": doc["doc_id"],

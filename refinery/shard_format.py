@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import os
-import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +25,14 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
+from refinery.shard_header import HEADER, MAGIC, TOKEN_TYPES, VERSION, ShardFormatError, parse_header
 from refinery.storage import atomic_path, sha256_file, write_parquet_file
 
 if TYPE_CHECKING:
     import polars as pl
 
-MAGIC = b"RFSH"
-VERSION = 1
-HEADER = struct.Struct("<4sHHQ")  # 16 bytes
-DTYPES = {1: np.dtype(np.uint16), 2: np.dtype(np.uint32)}
+# The header and its checks live in refinery/shard_header.py (standard library only, for queries).
+DTYPES = {code: np.dtype(name) for code, (name, _) in TOKEN_TYPES.items()}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 OVERLAP_DTYPE = np.dtype(np.uint32)
 # The entry sidecar's columns and their polars types by name: `ENTRIES_SCHEMA` is built from them on
@@ -57,10 +55,6 @@ def __getattr__(name: str) -> dict[str, pl.DataType]:
     if name == "ENTRIES_SCHEMA":
         return entries_schema()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class ShardFormatError(ValueError):
-    """A shard that cannot be read as written. The message says which file and what is wrong."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -216,24 +210,14 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
         raise ShardFormatError(f"{path}: index file not found")
     size = path.stat().st_size
     if size < HEADER.size:
-        raise ShardFormatError(f"{path}: truncated: {size} bytes, shorter than the {HEADER.size}-byte header")
+        parse_header(path, b"", size)  # refuses it as truncated
     # Memory-mapped, not read: the offsets and overlaps stay in the page cache, which every process
     # of a node reading the shard shares.
     raw = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)  # plain views index faster (the map is their base)
-    magic, version, code, count = HEADER.unpack_from(raw[:HEADER.size].tobytes())
-    if magic != MAGIC:
-        raise ShardFormatError(f"{path}: bad magic {magic!r}, expected {MAGIC!r}; this is not a Refinery shard index")
-    if version != VERSION:
-        raise ShardFormatError(f"{path}: format version {version}, this reader supports {VERSION}")
-    if code not in DTYPES:
-        raise ShardFormatError(f"{path}: unknown dtype code {code}")
-    expected = HEADER.size + 8 * (count + 1) + OVERLAP_DTYPE.itemsize * count
-    if len(raw) != expected:
-        raise ShardFormatError(
-            f"{path}: truncated or padded: {len(raw)} bytes, expected {expected} for {count} entries"
-        )
-    offsets = raw[HEADER.size:HEADER.size + 8 * (count + 1)].view(np.int64)
-    overlaps = raw[HEADER.size + 8 * (count + 1):].view(OVERLAP_DTYPE)
+    header = parse_header(path, raw[:HEADER.size].tobytes(), len(raw))
+    count, code = header.count, header.code
+    offsets = raw[header.offsets_at:header.overlaps_at].view(np.int64)
+    overlaps = raw[header.overlaps_at:].view(OVERLAP_DTYPE)
     if offsets[0] != 0:
         raise ShardFormatError(f"{path}: first offset is {offsets[0]}, expected 0")
     lengths = np.diff(offsets)

@@ -9,7 +9,7 @@ imports only `tokenizers`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from refinery.layout import TOKENIZER_KEY
 
@@ -42,6 +42,51 @@ def load_tokenizer_file(path: str, eod_token: str):
     if not p.is_file():
         raise TokenizeError(f"{p}: tokenizer.path names no file; give a local tokenizer.json (nothing is downloaded)")
     return parse_tokenizer(p.read_text(), eod_token, str(p))
+
+
+class ByteLevelDecoder:
+    """Token ids to text exactly as a byte-level BPE tokenizer's `decode(ids, skip_special_tokens=False)`
+    gives it (ids it does not know are skipped, as there): the id -> token table of tokenizer.json
+    (model vocabulary, then added tokens) and the library's own ByteLevel decoder, without building
+    the model and its merges. A `refinery lineage` query decodes a few dozen tokens; building the
+    whole tokenizer cost it 0.1-0.2 s (bench/RESULTS.md)."""
+
+    def __init__(self, tokens: dict[int, str]):
+        from tokenizers import decoders
+
+        self.tokens = tokens
+        self.decoder = decoders.ByteLevel()
+
+    @classmethod
+    def from_json(cls, spec: dict) -> "ByteLevelDecoder | None":
+        """The decoder of a parsed tokenizer.json, or None when it is not byte-level BPE."""
+        if (spec.get("decoder") or {}).get("type") != "ByteLevel" or (spec.get("model") or {}).get("type") != "BPE":
+            return None
+        tokens = {i: t for t, i in spec["model"]["vocab"].items()}
+        tokens.update({a["id"]: a["content"] for a in spec.get("added_tokens") or ()})
+        return cls(tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.decoder.decode([self.tokens[i] for i in ids if i in self.tokens])
+
+
+def read_decoder(root: DataRoot, eod_token: str) -> Callable[[list[int]], str]:
+    """`decode(ids) -> str` for the data root's tokenizer, special tokens kept: a `ByteLevelDecoder`'s
+    for a byte-level BPE tokenizer (the pipeline trains one), else the whole parsed tokenizer's."""
+    import json
+
+    if not root.exists(TOKENIZER_KEY):
+        read_tokenizer(root, eod_token)  # raises its error
+    text = root.read_bytes(TOKENIZER_KEY).decode()
+    try:
+        spec = json.loads(text)
+        fast = ByteLevelDecoder.from_json(spec) if isinstance(spec, dict) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        fast = None  # the library's parse below says what is wrong with the file
+    if fast is not None and eod_token in fast.tokens.values():
+        return fast.decode
+    tok = parse_tokenizer(text, eod_token, root.display(TOKENIZER_KEY))
+    return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
 
 def read_tokenizer(root: DataRoot, eod_token: str):

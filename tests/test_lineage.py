@@ -56,6 +56,15 @@ def read_arrow(c, key: str) -> pl.DataFrame:
     return pl.from_arrow(pa.ipc.open_file(str(c.root.local_path(key))).read_all())
 
 
+def read_rows(c, key: str, entries: int) -> pl.DataFrame:
+    """Every row of a lineage rows file, read one at a time as a query reads it."""
+    path = c.root.local_path(key)
+    rows = [lin.read_row(path, i) for i in range(entries)]
+    with pytest.raises(lin.LineageError, match=f"row {entries} asked of {entries}"):
+        lin.read_row(path, entries)
+    return pl.DataFrame(rows)
+
+
 def reader_of(c, prefix: str) -> ShardReader:
     return ShardReader(c.root.local_path(prefix + ".idx").with_suffix(""))
 
@@ -208,7 +217,7 @@ def test_each_final_shard_has_a_lineage_file_of_its_own_entries(built):
         assert [s["shard"] for s in listing["shards"]] == [r["prefix"] for r in refs]
         assert index["buckets"][bucket]["shards"] == len(refs)
         for ref, listed in zip(refs, listing["shards"]):
-            rows = read_arrow(c, lin.shard_lineage_key(ref["prefix"]))
+            rows = read_rows(c, lin.shard_lineage_key(ref["prefix"]), ref["entries"])
             side = reader_of(c, ref["prefix"]).entries
             assert listed["entries"] == rows.height == ref["entries"] == side.height
             assert rows.select("doc_id", "window", "n_windows").equals(side.select("doc_id", "window", "n_windows"))
@@ -287,8 +296,9 @@ QUERY_IN_A_FRESH_PROCESS = textwrap.dedent("""
 
 def test_a_cli_query_imports_only_the_lineage_command_and_parses_the_config_once(built):
     """What keeps one `refinery lineage` query fast: no other command's module, no dagster or torch,
-    no polars (a final-shard query reads Arrow, JSON and the shard's files), and the preflight's
-    config reused by the command."""
+    no polars, numpy or pyarrow (a final-shard query reads JSON, a rows file and the shard's files
+    with the standard library; the tokenizer decodes without building its model), and the
+    preflight's config reused by the command."""
     argv = ["lineage", "--config", str(built.config_path), "--shard", "web/shard-00001", "--offset", "5", "--json"]
     child = subprocess.run([sys.executable, "-c", QUERY_IN_A_FRESH_PROCESS, *argv], cwd=Path(__file__).resolve().parents[1],
                            capture_output=True, text=True, timeout=120)
@@ -303,8 +313,44 @@ def test_a_cli_query_imports_only_the_lineage_command_and_parses_the_config_once
     imported = set(probe["modules"])
     assert "orchestration.lineage" in imported
     # The preflight builds no custom filter and checks no curriculum for a config without them.
-    assert [m for m in ["dagster", "torch", "polars", "refinery.stages.custom", "refinery.curriculum", *others]
-            if m in imported] == []
+    assert [m for m in ["dagster", "torch", "polars", "numpy", "pyarrow", "refinery.stages.custom",
+                        "refinery.curriculum", *others] if m in imported] == []
+
+
+def test_the_byte_level_decoder_equals_the_tokenizers_own_decode_and_other_tokenizers_fall_back(built, tmp_path):
+    """Random windows of ids, special tokens and ids the vocabulary lacks included, decode to what
+    `Tokenizer.decode(ids, skip_special_tokens=False)` gives; a tokenizer that is not byte-level BPE
+    decodes through the library's parsed tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from refinery.storage import LocalDataRoot
+    from refinery.tokenizer_file import ByteLevelDecoder, read_decoder
+
+    eod = built.cfg.tokenizer.eod_token
+    tokenizer = tk.read_tokenizer(built.root, eod)
+    decode = read_decoder(built.root, eod)
+    assert getattr(decode, "__self__", None).__class__ is ByteLevelDecoder  # the fast path was taken
+    rng = random.Random(5)
+    vocab = tokenizer.get_vocab_size()
+    for _ in range(300):
+        ids = [rng.randrange(vocab + 3) for _ in range(rng.randrange(0, 40))] + [tokenizer.token_to_id(eod)] * rng.randrange(2)
+        rng.shuffle(ids)
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=False), ids
+    words = Tokenizer(models.WordLevel({"[EOD]": 0, "hello": 1, "world": 2}, unk_token="[EOD]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    other = LocalDataRoot(tmp_path / "root")
+    other.write_bytes(layout.TOKENIZER_KEY, words.to_str().encode())
+    assert read_decoder(other, "[EOD]")([1, 2, 0]) == words.decode([1, 2, 0], skip_special_tokens=False)
+
+
+def test_a_damaged_lineage_rows_file_is_refused_by_name(built, tmp_path):
+    source = built.root.local_path(lin.shard_lineage_key("shards/final/web/shard-00001"))
+    damaged = tmp_path / "damaged.rows"
+    damaged.write_bytes(source.read_bytes()[:-3])
+    with pytest.raises(lin.LineageError, match=r"damaged.rows: not a lineage rows file .*materialize lineage_index again"):
+        lin.read_row(damaged, 0)
+    damaged.write_bytes(b"rows")
+    with pytest.raises(lin.LineageError, match=r"damaged.rows: 4 bytes, too short"):
+        lin.read_row(damaged, 0)
 
 
 def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(tmp_path, capsys):
