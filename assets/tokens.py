@@ -1,10 +1,10 @@
-"""`tokenizer` (global), `tokenized_shards` (per input batch, one token series per file),
-`shuffled_shards` (per bucket), `lineage_index` (global).
+"""`tokenizer` (global), `difficulty_model` (global, with stages.difficulty.enabled), `tokenized_shards`
+(per input batch, one token series per file), `shuffled_shards` (per bucket), `lineage_index` (global).
 
-Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuffle` and
-`refinery.lineage`. Tokenization is a per-batch stage like the funnel's (fanned out over the batch's
-files and `partitions.workers`); each bucket's shuffle reads the series of the files routed to it
-(a static partition mapping from input batch to bucket).
+Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuffle`,
+`refinery.stages.difficulty` and `refinery.lineage`. Tokenization is a per-batch stage like the
+funnel's (fanned out over the batch's files and `partitions.workers`); each bucket's shuffle reads the
+series of the files routed to it (a static partition mapping from input batch to bucket).
 """
 
 from collections import Counter
@@ -21,6 +21,7 @@ from refinery import lineage as lin
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.layout import rejects_key, stats_key
+from refinery.stages import difficulty as dfc
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery import tokenizer_file
@@ -73,18 +74,44 @@ def build_tokenizer(version: str):
     return step
 
 
+def build_difficulty_model(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        cfg, root = refinery.config, refinery.root
+        built = dfc.build_reference_model(root, cfg, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
+        model = built.model
+        context.log.info(f"difficulty_model: {model.order}-gram over {model.tokens} tokens ({built.source}), "
+                         f"sha256 {built.sha256[:12]}")
+        return StepResult(
+            Provenance(version, dfc.difficulty_settings(cfg), {layout.DIFFICULTY_MODEL_KEY: built.sha256},
+                       wall_s=built.wall_s),
+            {
+                "source": dg.MetadataValue.text(built.source),
+                "tokens_trained_on": dg.MetadataValue.int(model.tokens),
+                "distinct_ngrams": dg.MetadataValue.json({f"order_{k + 1}": n
+                                                          for k, n in enumerate(model.distinct_ngrams())}),
+                "model_bytes": dg.MetadataValue.int(root.local_path(layout.DIFFICULTY_MODEL_KEY).stat().st_size),
+                "model_sha256": dg.MetadataValue.text(built.sha256),
+            },
+        )
+    return step
+
+
 def tokenize_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One input file's clean documents into its token series, with its rejects and stats."""
+    """One input file's clean documents into its token series (each document scored for
+    difficulty when that is enabled), with its rejects and stats."""
     cfg, root = refinery.config, refinery.root
     if "tokenizer" not in cache:  # loaded once per fan-out worker
         cache["tokenizer"] = tk.read_tokenizer(root, cfg.tokenizer.eod_token)
-    result = tk.tokenize_file(root, cfg, shard, cache["tokenizer"])
+        cache["reference"] = dfc.load_published_model(root) if cfg.stages.difficulty.enabled else None
+    result = tk.tokenize_file(root, cfg, shard, cache["tokenizer"], reference=cache["reference"])
     key = rejects_key(TOKENIZE_STAGE, shard.key)
     hashes = {key: root.write_parquet(key, result.rejects), **_shard_hashes(result.index)}
     root.write_json(stats_key(TOKENIZE_STAGE, shard.key), result.stats.to_dict())
     index = result.index
     settings = {"window": index["window"], "overlap": index["overlap"], "shard_tokens": cfg.shards.shard_tokens,
                 "encode_batch_docs": cfg.shards.encode_batch_docs, "vocab_size": index["vocab_size"]}
+    if "difficulty_model_sha256" in index:  # scored for difficulty
+        settings["difficulty_model_sha256"] = index["difficulty_model_sha256"]
     return FileResult(shard.key, shard.source, result.stats, hashes, settings)
 
 
@@ -120,6 +147,7 @@ def shuffle_bucket(version: str):
                 **_shard_metadata(index),
                 "runs": dg.MetadataValue.int(result.runs),
                 "tokens_per_s": _tokens_per_s(index["tokens"], result.wall_s),
+                "difficulty": dg.MetadataValue.json(sh.bucket_difficulty(root, bucket)),
                 "index": dg.MetadataValue.path(root.display(layout.shard_index_key(tk.FINAL, bucket))),
             },
         )
@@ -154,9 +182,19 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping(),
     )
     every = dg.AllPartitionMapping()
-    tokenize_version = code_version(tk, tokenizer_file)
+    tokenize_version = code_version(tk, tokenizer_file, dfc)
+    difficulty = cfg.stages.difficulty.enabled
     shuffle_version, lineage_version = code_version(sh), code_version(lin)
+    difficulty_model = [global_step_asset(
+        "difficulty_model", build_difficulty_model(tokenize_version), version=tokenize_version, group=GROUP,
+        kinds={"numpy"}, automation_condition=dg.AutomationCondition.on_missing(),
+        deps=[dg.AssetDep("tokenizer"), dg.AssetDep(CLEAN_STAGE, partition_mapping=every)],
+        description="The difficulty score's reference model: an interpolated absolute-discounting token n-gram "
+        "model trained on the reference buckets' clean documents (at most stages.difficulty.max_train_tokens "
+        "tokens), or stages.difficulty.model_path; written to models/difficulty/reference.npz.",
+    )] if difficulty else []
     return dg.Definitions(assets=[
+        *difficulty_model,
         global_step_asset(
             "tokenizer", build_tokenizer(tokenize_version), version=tokenize_version, group=GROUP,
             kinds={"tokenizers"}, automation_condition=dg.AutomationCondition.on_missing(),
@@ -166,11 +204,13 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         ),
         batch_stage_asset(
             TOKENIZE_STAGE, tokenize_file, parts, group=GROUP, version=tokenize_version, kinds={"numpy"},
-            deps=[dg.AssetDep("tokenizer"), dg.AssetDep(CLEAN_STAGE)],
+            deps=[dg.AssetDep("tokenizer"), dg.AssetDep(CLEAN_STAGE),
+                  *([dg.AssetDep("difficulty_model")] if difficulty else [])],
             documents_out=False, extra_metadata=token_metadata,
             description="Each input file's clean documents encoded in batches, EOD appended, windowed at the packing "
             "window with overlap, packed into shards/tokenized/<bucket>/<file>/ (.bin/.idx/.entries.parquet) plus "
-            "entries.parquet and index.json: one series per file, fanned out like the funnel.",
+            "entries.parquet and index.json: one series per file, fanned out like the funnel; each document's "
+            "difficulty (stages.difficulty) beside its quality_score.",
         ),
         global_step_asset(
             "shuffled_shards", shuffle_bucket(shuffle_version), version=shuffle_version, group=GROUP,
@@ -185,7 +225,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             deps=[dg.AssetDep("shuffled_shards", partition_mapping=every),
                   dg.AssetDep(CLEAN_STAGE, partition_mapping=every)],
             description="lineage/documents/<input>.arrow (each input file's clean documents without text), "
-            "lineage/final/<bucket>/shard-N.arrow (each final shard's entries with their documents) and "
+            "lineage/final/<bucket>/shard-N.rows (each final shard's entries with their documents) and "
             "lineage/index.json: answers `refinery lineage --shard S --offset N` reading one row.",
         ),
     ])

@@ -11,6 +11,7 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
     dedup/near/edges/<band>.parquet            verified near-duplicate pairs, per LSH band
     dedup/near/clusters.parquet                near-duplicate clusters and their survivors
     models/quality/                            the quality classifier
+    models/difficulty/reference.npz            the difficulty score's reference n-gram model
     tokenizer/tokenizer.json, info.json        the tokenizer and what it was trained on
     shards/<stage>/<bucket>/shard-NNNNN.*      token shards (stage `tokenized`, then `final`)
     shards/<stage>/<bucket>/index.json         a bucket's shards with their sha256
@@ -66,6 +67,7 @@ def near_edges_key(band: str) -> str:
 # --- models and tokenizer -----------------------------------------------------------------------
 
 QUALITY_MODEL_DIR = "models/quality"
+DIFFICULTY_MODEL_KEY = "models/difficulty/reference.npz"
 TOKENIZER_KEY = "tokenizer/tokenizer.json"
 TOKENIZER_INFO_KEY = "tokenizer/info.json"
 

@@ -17,7 +17,9 @@
   (a match whose symlinks lead out of the source's folder is not opened: ingest counts it as one
   `ingest/outside_source` reject and reads nothing of it);
 - a data root that is a file, or a local one that cannot be written;
-- what the command needs: the quality classifier's buckets fed by a source, a curriculum to train.
+- what the command needs: the quality classifier's buckets fed by a source, a curriculum to train;
+- the difficulty score's reference buckets: declared buckets, and (unless `stages.difficulty.model_path`
+  names a model) fed by a source.
 
 `require(path, needs)` raises `PreflightError` listing them all; every `refinery` command and the
 Dagster definitions call it before they start. Nothing here leaves anything under the data root
@@ -249,7 +251,8 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                                 f"config's folder)")
     if needs.sources:
         for field, keys in (("tokenizer.path", ("tokenizer", "path")),
-                            ("stages.language.model_path", ("stages", "language", "model_path"))):
+                            ("stages.language.model_path", ("stages", "language", "model_path")),
+                            ("stages.difficulty.model_path", ("stages", "difficulty", "model_path"))):
             path = _value(data, *keys)
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
@@ -319,7 +322,25 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
                     f"{sorted(fed)}); set stages.quality.{field} to buckets of your sources, or stages.quality.enabled: "
                     f"false to run without a quality classifier"
                 )
-    return problems
+    return problems + difficulty_problems(cfg, needs)
+
+
+def difficulty_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
+    """Reference buckets of the difficulty model that are not declared, or (for a graph run that
+    trains the model) that no source feeds."""
+    d = cfg.stages.difficulty
+    field = "stages.difficulty.reference_buckets"
+    unknown = [b for b in d.reference_buckets or [] if b not in cfg.buckets]
+    if unknown:
+        return [f"{field}: unknown bucket(s) {unknown}; use buckets of `buckets:` ({sorted(cfg.buckets)})"]
+    buckets = d.reference_buckets if d.reference_buckets is not None else cfg.stages.quality.positive_buckets
+    fed = {s.bucket for s in cfg.sources}
+    if d.enabled and needs.sources and d.model_path is None and not fed & set(buckets):
+        which = "names" if d.reference_buckets is not None else "is stages.quality.positive_buckets by default,"
+        return [f"{field}: {buckets} {which} and no source feeds any of those buckets (sources feed {sorted(fed)}), "
+                f"so the difficulty model has nothing to train on; set {field} to buckets of your sources, name a "
+                f"model in stages.difficulty.model_path, or set stages.difficulty.enabled: false"]
+    return []
 
 
 def _without(data: dict, locations: list[tuple]) -> tuple[dict, list[str]]:

@@ -179,6 +179,29 @@ class QualityConfig(Section):
     train_chunk_mb: int = Field(default=64, ge=1)
 
 
+class DifficultyConfig(Section):
+    """A difficulty score per document: its mean per-token loss (nats) under a small reference
+    language model, an interpolated absolute-discounting token n-gram model trained in the pipeline
+    on curated buckets (CCNet ranks web text by a Wikipedia-trained KenLM 5-gram's perplexity the
+    same way; docs/difficulty.md). `tokenized_shards` writes it as the `difficulty` column beside
+    `quality_score`; disabled, the column is null and no reference model is trained."""
+
+    enabled: bool = False  # off: no reference model is trained and `difficulty` stays null
+    # The curated buckets the model learns from; none: stages.quality.positive_buckets.
+    reference_buckets: list[str] | None = None
+    order: int = Field(default=3, ge=1, le=8)  # the model's longest n-gram: 3 counts trigrams
+    # The model learns from at most this many tokens (the reference buckets' documents in input
+    # order), which bounds its size: at most 28 bytes per training token and order, far less on
+    # real text, whose n-grams repeat.
+    max_train_tokens: int = Field(default=4_000_000, ge=1, le=1 << 30)
+    # Absolute discount subtracted from every seen n-gram count (Ney, Essen and Kneser 1994; 0.75 is
+    # the usual single discount of Kneser-Ney).
+    discount: float = Field(default=0.75, gt=0.0, lt=1.0)
+    # A reference model file (.npz written by a Refinery run with the same tokenizer) used instead
+    # of training one.
+    model_path: str | None = None
+
+
 class PiiConfig(Section):
     """Which kinds of PII pii_redacted replaces (placeholders in refinery/stages/pii.py). Emails and
     IPs are what datatrove's PIIFormatter redacts; the rest are what Dolma and Presidio add."""
@@ -245,6 +268,7 @@ class StagesConfig(Section):
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
     near_dedup: NearDedupConfig = NearDedupConfig()
     quality: QualityConfig = QualityConfig()
+    difficulty: DifficultyConfig = DifficultyConfig()
     pii: PiiConfig = PiiConfig()
     safety: SafetyConfig = SafetyConfig()
     custom_filters: list[CustomFilterConfig] = Field(default_factory=list, description="Filters of your own, run "

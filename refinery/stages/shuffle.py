@@ -5,7 +5,7 @@ number), so the permutation needs no state and does not depend on how the work i
 final order is the entries sorted by key, built in two passes:
 
 1. Scatter: read the tokenized shards one at a time and append each entry's tokens and a fixed-width
-   record (key, length, overlap, window, n_windows, quality) to the run that owns its key range
+   record (key, length, overlap, window, n_windows, quality, difficulty) to the run that owns its key range
    (`runs` equal ranges of the key space). Runs are buffered in memory up to a quarter of
    `shards.shuffle_buffer_mb` and appended to temp files when the buffer fills.
 2. Gather: load one run at a time (runs are sized to hold about a quarter of the buffer each),
@@ -47,6 +47,7 @@ RECORD = np.dtype(
         ("window", "<i4"),
         ("n_windows", "<i4"),
         ("quality", "<f8"),
+        ("difficulty", "<f8"),
     ]
 )
 # A run's expected size is this fraction of the buffer; the scatter buffer takes the same share, so
@@ -166,6 +167,7 @@ def _scatter(root: DataRoot, sources: Iterable[dict[str, Any]], seed: int, bucke
             records["window"] = entries["window"].to_numpy()
             records["n_windows"] = entries["n_windows"].to_numpy()
             records["quality"] = entries["quality_score"].fill_null(np.nan).to_numpy()
+            records["difficulty"] = entries["difficulty"].fill_null(np.nan).to_numpy()
             doc_ids = entries["doc_id"].to_list()
             if any("\n" in d for d in doc_ids):
                 raise ShuffleError(f"{ref['prefix']}: a doc_id contains a newline; doc ids must be single-line")
@@ -192,8 +194,9 @@ def _gather(files: _RunFiles, dtype: np.dtype, series: ShardSeries) -> None:
     for i in np.argsort(records["key"], kind="stable"):
         rec = records[i]
         quality = None if np.isnan(rec["quality"]) else float(rec["quality"])
+        difficulty = None if np.isnan(rec["difficulty"]) else float(rec["difficulty"])
         series.add(tokens[starts[i] : starts[i + 1]], ids[i], int(rec["overlap"]), int(rec["window"]),
-                   int(rec["n_windows"]), quality)
+                   int(rec["n_windows"]), quality, difficulty)
 
 
 @dataclass
@@ -201,6 +204,31 @@ class ShuffleResult:
     index: dict[str, Any]
     runs: int
     wall_s: float
+
+
+# The difficulty histogram's bins: quantiles to 1/1000 nat, scores of 64 nats and more in the last bin.
+DIFFICULTY_BIN, DIFFICULTY_BINS, DIFFICULTY_BATCH_ROWS = 1e-3, 64_000, 1 << 16
+
+
+def bucket_difficulty(root: DataRoot, bucket: str) -> dict[str, Any]:
+    """Count, mean and p10/p50/p90 of the difficulty of the final bucket's documents (one score per
+    document: its first window's), streamed `DIFFICULTY_BATCH_ROWS` entries at a time into a histogram of
+    fixed bins: memory does not grow with the bucket; a quantile is its bin's lower edge."""
+    import pyarrow.parquet as pq
+
+    counts = np.zeros(DIFFICULTY_BINS, dtype=np.int64)
+    total, n = 0.0, 0
+    table = pq.ParquetFile(root.local_path(bucket_entries_key(FINAL, bucket)))
+    for batch in table.iter_batches(batch_size=DIFFICULTY_BATCH_ROWS, columns=["window", "difficulty"]):
+        scores = batch.column("difficulty").to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
+        scores = scores[(batch.column("window").to_numpy(zero_copy_only=False) == 0) & ~np.isnan(scores)]
+        total, n = total + float(scores.sum()), n + len(scores)
+        counts += np.bincount(np.clip(scores / DIFFICULTY_BIN, 0, DIFFICULTY_BINS - 1).astype(np.int64), minlength=DIFFICULTY_BINS)
+    if not n:
+        return {"count": 0}
+    cumulative = np.cumsum(counts)
+    edges = [int(np.searchsorted(cumulative, q * n, side="left")) * DIFFICULTY_BIN for q in (0.1, 0.5, 0.9)]
+    return {"count": n, "mean": round(total / n, 4), **{f"p{q}": round(e, 4) for q, e in zip((10, 50, 90), edges)}}
 
 
 def load_source(root: DataRoot, bucket: str, part: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,9 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
   `cfg.shards.shard_tokens` tokens by a `ShardSeries`, which also writes the series' entry table
   and `index.json` (see docs/formats.md): one series per input file under
   `shards/tokenized/<bucket>/<file key>/`, read in order by the bucket's shuffle.
+- With `stages.difficulty.enabled`, each document is scored by the reference model as it is
+  encoded (`refinery.stages.difficulty`), and every entry of the document carries its `difficulty`
+  beside `quality_score`; disabled, the column is null.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix, documents_key,
                              shard_index_key, shard_key)
+from refinery.stages import difficulty as dfc
 from refinery.stages.parquet_batches import parquet_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
@@ -64,6 +68,7 @@ ENTRY_TABLE_SCHEMA: dict[str, pl.DataType] = {
     "window": pl.Int32(),
     "n_windows": pl.Int32(),
     "quality_score": pl.Float64(),
+    "difficulty": pl.Float64(),  # the document's mean token loss under the reference model (refinery/stages/difficulty.py)
 }
 
 
@@ -257,7 +262,8 @@ class ShardSeries:
         shutil.rmtree(self._stage_dir, ignore_errors=True)
 
     def add(
-        self, tokens: np.ndarray, doc_id: str, overlap: int, window: int, n_windows: int, quality: float | None
+        self, tokens: np.ndarray, doc_id: str, overlap: int, window: int, n_windows: int, quality: float | None,
+        difficulty: float | None = None,
     ) -> None:
         n = len(tokens)
         if self._writer is not None and self._writer.num_entries and self._writer.num_tokens + n > self.shard_tokens:
@@ -275,6 +281,7 @@ class ShardSeries:
         rows["window"].append(window)
         rows["n_windows"].append(n_windows)
         rows["quality_score"].append(quality)
+        rows["difficulty"].append(difficulty)
         self._writer.add(tokens, doc_id, overlap=overlap, window=window, n_windows=n_windows)
         self.entries += 1
         self.tokens += n
@@ -361,11 +368,14 @@ class TokenizeResult:
 
 
 def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokenizer,
-                  stage: str = CLEAN_STAGE) -> TokenizeResult:
+                  stage: str = CLEAN_STAGE, reference: tuple[dfc.ReferenceModel, str] | None = None) -> TokenizeResult:
     """Encode the clean documents of one input file (rows in table order), append EOD, window, and
     pack them into `shards/tokenized/<bucket>/<file key>/`. The table is read `encode_batch_docs`
     rows at a time, so memory is one batch's, whatever the file's size; a file is the unit of work,
-    so tokenization fans out like the funnel (the shuffle then reads a bucket's files in order)."""
+    so tokenization fans out like the funnel (the shuffle then reads a bucket's files in order).
+
+    With `stages.difficulty.enabled`, documents are scored by `reference` (the model and its file's
+    sha256, as `difficulty.load_published_model` gives them; read from the data root when None)."""
     t0 = time.perf_counter()
     fields = series_fields(cfg, tokenizer)
     window, overlap, dtype = fields.pop("window"), fields.pop("overlap"), np.dtype(fields.pop("dtype"))
@@ -373,14 +383,22 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
     stats = StageStats(stage="tokenized_shards")
     reject_parts: list[pl.DataFrame] = []
     windowed = 0
-    extra = {**fields, "window": window, "overlap": overlap}
+    if cfg.stages.difficulty.enabled and reference is None:
+        reference = dfc.load_published_model(root)
+    model = reference[0] if cfg.stages.difficulty.enabled else None
+    extra = {**fields, "window": window, "overlap": overlap,
+             **({"difficulty_model_sha256": reference[1]} if model is not None else {})}
 
-    def encode(batch: pl.DataFrame) -> tuple[pl.DataFrame, list[int], list[np.ndarray]]:
+    def encode(batch: pl.DataFrame) -> tuple[pl.DataFrame, list[int], list[np.ndarray], list[float | None]]:
         if "quality_score" not in batch.columns:
             batch = batch.with_columns(quality_score=pl.lit(None, dtype=pl.Float64))
         texts = batch["text"].to_list()
         keep = [i for i, t in enumerate(texts) if t]
-        return batch, keep, encode_texts(tokenizer, [texts[i] for i in keep], dtype)
+        encoded = encode_texts(tokenizer, [texts[i] for i in keep], dtype)
+        if model is None:
+            return batch, keep, encoded, [None] * len(encoded)
+        scores = dfc.score_documents(model, encoded)
+        return batch, keep, encoded, [None if np.isnan(v) else float(v) for v in scores]
 
     batches = parquet_batches(root.local_path(documents_key(stage, shard.key)), cfg.shards.encode_batch_docs)
     # The Rust encoder releases the GIL, so the next batch encodes while this thread packs the last.
@@ -388,15 +406,15 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
             ThreadPoolExecutor(max_workers=1) as pool:
         pending = [pool.submit(encode, batch) for batch in itertools.islice(batches, 1)]
         while pending:
-            batch, keep, encoded = pending.pop().result()
+            batch, keep, encoded, difficulties = pending.pop().result()
             pending = [pool.submit(encode, nxt) for nxt in itertools.islice(batches, 1)]
             ids, qualities = batch["doc_id"].to_list(), batch["quality_score"].to_list()
-            for i, doc_tokens in zip(keep, encoded):
+            for i, doc_tokens, difficulty in zip(keep, encoded, difficulties):
                 doc_tokens = np.concatenate([doc_tokens, eod])
                 cuts = split_windows(len(doc_tokens), window, overlap)
                 windowed += len(cuts) > 1
                 for w, (a, b, ov) in enumerate(cuts):
-                    series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i])
+                    series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i], difficulty)
             kept = set(keep)
             drops = {i: Drop("tokenize/empty_text", 0.0, "no text to tokenize") for i in range(batch.height) if i not in kept}
             batch_bytes = int(text_bytes(batch).sum())  # Int64: len_bytes is UInt32 and polars sums it in UInt32
