@@ -226,15 +226,16 @@ def test_planted_leaks_block_anneal_until_the_drop_policy_removes_them(sample, c
 
 
 def test_every_assets_materialization_carries_the_same_provenance_keys(sample):
-    """All 20 assets of the graph record one provenance key set (assets/provenance.py), with their
-    code version, config and content hashes; training_run's name its boundary checkpoint. Reads the
+    """All 21 assets of the graph (the demo config trains the difficulty model) record one
+    provenance key set (assets/provenance.py), with their code version, config and content hashes;
+    training_run's name its boundary checkpoint. Reads the
     materializations the tests above made (the graph, then every phase trained); run alone, it
     trains warmup first."""
     instance, config = sample["instance"], sample["config"]
     defs = build_definitions(str(config))
     graph = defs.resolve_asset_graph()
     keys = sorted(graph.materializable_asset_keys, key=lambda k: k.to_user_string())
-    assert len(keys) == 20
+    assert len(keys) == 21
     if instance.get_latest_materialization_event(dg.AssetKey("training_run")) is None:
         assert materialize_in_workspace(config, instance, "training_run", "warmup", QUIET_RUN_CONFIG).success
     for key in keys:
