@@ -49,11 +49,12 @@ def build_manifest(version: str):
             )
         manifest = cur.build_phase_manifest(cfg, root, phase, report, inventory, selections)
         digest = write_manifest(root, manifest)
-        plot_sha = write_schedule_plot(cfg, root, cur.build_schedule(cfg))
+        plot_sha = write_schedule_plot(cfg, root, cur.build_schedule(cfg), (report.contract.get("difficulty") or {}).get("bands"))
         for finding in report.errors:
             context.log.error(f"phase_manifests[{phase}]: {finding}")
         hashes = {manifest_key(phase): digest, SCHEDULE_PLOT_KEY: plot_sha}
         hashes.update({b.selection: b.selection_sha256 for b in manifest.buckets.values() if b.selection})
+        hashes.update({o["file"]: o["sha256"] for o in (manifest.order or {}).get("buckets", {}).values()})
         summary = {
             "valid": dg.MetadataValue.bool(report.ok),
             "errors": dg.MetadataValue.int(len(report.errors)),

@@ -17,7 +17,7 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
     shards/<stage>/<bucket>/index.json         a bucket's shards with their sha256
     lineage/documents/<input>.arrow, index.json  the lineage index: each input file's documents, text-free;
                                                  lineage/final/<bucket>/shard-N.rows, one per final shard
-    manifests/<phase>.json                     a phase's manifest; manifests/<phase>/<bucket>-selection.npy
+    manifests/<phase>.json                     a phase's manifest; manifests/<phase>/<bucket>-selection.npy, -bands.npy
     contamination/<phase>/...                  scan report, hits, and the drop policy's exclusions
     curriculum/schedule.png                    the schedule picture
     reports/funnel.json, funnel.png            the whole funnel's report
@@ -145,6 +145,11 @@ def manifest_phase(key: str) -> str | None:
 def selection_key(phase: str, bucket: str) -> str:
     """The sorted global entry ids a phase keeps of a bucket (a quality cutoff, or dropped documents)."""
     return f"{MANIFESTS_PREFIX}/{phase}/{bucket}-selection.npy"
+
+
+def bands_key(phase: str, bucket: str) -> str:
+    """The band file of a bucket in an ordered phase: the entry ids it serves, band after band."""
+    return f"{MANIFESTS_PREFIX}/{phase}/{bucket}-bands.npy"
 
 
 # --- contamination ------------------------------------------------------------------------------

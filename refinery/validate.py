@@ -20,6 +20,7 @@ import numpy as np
 from refinery.config import RefineryConfig, load_config
 from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, build_schedule, manifest_differences, stored_manifests,
                                  validate, validate_data_root, warmup_tokens)
+from refinery.curriculum.bands import served_difficulty
 from refinery.preflight import Needs
 from refinery.shard_format import ShardFormatError
 from refinery.throughput import ThroughputContract, throughput_contract
@@ -83,6 +84,22 @@ def summary_lines(contract: dict[str, Any]) -> list[str]:
     ]
 
 
+def order_lines(contract: dict[str, Any]) -> list[str]:
+    """Each phase's order within its buckets, and for ordered phases the mean difficulty served at
+    each tenth of the phase (the mixture-weighted mean of the band each bucket is reading)."""
+    lines = ["ordering within buckets:"]
+    for p in contract["phases"]:
+        o = p.get("order")
+        lines.append(f"  {p['name']}: " + ("uniform" if o is None else
+                                           f"{o['direction']} by {o['by']}, {o['bands']} band{'s' if o['bands'] != 1 else ''}"))
+    difficulty = contract.get("difficulty")
+    for name, values in (difficulty or {}).get("progress", {}).items():
+        served = ("unknown (no final shards yet)" if values is None else
+                  " ".join("-" if v is None else f"{v:.3f}" for v in values))
+        lines.append(f"mean difficulty served in {name}, at each tenth of the phase: {served}")
+    return lines
+
+
 def render_text(report: ValidationReport) -> str:
     lines: list[str] = []
     c = report.contract
@@ -91,7 +108,8 @@ def render_text(report: ValidationReport) -> str:
             f"curriculum: {len(c['phases'])} phases, {c['schedule_tokens']:,} tokens "
             f"(total_tokens {c['total_tokens']:,}, temperature {c['temperature']:g})"
         )
-        lines += ["", *text_table(*phase_rows(c)), "", *text_table(*bucket_rows(c)), "", *summary_lines(c)]
+        lines += ["", *text_table(*phase_rows(c)), "", *text_table(*bucket_rows(c)), "", *summary_lines(c),
+                  *order_lines(c)]
     for w in report.warnings:
         lines.append(f"warning: {w}")
     for e in report.errors:
@@ -100,8 +118,10 @@ def render_text(report: ValidationReport) -> str:
     return "\n".join(lines)
 
 
-def plot_schedule(cfg: RefineryConfig, schedule: Schedule, path: str | Path) -> None:
-    """Mixture over progress (stacked area), seq_len and LR, one panel each, phase edges marked."""
+def plot_schedule(cfg: RefineryConfig, schedule: Schedule, path: str | Path, bands: dict[str, Any] | None = None) -> None:
+    """Mixture over progress (stacked area), seq_len and LR, one panel each, phase edges marked.
+    With `bands` (the contract's difficulty bands of ordered phases) the mixture panel gains the
+    mean difficulty served, on a second axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,7 +138,12 @@ def plot_schedule(cfg: RefineryConfig, schedule: Schedule, path: str | Path) -> 
     ax_mix.stackplot(t, mixture, labels=list(schedule.buckets))
     ax_mix.set_ylim(0, 1)
     ax_mix.set_ylabel("mixture")
-    ax_mix.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if bands:
+        ax_difficulty = ax_mix.twinx()
+        ax_difficulty.plot(t, served_difficulty(cfg, schedule, bands, t), color="black", linewidth=1.2)
+        ax_difficulty.set_ylabel("mean difficulty served (line)")
+    # beside the second axis' labels when there is one
+    ax_mix.legend(loc="upper left", bbox_to_anchor=(1.1 if bands else 1.0, 1.0), fontsize=8)
     ax_seq.step(t, seq, where="post")
     ax_seq.set_ylabel("seq_len")
     ax_lr.plot(t, lr)
@@ -135,10 +160,10 @@ def plot_schedule(cfg: RefineryConfig, schedule: Schedule, path: str | Path) -> 
     plt.close(fig)
 
 
-def write_schedule_plot(cfg: RefineryConfig, root: DataRoot, schedule: Schedule) -> str:
+def write_schedule_plot(cfg: RefineryConfig, root: DataRoot, schedule: Schedule, bands: dict[str, Any] | None = None) -> str:
     """Draw the schedule into the data root at SCHEDULE_PLOT_KEY; returns the PNG's sha256."""
     with root.writer(SCHEDULE_PLOT_KEY) as tmp:
-        plot_schedule(cfg, schedule, tmp)
+        plot_schedule(cfg, schedule, tmp, bands)
     return root.sha256(SCHEDULE_PLOT_KEY)
 
 
@@ -172,11 +197,12 @@ def run_validate(args: argparse.Namespace) -> int:
         plot = None
         if report.contract is not None:
             schedule = build_schedule(cfg)
+            bands = (report.contract.get("difficulty") or {}).get("bands")
             if args.plot:
-                plot_schedule(cfg, schedule, args.plot)
+                plot_schedule(cfg, schedule, args.plot, bands)
                 plot = str(Path(args.plot).resolve())
             else:
-                write_schedule_plot(cfg, root, schedule)
+                write_schedule_plot(cfg, root, schedule, bands)
                 plot = root.display(SCHEDULE_PLOT_KEY)
         manifests = manifest_check(cfg, root) if report.contract is not None else None
     except (CurriculumError, ShardFormatError) as err:

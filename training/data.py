@@ -2,7 +2,7 @@
 
 `CurriculumData.open` reads every phase manifest and builds, per bucket, a `BucketIndex` over its
 final shards (training/shard_pool.py: shards opened lazily through a bounded pool, verified on first
-read) and the entry sets the sampler reads. Nothing at open grows with the corpus beyond the
+read) and the entry sets the sampler reads (an ordered phase's from its memory-mapped band files). Nothing at open grows with the corpus beyond the
 manifests themselves: no shard is opened, hashed or copied until a step reads it. `gather` turns a
 planned step (see `training.sampler`) into whole-batch numpy arrays, and `gather_steps` does so for
 many planned steps at once: one `np.concatenate` of memmap slices, handed to torch with
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from refinery.config import RefineryConfig
-from refinery.curriculum import BucketSlice, read_manifest
+from refinery.curriculum import BucketSlice, PhaseManifest, read_manifest
 from refinery.storage import DataRoot
 from refinery.shard_cache import ShardCache
 from training.sampler import ChunkPlan, CurriculumSampler, EntrySet, StepPlan, ordinals
@@ -40,10 +40,29 @@ from training.shard_pool import BucketIndex, ShardPool, VerifiedRecord
 from training.heldout import heldout_entries  # e-run-safety
 
 
-def entry_set_key(bucket: BucketSlice) -> str:
-    """One key per distinct (bucket, shards, selection): phases with the same key share a cursor."""
+def entry_set_key(bucket: BucketSlice, bands: dict[str, Any] | None = None) -> str:
+    """One key per distinct (bucket, shards, selection, order): phases with the same key share a
+    cursor. An ordered set's key adds its band file's sha256, so a phase with another order (or
+    none) never continues its cursor mid-pass; an unordered set's key is what it always was."""
     ident = "|".join(sorted(s.sha256.get(".idx", s.prefix) for s in bucket.shards)) + f"|{bucket.selection_sha256}"
+    if bands is not None:
+        ident += f"|bands:{bands['sha256']}"
     return f"{bucket.bucket}:{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def bands_of(root: DataRoot, manifest: PhaseManifest, bucket: str, record: VerifiedRecord) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+    """An ordered phase's band entry for `bucket` in its manifest and the band file (global entry
+    ids band by band, memory-mapped, checked against the manifest's sha256 once per node and file
+    version); (None, None) for a uniform phase."""
+    if manifest.order is None:
+        return None, None
+    bands = manifest.order["buckets"].get(bucket)
+    if bands is None:
+        raise ValueError(f"manifest of phase {manifest.phase!r} orders by {manifest.order['by']} but pins no bands "
+                         f"for bucket {bucket!r}; fix the curriculum and rebuild phase_manifests")
+    path = root.local_path(bands["file"])
+    record.check(path, bands["sha256"], "rebuild phase_manifests")
+    return bands, np.load(path, mmap_mode="r")
 
 
 def selection_of(root: DataRoot, bucket: BucketSlice, record: VerifiedRecord) -> np.ndarray | None:
@@ -188,10 +207,12 @@ class CurriculumData:
             for name, bslice in sorted(m.buckets.items()):
                 if name not in buckets:
                     buckets[name] = BucketIndex(name, bslice.shards, pool)
-                key = entry_set_key(bslice)
+                bands, band_file = bands_of(root, m, name, record)
+                key = entry_set_key(bslice, bands)
                 if key not in sets:
+                    selection = selection_of(root, bslice, record) if bands is None else band_file
                     sets[key] = EntrySet(key, name, buckets[name], bslice.tokens, bslice.max_epochs, cfg.seed,
-                                         selection_of(root, bslice, record), heldout[name])
+                                         selection, heldout[name], None if bands is None else bands["entries"])
                 phase_sets[name] = sets[key]
             sets_by_phase.append(phase_sets)
         return cls(schedule, buckets, sets_by_phase, cfg.seed, pool, heldout)

@@ -15,6 +15,12 @@ What randomness the order keeps, and what it gives up against a full permutation
   pass reads blocks in, and entries in a block, is fresh per pass.
 - what it buys: a pass reads one block's few shards at a time, so the trainer's bounded shard pool
   and an S3 prefetch window follow the read position instead of touching every shard in every chunk.
+
+`BandedOrder` is the order of a set whose positions are cut into consecutive bands (a phase ordered
+by difficulty: refinery/curriculum/bands.py): a pass reads band 0's positions fully, then band 1's,
+and so on, each band in a `PassOrder` of its own keyed by (seed, set key, band, epoch). It answers
+the same questions as `PassOrder` with slots numbered across the bands, so the sampler reads both
+alike; an unbanded set keeps the plain `PassOrder`.
 """
 
 from __future__ import annotations
@@ -96,9 +102,71 @@ class PassOrder:
             out[m] = b * self.block + self.inner(b)[offset[m]]
         return out
 
-    def blocks_from(self, ordinal: int, count: int) -> list[int]:
-        """The block ids the pass reads from `ordinal` on, `count` of them (for prefetching)."""
+    def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
+        """The position ranges [lo, hi) of the blocks the pass reads from `ordinal` on, `count` of
+        them (for prefetching)."""
         if not self.n or ordinal >= self.n:
             return []
         slot = int(self.slot_of(np.array([ordinal]))[0][0])
-        return self.block_order[slot:slot + count].tolist()
+        return [(b * self.block, b * self.block + self.block_size(b)) for b in self.block_order[slot:slot + count].tolist()]
+
+
+class BandedOrder:
+    """Ordinal -> position of one pass over consecutive bands of `sizes` positions: the bands in
+    order, each in its own PassOrder (see the module doc). Slot s is the s-th block of the pass,
+    counted across the bands."""
+
+    def __init__(self, sizes: list[int], seed: int, key: str, epoch: int, block: int = BLOCK):
+        self.n, self.block, self.epoch = sum(sizes), block, epoch
+        self.bands = [PassOrder(size, seed, f"{key}#band{k}", epoch, block) for k, size in enumerate(sizes)]
+        self.origin = np.cumsum([0, *sizes])[:-1]  # each band's first position, which is also its first ordinal
+        self.first_slot = np.cumsum([0, *(band.blocks for band in self.bands)])[:-1]
+
+    def _band_of_ordinals(self, o: np.ndarray) -> np.ndarray:
+        # the last band starting at or before each ordinal: an empty band starts where the next one does
+        return np.searchsorted(self.origin, o, side="right") - 1
+
+    def _band_of_slot(self, slot: int) -> int:
+        return int(np.searchsorted(self.first_slot, slot, side="right")) - 1
+
+    def slot_of(self, ordinals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        o = np.asarray(ordinals, dtype=np.int64)
+        band = self._band_of_ordinals(o)
+        slot, offset = np.empty(len(o), dtype=np.int64), np.empty(len(o), dtype=np.int64)
+        for k in np.unique(band).tolist():
+            m = band == k
+            slot[m], offset[m] = self.bands[k].slot_of(o[m] - self.origin[k])
+            slot[m] += self.first_slot[k]
+        return slot, offset
+
+    def slot_start(self, slot: int) -> int:
+        k = self._band_of_slot(slot)
+        return int(self.origin[k]) + self.bands[k].slot_start(slot - int(self.first_slot[k]))
+
+    def slot_positions(self, slot: int) -> np.ndarray:
+        k = self._band_of_slot(slot)
+        return int(self.origin[k]) + self.bands[k].slot_positions(slot - int(self.first_slot[k]))
+
+    def positions(self, ordinals: np.ndarray) -> np.ndarray:
+        o = np.asarray(ordinals, dtype=np.int64)
+        if len(o) and (o.min() < 0 or o.max() >= self.n):
+            raise IndexError(f"ordinals outside the pass of {self.n} positions")
+        band = self._band_of_ordinals(o)
+        out = np.empty(len(o), dtype=np.int64)
+        for k in np.unique(band).tolist():
+            m = band == k
+            out[m] = self.origin[k] + self.bands[k].positions(o[m] - self.origin[k])
+        return out
+
+    def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
+        """As PassOrder.spans_from, continuing into the next bands."""
+        spans: list[tuple[int, int]] = []
+        if ordinal >= self.n:
+            return spans
+        k = int(self._band_of_ordinals(np.array([ordinal]))[0])
+        at = ordinal - int(self.origin[k])
+        while len(spans) < count and k < len(self.bands):
+            base = int(self.origin[k])
+            spans += [(base + lo, base + hi) for lo, hi in self.bands[k].spans_from(at, count - len(spans))]
+            k, at = k + 1, 0
+        return spans

@@ -25,7 +25,8 @@ How a row is chosen (OLMo-core's "global order plus a consumed count", made phas
 - Cursors belong to entry sets, not phases: a bucket served in phase 1 continues in phase 2 from
   where it stopped (gpt-simple restarted it). A phase with a quality selection reads a different
   entry set with its own cursor, so the anneal slice gets its own passes; two phases with the same
-  selection share one cursor.
+  selection share one cursor. So does a phase with an `order` (difficulty bands, read band by band:
+  `training.pass_order.BandedOrder`), whose set is keyed by its band file too.
 - A step that would run a set past its allowed passes raises `BucketExhausted` before anything is
   consumed; with exhaustion allowed, the bucket is dropped from that step on, the remaining weights
   renormalized, and the allocation restarts from the rows served so far.
@@ -49,7 +50,7 @@ import numpy as np
 
 from refinery.hashing import splitmix64
 from training.accounting import mixture_report
-from training.pass_order import PassOrder
+from training.pass_order import BandedOrder, PassOrder
 from training.schedule import StepSchedule
 from training.shard_pool import BucketIndex
 
@@ -305,20 +306,35 @@ class BlockTable:
 class EntrySet:
     """The entries one bucket serves in a phase: the bucket's global entry ids, or a selection of
     them (sorted; memory-mapped), less the held-out ones. Set positions 0..size-1 name them in
-    ascending id order; a pass reads the positions in the order of `order(epoch)`."""
+    ascending id order; a pass reads the positions in the order of `order(epoch)`.
+
+    An ordered set (a phase with `order`) is given its band file as the selection and the bands'
+    sizes: the file is sorted within each band only, set positions run band by band, and each pass
+    reads the bands in order, shuffled within each (`training.pass_order.BandedOrder`)."""
 
     def __init__(self, key: str, bucket: str, index: BucketIndex, pass_tokens: int, max_epochs: float, seed: int,
-                 selection: np.ndarray | None = None, heldout: np.ndarray | None = None):
+                 selection: np.ndarray | None = None, heldout: np.ndarray | None = None,
+                 band_sizes: list[int] | None = None):
         self.key, self.bucket, self.index = key, bucket, index
         self.selection = selection
         self.max_epochs, self.seed = max_epochs, seed
         held = np.zeros(0, dtype=np.int64) if heldout is None else np.asarray(heldout, dtype=np.int64)
+        self.band_sizes: list[int] | None = None
         if selection is not None:
-            at = np.searchsorted(selection, held)  # a binary search each: the selection is never read whole
-            inside = at < len(selection)
-            inside[inside] = np.asarray(selection[at[inside]]) == held[inside]
-            held, removed = held[inside], at[inside]  # the held-out ids the set has, and their positions
+            bounds = [0, len(selection)] if band_sizes is None else np.cumsum([0, *band_sizes]).tolist()
+            found, removed, per_band = [], [], []
+            needles = held.astype(selection.dtype)  # searching with another dtype would copy the file's ids
+            for lo, hi in zip(bounds[:-1], bounds[1:]):  # a binary search per band: the file is never read whole
+                at = np.searchsorted(selection[lo:hi], needles)
+                inside = at < hi - lo
+                inside[inside] = np.asarray(selection[lo + at[inside]]) == held[inside]
+                found.append(held[inside])  # the held-out ids the band has, and their positions
+                removed.append(lo + at[inside])
+                per_band.append(hi - lo - int(inside.sum()))
+            held, removed = np.concatenate(found), np.sort(np.concatenate(removed))
             base = len(selection)
+            if band_sizes is not None:
+                self.band_sizes = per_band
         else:
             removed, base = held, index.total_entries
         # Set position p is base position p + #{j : removed_j - j <= p}: the removed ones skipped.
@@ -326,7 +342,7 @@ class EntrySet:
         self.size = base - len(removed)
         self.pass_tokens = int(pass_tokens) - (int(index.lengths(held).sum()) if len(held) else 0)
         self.limit = int(max_epochs * self.pass_tokens)
-        self._orders: dict[int, PassOrder] = {}
+        self._orders: dict[int, PassOrder | BandedOrder] = {}
         self._blocks: dict[tuple[int, int], BlockTable] = {}
 
     def ids_at(self, positions: np.ndarray) -> np.ndarray:
@@ -339,12 +355,13 @@ class EntrySet:
         """Every id of the set, ascending: O(size), for inspection; planning never calls it."""
         return self.ids_at(np.arange(self.size, dtype=np.int64))
 
-    def order(self, epoch: int) -> PassOrder:
+    def order(self, epoch: int) -> PassOrder | BandedOrder:
         """Pass `epoch`'s order (the current and the previous pass are kept: a chunk crosses at most one
         pass boundary unless the set is smaller than a chunk, and then an order is cheap)."""
         got = self._orders.get(epoch)
         if got is None:
-            got = PassOrder(self.size, self.seed, self.key, epoch)
+            got = (PassOrder(self.size, self.seed, self.key, epoch) if self.band_sizes is None
+                   else BandedOrder(self.band_sizes, self.seed, self.key, epoch))
             if len(self._orders) >= 2:
                 self._orders.pop(min(self._orders), None)
             self._orders[epoch] = got
@@ -398,11 +415,10 @@ class EntrySet:
 
     def upcoming_entries(self, cursor: Cursor, blocks: int = 2) -> list[tuple[int, int]]:
         """Global id ranges of the next `blocks` blocks the stream reads (to prefetch their shards)."""
-        order = self.order(cursor.epoch)
         spans = []
-        for b in order.blocks_from(cursor.ordinal, blocks):
-            lo, hi = b * order.block, b * order.block + order.block_size(b) - 1
-            first, last = self.ids_at(np.array([lo, hi]))
+        for lo, hi in self.order(cursor.epoch).spans_from(cursor.ordinal, blocks):
+            # a block's ids ascend (a band's file segment is sorted), so its first and last bound it
+            first, last = self.ids_at(np.array([lo, hi - 1]))
             spans.append((int(first), int(last) + 1))
         return spans
 

@@ -29,12 +29,33 @@ class RopeScalingConfig(Section):
     beta_slow: float = Field(default=1.0, gt=0.0)
 
 
+# More bands than this cut a bucket finer than a difficulty proxy resolves, and each band is one more
+# block order per pass and one more histogram when phase_manifests computes the cutoffs.
+MAX_ORDER_BANDS = 100
+
+
+class OrderConfig(Section):
+    """An order within each bucket of a phase (seed 000: easier documents first inside the main
+    phase): the phase's entries cut into `bands` equal-count bands by `by` (`difficulty`, the
+    per-document mean token loss under the pipeline's reference model), served band after band,
+    shuffled within a band by the seed; `easy_first` serves the lowest difficulty first, `hard_first`
+    the highest. Entries without a score form one more band, served last (docs/curriculum.md)."""
+
+    by: Literal["difficulty"]
+    direction: Literal["easy_first", "hard_first"] = "easy_first"
+    bands: int = Field(default=10, ge=1, le=MAX_ORDER_BANDS)
+
+    def describe(self) -> str:
+        return f"{self.direction} by {self.by}, {self.bands} band{'s' if self.bands != 1 else ''}"
+
+
 class PhaseConfig(Section):
     """One curriculum phase (seed 000). Give `share` of total_tokens or `tokens`, the same kind
     across the whole curriculum. `rope_scaling` (seed 000: YaRN at the step where seq_len changes):
     unset keeps the previous phase's RoPE, "none" plain RoPE, "auto" YaRN from the model's native
     length (the first phase's, or the original_seq_len already scaled from) to this seq_len, or an
-    explicit {type: yarn, factor, original_seq_len}."""
+    explicit {type: yarn, factor, original_seq_len}. `order` (default none: a uniform shuffle per
+pass) serves each bucket's entries in difficulty bands (OrderConfig)."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$")
     share: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -45,6 +66,7 @@ class PhaseConfig(Section):
     quality_top_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
     interpolation: float = Field(default=0.0, ge=0.0, lt=0.5)  # fraction of the schedule blended at its start
     rope_scaling: RopeScalingConfig | Literal["auto", "none"] | None = None
+    order: OrderConfig | None = None
 
 
 class CurriculumConfig(Section):

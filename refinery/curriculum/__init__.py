@@ -3,7 +3,8 @@ per-phase manifests.
 
 schedule.py holds the schedule maths (phase spans, blended mixtures, seq_len, the LR shape) and the
 one builder of phase spans; inventory.py reads what the final shards hold per bucket and what a
-quality cutoff keeps of it; contract.py is the validation contract `refinery validate` prints;
+quality cutoff keeps of it; bands.py cuts an ordered phase's entries into difficulty bands and
+writes the band files; contract.py is the validation contract `refinery validate` prints;
 manifests.py writes and reads the phase manifests and checks the config against them.
 """
 

@@ -3,8 +3,9 @@
 
 Structure (weights, shares, phase names, seq_len against the packed window), the budget (whole
 optimizer steps, blend windows) and, when the final shards exist, the inventory (exhaustion against
-max_epochs, quality cutoffs). Exhaustion and budget mismatch block unless the curriculum allows
-them (seed 003's flags).
+max_epochs, quality cutoffs, difficulty bands of ordered phases). Exhaustion and budget mismatch
+block unless the curriculum allows them (seed 003's flags); a phase ordered by difficulty over a
+bucket without difficulty scores always blocks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from refinery.config import ConfigError, RefineryConfig
+from refinery.curriculum.bands import Served, bucket_bands, difficulty_progress
 from refinery.curriculum.inventory import (BucketInventory, QualitySelection, has_final_shards, phase_selections,
                                            read_inventory)
 from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, Schedule, batch_tokens, build_schedule,
@@ -199,8 +201,36 @@ def _check_inventory(
                 )
 
 
-def contract(cfg: RefineryConfig, schedule: Schedule, inventory: dict[str, int] | None) -> dict[str, Any]:
-    """The numbers `refinery validate` prints and every manifest carries."""
+# phase -> bucket -> its bands (BucketBands.to_json()), None where the bucket has no difficulty scores
+PhaseBands = dict[str, dict[str, dict[str, Any] | None]]
+
+
+def _check_order(cfg: RefineryConfig, schedule: Schedule, bands: PhaseBands, errors: list[Finding]) -> None:
+    """A phase ordered by difficulty must have scores for every bucket it draws: its own weights, and
+    the previous phase's during its blend window (manifests.drawn_buckets)."""
+    cur = cfg.curriculum
+    assert cur is not None
+    for span, phase in zip(schedule.phases, cur.phases):
+        if phase.order is None:
+            continue
+        drawn = span.weights > 0
+        if span.index > 0 and span.blend_tokens:
+            drawn = drawn | (schedule.phases[span.index - 1].weights > 0)
+        for bucket, d in zip(schedule.buckets, drawn.tolist()):
+            if d and bucket in bands.get(span.name, {}) and bands[span.name][bucket] is None:
+                errors.append(Finding(
+                    f"curriculum.phases[{span.index}].order",
+                    f"phase {span.name!r} orders bucket {bucket!r} by {phase.order.by}, but its final shards carry no "
+                    f"{phase.order.by} scores; difficulty must be enabled (stages.difficulty) and "
+                    f"shuffled_shards[{bucket}] rematerialized, or remove the phase's order",
+                ))
+
+
+def contract(cfg: RefineryConfig, schedule: Schedule, inventory: dict[str, int] | None,
+             bands: PhaseBands | None = None) -> dict[str, Any]:
+    """The numbers `refinery validate` prints and every manifest carries. A curriculum with an
+    ordered phase adds each phase's `order` and `difficulty`: the bands per ordered phase and
+    bucket, and the mean difficulty served at each tenth of the phase (None: unknown)."""
     cur = cfg.curriculum
     assert cur is not None
     per_phase = schedule.phase_bucket_tokens()
@@ -216,7 +246,16 @@ def contract(cfg: RefineryConfig, schedule: Schedule, inventory: dict[str, int] 
             "effective_epochs": None if not have else float(demand[bi] / have),
             "shortfall": None if have is None else float(max(0.0, demand[bi] - have * max_epochs)),
         }
+    ordered = [p for p in cur.phases if p.order is not None]
+    extra: dict[str, Any] = {}
+    if ordered:
+        known = bands is not None
+        extra["difficulty"] = {
+            "bands": bands if known else None,
+            "progress": difficulty_progress(cfg, schedule, bands) if known else {p.name: None for p in ordered},
+        }
     return {
+        **extra,
         "total_tokens": cur.total_tokens,
         "schedule_tokens": schedule.total_tokens,
         "temperature": cur.temperature,
@@ -234,6 +273,7 @@ def contract(cfg: RefineryConfig, schedule: Schedule, inventory: dict[str, int] 
                 "quality_top_fraction": p.quality_top_fraction,
                 "weights": {b: float(w) for b, w in zip(schedule.buckets, p.weights)},
                 "bucket_tokens": {b: float(t) for b, t in zip(schedule.buckets, per_phase[p.index])},
+                **({"order": cur.phases[p.index].order.model_dump(mode="json")} if cur.phases[p.index].order else {}),
             }
             for p in schedule.phases
         ],
@@ -247,11 +287,13 @@ def validate(
     cfg: RefineryConfig,
     inventory: dict[str, int] | None = None,
     selections: dict[str, dict[str, int]] | None = None,
+    bands: PhaseBands | None = None,
 ) -> ValidationReport:
     """Every blocking error and warning of the curriculum, and its contract.
 
     `inventory` is tokens per bucket in the final shards (None: unknown, only the schedule is
-    checked); `selections` is, for each phase with a quality cutoff, the tokens each bucket keeps."""
+    checked); `selections` is, for each phase with a quality cutoff, the tokens each bucket keeps;
+    `bands`, for each ordered phase, each bucket's difficulty bands (`phase_bands`)."""
     if cfg.curriculum is None:
         raise CurriculumError("curriculum: no curriculum declared; add a `curriculum:` section (see configs/demo.yaml)")
     errors: list[Finding] = []
@@ -268,7 +310,31 @@ def validate(
         )
     else:
         _check_inventory(cfg, schedule, inventory, selections or {}, errors, warnings)
-    return ValidationReport(ok=not errors, errors=errors, warnings=warnings, contract=contract(cfg, schedule, inventory))
+    if bands is not None:
+        _check_order(cfg, schedule, bands, errors)
+    return ValidationReport(ok=not errors, errors=errors, warnings=warnings,
+                            contract=contract(cfg, schedule, inventory, bands))
+
+
+def phase_bands(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory],
+                selections: dict[str, dict[str, QualitySelection]]) -> PhaseBands:
+    """For each ordered phase, each non-empty bucket's difficulty bands over the entries the phase
+    serves (its quality cutoff's, or all), streamed from the entry tables (bands.py)."""
+    assert cfg.curriculum is not None
+    out: PhaseBands = {}
+    for p in cfg.curriculum.phases:
+        if p.order is None:
+            continue
+        descending = p.order.direction == "hard_first"
+        out[p.name] = {}
+        for b, inv in inventory.items():
+            if not inv.entries or inv.entries_table is None:
+                continue
+            sel = selections.get(p.name, {}).get(b)
+            served = Served(quality_cutoff=None if sel is None else sel.cutoff)
+            found = bucket_bands(root, inv.entries_table, served, p.order.bands, descending)
+            out[p.name][b] = None if found is None else found.to_json()
+    return out
 
 
 def validate_data_root(cfg: RefineryConfig, root: "DataRoot") -> tuple[ValidationReport, dict[str, BucketInventory] | None, dict[str, dict[str, QualitySelection]]]:
@@ -282,6 +348,7 @@ def validate_data_root(cfg: RefineryConfig, root: "DataRoot") -> tuple[Validatio
         cfg,
         {b: inv.tokens for b, inv in inventory.items()},
         {ph: {b: s.tokens for b, s in sel.items()} for ph, sel in selections.items()},
+        phase_bands(cfg, root, inventory, selections),
     )
     return report, inventory, selections
 

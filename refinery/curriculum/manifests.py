@@ -9,6 +9,11 @@ A phase that keeps only part of a bucket (a quality cutoff, or contaminated docu
 lists the kept global entry ids in a `.npy` file (int64, sorted) referenced by key and sha256. The
 file is written as the ids stream in (the count is known first, so the header goes first) and
 published atomically; its bytes are those `np.save` writes.
+
+A phase with an `order` pins it in `order`: the spec (by, direction, bands) and per bucket its band
+file (refinery/curriculum/bands.py: the served ids band by band) by key and sha256, with each
+band's entries, tokens and mean difficulty. The bands are cut over the entries the phase serves
+after its selection and exclusions, and cut again whenever exclusions change them.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import numpy as np
 from pydantic import ValidationError
 
 from refinery.config import RefineryConfig, RopeScalingConfig
+from refinery.curriculum.bands import Served, bucket_bands, write_band_file
 from refinery.curriculum.contract import CurriculumMismatch, ValidationReport, refuse_invalid
 from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, kept_entry_ids
 from refinery.curriculum.schedule import CurriculumError, PhaseSpan, Schedule, build_schedule
-from refinery.layout import MANIFESTS_PREFIX, exclusions_key, manifest_key, manifest_phase, selection_key
+from refinery.layout import (MANIFESTS_PREFIX, bands_key, bucket_entries_key, exclusions_key, manifest_key, manifest_phase,
+                             selection_key)
 from refinery.shard_format import read_index
 
 if TYPE_CHECKING:
@@ -34,7 +41,7 @@ if TYPE_CHECKING:
 
 MANIFEST_VERSION = 1
 # Fields added within version 1, with the value a manifest written before them means.
-ADDED_FIELDS: dict[str, Any] = {"rope_scaling": None}
+ADDED_FIELDS: dict[str, Any] = {"rope_scaling": None, "order": None}
 
 
 class ManifestError(ValueError):
@@ -70,12 +77,20 @@ class PhaseManifest:
     # The phase's declared RoPE scaling (None: keep the previous phase's; "none"; "auto"; or the YaRN
     # parameters), resolved against the manifests' seq_lens by the trainer (training/schedule.py).
     rope_scaling: str | dict[str, Any] | None = None
+    # The phase's order within each bucket (None: a uniform shuffle per pass): {by, direction, bands,
+    # buckets: {bucket: {file, sha256, entries, tokens, mean_difficulty, unscored}}} (order_manifest).
+    order: dict[str, Any] | None = None
     validation: dict[str, Any] = field(default_factory=dict)  # {"ok": bool, "errors": [...], "warnings": [...], ...}
     config_fingerprint: str = ""
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The manifest's JSON; a uniform phase's has no `order` key, so its file is what it was before
+        orders existed."""
+        out = asdict(self)
+        if out["order"] is None:
+            del out["order"]
+        return out
 
     def identity(self) -> dict[str, Any]:
         """What identifies the manifest's contents: its JSON without the fields added since version 1
@@ -240,7 +255,40 @@ def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str]
                 out.append(ids)
                 first += ref.entries
         buckets[name] = replace(sl, entries=count, tokens=tokens, selection=key, selection_sha256=out.sha256)
-    return replace(manifest, buckets=buckets)
+    changed = replace(manifest, buckets=buckets)
+    return order_manifest(root, changed, changed.order) if changed.order and changed.buckets != manifest.buckets else changed
+
+
+def order_spec(order: Any) -> dict[str, Any] | None:
+    """A phase's `order` (an OrderConfig, or a manifest's dict) as the fields a config and a manifest
+    compare: by, direction, bands; None = uniform."""
+    if order is None:
+        return None
+    fields = order.model_dump(mode="json") if hasattr(order, "model_dump") else order
+    return {k: fields[k] for k in ("by", "direction", "bands")}
+
+
+def order_manifest(root: "DataRoot", manifest: PhaseManifest, order: Any) -> PhaseManifest:
+    """The manifest with its order pinned: per bucket the band file over the entries it serves
+    (its selection, or every entry). A bucket without difficulty scores gets no band file; validation
+    reports it (contract.py), so the trainer never reads such a manifest."""
+    spec = order_spec(order)
+    assert spec is not None
+    descending = spec["direction"] == "hard_first"
+    pinned: dict[str, Any] = {}
+    for name, sl in sorted(manifest.buckets.items()):
+        table = bucket_entries_key("final", name)
+        served = Served(ids=read_selection(root, sl))
+        bands = bucket_bands(root, table, served, spec["bands"], descending)
+        if bands is None:
+            continue
+        key = bands_key(manifest.phase, name)
+        sha = write_band_file(root, key, table, served, sl.total_entries, bands, descending)
+        if sum(bands.entries) != sl.entries:
+            raise ManifestError(f"{root.display(table)}: {sum(bands.entries)} entries banded, the manifest serves "
+                                f"{sl.entries}; re-materialize shuffled_shards[{name}] and phase_manifests")
+        pinned[name] = {"file": key, "sha256": sha, **bands.to_json()}
+    return replace(manifest, order={**spec, "buckets": pinned})
 
 
 def build_phase_manifest(
@@ -301,7 +349,8 @@ def build_phase_manifest(
     excluded_key = exclusions_key(phase)
     if root.exists(excluded_key):
         manifest = apply_exclusions(root, manifest, set(root.read_json(excluded_key)))
-    return manifest
+    order = cfg.curriculum.phases[span.index].order
+    return manifest if order is None else order_manifest(root, manifest, order)
 
 
 # Weights in a manifest went through JSON and the temperature; a difference below this is rounding.
@@ -354,6 +403,8 @@ def manifest_differences(cfg: RefineryConfig, manifests: dict[str, PhaseManifest
             if bs.max_epochs != max_epochs:
                 diffs.append(f"curriculum.buckets.{b}.max_epochs: the config says {max_epochs:g}, manifest {p.name} "
                              f"{bs.max_epochs:g}")
+        if order_spec(p.order) != order_spec(m.order):
+            diffs.append(f"{where}.order: the config says {order_spec(p.order)}, the manifest {order_spec(m.order)}")
         cut = any(bs.quality_cutoff is not None for bs in m.buckets.values())
         if (p.quality_top_fraction is not None) != cut:
             diffs.append(f"{where}.quality_top_fraction: the config says {p.quality_top_fraction}, the manifest "

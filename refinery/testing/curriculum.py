@@ -3,6 +3,11 @@ manifest modules, so the trainer, its tests and bench/loader.py run without the 
 
 Documents are random token runs ending with EOD (token 0); documents longer than `window` are cut
 with `split_windows`, so some entries carry an overlap prefix as real shards do.
+
+When a phase has an `order`, each bucket also gets the entry table shuffled_shards writes
+(entries.parquet) with a `difficulty` per document (seeded, apart from the token stream; every
+`unscored_every`-th document without one), and the phase's manifest pins its bands through the real
+`order_manifest`.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import numpy as np
 import yaml
 
 from refinery.curriculum import BucketSlice, PhaseManifest, ShardRef, write_manifest
+from refinery.curriculum.manifests import order_manifest
 from refinery.shard_format import ShardWriter, split_windows
 from refinery.storage import LocalDataRoot
-from refinery.layout import selection_key, shard_key
+from refinery.layout import bucket_entries_key, selection_key, shard_key
 
 EOD = 0
 
@@ -28,6 +34,7 @@ class SyntheticBucket:
     mean_len: int
     max_epochs: float = 1.0
     shards: int = 1
+    unscored_every: int = 0  # every n-th document has no difficulty score (0: every one has one)
 
 
 @dataclass
@@ -40,13 +47,15 @@ class SyntheticPhase:
     interpolation: float = 0.0
     top_fraction: dict[str, float] = field(default_factory=dict)  # bucket -> kept fraction of its entries
     rope_scaling: str | dict[str, Any] | None = None  # the config's curriculum.phases[].rope_scaling
+    order: dict[str, Any] | None = None  # the config's curriculum.phases[].order, e.g. {"by": "difficulty", ...}
 
 
 def write_bucket(root: LocalDataRoot, name: str, spec: SyntheticBucket, rng: np.random.Generator, vocab: int,
-                 window: int, overlap: int) -> list[ShardRef]:
+                 window: int, overlap: int) -> tuple[list[ShardRef], list[tuple[int, int, int, int]]]:
+    """The bucket's shards, and (document, tokens, window, windows) per entry in global entry order."""
     lengths = np.maximum(2, rng.geometric(1.0 / spec.mean_len, size=spec.docs))
     per_shard = -(-spec.docs // spec.shards)
-    refs = []
+    refs, entries = [], []
     for s in range(spec.shards):
         prefix = shard_key("final", name, s)
         writer = ShardWriter(root.root / prefix, np.uint16)
@@ -56,9 +65,38 @@ def write_bucket(root: LocalDataRoot, name: str, spec: SyntheticBucket, rng: np.
             cuts = split_windows(len(doc), window, overlap)
             for w, (a, b, ov) in enumerate(cuts):
                 writer.add(doc[a:b], f"{name}-{d:06d}", overlap=ov, window=w, n_windows=len(cuts))
+                entries.append((d, b - a, w, len(cuts)))
         hashes = writer.close()
         refs.append(ShardRef(prefix, writer.num_tokens, writer.num_entries, hashes))
-    return refs
+    return refs, entries
+
+
+def document_difficulty(name: str, spec: SyntheticBucket, seed: int) -> np.ndarray:
+    """A difficulty per document (float64, NaN = no score), from its own seeded stream."""
+    rng = np.random.default_rng([seed, sum(name.encode())])
+    scores = rng.uniform(1.0, 8.0, size=spec.docs)
+    if spec.unscored_every:
+        scores[spec.unscored_every - 1::spec.unscored_every] = np.nan
+    return scores
+
+
+def write_entry_table(root: LocalDataRoot, name: str, entries: list[tuple[int, int, int, int]],
+                      difficulty: np.ndarray) -> None:
+    """The bucket's entries.parquet as shuffled_shards writes it, with the `difficulty` column."""
+    import polars as pl
+
+    docs = np.array([e[0] for e in entries], dtype=np.int64)
+    scores = difficulty[docs]
+    table = pl.DataFrame({
+        "entry": np.arange(len(entries), dtype=np.int64),
+        "doc_id": [f"{name}-{d:06d}" for d in docs.tolist()],
+        "tokens": pl.Series([e[1] for e in entries], dtype=pl.Int32),
+        "window": pl.Series([e[2] for e in entries], dtype=pl.Int32),
+        "n_windows": pl.Series([e[3] for e in entries], dtype=pl.Int32),
+        "quality_score": pl.Series([None] * len(entries), dtype=pl.Float64),
+        "difficulty": pl.Series([None if np.isnan(x) else float(x) for x in scores.tolist()], dtype=pl.Float64),
+    })
+    root.write_parquet(bucket_entries_key("final", name), table)
 
 
 def write_synthetic_curriculum(
@@ -72,7 +110,11 @@ def write_synthetic_curriculum(
 ) -> list[PhaseManifest]:
     root = LocalDataRoot(root_dir)
     rng = np.random.default_rng(seed)
-    refs = {name: write_bucket(root, name, spec, rng, vocab, window, overlap) for name, spec in sorted(buckets.items())}
+    written = {name: write_bucket(root, name, spec, rng, vocab, window, overlap) for name, spec in sorted(buckets.items())}
+    refs = {name: r for name, (r, _) in written.items()}
+    if any(ph.order for ph in phases):
+        for name, (_, entries) in written.items():
+            write_entry_table(root, name, entries, document_difficulty(name, buckets[name], seed))
     manifests = []
     for i, ph in enumerate(phases):
         slices = {}
@@ -96,6 +138,8 @@ def write_synthetic_curriculum(
             weights=dict(ph.weights), interpolation=ph.interpolation, buckets=slices, rope_scaling=ph.rope_scaling,
             validation={"ok": True, "errors": [], "warnings": []},
         )
+        if ph.order:
+            manifest = order_manifest(root, manifest, ph.order)
         write_manifest(root, manifest)
         manifests.append(manifest)
     return manifests
@@ -140,7 +184,8 @@ def synthetic_config(
             "phases": [
                 {"name": p.name, "tokens": p.tokens, "weights": p.weights, "seq_len": p.seq_len,
                  "lr_scale": p.lr_scale, "interpolation": p.interpolation,
-                 **({"rope_scaling": p.rope_scaling} if p.rope_scaling is not None else {})}
+                 **({"rope_scaling": p.rope_scaling} if p.rope_scaling is not None else {}),
+                 **({"order": p.order} if p.order is not None else {})}
                 for p in phases
             ],
         },

@@ -28,19 +28,25 @@ def document_entries(docs: list[tuple[str, int, float | None]]) -> list[tuple[st
     return entries
 
 
-def write_entry_table_and_index(root: LocalDataRoot, bucket: str, shards: list[dict], entries: list[tuple]) -> None:
-    """The bucket's entries.parquet (tokens Int32, as shuffled_shards writes it) and index.json."""
-    rows = [{"entry": i, "doc_id": doc_id, "tokens": n, "window": window, "n_windows": n_windows, "quality_score": score}
+def write_entry_table_and_index(root: LocalDataRoot, bucket: str, shards: list[dict], entries: list[tuple],
+                                difficulty: dict[str, float | None] | None = None) -> None:
+    """The bucket's entries.parquet (tokens Int32, as shuffled_shards writes it) and index.json; with
+    `difficulty` (doc_id -> score, None = unscored) the table carries the `difficulty` column too."""
+    rows = [{"entry": i, "doc_id": doc_id, "tokens": n, "window": window, "n_windows": n_windows, "quality_score": score,
+             **({"difficulty": difficulty.get(doc_id)} if difficulty is not None else {})}
             for i, (doc_id, n, window, n_windows, score) in enumerate(entries)]
     table_key = f"shards/final/{bucket}/entries.parquet"
-    table = pl.DataFrame(rows, schema={"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "window": pl.Int32,
-                                       "n_windows": pl.Int32, "quality_score": pl.Float64})
+    schema = {"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "window": pl.Int32, "n_windows": pl.Int32,
+              "quality_score": pl.Float64, **({"difficulty": pl.Float64} if difficulty is not None else {})}
+    table = pl.DataFrame(rows, schema=schema)
     digest = root.write_parquet(table_key, table)
     root.write_json(final_index_key(bucket), {"bucket": bucket, "shards": shards, "entries_table": {"key": table_key, "sha256": digest}})
 
 
-def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 16) -> None:
-    """Documents (doc_id, tokens, quality_score) in order, as real shards (see `document_entries`)."""
+def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 16,
+                       difficulty: dict[str, float | None] | None = None) -> None:
+    """Documents (doc_id, tokens, quality_score) in order, as real shards (see `document_entries`);
+    `difficulty` as in `write_entry_table_and_index`."""
     rng = np.random.default_rng(len(docs))
     entries = document_entries(docs)
     shards = []
@@ -50,10 +56,11 @@ def write_final_shards(root: LocalDataRoot, bucket: str, docs: list[tuple[str, i
         for doc_id, n, window, n_windows, _ in entries[start : start + per_shard]:
             writer.add(rng.integers(0, 1000, n), doc_id, window=window, n_windows=n_windows)
         shards.append({"prefix": prefix, "tokens": writer.num_tokens, "entries": writer.num_entries, "sha256": writer.close()})
-    write_entry_table_and_index(root, bucket, shards, entries)
+    write_entry_table_and_index(root, bucket, shards, entries, difficulty)
 
 
-def write_final_index(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 4) -> None:
+def write_final_index(root: LocalDataRoot, bucket: str, docs: list[tuple[str, int, float | None]], per_shard: int = 4,
+                      difficulty: dict[str, float | None] | None = None) -> None:
     """The index.json and entries.parquet `write_final_shards` would write, without the shard files
     (their hashes are placeholders): enough for validation and manifests, which read only these, at
     token counts no test could write to disk."""
@@ -63,7 +70,7 @@ def write_final_index(root: LocalDataRoot, bucket: str, docs: list[tuple[str, in
         chunk = entries[start : start + per_shard]
         shards.append({"prefix": f"shards/final/{bucket}/shard-{number:05d}", "tokens": sum(e[1] for e in chunk),
                        "entries": len(chunk), "sha256": {suffix: "0" * 64 for suffix in SHARD_SUFFIXES}})
-    write_entry_table_and_index(root, bucket, shards, entries)
+    write_entry_table_and_index(root, bucket, shards, entries, difficulty)
 
 
 def sample_docs(bucket: str, n: int) -> list[tuple[str, int, float | None]]:
@@ -72,6 +79,13 @@ def sample_docs(bucket: str, n: int) -> list[tuple[str, int, float | None]]:
     docs = [(f"{bucket}-0/{i:07d}", int(rng.integers(40, 200)), float(scores[i])) for i in range(n)]
     docs[3] = (docs[3][0], docs[3][1], None)  # empty text: no score
     return docs
+
+
+def sample_difficulty(docs: list[tuple[str, int, float | None]], unscored: tuple[int, ...] = (5,)) -> dict[str, float | None]:
+    """A distinct difficulty per document (doc_id -> score), None for the documents at `unscored`."""
+    rng = np.random.default_rng(len(docs) + 11)
+    scores = 1.0 + 7.0 * rng.permutation(len(docs)) / len(docs)
+    return {doc_id: None if i in unscored else float(scores[i]) for i, (doc_id, _, _) in enumerate(docs)}
 
 
 def config_dict(tmp_path, **curriculum):

@@ -1,0 +1,267 @@
+"""Difficulty bands: how a phase with an `order` (refinery/config/curriculum.py: OrderConfig) cuts
+the entries it serves of a bucket into equal-count bands by the final shards' `difficulty` column,
+and the band file the phase manifest pins.
+
+The entries served are the bucket's (or the phase's selection: a quality cutoff, less excluded
+documents). Their difficulty is streamed from the bucket's entry table in batches of
+`ENTRY_BATCH_ROWS`, as quality cutoffs are (inventory.py): one pass histograms the leading 16 bits
+of each score's order-preserving 64-bit key, a second pass the next 16 bits of the bins holding a
+cutoff, so each cutoff is the 32-bit key prefix of the entry at its rank. Entries whose keys share
+those 32 bits (sign, exponent and 20 mantissa bits: scores within about one part in a million) fall
+in one band, as do all windows of a document (they share its score): bands hold equal counts up
+to such ties. A third pass counts each band's entries, tokens and difficulty sum, and a fourth
+writes the band file. Memory: one batch, plus 512 KiB of histogram per cutoff.
+
+Band file (`manifests/<phase>/<bucket>-bands.npy`): the served global entry ids grouped band by
+band in serving order (band 0 is the easiest under `easy_first`, the hardest under `hard_first`),
+ascending within each band; uint32 when every id of the bucket fits, else uint64; the bytes
+`np.save` writes, published atomically and pinned by sha256. Entries without a score (null
+difficulty) form one more band after the scored ones: served last, whatever the direction.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from refinery.curriculum.inventory import ENTRY_BATCH_ROWS, score_keys
+from refinery.curriculum.schedule import CurriculumError
+
+if TYPE_CHECKING:
+    from refinery.config import RefineryConfig
+    from refinery.curriculum.schedule import Schedule
+    from refinery.storage import DataRoot
+
+DIFFICULTY_COLUMN = "difficulty"
+LEVEL_BITS = 16
+BINS = 1 << LEVEL_BITS
+# Cutoffs are 32-bit prefixes of the 64-bit score keys (two histogram levels).
+PREFIX_SHIFT = np.uint64(64 - 2 * LEVEL_BITS)
+NO_CUTOFF = 1 << 32  # above every prefix: a band no entry reaches
+
+
+def band_dtype(total_entries: int) -> np.dtype:
+    return np.dtype(np.uint32) if total_entries <= 1 << 32 else np.dtype(np.uint64)
+
+
+def npy_header(dtype: np.dtype, count: int) -> bytes:
+    """The .npy header `np.save` writes for `count` values of `dtype`, one dimension."""
+    buf = io.BytesIO()
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(0, dtype=dtype))
+    np.lib.format.write_array_header_1_0(buf, {**header, "shape": (count,)})
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Served:
+    """Which entries of a bucket a phase serves: `ids` (sorted global ids: a manifest's selection),
+    or the entries whose quality_score is at least `quality_cutoff` (validation, before any selection
+    is written), or every entry."""
+
+    ids: np.ndarray | None = None
+    quality_cutoff: float | None = None
+
+
+@dataclass(frozen=True)
+class ServedBatch:
+    first: int  # global entry id of the batch's first entry
+    ids: np.ndarray  # int64 global ids of the served entries
+    tokens: np.ndarray  # int64, per served entry
+    scores: np.ndarray  # float64, NaN where the entry has no difficulty
+
+
+def has_difficulty(root: "DataRoot", table_key: str) -> bool:
+    import pyarrow.parquet as pq
+
+    return DIFFICULTY_COLUMN in pq.ParquetFile(root.local_path(table_key)).schema_arrow.names
+
+
+def served_batches(root: "DataRoot", table_key: str, served: Served) -> Iterator[ServedBatch]:
+    """The served entries' tokens and difficulty, `ENTRY_BATCH_ROWS` table rows at a time."""
+    import pyarrow.parquet as pq
+
+    first = 0
+    table = pq.ParquetFile(root.local_path(table_key))
+    columns = ["tokens", DIFFICULTY_COLUMN] + (["quality_score"] if served.quality_cutoff is not None else [])
+    for batch in table.iter_batches(batch_size=ENTRY_BATCH_ROWS, columns=columns):
+        n = batch.num_rows
+        if served.ids is not None:
+            lo, hi = np.searchsorted(served.ids, [first, first + n])
+            local = np.asarray(served.ids[lo:hi], dtype=np.int64) - first
+        elif served.quality_cutoff is not None:
+            quality = batch.column("quality_score").to_numpy(zero_copy_only=False).astype(np.float64)
+            local = np.flatnonzero(quality >= served.quality_cutoff).astype(np.int64)
+        else:
+            local = np.arange(n, dtype=np.int64)
+        scores = batch.column(DIFFICULTY_COLUMN).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
+        tokens = batch.column("tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+        yield ServedBatch(first, first + local, tokens[local], scores[local] + 0.0)  # -0.0 becomes 0.0
+        first += n
+
+
+def _prefixes(scores: np.ndarray) -> np.ndarray:
+    """uint64 32-bit key prefixes of the scored entries, in score order (NaN left out)."""
+    return score_keys(scores[~np.isnan(scores)]) >> PREFIX_SHIFT
+
+
+def band_cutoffs(root: "DataRoot", table_key: str, served: Served, bands: int) -> tuple[np.ndarray, int]:
+    """(the bands - 1 ascending cutoff prefixes, scored served entries): ascending band k holds the
+    scored entries whose prefix lies in [cutoff k-1, cutoff k). Two passes over the table."""
+    level1 = np.zeros(BINS, dtype=np.int64)
+    for batch in served_batches(root, table_key, served):
+        level1 += np.bincount((_prefixes(batch.scores) >> np.uint64(LEVEL_BITS)).astype(np.intp), minlength=BINS)
+    scored = int(level1.sum())
+    ranks = [-(-k * scored // bands) for k in range(1, bands)]  # the ascending rank each band from the second starts at
+    cum = np.cumsum(level1)
+    wanted = [(int(np.searchsorted(cum, r, side="right")), r) for r in ranks if r < scored]
+    level2 = {b: np.zeros(BINS, dtype=np.int64) for b, _ in wanted}
+    if level2:
+        chosen = np.array(sorted(level2), dtype=np.uint64)
+        for batch in served_batches(root, table_key, served):
+            prefixes = _prefixes(batch.scores)
+            high = prefixes >> np.uint64(LEVEL_BITS)
+            for b in chosen[np.isin(chosen, high)].tolist():
+                level2[b] += np.bincount((prefixes[high == b] & np.uint64(BINS - 1)).astype(np.intp), minlength=BINS)
+    cutoffs = []
+    for b, r in wanted:
+        inside = r - (int(cum[b - 1]) if b else 0)
+        cutoffs.append(b << LEVEL_BITS | int(np.searchsorted(np.cumsum(level2[b]), inside, side="right")))
+    cutoffs += [NO_CUTOFF] * (bands - 1 - len(cutoffs))
+    return np.array(cutoffs, dtype=np.uint64), scored
+
+
+def served_band(scores: np.ndarray, cutoffs: np.ndarray, descending: bool) -> np.ndarray:
+    """Each entry's band in serving order (int64); entries without a score get len(cutoffs) + 1."""
+    bands = len(cutoffs) + 1
+    out = np.full(len(scores), bands, dtype=np.int64)
+    scored = ~np.isnan(scores)
+    ascending = np.searchsorted(cutoffs, score_keys(scores[scored]) >> PREFIX_SHIFT, side="right")
+    out[scored] = bands - 1 - ascending if descending else ascending
+    return out
+
+
+@dataclass(frozen=True)
+class BucketBands:
+    """What an order makes of one bucket: per band in serving order (the unscored band last, when
+    any entry lacks a score) its entries, tokens and mean difficulty (None for the unscored band)."""
+
+    entries: list[int]
+    tokens: list[int]
+    mean_difficulty: list[float | None]
+    cutoffs: list[int]  # the 32-bit key prefixes between ascending bands
+    unscored: int  # entries without a score (the last band's, when > 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entries": self.entries, "tokens": self.tokens, "mean_difficulty": self.mean_difficulty,
+                "unscored": self.unscored}
+
+
+def bucket_bands(root: "DataRoot", table_key: str, served: Served, bands: int,
+                 descending: bool) -> BucketBands | None:
+    """The bucket's bands under an order (three passes over its entry table); None when no served
+    entry has a difficulty (the score was not computed for the bucket)."""
+    if not has_difficulty(root, table_key):
+        return None
+    cutoffs, scored = band_cutoffs(root, table_key, served, bands)
+    if scored == 0:
+        return None
+    entries, tokens = np.zeros(bands + 1, dtype=np.int64), np.zeros(bands + 1, dtype=np.int64)
+    sums = np.zeros(bands + 1, dtype=np.float64)
+    for batch in served_batches(root, table_key, served):
+        band = served_band(batch.scores, cutoffs, descending)
+        entries += np.bincount(band, minlength=bands + 1)
+        tokens += np.bincount(band, weights=batch.tokens, minlength=bands + 1).astype(np.int64)
+        sums += np.bincount(band, weights=np.nan_to_num(batch.scores), minlength=bands + 1)
+    unscored = int(entries[bands])
+    kept = bands + (1 if unscored else 0)
+    means = [float(s / n) if n else None for s, n in zip(sums[:bands].tolist(), entries[:bands].tolist())]
+    return BucketBands(entries[:kept].tolist(), tokens[:kept].tolist(), means + ([None] if unscored else []),
+                       cutoffs.tolist(), unscored)
+
+
+def write_band_file(root: "DataRoot", key: str, table_key: str, served: Served, total_entries: int,
+                    bands: BucketBands, descending: bool) -> str:
+    """Write the band file (module doc) under `key` in one more pass; returns its sha256. Each
+    band's ids land at the band's offset as the batches stream, so nothing per entry is held."""
+    dtype = band_dtype(total_entries)
+    cutoffs = np.array(bands.cutoffs, dtype=np.uint64)
+    header = npy_header(dtype, sum(bands.entries))
+    at = len(header) + dtype.itemsize * np.cumsum([0, *bands.entries])[:-1]
+    written = np.zeros(len(bands.entries), dtype=np.int64)
+    with root.writer(key) as tmp, open(tmp, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + dtype.itemsize * sum(bands.entries))
+        for batch in served_batches(root, table_key, served):
+            band = served_band(batch.scores, cutoffs, descending)
+            for b in np.unique(band).tolist():
+                ids = batch.ids[band == b]  # ascending: the table is read in global id order
+                if b >= len(bands.entries) or written[b] + len(ids) > bands.entries[b]:
+                    raise CurriculumError(f"{root.display(table_key)}: the difficulty column changed while "
+                                          "phase_manifests read it; rebuild the manifest")
+                f.seek(int(at[b]) + dtype.itemsize * int(written[b]))
+                f.write(ids.astype(dtype).tobytes())
+                written[b] += len(ids)
+        if written.tolist() != bands.entries:
+            raise CurriculumError(f"{root.display(table_key)}: the entry table changed while phase_manifests read "
+                                  "it; rebuild the manifest")
+    return root.sha256(key)
+
+
+# Cells per phase over which `served_difficulty` integrates each bucket's tokens.
+PROGRESS_CELLS = 1000
+
+
+def served_difficulty(cfg: "RefineryConfig", schedule: "Schedule", bands: dict[str, dict[str, dict[str, Any] | None]],
+                      points: np.ndarray) -> np.ndarray:
+    """The mean difficulty served at each token position in `points`: in an ordered phase, the
+    mixture-weighted mean of the band each weighted bucket is reading there; NaN in a uniform phase
+    or where no weighted bucket has a scored band. `bands` is phase -> bucket -> BucketBands.to_json()
+    (None: the bucket has no scores). A bucket's ordered set is read from its first band at the
+    phase's first token, unless an earlier phase read the same set (the same bucket, quality
+    cutoff and order: the trainer's cursor carries on), and wraps to band 0 after a pass."""
+    assert cfg.curriculum is not None
+    points = np.asarray(points, dtype=np.float64)
+    out = np.full(len(points), np.nan)
+    cursors: dict[tuple, float] = {}  # (bucket, quality cutoff, order) -> tokens of the set read so far
+    for span, phase in zip(schedule.phases, cfg.curriculum.phases):
+        if phase.order is None or span.tokens == 0:
+            continue
+        order = phase.order.model_dump_json()
+        cells = min(PROGRESS_CELLS, span.tokens)
+        width = span.tokens / cells
+        weights = np.stack([schedule.weights_at(int(span.start + (i + 0.5) * width)) for i in range(cells)])
+        inside = (points >= span.start) & (points < span.end)
+        cell = np.minimum(((points[inside] - span.start) / width).astype(np.int64), cells - 1)
+        num, den = np.zeros(inside.sum()), np.zeros(inside.sum())
+        for b, bucket in enumerate(schedule.buckets):
+            banded = bands.get(span.name, {}).get(bucket)
+            if banded is None or not weights[:, b].any():
+                continue
+            key = (bucket, phase.quality_top_fraction, order)
+            read = cursors.get(key, 0.0) + np.cumsum(weights[:, b] * width) - weights[:, b] * width / 2
+            cursors[key] = cursors.get(key, 0.0) + float(weights[:, b].sum() * width)
+            ends = np.cumsum(banded["tokens"])
+            band = np.minimum(np.searchsorted(ends, read % ends[-1], side="right"), len(ends) - 1)[cell]
+            means = np.array([np.nan if m is None else m for m in banded["mean_difficulty"]])[band]
+            w = np.where(np.isnan(means), 0.0, weights[cell, b])
+            num += w * np.nan_to_num(means)
+            den += w
+        with np.errstate(invalid="ignore"):
+            out[inside] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return out
+
+
+def difficulty_progress(cfg: "RefineryConfig", schedule: "Schedule",
+                        bands: dict[str, dict[str, dict[str, Any] | None]], steps: int = 10) -> dict[str, list[float | None]]:
+    """Per ordered phase, the mean difficulty served at the middle of each `steps`-th of it."""
+    out = {}
+    for span, phase in zip(schedule.phases, cfg.curriculum.phases if cfg.curriculum else []):
+        if phase.order is None:
+            continue
+        points = span.start + (np.arange(steps) + 0.5) / steps * span.tokens
+        values = served_difficulty(cfg, schedule, bands, points)
+        out[span.name] = [None if np.isnan(v) else float(v) for v in values.tolist()]
+    return out
