@@ -1,5 +1,7 @@
 """One file at a time: a per-batch asset's work on each input file of its batches, fanned out over
-`partitions.workers` processes, and what each file's step hands back to the asset.
+`partitions.workers` processes, and what each file's step hands back to the asset. The same pool
+runs the tasks a per-bucket or global step splits into (`task_pool`: the shuffle's and the lineage
+index's passes).
 
 A partition is a batch of input files (assets/partitions.py). A file's step reads the file's input
 table, runs a pure stage from `refinery.stages`, writes that file's kept documents, rejects and
@@ -10,10 +12,11 @@ root, only stats, hashes, settings and a few sample rows travel back.
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing import get_context
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import polars as pl
 
@@ -24,6 +27,7 @@ from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.stages.base import Stage, StageOutput, skips
 from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
+from refinery.tasks import RunTasks, Task
 
 
 @dataclass
@@ -55,21 +59,56 @@ def _init_worker(config_path: str, s3: dict[str, Any] | None) -> None:
     _worker["cache"] = {}
 
 
-def _run_in_worker(task: FileTask, shard: InputShard) -> FileResult:
-    return task(_worker["refinery"], shard, _worker["cache"])
+def _run_in_worker(task: Callable[[RefineryResource, Any, dict], Any], item: Any) -> Any:
+    return task(_worker["refinery"], item, _worker["cache"])
 
 
-def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask) -> list[FileResult]:
-    """Run `task` on every file, in `partitions.workers` processes (in this one when 1), and return
-    the results in file order whatever order the workers finish in."""
-    workers = min(refinery.config.partitions.workers, len(shards))
+def map_tasks(refinery: RefineryResource, items: list, task: Callable[[RefineryResource, Any, dict], Any]) -> list:
+    """Run `task(resource, item, cache)` on every item, in `partitions.workers` processes (in this
+    one when 1), and return the results in item order whatever order the workers finish in."""
+    workers = min(refinery.config.partitions.workers, len(items))
     if workers <= 1:
         cache: dict = {}
-        return [task(refinery, shard, cache) for shard in shards]
+        return [task(refinery, item, cache) for item in items]
     # spawn, not fork: the run's process has Dagster's threads, which a fork would copy mid-lock.
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
                              initargs=refinery.worker_settings()) as pool:
-        return list(pool.map(partial(_run_in_worker, task), shards))
+        return list(pool.map(partial(_run_in_worker, task), items))
+
+
+def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask) -> list[FileResult]:
+    """`map_tasks` over input files: each file's step, results in file order."""
+    return map_tasks(refinery, shards, task)
+
+
+def _on_root(task: Task, refinery: RefineryResource, item: Any, cache: dict) -> Any:
+    return task(refinery.root, item, cache)
+
+
+@contextmanager
+def task_pool(refinery: RefineryResource) -> Iterator[RunTasks]:
+    """A `refinery.tasks.RunTasks` that fans a step's tasks out like the per-file steps: over
+    `partitions.workers` spawned processes, each with its own resource and data root, one pool
+    (started on the first call that has more than one task) serving every call in the block, so a
+    step's passes pay the workers' start once. With one worker, tasks run in this process."""
+    workers = refinery.config.partitions.workers
+    pool: ProcessPoolExecutor | None = None
+    cache: dict = {}
+
+    def run(task: Task, items: list) -> list:
+        nonlocal pool
+        if pool is None and min(workers, len(items)) <= 1:
+            return [task(refinery.root, item, cache) for item in items]
+        if pool is None:  # spawned, as in map_tasks
+            pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                                       initargs=refinery.worker_settings())
+        return list(pool.map(partial(_run_in_worker, partial(_on_root, task)), items))
+
+    try:
+        yield run
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
 def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageOutput) -> dict[str, str]:

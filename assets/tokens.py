@@ -1,10 +1,14 @@
 """`tokenizer` (global), `difficulty_model` (global, with stages.difficulty.enabled), `tokenized_shards`
-(per input batch, one token series per file), `shuffled_shards` (per bucket), `lineage_index` (global).
+(per input batch, one token series per file), `shuffled_shards` (per bucket, its step fanned out as a
+task per input file and per key range), `lineage_index` (global, fanned out as a task per input file
+and per final shard).
 
 Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuffle`,
 `refinery.stages.difficulty` and `refinery.lineage`. Tokenization is a per-batch stage like the
 funnel's (fanned out over the batch's files and `partitions.workers`); each bucket's shuffle reads the
-series of the files routed to it (a static partition mapping from input batch to bucket).
+series of the files routed to it (a static partition mapping from input batch to bucket). The
+shuffle's and the lineage index's tasks run in the same pool of `partitions.workers` processes
+(`assets.fanout.task_pool`).
 """
 
 from collections import Counter
@@ -13,7 +17,7 @@ import dagster as dg
 
 from refinery import layout
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
-from assets.fanout import FileResult
+from assets.fanout import FileResult, task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
@@ -65,7 +69,9 @@ def build_tokenizer(version: str):
                 "eod_id": dg.MetadataValue.int(info["eod_id"]),
                 "eod_token": dg.MetadataValue.text(info["eod_token"]),
                 "dtype": dg.MetadataValue.text(info["dtype"]),
-                "source": dg.MetadataValue.text(info["source"] if info["source"] == "trained" else info["path"]),
+                "source": dg.MetadataValue.text("trained" if info["source"] == "trained" else
+                                                f"reused pinned {info['path']}" if info["source"] == "pinned"
+                                                else info["path"]),
                 "train_docs": dg.MetadataValue.int(sample.get("docs", 0)),
                 "train_bytes": dg.MetadataValue.int(sample.get("bytes", 0)),
                 "train_shards": dg.MetadataValue.json(sample.get("shards", {})),
@@ -133,11 +139,12 @@ def shuffle_bucket(version: str):
         cfg, root, bucket = refinery.config, refinery.root, context.partition_key
         parts = [shard.key for shard in tk.bucket_shards(cfg, bucket)]
         fields = tk.series_fields(cfg, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
-        result = sh.shuffle_bucket(root, cfg.seed, bucket, parts, fields, cfg.shards.shard_tokens,
-                                   cfg.shards.shuffle_buffer_mb)
+        with task_pool(refinery) as run_tasks:
+            result = sh.shuffle_bucket(root, cfg.seed, bucket, parts, fields, cfg.shards.shard_tokens,
+                                       cfg.shards.shuffle_buffer_mb, run_tasks=run_tasks)
         index = result.index
-        context.log.info(f"shuffled_shards[{bucket}]: {index['entries']} entries through {result.runs} runs "
-                         f"in {result.wall_s:.2f}s")
+        context.log.info(f"shuffled_shards[{bucket}]: {index['entries']} entries through {result.runs} key ranges, "
+                         f"{result.tasks} tasks on {cfg.partitions.workers} workers, in {result.wall_s:.2f}s")
         config = {"seed": cfg.seed, "shard_tokens": cfg.shards.shard_tokens,
                   "shuffle_buffer_mb": cfg.shards.shuffle_buffer_mb}
         return StepResult(
@@ -146,6 +153,7 @@ def shuffle_bucket(version: str):
             {
                 **_shard_metadata(index),
                 "runs": dg.MetadataValue.int(result.runs),
+                "tasks": dg.MetadataValue.int(result.tasks),
                 "tokens_per_s": _tokens_per_s(index["tokens"], result.wall_s),
                 "difficulty": dg.MetadataValue.json(sh.bucket_difficulty(root, bucket)),
                 "index": dg.MetadataValue.path(root.display(layout.shard_index_key(tk.FINAL, bucket))),
@@ -157,15 +165,18 @@ def shuffle_bucket(version: str):
 def index_lineage(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg = refinery.config
-        index = lin.build_lineage_index(refinery.root, cfg, log=context.log.info)
+        with task_pool(refinery) as run_tasks:
+            index = lin.build_lineage_index(refinery.root, cfg, log=context.log.info, run_tasks=run_tasks)
         context.log.info(f"lineage_index: {index['documents']} documents in {index['documents_parts']} parts, "
-                         f"{index['final_shards_verified']} final shards verified and indexed")
+                         f"{index['final_shards_verified']} final shards verified and indexed, {index['tasks']} tasks "
+                         f"on {cfg.partitions.workers} workers")
         return StepResult(
             Provenance(version, {"buckets": list(cfg.buckets)}, {layout.LINEAGE_INDEX_KEY: index["sha256"]},
                        wall_s=index["wall_s"], docs_in=index["documents"], docs_out=index["documents"]),
             {
                 "documents": dg.MetadataValue.int(index["documents"]),
                 "documents_parts": dg.MetadataValue.int(index["documents_parts"]),
+                "tasks": dg.MetadataValue.int(index["tasks"]),
                 "columns": dg.MetadataValue.json(index["columns"]),
                 "final_shards_verified": dg.MetadataValue.int(index["final_shards_verified"]),
                 "buckets": dg.MetadataValue.json(index["buckets"]),
@@ -216,8 +227,9 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             "shuffled_shards", shuffle_bucket(shuffle_version), version=shuffle_version, group=GROUP,
             kinds={"numpy"}, automation_condition=dg.AutomationCondition.eager(), partitions_def=parts.buckets,
             deps=[tokenized_by_bucket],
-            description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, reading its files' "
-            "token series in input order, into shards/final/<bucket>/ with sha256 of every file in index.json.",
+            description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, as parallel tasks: a "
+            "scatter per input file's token series into key ranges, a gather per key range into its shards, then "
+            "the shards numbered in key order into shards/final/<bucket>/ with sha256 of every file in index.json.",
         ),
         global_step_asset(
             "lineage_index", index_lineage(lineage_version), version=lineage_version, group=GROUP,

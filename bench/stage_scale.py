@@ -14,7 +14,9 @@ left out.
 Each asset's step runs in a process of its own (this script, `--child`), so its figures are its own:
 - cpu_s: user + system CPU of the step's process and its pool workers (`getrusage`);
 - peak_rss_mib: the larger of the step process's peak RSS and its largest worker's;
-- wall_s, partitions (the tasks the step fans out to) and Dagster runs.
+- wall_s, partitions, tasks (what the step fans out to: one per partition, or the partition's
+  `tasks` metadata where a step splits into tasks of its own, as shuffled_shards and lineage_index
+  do) and Dagster runs.
 A step process also pays Dagster's imports and the definitions' build (about 2-3 s of CPU): the
 `noop` figure, a child that builds the definitions and runs nothing, measures that floor.
 
@@ -97,19 +99,41 @@ def child(config: str, index: int) -> None:
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     start = time.perf_counter()
     defs, steps = plan(config)
-    partitions = runs = 0
+    partitions = runs = tasks = 0
     names = "noop"
     if index >= 0:
         step = steps[index]
         names = ", ".join(k.to_user_string() for k in step.keys)
         with dg.DagsterInstance.get() as instance:
             partitions, runs = materialize_step(defs, instance, step, QUIET_RUN_CONFIG)
+            tasks = fanned_out_tasks(instance, step.keys)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(MARK + json.dumps({
-        "step": names, "partitions": partitions, "runs": runs, "wall_s": round(time.perf_counter() - start, 2),
+        "step": names, "partitions": partitions, "tasks": tasks, "runs": runs, "wall_s": round(time.perf_counter() - start, 2),
         "cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 2),
         "peak_rss_mib": round(max(me.ru_maxrss, kids.ru_maxrss) / 1024, 1),  # ru_maxrss is KiB on Linux
     }), flush=True)
+
+
+def fanned_out_tasks(instance, keys) -> int:
+    """The tasks a step's partitions ran as: a partition's `tasks` metadata where its step fans out
+    (shuffled_shards, lineage_index; contamination_scan: a phase's tables, one task each, scanned or
+    reusing a partial another phase stored), else one per partition (a per-file partition is one task).
+    Each partition counted once, by its latest materialization."""
+    total = 0
+    for key in keys:
+        seen, cursor, more = set(), None, True
+        while more:
+            page = instance.fetch_materializations(key, limit=1000, cursor=cursor, ascending=False)
+            for record in page.records:
+                materialization = record.asset_materialization
+                if materialization.partition in seen:
+                    continue
+                seen.add(materialization.partition)
+                tasks = materialization.metadata.get("tasks")
+                total += int(tasks.value) if tasks is not None else 1
+            cursor, more = page.cursor, page.has_more
+    return total
 
 
 def run_child(config: Path, home: Path, index: int) -> dict:
@@ -182,7 +206,7 @@ def summary(results: list[dict]) -> str:
         cpu = [f"{1000 * row['cpu_s'] / r['raw_docs']:.2f}" for row, r in zip(rows, results)]
         peak = [f"{row['peak_rss_mib']:.0f}" for row in rows]
         growth = rows[-1]["peak_rss_mib"] / rows[0]["peak_rss_mib"]
-        tasks = "/".join(str(row["partitions"]) for row in rows)
+        tasks = "/".join(str(row.get("tasks", row["partitions"])) for row in rows)
         lines.append(f"| {first['step']} | {tasks} | " + " | ".join(cpu) + " | " + " | ".join(peak) + f" | {growth:.2f}x |")
     lines.append("")
     for r in results:

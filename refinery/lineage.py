@@ -19,9 +19,12 @@ The `lineage_index` asset writes, in two passes whose work is per file (docs/for
   shards' index.json it was built against. Written last, so a build that fails part-way leaves no
   index to trust.
 
-Memory of the build is one input file's documents (pass 1) or one shard's entries and their
-documents (pass 2), plus the mapped pages of the `OPEN_PARTS` parts kept open; never the corpus.
-The work is linear in documents and entries.
+Each pass is a list of independent tasks (a task per input file, then a task per final shard) that
+`build_lineage_index` hands to a `refinery.tasks.RunTasks`: in this process, or fanned out over
+`partitions.workers` processes by the asset; the files are the same bytes either way. Memory of a
+task is one input file's documents (pass 1) or one shard's entries and their documents (pass 2),
+plus the mapped pages of the `OPEN_PARTS` parts its worker keeps open; never the corpus. The work
+is linear in documents and entries.
 
 `resolve_token(root, cfg, shard, offset)` is the API; `refinery lineage` prints it.
 """
@@ -43,9 +46,9 @@ from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
 from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENIZER_KEY, bucket_lineage_key,
                              bucket_shards_prefix, documents_key, documents_part_key, final_index_key,
                              shard_index_key, shard_lineage_key)
-from refinery.progress import track
 from refinery.shard_header import ShardFormatError, locate_token, read_tokens
 from refinery.storage import DataRoot, sha256_file
+from refinery.tasks import RunTasks, in_process
 from refinery.tokenizer_file import TokenizeError, read_decoder
 
 # numpy, polars and pyarrow are imported by the functions that use them (building the index, a
@@ -265,34 +268,54 @@ def write_shard_lineage(root: DataRoot, ref: dict[str, Any], columns: pl.DataFra
             "bytes": written["bytes"], "sha256": written["sha256"]}
 
 
+def documents_part_task(root: DataRoot, item: tuple[str, str], cache: dict) -> dict[str, Any]:
+    """Pass 1 as a task (`refinery.tasks`): `write_documents_part` of (input key, stage)."""
+    return write_documents_part(root, *item)
+
+
+def shard_lineage_task(root: DataRoot, item: tuple[dict[str, Any], pl.DataFrame], cache: dict) -> dict[str, Any]:
+    """Pass 2 as a task: `write_shard_lineage` of (final shard's ref, the document columns). The
+    input files' parts stay open in the worker's cache across its shards, the most recently used
+    `OPEN_PARTS`: a shard's entries come from all over the corpus, and reopening a part costs more
+    than looking rows up in it."""
+    open_part = cache.setdefault("lineage_open_part",
+                                 functools.lru_cache(maxsize=OPEN_PARTS)(functools.partial(open_documents_part, root)))
+    return write_shard_lineage(root, item[0], item[1], open_part)
+
+
 def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE,
-                        log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Pass 1 over the input files, pass 2 over every bucket's final shards (each verified against
-    its bucket's index.json first), then the top-level index. `log` gets a progress line every 10%
-    (an asset passes its context's logger). Returns the index, with `sha256` (of index.json, which
-    names the sha256 of every listing and so of every file) and `wall_s`."""
+                        log: Callable[[str], None] | None = None, run_tasks: RunTasks | None = None) -> dict[str, Any]:
+    """Pass 1, a task per input file, then pass 2, a task per final shard of every bucket (each
+    bucket's index.json read first, each shard verified against it by its task), both run by
+    `run_tasks` (default: in this process; the bytes are the same whatever runs them), then the
+    listings and the top-level index, written here. `log` gets a line per pass (an asset passes
+    its context's logger). Returns the index, with `sha256` (of index.json, which names the sha256
+    of every listing and so of every file), `wall_s` and `tasks` (how many tasks both passes ran)."""
     import polars as pl
 
     t0 = time.perf_counter()
+    run_tasks = run_tasks or in_process(root)
+    log = log or (lambda line: None)
     if root.exists(LINEAGE_INDEX_KEY):
         root.delete(LINEAGE_INDEX_KEY)  # a build that fails part-way must not leave a stale index behind
-    parts = {shard.key: write_documents_part(root, shard.key, stage)
-             for shard in track(input_shards(cfg), desc="lineage: documents per input file", unit="file", log=log)}
+    keys = [shard.key for shard in input_shards(cfg)]
+    log(f"lineage: documents of {len(keys)} input files")
+    parts = dict(zip(keys, run_tasks(documents_part_task, [(key, stage) for key in keys])))
     schemas = [pl.DataFrame(schema=part.pop("schema")) for part in parts.values()]
     columns = pl.concat(schemas, how="diagonal_relaxed") if schemas else pl.DataFrame(schema=dict.fromkeys(PROVENANCE_COLUMNS, pl.String))
-    # Parts stay open (memory-mapped) across shards, the most recently used few: a shard's entries
-    # come from all over the corpus, and reopening a part costs more than looking rows up in it.
-    open_part = functools.lru_cache(maxsize=OPEN_PARTS)(lambda key: open_documents_part(root, key))
     documents_listing = root.write_json(f"{LINEAGE_DOCUMENTS_PREFIX}/index.json", parts)
     written = {f"{LINEAGE_DOCUMENTS_PREFIX}/index.json", *(p["key"] for p in parts.values())}
-    buckets: dict[str, dict[str, Any]] = {}
+    indexes: dict[str, tuple[dict[str, Any], str]] = {}
     for bucket in cfg.buckets:
-        if not root.exists(final_index_key(bucket)):
-            continue
-        raw = root.read_bytes(final_index_key(bucket))
-        bucket_index, bucket_sha = json.loads(raw), hashlib.sha256(raw).hexdigest()
-        shards = [write_shard_lineage(root, ref, columns, open_part)
-                  for ref in track(bucket_index["shards"], desc=f"lineage: final shards of {bucket}", unit="shard", log=log)]
+        if root.exists(final_index_key(bucket)):
+            raw = root.read_bytes(final_index_key(bucket))
+            indexes[bucket] = json.loads(raw), hashlib.sha256(raw).hexdigest()
+    refs = [ref for bucket_index, _ in indexes.values() for ref in bucket_index["shards"]]
+    log(f"lineage: {len(refs)} final shards of {len(indexes)} buckets")
+    done = iter(run_tasks(shard_lineage_task, [(ref, columns) for ref in refs]))
+    buckets: dict[str, dict[str, Any]] = {}
+    for bucket, (bucket_index, bucket_sha) in indexes.items():
+        shards = [next(done) for _ in bucket_index["shards"]]
         listing = root.write_json(bucket_lineage_key(bucket), {"index_sha256": bucket_sha, "shards": shards})
         written |= {bucket_lineage_key(bucket), *(s["key"] for s in shards)}
         buckets[bucket] = {"index_sha256": bucket_sha, "tokens": bucket_index["tokens"],
@@ -312,7 +335,7 @@ def build_lineage_index(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_
         "final_shards_verified": sum(b["shards"] for b in buckets.values()),
     }
     sha = root.write_json(LINEAGE_INDEX_KEY, index)
-    return {**index, "sha256": sha, "wall_s": time.perf_counter() - t0}
+    return {**index, "sha256": sha, "wall_s": time.perf_counter() - t0, "tasks": len(keys) + len(refs)}
 
 
 # --------------------------------------------------------------------------------------------------
