@@ -9,17 +9,25 @@ severity. A warning, not an error: with no eval set nothing can leak into the ph
 would stop every first run of a config `refinery init` writes (it lists no eval set); the warning
 keeps it in sight in the UI, in `refinery scan` (exit 1) and in the demo summary, which all word it
 alike (`refinery.contamination.verdict`).
+
+The scan's per-document work fans out in the step: one task per clean table holding the phase's
+documents (`refinery.contamination.ensure_partial`), over `partitions.workers` processes
+(assets/fanout.py), each storing a partial keyed by its table's and the eval sets' hashes; a table
+another phase already scanned against the same eval sets is not scanned again. The policy's scans
+are then reductions of those partials, and the check reads the final one.
 """
 
 import dagster as dg
 
 from refinery import layout
 from assets.factory import StepResult, global_step_asset, phase_check_result, phase_check_spec
+from assets.fanout import map_tasks
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import contamination as cont
 from refinery.config import RefineryConfig
+from refinery.curriculum import read_manifest
 from refinery.drop_policy import scan_phase_under_policy
 from refinery.scan import excluded_doc_ids
 
@@ -42,9 +50,35 @@ def check_result(phase: str, final: cont.ScanReport, verdict: str, summary: dict
                               dg.AssetCheckSeverity.WARN if final.not_scanned else dg.AssetCheckSeverity.ERROR)
 
 
+def scan_table_task(refinery: RefineryResource, partition: str, cache: dict) -> cont.PartialRun:
+    """One task: the partial of one clean table (the eval index built once per worker)."""
+    if "index" not in cache:
+        cache["index"] = cont.EvalIndex.build(refinery.config)
+        cache["digest"] = cont.index_digest(cache["index"])
+    return cont.ensure_partial(refinery.root, cache["index"], partition, cache["digest"])
+
+
+def scan_tables(context: dg.AssetExecutionContext, refinery: RefineryResource, phase: str) -> list[cont.PartialRun]:
+    """Store the partial of every clean table holding `phase`'s documents, fanned out over
+    `partitions.workers` processes; nothing when there is nothing to scan for."""
+    cfg, root = refinery.config, refinery.root
+    if cont.unscannable(cfg.contamination, cont.EvalIndex.build(cfg)) is not None:
+        return []
+    partitions = cont.phase_partitions(cont.phase_doc_ids(root, read_manifest(root, phase)))
+    runs = map_tasks(refinery, partitions, scan_table_task)
+    for run in runs:
+        if run.damaged:
+            context.log.warning(run.damaged)
+    scanned = sum(r.scanned for r in runs)
+    context.log.info(f"contamination_scan[{phase}]: {len(runs)} tables, {scanned} scanned now, "
+                     f"{len(runs) - scanned} partials reused")
+    return runs
+
+
 def scan_phase(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, phase = refinery.config, context.partition_key
+        runs = scan_tables(context, refinery, phase)
         scan = scan_phase_under_policy(cfg, refinery.root, phase, context.log.info)
         first, final, dropped = scan.first, scan.final, scan.dropped
         dropped_so_far = len(excluded_doc_ids(refinery.root, phase))
@@ -73,6 +107,8 @@ def scan_phase(version: str):
                 **summary,
                 "hits": dg.MetadataValue.md(_hits_markdown(first)),
                 "ngram": dg.MetadataValue.int(first.ngram),
+                "tasks": dg.MetadataValue.int(len(runs)),
+                "tables_scanned": dg.MetadataValue.int(sum(r.scanned for r in runs)),
                 "fingerprint": dg.MetadataValue.json(final.fingerprint),
             },
             [check_result(phase, final, f"{verdict}; policy {cfg.contamination.policy}", summary)],

@@ -9,6 +9,16 @@ Anneal replays its corpus 2-4 times when the model is most receptive (seed 000),
 re-run right before anneal starts; `ScanReport.fingerprint` pins what it scanned (the manifest and
 eval-set hashes) so a stale scan can be recognised.
 
+The scan runs as tasks, one per clean table (an input file's documents), each writing a partial to
+`contamination/partials/<input file>/`: every document of the table with its hit, if any. A task
+scans the whole table, not one phase's rows, so a document drawn by several phases is scanned once
+and every phase reuses the partial. A partial's key holds the table's sha256 and a digest of the
+eval sets (`index_digest`), so a changed table or eval set never meets a stale partial; an unreadable
+one is scanned again, never combined. A phase's report is the reduction of its tables' partials
+(`reduce_phase`): the same report and hits a one-process scan of its documents gives. A task holds
+one table and the eval index: at most 16 bytes per eval n-gram (hash, item, bitmap; the bitmap
+capped at 128 MiB) and the eval items' text. The reduction holds the phase's doc ids and one partial.
+
 A phase with nothing to check against (no eval sets, or none with an item of `ngram` words) is
 "not scanned", never "passed": the report says why and how many documents went unchecked, and
 `verdict` words it the same way for the asset check (a warning), `refinery scan` and the demo.
@@ -25,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
+import polars as pl
 
 from refinery.config import ContaminationConfig, RefineryConfig
 from refinery.curriculum import PhaseManifest, read_manifest, read_selection
@@ -33,8 +44,6 @@ from refinery.layout import documents_key, manifest_key, scan_report_key
 from refinery.progress import track
 
 if TYPE_CHECKING:
-    import polars as pl
-
     from refinery.storage import DataRoot
 
 _WORD_HASH_SEED = 0x5EED
@@ -46,11 +55,9 @@ class ContaminationError(ValueError):
     """An eval set that cannot be read, or a scan that cannot run. The message says which and why."""
 
 
-def _normalized_word_lists(texts: list[str | None]) -> "pl.Series":
+def _normalized_word_lists(texts: list[str | None]) -> pl.Series:
     """Lower-cased runs of word characters per text: punctuation, case and whitespace do not hide a
     leak. Polars does the splitting in Rust, which is most of a scan's cost."""
-    import polars as pl
-
     return pl.Series(texts, dtype=pl.String).fill_null("").str.to_lowercase().str.extract_all(r"\w+")
 
 
@@ -334,31 +341,142 @@ def phase_doc_ids(root: "DataRoot", manifest: PhaseManifest) -> dict[str, set[st
     return out
 
 
-def phase_documents(root: "DataRoot", manifest: PhaseManifest, stage: str,
-                    wanted: dict[str, set[str]] | None = None) -> Iterator[tuple[str, str | None, str, str]]:
-    """(doc_id, url, bucket, text) of every document a phase may draw, read from `stage`'s tables.
+# ---- the scan as tasks: one per clean table, shared by every phase, then a reduction per phase ----
 
-    Doc ids start with their input shard (`<partition>/<index>`), so only the tables of shards that
-    hold phase documents are opened, and only their rows are read."""
-    import polars as pl
+# Bump when what a partial holds, or how a table's documents are scanned, changes: every stored
+# partial then misses its key and is scanned again.
+PARTIAL_FORMAT = 1
+PARTIALS_PREFIX = "contamination/partials"
+PARTIAL_SCHEMA = {"doc_id": pl.String, "url": pl.String, "eval_set": pl.String, "eval_id": pl.String,
+                  "ngram": pl.String, "matched_ngrams": pl.Int64}
 
-    wanted = wanted if wanted is not None else phase_doc_ids(root, manifest)
+
+class DamagedPartial(ContaminationError):
+    """A stored scan partial that cannot be read as one (truncated, or of another schema)."""
+
+
+def index_digest(index: EvalIndex) -> str:
+    """What a table's hits depend on besides the table: the n-gram, each eval set's name and bytes,
+    the Polars version (its seeded word hash) and the partial format."""
+    digest = {"format": PARTIAL_FORMAT, "ngram": index.n, "eval_sets": dict(sorted(index.sha256.items())),
+              "polars": pl.__version__}
+    return hashlib.sha256(json.dumps(digest, sort_keys=True).encode()).hexdigest()
+
+
+def partials_prefix(partition: str) -> str:
+    return f"{PARTIALS_PREFIX}/{partition}"
+
+
+@dataclass(frozen=True)
+class ScanTask:
+    """One clean table (an input file's documents) scanned against one eval index. Its partial's key
+    carries both content hashes, so a changed table or eval set never finds a stale partial."""
+
+    partition: str
+    table_sha256: str
+    index_digest: str
+
+    @property
+    def key(self) -> str:
+        return f"{partials_prefix(self.partition)}/{self.index_digest[:16]}-{self.table_sha256[:16]}.parquet"
+
+
+@dataclass(frozen=True)
+class PartialRun:
+    """What one task did: its partial's key, whether it scanned the table now (False: a stored
+    partial of the same key was reused), and why a stored one was refused, if it was."""
+
+    partition: str
+    key: str
+    scanned: bool
+    damaged: str | None = None
+
+
+def scan_task(root: "DataRoot", index: EvalIndex, partition: str, digest: str | None = None) -> ScanTask:
+    key = documents_key(CLEAN_STAGE, partition)
+    if not root.exists(key):
+        raise ContaminationError(f"{root.display(key)}: the clean table of {partition} is missing; phase documents "
+                                 f"come from it, rebuild the funnel for that input or phase_manifests")
+    return ScanTask(partition, root.sha256(key), digest or index_digest(index))
+
+
+def scan_table(root: "DataRoot", index: EvalIndex, partition: str) -> pl.DataFrame:
+    """Every document of `partition`'s clean table, in doc_id order, with its hit (eval item,
+    matched n-gram, distinct matches; null when clean): a partial. Memory: the table and the index."""
+    table = root.read_parquet(documents_key(CLEAN_STAGE, partition), columns=["doc_id", "url", "text"]).sort("doc_id")
+    hits = {h.doc_id: h for h in scan_documents(index, ((d, u, "", t) for d, u, t in table.iter_rows()))}
+    found = [hits.get(doc_id) for doc_id in table["doc_id"].to_list()]
+    return pl.DataFrame({
+        "doc_id": table["doc_id"], "url": table["url"],
+        "eval_set": [h.eval_set if h else None for h in found], "eval_id": [h.eval_id if h else None for h in found],
+        "ngram": [h.ngram if h else None for h in found], "matched_ngrams": [h.matched_ngrams if h else None for h in found],
+    }, schema=PARTIAL_SCHEMA)
+
+
+def read_partial(root: "DataRoot", task: ScanTask) -> pl.DataFrame:
+    """The stored partial of `task`; DamagedPartial, naming it, when it cannot be read as one."""
+    try:
+        frame = root.read_parquet(task.key)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise DamagedPartial(f"{root.display(task.key)}: damaged scan partial ({type(err).__name__}: {err})") from None
+    if dict(frame.schema) != PARTIAL_SCHEMA:
+        raise DamagedPartial(f"{root.display(task.key)}: damaged scan partial (columns {dict(frame.schema)}, "
+                             f"expected {PARTIAL_SCHEMA})")
+    return frame
+
+
+def stored_partial(root: "DataRoot", task: ScanTask) -> tuple[pl.DataFrame | None, str | None]:
+    """(the stored partial of `task` or None, why a stored one was refused or None)."""
+    if not root.exists(task.key):
+        return None, None
+    try:
+        return read_partial(root, task), None
+    except DamagedPartial as err:
+        return None, f"{err}; scanning {task.partition} again"
+
+
+def ensure_partial(root: "DataRoot", index: EvalIndex, partition: str, digest: str | None = None) -> PartialRun:
+    """One task: store `partition`'s partial for `index` unless a readable one of the same key is
+    stored, and delete the partition's partials of other keys (older tables or eval sets)."""
+    task = scan_task(root, index, partition, digest)
+    stored, damaged = stored_partial(root, task)
+    if stored is not None:
+        return PartialRun(partition, task.key, scanned=False)
+    root.write_parquet(task.key, scan_table(root, index, partition))
+    for stale in root.list(partials_prefix(partition)):
+        if stale != task.key:
+            root.delete(stale)
+    return PartialRun(partition, task.key, scanned=True, damaged=damaged)
+
+
+def phase_partitions(wanted: dict[str, set[str]]) -> list[str]:
+    """The input files whose clean tables hold a phase's documents (a doc_id starts with its file)."""
+    return sorted({doc_id.rsplit("/", 1)[0] for ids in wanted.values() for doc_id in ids})
+
+
+def reduce_phase(phase: str, wanted: dict[str, set[str]], tasks: dict[str, ScanTask],
+                 partial: Callable[[ScanTask], pl.DataFrame], log: Callable[[str], None] | None = None) -> list[Hit]:
+    """The hits of a phase's documents, in doc_id order, from its tables' partials: each table's
+    rows of the phase, every one of which must be in the partial. Holds one partial at a time."""
+    pairs: list[tuple[str, str, list[str]]] = []
     for bucket in sorted(wanted):
         by_partition: dict[str, list[str]] = {}
         for doc_id in wanted[bucket]:
             by_partition.setdefault(doc_id.rsplit("/", 1)[0], []).append(doc_id)
-        for partition in sorted(by_partition):
-            ids = by_partition[partition]
-            table = root.read_parquet(documents_key(stage, partition), columns=["doc_id", "url", "text"])
-            rows = table.filter(pl.col("doc_id").is_in(ids)).sort("doc_id")
-            if rows.height != len(ids):
-                missing = sorted(set(ids) - set(rows["doc_id"].to_list()))[:3]
-                raise ContaminationError(
-                    f"{documents_key(stage, partition)}: documents {missing} named by the {manifest.phase!r} manifest "
-                    f"are missing; the clean tables changed after the manifest was built, rebuild phase_manifests"
-                )
-            for doc_id, url, text in rows.iter_rows():
-                yield doc_id, url, bucket, text
+        pairs += [(bucket, partition, by_partition[partition]) for partition in sorted(by_partition)]
+    hits: list[Hit] = []
+    for bucket, partition, ids in track(pairs, desc=f"scan {phase}", unit="table", log=log):
+        rows = partial(tasks[partition]).filter(pl.col("doc_id").is_in(ids))
+        if rows.height != len(ids):
+            missing = sorted(set(ids) - set(rows["doc_id"].to_list()))[:3]
+            raise ContaminationError(
+                f"{documents_key(CLEAN_STAGE, partition)}: documents {missing} named by the {phase!r} manifest "
+                f"are missing; the clean tables changed after the manifest was built, rebuild phase_manifests"
+            )
+        for doc_id, url, eval_set, eval_id, ngram, matched in rows.filter(pl.col("eval_set").is_not_null()).iter_rows():
+            hits.append(Hit(doc_id, url, bucket, eval_set, eval_id, ngram, matched))
+    hits.sort(key=lambda h: h.doc_id)
+    return hits
 
 
 def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[str, str]:
@@ -368,9 +486,12 @@ def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[
 
 def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalIndex | None = None,
                log: Callable[[str], None] | None = None) -> ScanReport:
-    """Scan the documents of `phase`'s manifest against the configured eval sets (read-only).
-    Shows a bar on a terminal; `log` gets a progress line every 10%. With nothing to scan for
-    (`unscannable`) no document is read and the report says why."""
+    """Scan the documents of `phase`'s manifest against the configured eval sets (read-only): the
+    reduction of its tables' partials, each the stored one when its key matches (the asset stores
+    them, `ensure_partial`) and scanned here, in memory, when none is stored or it is damaged (said
+    to `log`). Shows a bar on a terminal; `log` gets a progress line every 10%. With nothing to scan
+    for (`unscannable`) no document is read and the report says why."""
+    start = time.perf_counter()
     index = index or EvalIndex.build(cfg)
     manifest = read_manifest(root, phase)
     wanted = phase_doc_ids(root, manifest)
@@ -381,9 +502,19 @@ def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalInd
         return ScanReport(phase, index.n, docs_scanned=0, contaminated_docs=0,
                           max_contaminated_docs=cfg.contamination.max_contaminated_docs, fingerprint=fingerprint,
                           not_scanned=why, docs_unscanned=total)
-    docs = track(phase_documents(root, manifest, CLEAN_STAGE, wanted), total=total, desc=f"scan {phase}", unit="doc",
-                 log=log)
-    return scan(phase, cfg.contamination, index, docs, fingerprint)
+    digest = index_digest(index)
+    tasks = {p: scan_task(root, index, p, digest) for p in phase_partitions(wanted)}
+
+    def partial(task: ScanTask) -> pl.DataFrame:
+        stored, damaged = stored_partial(root, task)
+        if damaged and log:
+            log(damaged)
+        return stored if stored is not None else scan_table(root, index, task.partition)
+
+    hits = reduce_phase(phase, wanted, tasks, partial, log)
+    return ScanReport(phase=phase, ngram=index.n, docs_scanned=total, contaminated_docs=len(hits),
+                      max_contaminated_docs=cfg.contamination.max_contaminated_docs, hits=hits,
+                      wall_s=time.perf_counter() - start, fingerprint=fingerprint)
 
 
 def scan_is_current(cfg: RefineryConfig, root: "DataRoot", phase: str) -> tuple[bool, str]:

@@ -1,7 +1,9 @@
 """`refinery scan --config CONFIG --phase NAME [--json]`: the contamination scan of one phase's
 manifest, from the command line, and the documents the drop policy has removed from the phase. It
 only reads: the drop policy is applied by the `contamination_scan` asset, which records what it
-removed in the phase's exclusions file. Exits 1 when the phase does not pass: contamination over
+removed in the phase's exclusions file. The report is the asset's: the reduction of the partials
+the asset's tasks stored per clean table (refinery/contamination.py); a table with none of the
+current key is scanned here, in memory, and no partial is written. Exits 1 when the phase does not pass: contamination over
 the configured limit, or nothing to scan for (no eval sets), which it calls "not scanned" as the
 asset check (a warning) and the demo summary do."""
 
