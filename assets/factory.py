@@ -26,7 +26,7 @@ import polars as pl
 
 from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage, stage_config_summary
 from assets.partitions import Partitions
-from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, provenance_metadata
+from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards, input_batches
@@ -173,7 +173,7 @@ def batch_stage_asset(
         code_version=version,
         kinds=set(kinds),
     )
-    def _batch_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
+    def _batch_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> Iterator[dg.MaterializeResult]:
         if check_input is not None:
             check_input(refinery.config)
         shards = batch_shards(refinery.config, context.partition_keys)
@@ -191,17 +191,41 @@ def batch_stage_asset(
             return with_provenance(batch_provenance(name, done, version, text_column, documents_out), extra)
 
         if len(context.partition_keys) == 1:
-            return dg.MaterializeResult(metadata=metadata(shards, results))
+            version_of_output = output_data_version({k: v for r in results for k, v in r.hashes.items()})
+            yield dg.MaterializeResult(metadata=metadata(shards, results),
+                                       data_version=dg.DataVersion(version_of_output))
+            return
         # A run over many batches: each batch's materialization carries its own files' numbers,
-        # hashes and samples, not the run's.
+        # hashes and samples, not the run's, and its own data version (`with_partition_data_versions`).
         members = {batch.key: {shard.key for shard in batch.shards} for batch in input_batches(refinery.config)}
+        versions = {}
         for key in context.partition_keys:
-            own = members[key]
-            context.add_asset_metadata(metadata([s for s in shards if s.key in own],
-                                                [r for r in results if r.shard in own]), partition_key=key)
-        return dg.MaterializeResult()
+            own = [r for r in results if r.shard in members[key]]
+            context.add_asset_metadata(metadata([s for s in shards if s.key in members[key]], own), partition_key=key)
+            versions[key] = output_data_version({k: v for r in own for k, v in r.hashes.items()})
+        yield dg.MaterializeResult()
+        with_partition_data_versions(context, versions)
 
     return _batch_asset
+
+
+def with_partition_data_versions(context: dg.AssetExecutionContext, versions: dict[str, str]) -> None:
+    """Give each partition of a run over many its own data version (partition key -> version).
+
+    Dagster 1.13 writes one data version for every partition of a ranged run (the version is a
+    step's, not a partition's: dagster-io/dagster#18123), so a batch re-run alone would always look
+    changed. Once the run's own materializations are stored, each partition's is recorded again
+    with the same metadata and provenance (code version, input versions) and its own version in
+    place of the run's; the stale status and the steps after it read that latest record."""
+    from dagster._core.definitions.data_version import DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG
+
+    for key, version in versions.items():
+        records = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=context.asset_key, asset_partitions=[key]), limit=1).records
+        recorded = records[0].asset_materialization
+        tags = {**(recorded.tags or {}), DATA_VERSION_TAG: version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
+        context.log_event(dg.AssetMaterialization(asset_key=context.asset_key, partition=key,
+                                                  metadata=recorded.metadata, tags=tags))
 
 
 # ---- global steps ----------------------------------------------------------------------------------
@@ -257,8 +281,12 @@ def global_step_asset(
         provenance = result.provenance
         if provenance.wall_s is None:
             provenance = replace(provenance, wall_s=time.perf_counter() - start)
+        # The data version is the output's, so a rerun that writes the same bytes (a pinned
+        # tokenizer, an unchanged manifest) marks nothing after it stale.
+        version_of_output = output_data_version(provenance.content_hashes) if provenance.content_hashes else None
         return dg.MaterializeResult(metadata=with_provenance(provenance, result.metadata, first=False),
-                                    check_results=result.check_results or None)
+                                    check_results=result.check_results or None,
+                                    data_version=dg.DataVersion(version_of_output) if version_of_output else None)
 
     return _step_asset
 

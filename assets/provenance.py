@@ -50,6 +50,14 @@ def code_version(*objs: Any) -> str:
     return hashlib.sha256("\n".join(src for m in modules for src in module_sources(m)).encode()).hexdigest()[:12]
 
 
+def output_data_version(content_hashes: dict[str, str]) -> str:
+    """The data version of what one materialization (or one partition of it) wrote: a sha256 over
+    its files' keys and sha256s, so rewriting identical bytes gives the same version and marks
+    nothing downstream stale, whatever else the run wrote."""
+    lines = "".join(f"{key}\t{sha}\n" for key, sha in sorted(content_hashes.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 @dataclass
 class Provenance:
     """What one materialization did. A field left None is one the asset has no such thing for, and

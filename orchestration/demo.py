@@ -81,16 +81,20 @@ def materialize_step(
     instance: dg.DagsterInstance,
     step: PlanStep,
     run_config: dict | None = None,
+    only: set[str] | None = None,
 ) -> tuple[int, int]:
-    """Materialize one plan step over all its partitions, raising on the first failure; returns the
-    partition keys it covered and the Dagster runs it took. A step whose assets take many
-    partitions per run gets one run per partition range, tagged as a backfill's ranged run is."""
+    """Materialize one plan step over all its partitions (or those in `only`), raising on the first
+    failure; returns the partition keys it covered and the Dagster runs it took. A step whose assets
+    take many partitions per run gets one run per partition range, tagged as a backfill's ranged
+    run is; a range is contiguous, so partitions left out of `only` split it."""
     import dagster as dg
 
     assets = list(defs.assets or []) + list(defs.asset_checks or [])
-    keys = step.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if step.partitions_def else []
+    every = step.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if step.partitions_def else []
+    spans = contiguous_spans(every, only)
+    keys = [k for span in spans for k in span]
     per_run = step.per_run or max(len(keys), 1)
-    chunks = [keys[i : i + per_run] for i in range(0, len(keys), per_run)] if keys else [[]]
+    chunks = [span[i : i + per_run] for span in spans for i in range(0, len(span), per_run)] or [[]]
     for chunk in chunks:
         single = chunk[0] if len(chunk) == 1 else None
         tags = {RANGE_START: chunk[0], RANGE_END: chunk[-1]} if len(chunk) > 1 else None
@@ -102,6 +106,19 @@ def materialize_step(
             names = ", ".join(k.to_user_string() for k in step.keys)
             raise RuntimeError(f"materializing {names} [{chunk[0]}..{chunk[-1]}] failed")
     return len(keys) or 1, len(chunks)
+
+
+def contiguous_spans(keys: list[str], only: set[str] | None) -> list[list[str]]:
+    """`keys` (in partition order) cut into runs of consecutive keys that are in `only` (all: one)."""
+    if only is None:
+        return [keys] if keys else []
+    spans: list[list[str]] = [[]]
+    for key in keys:
+        if key in only:
+            spans[-1].append(key)
+        elif spans[-1]:
+            spans.append([])
+    return [span for span in spans if span]
 
 
 def materialize_graph(
@@ -121,6 +138,27 @@ def materialize_graph(
         names = ", ".join(k.to_user_string() for k in step.keys)
         log(f"  {names}: {partitions} partition(s) in {step_runs} run(s), {time.perf_counter() - start:.1f}s")
     return runs
+
+
+def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callable[[str], None] = print,
+                run_config: dict | None = None) -> list:
+    """Print the plan, then materialize it step by step (orchestration/demo.py's steps, limited to
+    the planned assets and partitions); returns the plan."""
+    from orchestration.changed import stale_plan
+
+    plan = stale_plan(defs, instance)
+    if not plan:
+        log("Nothing to run: every asset and partition is materialized and up to date.")
+        return plan
+    log(f"Will materialize {len(plan)} asset(s), missing or stale:")
+    for planned in plan:
+        log(planned.line())
+    partitions = {p.key: p.partitions for p in plan}
+    for step in execution_plan(defs, list(partitions)):
+        wanted = {k for key in step.keys for k in (partitions[key] or [])}
+        materialize_step(defs, instance, step, run_config, wanted or None)
+        log(f"  ran {', '.join(k.to_user_string() for k in step.keys)}")
+    return plan
 
 
 def scan_summary(root: DataRoot, phase: str) -> str:
@@ -193,8 +231,13 @@ def run_demo(args: argparse.Namespace) -> int:
     if cfg.partitions.dynamic:
         print(f"Registered {register_input_batches(cfg, instance)} new input batch(es)")
     start = time.perf_counter()
-    runs = materialize_graph(defs, instance, run_config=None if args.verbose else QUIET_RUN_CONFIG)
-    print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
+    run_config = None if args.verbose else QUIET_RUN_CONFIG
+    if args.changed:
+        run_changed(defs, instance, run_config=run_config)
+        print(f"Missing and stale assets materialized in {time.perf_counter() - start:.0f}s\n")
+    else:
+        runs = materialize_graph(defs, instance, run_config=run_config)
+        print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
     print(demo_summary(args.config))
     print("\nOpen the UI on these runs with `make ui` (http://127.0.0.1:3000).")
     return 0
@@ -212,8 +255,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "data runs end to end; `make ui` then shows every run.",
         epilog="examples:\n  refinery demo                       # configs/demo.yaml on data/sample/\n"
                "  refinery demo --config my.yaml      # your own data\n"
+               "  refinery demo --changed             # only what is missing or stale, after an edit\n"
                "  make ui CONFIG=my.yaml              # the runs in the Dagster UI",
     )
     p.add_argument("--config", default="configs/demo.yaml", help="the run's YAML config (default configs/demo.yaml)")
+    p.add_argument("--changed", action="store_true",
+                   help="materialize only the assets and partitions that are missing or stale (new code version, "
+                        "changed upstream data, or reading one that reruns), printing each and why first")
     p.add_argument("--verbose", action="store_true", help="print every Dagster event, not only warnings")
     p.set_defaults(func=run_demo, needs=GRAPH)

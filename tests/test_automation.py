@@ -46,6 +46,7 @@ def test_every_asset_but_training_has_its_condition(tmp_path):
         "deduped": "eager after near_dup_clusters",
         "lineage_index": "eager after shuffled_shards",
         "tokenizer": "on_missing",
+        "difficulty_model": "on_missing",  # like the tokenizer it is keyed to: built once, then reused
         "quality_model": "on_missing",
         "training_run": None,  # accelerator time, gated by the contamination checks: launched by a person
     }

@@ -23,9 +23,14 @@ def check_vocab_size(v: int | None) -> int | None:
 
 
 class TokenizerConfig(Section):
-    """Train a byte-level BPE on the clean corpus, or load `path` (a tokenizer.json). Never downloads."""
+    """Train a byte-level BPE on the clean corpus, or load `path` (a tokenizer.json). Never downloads.
+    With `pin`, a run that finds the data root's tokenizer/tokenizer.json keeps it."""
 
     path: str | None = None
+    # Keep the data root's tokenizer/tokenizer.json once one is there instead of training again on
+    # the changed corpus, so a filter or curriculum change keeps every token id; delete the file
+    # (or set false) to retrain.
+    pin: bool = False
     vocab_size: int = Field(default=8192, ge=260)
     _vocab_bound = field_validator("vocab_size")(check_vocab_size)
     train_docs: int = Field(default=20_000, ge=1)

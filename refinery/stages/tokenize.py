@@ -167,8 +167,14 @@ class TokenizerBuild:
 
 
 def build_tokenizer(root: DataRoot, cfg: RefineryConfig) -> TokenizerBuild:
-    """Load `tokenizer.path`, or train on the seeded sample; write tokenizer.json and its info."""
+    """Load `tokenizer.path`, or keep the data root's pinned tokenizer.json (`tokenizer.pin`), or
+    train on the seeded sample; write tokenizer.json (unless pinned, untouched) and its info."""
     t0 = time.perf_counter()
+    if cfg.tokenizer.path is None and cfg.tokenizer.pin and root.exists(TOKENIZER_KEY):
+        data = root.read_bytes(TOKENIZER_KEY)
+        tok = parse_tokenizer(data.decode(), cfg.tokenizer.eod_token, root.display(TOKENIZER_KEY))
+        info = {"source": "pinned", "path": TOKENIZER_KEY}
+        return TokenizerBuild(tok, _tokenizer_info(root, cfg, tok, info, hashlib.sha256(data).hexdigest(), t0))
     if cfg.tokenizer.path is not None:
         path = cfg.resolve(cfg.tokenizer.path)
         tok = load_tokenizer_file(path, cfg.tokenizer.eod_token)
@@ -182,8 +188,14 @@ def build_tokenizer(root: DataRoot, cfg: RefineryConfig) -> TokenizerBuild:
             )
         tok = train_tokenizer(texts, cfg.tokenizer.vocab_size, cfg.tokenizer.eod_token)
         info = {"source": "trained", "sample": sample, "requested_vocab_size": cfg.tokenizer.vocab_size}
-    data = tok.to_str()
-    sha = root.write_bytes(TOKENIZER_KEY, data.encode())
+    sha = root.write_bytes(TOKENIZER_KEY, tok.to_str().encode())
+    return TokenizerBuild(tok, _tokenizer_info(root, cfg, tok, info, sha, t0))
+
+
+def _tokenizer_info(root: DataRoot, cfg: RefineryConfig, tok, info: dict[str, Any], sha: str,
+                    t0: float) -> dict[str, Any]:
+    """`info` completed with the tokenizer's vocabulary, EOD and dtype, written beside it; then the
+    build's wall time (not written, so the info file's bytes depend on the tokenizer alone)."""
     info.update(
         vocab_size=tok.get_vocab_size(),
         eod_token=cfg.tokenizer.eod_token,
@@ -193,7 +205,7 @@ def build_tokenizer(root: DataRoot, cfg: RefineryConfig) -> TokenizerBuild:
     )
     root.write_json(TOKENIZER_INFO_KEY, info)
     info["wall_s"] = time.perf_counter() - t0
-    return TokenizerBuild(tok, info)
+    return info
 
 
 def encode_texts(tokenizer, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:
