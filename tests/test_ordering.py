@@ -22,6 +22,7 @@ from training.sampler import EntrySet
 from helpers.configs import write_config
 from helpers.exactly_once import assert_exactly_once_under_sigkill, pieces as consumed_pieces
 from helpers.final_shards import DOCS_PER_BUCKET, config_dict, sample_difficulty, sample_docs, write_final_shards
+from helpers.served import served_pieces
 
 EASY = {"by": "difficulty", "direction": "easy_first", "bands": 4}
 HARD = {"by": "difficulty", "direction": "hard_first", "bands": 3}
@@ -245,16 +246,6 @@ def plan_all(data, chunk=1):
     return sampler, chunks
 
 
-def served(data, chunks):
-    """(phase, set key, epoch, entry, a, b) of every piece, in global order."""
-    out = []
-    for c in chunks:
-        p = c.pieces(slice(0, data.schedule.global_batch))
-        for si, e, entry, a, b in zip(p.set_index, p.epoch, p.entry, p.a, p.b):
-            out.append((c.phase, c.sets[si].key, int(e), int(entry), int(a), int(b)))
-    return out
-
-
 def test_ordered_sets_have_their_own_keys_and_skip_held_out_entries(ordered):
     _, data = ordered
     warm, main_, anneal = (data.sets_by_phase[j]["web"] for j in range(3))
@@ -268,7 +259,7 @@ def test_ordered_sets_have_their_own_keys_and_skip_held_out_entries(ordered):
 def test_every_pass_serves_each_entry_once_band_by_band_with_rising_difficulty(ordered):
     cfg, data = ordered
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
-    pieces = served(data, plan_all(data, chunk=7)[1])
+    pieces = served_pieces(data, plan_all(data, chunk=7)[1])
     tokens = defaultdict(list)
     first_seen: dict[tuple, list[int]] = defaultdict(list)  # (key, epoch) -> entries in the order first read
     for _, key, epoch, entry, a, b in pieces:
@@ -316,8 +307,8 @@ def test_ordered_mixture_is_exact_within_one_row_at_every_step(ordered):
 
 def test_ordered_plans_do_not_depend_on_chunking_or_resume(ordered):
     _, data = ordered
-    whole = served(data, plan_all(data, chunk=64)[1])
-    assert served(data, plan_all(data, chunk=1)[1]) == whole
+    whole = served_pieces(data, plan_all(data, chunk=64)[1])
+    assert served_pieces(data, plan_all(data, chunk=1)[1]) == whole
     first = data.sampler(False)
     part = [first.plan_steps(3) for _ in range(data.schedule.phase_starts[1] // 3 + 2)]
     resumed = data.sampler(False)
@@ -325,7 +316,7 @@ def test_ordered_plans_do_not_depend_on_chunking_or_resume(ordered):
     rest = []
     while not resumed.done():
         rest.append(resumed.plan_steps(9))
-    assert served(data, part) + served(data, rest) == whole
+    assert served_pieces(data, part) + served_pieces(data, rest) == whole
 
 
 def test_prefetch_spans_cover_what_the_ordered_set_reads_next(ordered):
@@ -336,7 +327,7 @@ def test_prefetch_spans_cover_what_the_ordered_set_reads_next(ordered):
     spans = sampler.upcoming_entries()["web"]
     chunk = sampler.plan_steps(4)
     es = data.sets_by_phase[1]["web"]
-    read = served(data, [chunk])
+    read = served_pieces(data, [chunk])
     assert all(any(lo <= entry < hi for lo, hi in spans) for _, key, _, entry, _, _ in read if key == es.key)
 
 

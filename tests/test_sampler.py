@@ -15,6 +15,7 @@ from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
 from training.sampler import BucketExhausted, SamplerStateError
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from helpers.served import served_pieces
 
 
 def open_data(config_path, global_batch=4):
@@ -33,16 +34,6 @@ def all_plans(data, allow=False):
     while not sampler.done():
         plans.append(sampler.plan_next())
     return plans
-
-
-def served_pieces(data, plans):
-    """(phase, set key, epoch, entry, a, b) of every piece of every row, in global order."""
-    out = []
-    for plan in plans:
-        p = plan.pieces(slice(0, data.schedule.global_batch))
-        for si, e, entry, a, b in zip(p.set_index, p.epoch, p.entry, p.a, p.b):
-            out.append((plan.phase, plan.sets[si].key, int(e), int(entry), int(a), int(b)))
-    return out
 
 
 def test_every_pass_serves_each_entry_exactly_once(tiny):
