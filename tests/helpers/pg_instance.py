@@ -402,7 +402,9 @@ def sample_config(workdir: Path, name: str) -> str:
     # minutes. 4 bands of 8 rows still put the LSH threshold near the configured 0.8.
     data["stages"]["exact_dedup"]["hash_ranges"] = 2
     data["stages"]["near_dedup"].update(bands=4, rows=8)
-    data["stages"]["quality"] = {"enabled": False}  # web alone: no curated bucket to train a classifier on
+    # Web alone: no curated bucket to train a classifier or the difficulty model on.
+    data["stages"]["quality"] = {"enabled": False}
+    data["stages"]["difficulty"] = {"enabled": False}
     return write_beside_sample(workdir, name, data)
 
 
