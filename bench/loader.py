@@ -1,10 +1,11 @@
 """Trainer data loading: tokens/s of the curriculum sampler behind the trainer's loader
 (`make_loader`), against a bare memmap gather of the same windows, in the same run.
 
-    python bench/loader.py [--steps 8000] [--seq-len 4096] [--batch 8] [--repeats 7]
+    python bench/loader.py [--steps 8000] [--seq-len 4096] [--batch 8] [--repeats 7] [--bands N]
 
 A synthetic curriculum (two buckets of 72M and 24M tokens in documents of 800 tokens on average, uint16 shards,
-one phase at `--seq-len`, repeating a bucket when the run reads past its end) is written under
+one phase at `--seq-len`, repeating a bucket when the run reads past its end; with `--bands N`
+the phase serves each bucket in N difficulty bands, easy first, over seeded per-document scores) is written under
 `--workdir`, in a folder named for the run's shape. Then, each a median of `--repeats`:
 
 - bare gather: the windows every row of every step reads, as (shard array, start, end) computed
@@ -100,7 +101,7 @@ def litdata_times(python: str, shard_dir: Path, workdir: Path, seq_len: int, bat
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def build_corpus(workdir: Path, seq_len: int, batch: int, steps: int) -> Path:
+def build_corpus(workdir: Path, seq_len: int, batch: int, steps: int, bands: int = 0) -> Path:
     """The folder holding `loader.yaml` and `root/`: the corpus and its one-phase curriculum, under a
     folder named for the run's shape (a corpus written for fewer steps would end the phase early).
     Buckets a long run reads past their end are repeated (`max_epochs`), as a curriculum repeats a
@@ -110,8 +111,9 @@ def build_corpus(workdir: Path, seq_len: int, batch: int, steps: int) -> Path:
     buckets = {"web": SyntheticBucket(90_000, 800, shards=8), "code": SyntheticBucket(30_000, 800, shards=4)}
     for name, b in buckets.items():  # 10% headroom: allocation holds shares to within a row, not exactly
         b.max_epochs = float(max(1, math.ceil(1.1 * shares[name] * phase_tokens / (b.docs * b.mean_len))))
-    phases = [SyntheticPhase("main", phase_tokens, shares, seq_len=seq_len)]
-    shape = workdir / f"steps{steps}-batch{batch}-seq{seq_len}"
+    order = {"by": "difficulty", "direction": "easy_first", "bands": bands} if bands else None
+    phases = [SyntheticPhase("main", phase_tokens, shares, seq_len=seq_len, order=order)]
+    shape = workdir / (f"steps{steps}-batch{batch}-seq{seq_len}" + (f"-bands{bands}" if bands else ""))
     config = shape / "loader.yaml"
     if not config.exists():
         write_synthetic_curriculum(shape / "root", buckets, phases, vocab=32_000, window=seq_len, overlap=0)
@@ -182,12 +184,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=7)  # pairs: this VM's single pairs spread by +-0.15x
     ap.add_argument("--workdir", default="/tmp/refinery-bench-loader")
+    ap.add_argument("--bands", type=int, default=0,
+                    help="serve the phase in this many difficulty bands, easy first (curriculum.phases[].order); 0: uniform")
     ap.add_argument("--peers-python", help="an interpreter with litdata installed (not this environment)")
     args = ap.parse_args()
 
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    corpus = build_corpus(workdir, args.seq_len, args.batch, args.steps)
+    corpus = build_corpus(workdir, args.seq_len, args.batch, args.steps, args.bands)
     data = CurriculumData.open(load_config(corpus / "loader.yaml"), LocalDataRoot(corpus / "root"), args.batch)
     tokens_per_step = args.batch * args.seq_len
     windows = planned_windows(data, args.steps)
