@@ -120,7 +120,9 @@ def test_logs_go_up_in_segments_of_new_lines_and_come_back_cut_to_the_resumed_st
 def test_a_run_whose_shards_exceed_the_cache_bound_trains_through_a_bounded_local_copy(tmp_path, monkeypatch, moto_s3):
     """The trainer pins only the shards its pool holds open: with a cache bound far below the
     manifests' shards and a pool of two, every step trains, the losses are those of the same run on
-    a local root, and the local copy never holds more than the pool's shards."""
+    a local root, and the local copy never holds more than the pool's shards and the one file a
+    prefetch has just landed (the cache keeps its newest file until the next eviction, and a
+    prefetch on another thread can land it between an unpin and the measurement)."""
     buckets = {"web": SyntheticBucket(240, 60, shards=6), "math": SyntheticBucket(40, 40, max_epochs=4, shards=2)}
     local_config = tiny_run(tmp_path / "local", buckets=buckets)
     reference = Trainer(load_config(local_config), RunOptions(run_dir=str(tmp_path / "reference")))
@@ -145,4 +147,4 @@ def test_a_run_whose_shards_exceed_the_cache_bound_trains_through_a_bounded_loca
     sizes = sorted(sum(p.stat().st_size for p in local.glob(ref.prefix + ".*"))
                    for ref in {r.prefix: r for m in trainer.schedule.manifests for b in m.buckets.values() for r in b.shards}.values())
     assert len(sizes) == 8 and sum(sizes) > sum(sizes[-2:])
-    assert held and max(held) <= sum(sizes[-2:]), "at most the pool's two shards stay local"
+    assert held and max(held) <= sum(sizes[-3:]), "at most the pool's two shards (and one landing prefetch) stay local"
