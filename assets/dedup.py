@@ -22,7 +22,7 @@ import dagster as dg
 import polars as pl
 
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
-from assets.fanout import FileResult
+from assets.fanout import FileResult, map_tasks
 from assets.partitions import Partitions
 from assets.provenance import SAMPLE_ROWS, Provenance, code_version
 from assets.resource import RefineryResource
@@ -88,13 +88,39 @@ def _ints(counts: dict[str, Any]) -> dict[str, dg.MetadataValue]:
     return {k: dg.MetadataValue.int(int(v)) for k, v in counts.items()}
 
 
+def exact_range_task(refinery: RefineryResource, hash_range: str, cache: dict) -> tuple[dict[str, int], str]:
+    """One hash range's exact duplicates found and written: its counts and the drops table's hash."""
+    drops, docs, digest = compute_exact_range(refinery.config, refinery.root, hash_range)
+    return {"docs_in_range": docs, "duplicates_dropped": drops.height,
+            "duplicate_groups": drops["kept_key"].n_unique()}, digest
+
+
+def band_task(refinery: RefineryResource, band: str, cache: dict) -> tuple[dict[str, int], str]:
+    """One LSH band's verified candidate edges written: its counts and the edges table's hash."""
+    _, band_counts, digest = compute_band_edges(refinery.config, refinery.root, band)
+    return dict(band_counts), digest
+
+
+def clusters_task(refinery: RefineryResource, _: None, cache: dict) -> tuple[dict[str, Any], str]:
+    """Union-find over every band's edges, the cluster table written: its summary and hash."""
+    table, digest = compute_clusters(refinery.config, refinery.root)
+    keepers = table.filter(pl.col("doc_key") == pl.col("keeper_key"))
+    sizes = keepers.group_by("cluster_size").len().sort("cluster_size")
+    return {"clusters": keepers.height, "members": table.height, "to_remove": table.height - keepers.height,
+            "largest_cluster": int(table["cluster_size"].max() or 0),
+            "cluster_sizes": {str(s): n for s, n in sizes.iter_rows()}}, digest
+
+
+# The range, band and cluster steps run their partitions as tasks (`map_tasks`): in this process,
+# over `partitions.workers`, or on the Ray cluster under `execution.engine: ray`.
+
+
 def exact_ranges(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         counts, hashes = Counter(), {}
-        for hash_range in context.partition_keys:
-            drops, docs, digest = compute_exact_range(refinery.config, refinery.root, hash_range)
-            counts.update(docs_in_range=docs, duplicates_dropped=drops.height,
-                          duplicate_groups=drops["kept_key"].n_unique())
+        keys = list(context.partition_keys)
+        for hash_range, (range_counts, digest) in zip(keys, map_tasks(refinery, keys, exact_range_task)):
+            counts.update(range_counts)
             hashes[exact_drops_key(hash_range)] = digest
         docs = counts["docs_in_range"]
         return StepResult(Provenance(version, _settings(refinery.config), hashes, docs_in=docs,
@@ -105,8 +131,8 @@ def exact_ranges(version: str):
 def near_bands(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         counts, hashes = Counter(), {}
-        for band in context.partition_keys:
-            _, band_counts, digest = compute_band_edges(refinery.config, refinery.root, band)
+        keys = list(context.partition_keys)
+        for band, (band_counts, digest) in zip(keys, map_tasks(refinery, keys, band_task)):
             counts.update(band_counts)
             hashes[near_edges_key(band)] = digest
         return StepResult(Provenance(version, _settings(refinery.config), hashes, docs_in=counts["docs"]),
@@ -116,15 +142,12 @@ def near_bands(version: str):
 
 def clusters(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
-        table, digest = compute_clusters(refinery.config, refinery.root)
-        keepers = table.filter(pl.col("doc_key") == pl.col("keeper_key"))
-        counts = {"clusters": keepers.height, "members": table.height, "to_remove": table.height - keepers.height,
-                  "largest_cluster": int(table["cluster_size"].max() or 0)}
-        sizes = keepers.group_by("cluster_size").len().sort("cluster_size")
+        [(summary, digest)] = map_tasks(refinery, [None], clusters_task)
+        sizes = summary.pop("cluster_sizes")
         return StepResult(
             Provenance(version, _settings(refinery.config), {NEAR_CLUSTERS_KEY: digest},
-                       docs_in=table.height, docs_out=keepers.height),
-            {**_ints(counts), "cluster_sizes": dg.MetadataValue.json({str(s): n for s, n in sizes.iter_rows()})},
+                       docs_in=summary["members"], docs_out=summary["clusters"]),
+            {**_ints(summary), "cluster_sizes": dg.MetadataValue.json(sizes)},
         )
     return step
 

@@ -27,6 +27,7 @@ import polars as pl
 from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage, stage_config_summary
 from assets.partitions import Partitions
 from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata
+from assets.ray_engine import node_summary, recording_nodes
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards, input_batches
@@ -177,7 +178,11 @@ def batch_stage_asset(
         if check_input is not None:
             check_input(refinery.config)
         shards = batch_shards(refinery.config, context.partition_keys)
-        results = map_files(refinery, shards, file_task)
+        with recording_nodes() as nodes:
+            results = map_files(refinery, shards, file_task)
+        ran_on = dict(zip((s.key for s in shards), nodes))  # file -> Ray node (empty on the local engine)
+        refinery.root.remove_leftover_temporaries(
+            [k for r in results for k in r.hashes] + [stats_key(name, s.key) for s in shards])
         stats = merged_stats(name, results)
         context.log.info(
             f"{name}: {len(context.partition_keys)} batch(es), {len(shards)} file(s), {stats.docs_in} -> "
@@ -186,6 +191,8 @@ def batch_stage_asset(
 
         def metadata(files: list[InputShard], done: list[FileResult]) -> dict[str, Any]:
             extra = {"input_files": dg.MetadataValue.int(len(done))}
+            if ran_on:
+                extra["ray_nodes"] = dg.MetadataValue.json(node_summary([ran_on[f.key] for f in files]))
             if extra_metadata is not None:
                 extra.update(extra_metadata(refinery, files, done))
             return with_provenance(batch_provenance(name, done, version, text_column, documents_out), extra)
@@ -277,8 +284,12 @@ def global_step_asset(
     )
     def _step_asset(context: dg.AssetExecutionContext, refinery: RefineryResource) -> dg.MaterializeResult:
         start = time.perf_counter()
-        result = step(context, refinery)
+        with recording_nodes() as nodes:
+            result = step(context, refinery)
+        if nodes:
+            result.metadata["ray_nodes"] = dg.MetadataValue.json(node_summary(nodes))
         provenance = result.provenance
+        refinery.root.remove_leftover_temporaries(provenance.content_hashes or {})
         if provenance.wall_s is None:
             provenance = replace(provenance, wall_s=time.perf_counter() - start)
         # The data version is the output's, so a rerun that writes the same bytes (a pinned

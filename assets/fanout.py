@@ -1,7 +1,7 @@
 """One file at a time: a per-batch asset's work on each input file of its batches, fanned out over
-`partitions.workers` processes, and what each file's step hands back to the asset. The same pool
-runs the tasks a per-bucket or global step splits into (`task_pool`: the shuffle's and the lineage
-index's passes).
+`partitions.workers` processes (or Ray tasks on a cluster: assets/ray_engine.py), and what each
+file's step hands back to the asset. The same pool runs the tasks a per-bucket or global step splits
+into (`task_pool`: the shuffle's and the lineage index's passes).
 
 A partition is a batch of input files (assets/partitions.py). A file's step reads the file's input
 table, runs a pure stage from `refinery.stages`, writes that file's kept documents, rejects and
@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import polars as pl
 
+from assets import ray_engine
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
@@ -65,7 +66,10 @@ def _run_in_worker(task: Callable[[RefineryResource, Any, dict], Any], item: Any
 
 def map_tasks(refinery: RefineryResource, items: list, task: Callable[[RefineryResource, Any, dict], Any]) -> list:
     """Run `task(resource, item, cache)` on every item, in `partitions.workers` processes (in this
-    one when 1), and return the results in item order whatever order the workers finish in."""
+    one when 1), or as Ray tasks under `execution.engine: ray`, and return the results in item
+    order whatever order the workers finish in."""
+    if refinery.config.execution.engine == "ray":
+        return ray_engine.map_tasks(refinery, items, task, ray_engine.new_runner())
     workers = min(refinery.config.partitions.workers, len(items))
     if workers <= 1:
         cache: dict = {}
@@ -90,7 +94,13 @@ def task_pool(refinery: RefineryResource) -> Iterator[RunTasks]:
     """A `refinery.tasks.RunTasks` that fans a step's tasks out like the per-file steps: over
     `partitions.workers` spawned processes, each with its own resource and data root, one pool
     (started on the first call that has more than one task) serving every call in the block, so a
-    step's passes pay the workers' start once. With one worker, tasks run in this process."""
+    step's passes pay the workers' start once. With one worker, tasks run in this process. Under
+    `execution.engine: ray` the calls of the block are Ray tasks of one runner (sharing a cache in
+    each Ray worker, as the pool's workers do)."""
+    if refinery.config.execution.engine == "ray":
+        runner = ray_engine.new_runner()
+        yield lambda task, items: ray_engine.map_tasks(refinery, items, partial(_on_root, task), runner)
+        return
     workers = refinery.config.partitions.workers
     pool: ProcessPoolExecutor | None = None
     cache: dict = {}

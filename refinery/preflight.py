@@ -33,6 +33,7 @@ import copy
 import errno
 import fnmatch
 import glob
+import importlib.util
 import json
 import os
 import stat
@@ -322,6 +323,9 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
                     f"{sorted(fed)}); set stages.quality.{field} to buckets of your sources, or stages.quality.enabled: "
                     f"false to run without a quality classifier"
                 )
+    if cfg.execution.engine == "ray" and importlib.util.find_spec("ray") is None:
+        problems.append("execution.engine: ray, and the `ray` package is not installed here; install it "
+                        "(pip install 'refinery[ray]') or use engine: local")
     return problems + difficulty_problems(cfg, needs)
 
 

@@ -211,3 +211,25 @@ def local_instance_factory(postgres_server, tmp_path):
     finally:
         for local in started:
             local.stop()
+
+
+@pytest.fixture
+def ray_cluster(ray_cluster_of_session):
+    """The session's Ray cluster with all three nodes joined."""
+    return ray_cluster_of_session.ready()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster_of_session(tmp_path_factory):
+    """A Ray cluster of three nodes on 127.0.0.1 (a head and two worker nodes, one CPU each, each its
+    own `ray start`) for the whole session; a test that kills a worker node replaces it."""
+    from helpers.ray_cluster import start_cluster
+
+    cluster = start_cluster(tmp_path_factory.mktemp("ray-cluster"))
+    try:
+        yield cluster
+    finally:
+        import ray
+
+        ray.shutdown()  # this process may have joined as a driver
+        cluster.stop()

@@ -299,3 +299,24 @@ def test_config_curriculum_and_documents_load_without_the_stages_or_the_layers_a
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("execution, expected", [
+    ({"engine": "ray"}, "execution: engine: ray needs `address`"),
+    ({"engine": "ray", "address": "head node:6379"}, "execution.address: 'head node:6379' is not a Ray address"),
+    ({"engine": "ray", "address": "auto", "max_retries": -1}, "execution.max_retries"),
+    ({"engine": "dask"}, "execution.engine"),
+])
+def test_an_execution_engine_that_cannot_run_is_refused(tmp_path, capsys, execution, expected):
+    data = demo_config(tmp_path / "out")
+    data["execution"] = execution
+    assert expected in refused(capsys, tmp_path, data)
+
+
+def test_the_ray_engine_without_ray_installed_is_refused(tmp_path, capsys, monkeypatch):
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    data = demo_config(tmp_path / "out")
+    data["execution"] = {"engine": "ray", "address": "127.0.0.1:6379"}
+    err = refused(capsys, tmp_path, data)
+    assert "execution.engine: ray, and the `ray` package is not installed here" in err

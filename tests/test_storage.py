@@ -191,3 +191,20 @@ def test_credentials_never_reach_repr_or_errors(moto_s3, tmp_path):
     text = str(info.value)
     assert "s3://no-such-bucket/x/a.json" in text and "AWS_SECRET_ACCESS_KEY" in text
     assert SECRET not in text
+
+
+def test_leftover_temporaries_of_named_keys_are_removed_and_nothing_else(tmp_path):
+    """A writer killed mid-write (SIGKILL: no cleanup runs) leaves `.<name>.<random>.tmp`; once the
+    key is written again, the step removes those of its keys, not other keys' files or temporaries."""
+    root = LocalDataRoot(tmp_path)
+    root.write_bytes("documents/x/a.parquet", b"a")
+    root.write_bytes("stats/x/a.json", b"{}")
+    root.write_bytes("documents/x/b.parquet", b"b")
+    killed = [tmp_path / "documents/x/.a.parquet.k1_x.tmp", tmp_path / "stats/x/.a.json.zz9.tmp"]
+    kept = [tmp_path / "documents/x/.b.parquet.q2.tmp", tmp_path / "documents/x/.a.parquetz.q3.tmp"]
+    for path in killed + kept:
+        path.write_bytes(b"partial")
+    assert root.list("documents") == ["documents/x/a.parquet", "documents/x/b.parquet"]
+    assert root.remove_leftover_temporaries(["documents/x/a.parquet", "stats/x/a.json", "documents/y/c.parquet"]) == 2
+    assert [p.exists() for p in killed + kept] == [False, False, True, True]
+    assert root.read_bytes("documents/x/a.parquet") == b"a" and root.read_bytes("stats/x/a.json") == b"{}"

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from refinery.config.contamination import ContaminationConfig
 from refinery.config.curriculum import CurriculumConfig
+from refinery.config.execution import ExecutionConfig
 from refinery.config.section import Section
 from refinery.config.sources import PartitionsConfig, SourceConfig
 from refinery.config.stages import StagesConfig
@@ -30,6 +31,7 @@ class RefineryConfig(Section):
     buckets: list[str] = Field(min_length=1)
     sources: list[SourceConfig] = Field(min_length=1)
     partitions: PartitionsConfig = PartitionsConfig()
+    execution: ExecutionConfig = ExecutionConfig()
     stages: StagesConfig = StagesConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     shards: ShardsConfig = ShardsConfig()
@@ -71,8 +73,9 @@ class RefineryConfig(Section):
 
     def fingerprint(self) -> str:
         """A short hash of everything that shapes outputs (not where they are written, nor how the
-        work is partitioned: a document's outputs are per input file whatever the batch)."""
-        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir", "partitions"})
+        work is partitioned or where it runs: a document's outputs are per input file whatever the batch
+        or the machine)."""
+        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir", "partitions", "execution"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -15,13 +15,14 @@ import tempfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 if TYPE_CHECKING:
     import polars as pl
 
 
 PARQUET_COMPRESSION = "zstd"
+TEMPORARY_SUFFIX = ".tmp"  # a file being written is `.<final name>.<random>.tmp` beside its final name
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -47,7 +48,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `final`; rename it into place only if the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=TEMPORARY_SUFFIX, dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -85,6 +86,12 @@ class DataRoot(ABC):
     def display(self, key: str) -> str:
         """How to show `key` to a person (a path or URL)."""
         return f"{self.url.rstrip('/')}/{key}"
+
+    def remove_leftover_temporaries(self, keys: Iterable[str]) -> int:
+        """Delete what killed writers of `keys` left under a temporary name (a process killed
+        mid-write never reaches its cleanup); returns how many. Call it once the keys are written
+        and nothing else writes them. A root whose temporaries live outside it has none."""
+        return 0
 
     # ---- typed helpers, shared by every implementation ------------------------------------------
 

@@ -6,9 +6,9 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
-from refinery.storage.base import DataRoot, atomic_path
+from refinery.storage.base import TEMPORARY_SUFFIX, DataRoot, atomic_path
 
 
 class LocalDataRoot(DataRoot):
@@ -55,3 +55,20 @@ class LocalDataRoot(DataRoot):
 
     def display(self, key: str) -> str:
         return str(self._path(key))
+
+    def remove_leftover_temporaries(self, keys: Iterable[str]) -> int:
+        # One listing a folder, not a glob a key: a stage's folder holds a file per input file.
+        names_by_folder: dict[Path, set[str]] = {}
+        for key in keys:
+            path = self._path(key)
+            names_by_folder.setdefault(path.parent, set()).add(path.name)
+        removed = 0
+        for folder, names in names_by_folder.items():
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder):
+                name = entry.name
+                if name.startswith(".") and name.endswith(TEMPORARY_SUFFIX) and name[1:].rsplit(".", 2)[0] in names:
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
+        return removed

@@ -1,0 +1,110 @@
+"""The Ray engine: a step's tasks as Ray tasks on a cluster (`execution: {engine: ray, address: ...}`).
+
+`assets.fanout.map_tasks` and `task_pool` send here what they would otherwise hand their local
+pool. Each task runs on whichever node Ray picks, makes the run's resource from the config path (the
+same path on every node) and reads and writes the data root itself; only its small result and the
+id of the node that ran it come back. A task whose worker process or node dies is retried
+(`execution.max_retries`); its outputs are written under a temporary name and renamed, so a retried
+task leaves no partial table, and a retry writes the same bytes to the same keys (no duplicate row).
+
+Why our own tasks and not dagster-ray's `ray_executor` (one Ray job per Dagster step): a step here
+is a batch of many files, a bucket's key ranges or a phase's tables, and the unit that must spread
+over machines is the file or range within it (docs/scale-out.md). `ray` is imported only here, and
+only when the engine is Ray: the default install has no Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator
+
+from assets.resource import RefineryResource
+from refinery.config import task_memory_bytes
+
+# The nodes that ran the tasks of the step being recorded (`recording_nodes`), one entry a task.
+_nodes_of_step: ContextVar[list[str] | None] = ContextVar("nodes_of_step", default=None)
+
+# In a Ray worker process: the resource and cache of the one runner (a step's fan-out) it last
+# served. A worker outlives steps, and a cache is only valid for its runner's life.
+_worker_state: dict[str, tuple[RefineryResource, dict]] = {}
+_remote: Any = None  # the Ray remote function, made once a process
+_connected_to: str | None = None
+
+
+@contextmanager
+def recording_nodes() -> Iterator[list[str]]:
+    """Collect, in task order, the id of the node that ran each Ray task started within the block
+    (nothing under the local engine)."""
+    nodes: list[str] = []
+    token = _nodes_of_step.set(nodes)
+    try:
+        yield nodes
+    finally:
+        _nodes_of_step.reset(token)
+
+
+def node_summary(nodes: list[str]) -> dict[str, int]:
+    """Tasks per node id, the node ids sorted."""
+    return dict(sorted(Counter(nodes).items()))
+
+
+def _run_task(settings: tuple, runner: str, task: Callable[[RefineryResource, Any, dict], Any], item: Any) -> tuple[str, Any]:
+    import ray
+
+    state = _worker_state.get(runner)
+    if state is None:
+        _worker_state.clear()
+        state = _worker_state[runner] = (RefineryResource.from_worker_settings(*settings), {})
+    resource, cache = state
+    return ray.get_runtime_context().get_node_id(), task(resource, item, cache)
+
+
+def connect(address: str) -> None:
+    """Join the cluster at `address` once per process (again when the address changes)."""
+    global _connected_to, _remote
+    import ray
+
+    if ray.is_initialized() and _connected_to == address:
+        return
+    if ray.is_initialized():
+        ray.shutdown()
+    # log_to_driver off: a task's log lines would interleave with the step's on the run's stdout.
+    ray.init(address=address, namespace="refinery", log_to_driver=False, logging_level=logging.WARNING)
+    _connected_to = address
+    if _remote is None:
+        _remote = ray.remote(_run_task)
+
+
+def new_runner() -> str:
+    """A fresh runner id: tasks of one runner share a cache in each worker, runners never do."""
+    return uuid.uuid4().hex
+
+
+def map_tasks(refinery: RefineryResource, items: list, task: Callable[[RefineryResource, Any, dict], Any],
+              runner: str) -> list:
+    """Run `task(resource, item, cache)` for every item as Ray tasks and return the results in item
+    order; the node of each task goes to the block of `recording_nodes`, if any. A task's exception
+    is raised here as itself."""
+    import ray
+
+    cfg = refinery.config
+    connect(cfg.execution.address)
+    options = {
+        "num_cpus": 1,
+        "memory": task_memory_bytes(cfg.execution, cfg.stages.extract.batch_bytes, cfg.stages.extract.max_record_bytes),
+        "max_retries": cfg.execution.max_retries,
+    }
+    settings = refinery.worker_settings()
+    refs = [_remote.options(**options).remote(settings, runner, task, item) for item in items]
+    try:
+        done = ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        raise err.as_instanceof_cause() from None
+    recorded = _nodes_of_step.get()
+    if recorded is not None:
+        recorded.extend(node for node, _ in done)
+    return [result for _, result in done]

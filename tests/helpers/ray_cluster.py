@@ -1,0 +1,141 @@
+"""A real Ray cluster on 127.0.0.1 for the tests: a head and worker nodes, each its own `ray start
+--block` process group (its raylet, its workers), one CPU each, as a user starts one per host.
+
+One cluster serves the whole test session (the `ray_cluster` fixture in conftest.py); a test that
+kills a worker node (`kill_worker`) starts a fresh one in its place (`replace_worker`), and the
+fixture waits (`ready`) until the next test finds the same shape. The nodes' workers import this checkout (PYTHONPATH), not whatever
+copy of the package is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 90
+
+
+@dataclass
+class RayNode:
+    process: subprocess.Popen
+    node_manager_port: int
+    log: Path
+
+    def node_id(self, address: str) -> str | None:
+        """This node's Ray id while it is alive in the cluster at `address` (None until it joined)."""
+        for node in cluster_nodes(address):
+            if node["NodeManagerPort"] == self.node_manager_port and node["Alive"]:
+                return node["NodeID"]
+        return None
+
+
+@dataclass
+class RayCluster:
+    address: str
+    workdir: Path
+    head: RayNode
+    workers: list[RayNode] = field(default_factory=list)
+
+    def node_ids(self) -> list[str]:
+        return [n.node_id(self.address) for n in [self.head, *self.workers]]
+
+    def kill_worker(self, index: int) -> str:
+        """SIGKILL every process of worker node `index` (its raylet and the workers running its
+        tasks, all in its process group); returns the node's id."""
+        node = self.workers[index]
+        node_id = node.node_id(self.address)
+        os.killpg(node.process.pid, signal.SIGKILL)
+        node.process.wait(timeout=30)
+        return node_id
+
+    def replace_worker(self, index: int) -> None:
+        """Start a new worker node in place of worker `index` (`ready` waits for it to join)."""
+        self.workers[index] = start_node(self.workdir, f"worker{index}-{time.monotonic_ns()}", ["--address", self.address])
+
+    def ready(self) -> "RayCluster":
+        """Wait until every node has joined (a killed node may count as alive a while, so each
+        node is looked up by its own port)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while None in self.node_ids():
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(n.log) for n in [self.head, *self.workers])
+                raise RuntimeError(f"the Ray cluster at {self.address} did not get all its nodes; see {logs}")
+            time.sleep(1)
+        return self
+
+    def stop(self) -> None:
+        for node in [*self.workers, self.head]:
+            if node.process.poll() is None:
+                os.killpg(node.process.pid, signal.SIGKILL)
+                node.process.wait(timeout=30)
+
+
+def ray_binary() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def node_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO),
+                                                                      os.environ.get("PYTHONPATH")])),
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def start_node(workdir: Path, name: str, extra: list[str]) -> RayNode:
+    port = free_port()
+    log = workdir / f"{name}.log"
+    # Every port a node binds, chosen free: nodes sharing a host would otherwise collide on the
+    # defaults (metrics, agents, object manager) and the second raylet would die at start.
+    ports = [f"--{flag}={free_port()}" for flag in ("object-manager-port", "metrics-export-port",
+                                                     "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                     "runtime-env-agent-port")]
+    command = [ray_binary(), "start", "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
+               "--node-manager-port", str(port), *ports, "--disable-usage-stats", *extra]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=node_env(),
+                                   start_new_session=True)
+    return RayNode(process, port, log)
+
+
+def cluster_nodes(address: str) -> list[dict]:
+    """`ray.nodes()` of the cluster, asked from a short-lived process (this one stays no driver)."""
+    code = "import json, ray; ray.init(address=%r, logging_level='ERROR'); print(json.dumps(ray.nodes()))" % address
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=node_env(), timeout=60)
+    if out.returncode != 0:
+        return []
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def start_cluster(workdir: Path, workers: int = 2) -> RayCluster:
+    """A head and `workers` worker nodes on 127.0.0.1, one CPU each, dashboard off."""
+    if shutil.which(ray_binary()) is None:
+        raise RuntimeError(f"{ray_binary()} is missing: install the test extra (pip install -e '.[test]')")
+    workdir.mkdir(parents=True, exist_ok=True)
+    gcs_port = free_port()
+    address = f"127.0.0.1:{gcs_port}"
+    # A short temp dir of its own: Ray's socket paths must stay under 108 bytes, and another
+    # session's cluster on this machine keeps its files apart.
+    temp_dir = Path(f"/tmp/ray-{gcs_port}")
+    head = start_node(workdir, "head", ["--head", "--port", str(gcs_port), "--include-dashboard", "false",
+                                        "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)])
+    cluster = RayCluster(address, workdir, head)
+    try:
+        cluster.ready()
+        for i in range(workers):  # one at a time: raylets starting together have collided on a port
+            cluster.workers.append(start_node(workdir, f"worker{i}", ["--address", address]))
+            cluster.ready()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
