@@ -49,6 +49,12 @@ def with_provenance(provenance: Provenance, metadata: dict[str, Any], first: boo
     return {**shared, **metadata} if first else {**metadata, **shared}
 
 
+def versioned(context: dg.AssetExecutionContext, code: str) -> str:
+    """The code version the asset runs under: its code's, with the digest of the config it reads
+    when the definitions added it (orchestration/definitions.py, `config_versioned`)."""
+    return context.assets_def.code_versions_by_key.get(context.asset_key) or code
+
+
 # ---- per-batch stages ------------------------------------------------------------------------------
 
 
@@ -195,7 +201,8 @@ def batch_stage_asset(
                 extra["ray_nodes"] = dg.MetadataValue.json(node_summary([ran_on[f.key] for f in files]))
             if extra_metadata is not None:
                 extra.update(extra_metadata(refinery, files, done))
-            return with_provenance(batch_provenance(name, done, version, text_column, documents_out), extra)
+            return with_provenance(batch_provenance(name, done, versioned(context, version), text_column, documents_out),
+                                   extra)
 
         if len(context.partition_keys) == 1:
             version_of_output = output_data_version({k: v for r in results for k, v in r.hashes.items()})
@@ -288,7 +295,7 @@ def global_step_asset(
             result = step(context, refinery)
         if nodes:
             result.metadata["ray_nodes"] = dg.MetadataValue.json(node_summary(nodes))
-        provenance = result.provenance
+        provenance = replace(result.provenance, code_version=versioned(context, result.provenance.code_version))
         refinery.root.remove_leftover_temporaries(provenance.content_hashes or {})
         if provenance.wall_s is None:
             provenance = replace(provenance, wall_s=time.perf_counter() - start)

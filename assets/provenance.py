@@ -12,11 +12,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import inspect
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 import polars as pl
@@ -41,6 +42,60 @@ def module_sources(module: ModuleType) -> list[str]:
         return [inspect.getsource(module)]
     files = sorted(Path(p) for folder in module.__path__ for p in Path(folder).rglob("*.py"))
     return [f.read_text(encoding="utf-8") for f in files]
+
+
+# The config each asset's output depends on: dotted paths into the config (`stages.heuristic`,
+# `seed`). Its Dagster code version carries their digest (`with_config_version`), so an edited value
+# shows as a changed version in the UI and to `refinery demo --changed`, for the assets that read
+# it and no others. Where the paths run to a section, a field added to it later is covered.
+CONFIG_READ: dict[str, tuple[str, ...]] = {
+    "raw_documents": ("sources", "stages.extract", "stages.record_timeout_s"),
+    "extracted_text": ("sources", "stages.extract", "stages.record_timeout_s"),
+    "language_filtered": ("sources", "stages.language", "stages.record_timeout_s"),
+    "heuristic_filtered": ("sources", "stages.heuristic", "stages.custom_filters", "stages.record_timeout_s"),
+    "dedup_signatures": ("sources", "seed", "stages.exact_dedup", "stages.near_dedup"),
+    "exact_deduped": ("stages.exact_dedup",),
+    "near_deduped": ("seed", "stages.near_dedup"),
+    "near_dup_clusters": ("seed", "stages.near_dedup"),
+    "deduped": ("sources", "stages.exact_dedup", "stages.near_dedup"),
+    "quality_model": ("seed", "buckets", "sources", "stages.quality"),
+    "quality_scored": ("sources", "stages.quality", "stages.record_timeout_s"),
+    "pii_redacted": ("sources", "stages.pii", "stages.safety", "stages.record_timeout_s"),
+    "funnel_report": (),
+    "tokenizer": ("seed", "buckets", "tokenizer"),
+    "difficulty_model": ("seed", "stages.difficulty"),
+    "tokenized_shards": ("tokenizer", "shards", "stages.difficulty"),
+    "shuffled_shards": ("seed", "shards"),
+    "lineage_index": ("shards",),
+    "phase_manifests": ("seed", "buckets", "shards", "curriculum", "training"),
+    "contamination_scan": ("curriculum", "contamination"),
+    "training_run": ("seed", "curriculum", "training"),
+}
+
+
+def config_digest(cfg: Any, paths: tuple[str, ...]) -> str:
+    """A short hash of the values at `paths` of the config (each as JSON, with its path)."""
+    data = cfg.model_dump(mode="json")
+    values = {}
+    for path in paths:
+        value = data
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        values[path] = value
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def config_versioned(cfg: Any) -> Callable[[dg.AssetSpec], dg.AssetSpec]:
+    """What `Definitions.map_asset_specs` applies: an asset's spec whose code version is its code's
+    and the digest of the config it reads (`CONFIG_READ`), `<code>-c<config>`."""
+    def spec_with_config(spec: dg.AssetSpec) -> dg.AssetSpec:
+        name = spec.key.to_user_string()
+        if name not in CONFIG_READ:
+            raise ValueError(f"asset {name!r} has no entry in assets/provenance.py CONFIG_READ: name the config "
+                             f"paths its output depends on (an empty tuple when none)")
+        return spec.replace_attributes(code_version=f"{spec.code_version}-c{config_digest(cfg, CONFIG_READ[name])}")
+
+    return spec_with_config
 
 
 def code_version(*objs: Any) -> str:

@@ -4,7 +4,8 @@ saying first what will run and why.
 Staleness is Dagster's own (`CachingStaleStatusResolver`, what the UI's "stale" badge shows): a
 partition never materialized is missing; one whose asset's code version differs from the one it was
 materialized with (an edited stage, an edited custom filter: assets/funnel.py puts the filters'
-source in heuristic_filtered's version) has a new code version; one whose inputs' data versions
+source in heuristic_filtered's version; an edited config value the asset reads: `CONFIG_READ` in
+assets/provenance.py) has a new code version; one whose inputs' data versions
 moved since has changed upstream. Dagster reports only direct causes, so what depends on a planned
 partition is planned too ("upstream reruns"): after the rerun its input may change. Data versions are
 the hash of what each partition wrote (assets/factory.py), so a rerun that writes the same bytes
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import dagster as dg
 
 MISSING, CODE_CHANGED, UPSTREAM_CHANGED, UPSTREAM_RERUNS = (
-    "missing", "code version changed", "upstream data changed", "upstream reruns")
+    "missing", "code or config changed", "upstream data changed", "upstream reruns")
 
 
 @dataclass

@@ -9,10 +9,13 @@ before any asset can run.
 
 from __future__ import annotations
 
+import warnings
+
 import dagster as dg
 
 from assets import contamination, curriculum, dedup, funnel, quality, report, tokens, training
 from assets.partitions import Partitions
+from assets.provenance import config_versioned
 from orchestration import automation, schedules, sensors
 from orchestration.resources import build_resources, config_path_from_env
 from refinery import preflight
@@ -26,7 +29,11 @@ def build_definitions(config_path: str) -> dg.Definitions:
     cfg = preflight.require(config_path, preflight.DEFINITIONS)
     parts = Partitions.from_config(cfg)
     pieces = [module.build_definitions(cfg, parts) for module in DEFINITION_MODULES]
-    return dg.Definitions.merge(*pieces, dg.Definitions(resources=build_resources(config_path)))
+    merged = dg.Definitions.merge(*pieces, dg.Definitions(resources=build_resources(config_path)))
+    # Each asset's code version also carries the config it reads, so a changed value makes it stale.
+    with warnings.catch_warnings():  # Dagster 1.13 marks map_asset_specs preview
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return merged.map_asset_specs(func=config_versioned(cfg))
 
 
 defs = build_definitions(config_path_from_env())

@@ -1,7 +1,8 @@
 """Per-partition truth and `refinery demo --changed` (issue 25, items 3 and 4): each batch of a run
 over many has its own data version, the hash of what it wrote, so a batch re-run alone changes no
 version and marks nothing stale; an edited custom filter reruns heuristic_filtered and what reads
-it, not ingest, extraction or language ID, and a pinned tokenizer keeps its bytes."""
+it, not ingest, extraction or language ID, and a pinned tokenizer keeps its bytes; an edited config
+value reruns the assets that read it."""
 
 import json
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 from dagster._core.definitions.data_version import StaleStatus
 
 from orchestration.changed import CODE_CHANGED, MISSING, UPSTREAM_RERUNS, stale_plan
@@ -122,7 +124,19 @@ def test_an_edited_custom_filter_reruns_what_reads_it_and_keeps_the_pinned_token
         assert list(planned[0].reasons) == [CODE_CHANGED] and len(planned[0].partitions) == 3
         assert all(list(p.reasons) == [UPSTREAM_RERUNS] for p in planned[1:])
         assert lines[0].startswith(f"Will materialize {len(planned)} asset(s)")
-        assert lines[1] == "  heuristic_filtered: code version changed (3 partition(s))"
+        assert lines[1] == "  heuristic_filtered: code or config changed (3 partition(s))"
 
         assert root.read_bytes(TOKENIZER_KEY) == tokenizer_json, "the pinned tokenizer.json is kept byte for byte"
         assert metadata(instance, "tokenizer")["source"] == f"reused pinned {TOKENIZER_KEY}"
+
+        # A value in the YAML, no code: only the assets that read it, and what follows them.
+        data = yaml.safe_load(config.read_text())
+        data["stages"]["pii"] = {"email": False}
+        config.write_text(yaml.safe_dump(data))
+        defs = build_definitions(str(config))
+        planned = stale_plan(defs, instance)
+        graph = defs.resolve_asset_graph()
+        after_pii = {k.to_user_string() for k in graph.materializable_asset_keys
+                     if dg.AssetKey("pii_redacted") in graph.get_ancestor_asset_keys(k)}
+        assert {p.key.to_user_string() for p in planned} == {"pii_redacted"} | after_pii
+        assert planned[0].key == dg.AssetKey("pii_redacted") and list(planned[0].reasons) == [CODE_CHANGED]

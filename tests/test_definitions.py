@@ -34,3 +34,31 @@ def test_pure_packages_do_not_import_dagster(package):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"{package} pulled in dagster: {out.stdout}{out.stderr}"
+
+
+def test_each_assets_code_version_carries_the_config_it_reads_and_no_other():
+    """CONFIG_READ names every asset of the demo's graph, no more; a value an asset reads changes its
+    version, a value it does not read (or where the work runs) leaves it."""
+    import yaml
+
+    from assets.provenance import CONFIG_READ, config_versioned
+    from orchestration.definitions import build_definitions
+    from refinery.config import parse_config
+
+    defs = build_definitions(str(REPO / "configs" / "demo.yaml"))
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.materializable_asset_keys} == set(CONFIG_READ)
+    data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    base = parse_config(data, str(REPO / "configs"))
+    edited = parse_config({**data, "stages": {**data.get("stages", {}), "pii": {"email": False}},
+                           "partitions": {"workers": 4}, "execution": {"engine": "ray", "address": "auto"}},
+                          str(REPO / "configs"))
+    changed = {name for name in CONFIG_READ
+               if config_versioned(base)(_spec(name)).code_version != config_versioned(edited)(_spec(name)).code_version}
+    assert changed == {"pii_redacted"}
+
+
+def _spec(name: str):
+    import dagster as dg
+
+    return dg.AssetSpec(name, code_version="code")
