@@ -90,14 +90,15 @@ def _on_root(task: Task, refinery: RefineryResource, item: Any, cache: dict) -> 
 
 
 @contextmanager
-def task_pool(refinery: RefineryResource) -> Iterator[RunTasks]:
+def task_pool(refinery: RefineryResource, on_this_machine: bool = False) -> Iterator[RunTasks]:
     """A `refinery.tasks.RunTasks` that fans a step's tasks out like the per-file steps: over
     `partitions.workers` spawned processes, each with its own resource and data root, one pool
     (started on the first call that has more than one task) serving every call in the block, so a
     step's passes pay the workers' start once. With one worker, tasks run in this process. Under
     `execution.engine: ray` the calls of the block are Ray tasks of one runner (sharing a cache in
-    each Ray worker, as the pool's workers do)."""
-    if refinery.config.execution.engine == "ray":
+    each Ray worker, as the pool's workers do), unless `on_this_machine`: tasks that share a folder
+    of this machine run in the local pool whatever the engine."""
+    if refinery.config.execution.engine == "ray" and not on_this_machine:
         runner = ray_engine.new_runner()
         yield lambda task, items: ray_engine.map_tasks(refinery, items, partial(_on_root, task), runner)
         return

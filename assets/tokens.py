@@ -28,6 +28,7 @@ from refinery.layout import rejects_key, stats_key
 from refinery.stages import difficulty as dfc
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
+from refinery.storage import LocalDataRoot
 from refinery import tokenizer_file
 
 GROUP = "tokens"
@@ -139,7 +140,9 @@ def shuffle_bucket(version: str):
         cfg, root, bucket = refinery.config, refinery.root, context.partition_key
         parts = [shard.key for shard in tk.bucket_shards(cfg, bucket)]
         fields = tk.series_fields(cfg, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
-        with task_pool(refinery) as run_tasks:
+        # The scatter and gather tasks meet in a staging folder: inside a local data root (a mount
+        # every node shares), else in this machine's temp folder, where only tasks on it can reach.
+        with task_pool(refinery, on_this_machine=not isinstance(root, LocalDataRoot)) as run_tasks:
             result = sh.shuffle_bucket(root, cfg.seed, bucket, parts, fields, cfg.shards.shard_tokens,
                                        cfg.shards.shuffle_buffer_mb, run_tasks=run_tasks)
         index = result.index
