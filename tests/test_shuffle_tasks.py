@@ -159,3 +159,27 @@ def test_lineage_index_is_the_same_bytes_from_one_process_and_from_two_workers(t
     assert one["sha256"] == two["sha256"]
     final_shards = sum(len(c.root.read_json(layout.shard_index_key(tk.FINAL, b))["shards"]) for b in c.cfg.buckets)
     assert one["tasks"] == two["tasks"] == len(input_shards(c.cfg)) + final_shards
+
+
+def _item_and_root(root, item, cache):
+    return item, str(root.url)
+
+
+def test_tasks_that_meet_in_a_folder_of_this_machine_stay_here_under_the_ray_engine(tmp_path, monkeypatch):
+    """The shuffle under an S3 root stages in this machine's temp folder: its tasks run in the local
+    pool whatever the engine, never as Ray tasks."""
+    from assets import ray_engine
+    from helpers.configs import write_config
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("a task that needs this machine's folder was sent to Ray")
+
+    monkeypatch.setattr(ray_engine, "map_tasks", no_ray)
+    config = write_config(tmp_path, {"data_root": "out", "buckets": ["web"],
+                                     "sources": [{"name": "web", "path": "web/*.jsonl", "format": "jsonl", "bucket": "web"}],
+                                     "execution": {"engine": "ray", "address": "127.0.0.1:6379"}})
+    refinery = RefineryResource(config_path=str(config))
+    with task_pool(refinery, on_this_machine=True) as run_tasks:
+        assert run_tasks(_item_and_root, [3, 1, 2]) == [(i, str(tmp_path / "out")) for i in (3, 1, 2)]
+    with task_pool(refinery) as run_tasks, pytest.raises(AssertionError, match="sent to Ray"):
+        run_tasks(_item_and_root, [1])
