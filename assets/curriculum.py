@@ -1,6 +1,11 @@
 """`phase_manifests`, one partition per curriculum phase, and the blocking check that stops a phase
 whose curriculum fails validation from reaching the contamination scan and the trainer.
 
+A partition's reads of the entry tables (quality cutoffs, difficulty bands, selections and band
+files) run as a task per final shard (per batch of entries for the bands' sums) in the pool of
+`partitions.workers` processes (`assets.fanout.task_pool`); the step adds up the tasks' counts and
+histograms and writes the files, the same bytes whatever ran the tasks.
+
 The manifest is written even when validation fails, so the reason can be read from the file as
 well as from the check; the check then blocks everything downstream.
 """
@@ -9,6 +14,7 @@ import dagster as dg
 
 from refinery import layout
 from assets.factory import StepResult, global_step_asset, phase_check_result, phase_check_spec
+from assets.fanout import task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
@@ -42,12 +48,15 @@ def build_manifest(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root = refinery.config, refinery.root
         phase = context.partition_key
-        report, inventory, selections = cur.validate_data_root(cfg, root)
-        if inventory is None:
-            raise cur.CurriculumError(
-                f"{root.display(layout.FINAL_SHARDS_PREFIX)}: no final shards in any bucket; materialize shuffled_shards first"
-            )
-        manifest = cur.build_phase_manifest(cfg, root, phase, report, inventory, selections)
+        with task_pool(refinery) as pool:
+            run_tasks = cur.CountedTasks(pool)
+            report, inventory, selections = cur.validate_data_root(cfg, root, run_tasks)
+            if inventory is None:
+                raise cur.CurriculumError(
+                    f"{root.display(layout.FINAL_SHARDS_PREFIX)}: no final shards in any bucket; materialize shuffled_shards first"
+                )
+            manifest = cur.build_phase_manifest(cfg, root, phase, report, inventory, selections, run_tasks)
+        context.log.info(f"phase_manifests[{phase}]: {run_tasks.tasks} tasks on {cfg.partitions.workers} workers")
         digest = write_manifest(root, manifest)
         plot_sha = write_schedule_plot(cfg, root, cur.build_schedule(cfg), (report.contract.get("difficulty") or {}).get("bands"))
         for finding in report.errors:
@@ -64,6 +73,7 @@ def build_manifest(version: str):
             Provenance(version, cfg.curriculum.model_dump(mode="json"), hashes),
             {
                 **summary,
+                "tasks": dg.MetadataValue.int(run_tasks.tasks),
                 "token_budget": dg.MetadataValue.int(manifest.token_budget),
                 "seq_len": dg.MetadataValue.int(manifest.seq_len),
                 "lr_scale": dg.MetadataValue.float(manifest.lr_scale),

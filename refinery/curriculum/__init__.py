@@ -10,7 +10,7 @@ manifests.py writes and reads the phase manifests and checks the config against 
 
 from refinery.curriculum.contract import (CurriculumMismatch, Finding, ValidationReport, contract, refuse_invalid,
                                           structure_findings, validate, validate_data_root)
-from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, has_final_shards, phase_selections, read_bucket_inventory, read_inventory, select_top_quality
+from refinery.curriculum.inventory import BucketInventory, CountedTasks, QualitySelection, ShardRef, has_final_shards, phase_selections, read_bucket_inventory, read_inventory, select_top_quality
 from refinery.curriculum.manifests import MANIFEST_VERSION, WEIGHT_TOLERANCE, BucketSlice, ManifestError, PhaseManifest, apply_exclusions, build_phase_manifest, drawn_buckets, manifest_differences, read_manifest, read_selection, refuse_mismatch, selection_npy, stored_manifests, write_manifest
 from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, PhasePlan, PhaseSpan, Schedule,
                                           apply_temperature, batch_tokens, build_schedule, phase_budgets, phase_kind,
@@ -18,7 +18,7 @@ from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, PhaseP
 
 __all__ = [
     "MANIFEST_VERSION", "SUM_TOLERANCE", "WEIGHT_TOLERANCE",
-    "BucketInventory", "BucketSlice", "CurriculumError", "CurriculumMismatch", "Finding", "ManifestError",
+    "BucketInventory", "BucketSlice", "CountedTasks", "CurriculumError", "CurriculumMismatch", "Finding", "ManifestError",
     "PhaseManifest", "PhasePlan", "PhaseSpan", "QualitySelection", "Schedule", "ShardRef", "ValidationReport",
     "apply_exclusions", "apply_temperature", "batch_tokens", "build_phase_manifest", "build_schedule", "contract", "drawn_buckets",
     "has_final_shards", "manifest_differences", "phase_budgets", "phase_kind",

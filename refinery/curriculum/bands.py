@@ -12,6 +12,13 @@ in one band, as do all windows of a document (they share its score): bands hold 
 to such ties. A third pass counts each band's entries, tokens and difficulty sum, and a fourth
 writes the band file. Memory: one batch, plus 512 KiB of histogram per cutoff.
 
+Each pass runs as tasks (`refinery.tasks`), as the quality cutoff's do (inventory.py): the
+histogram passes and the band file's pass a task per final shard, whose results the step adds up or
+writes at each band's offset in shard order; the counting pass a task per `ENTRY_BATCH_ROWS` rows of
+the table, so each band's difficulty sum is added batch by batch in the one order a single reader
+of the table adds it (floating-point sums depend on it), and the manifest's bytes do not depend on
+how the work was split.
+
 Band file (`manifests/<phase>/<bucket>-bands.npy`): the served global entry ids grouped band by
 band in serving order (band 0 is the easiest under `easy_first`, the hardest under `hard_first`),
 ascending within each band; uint32 when every id of the bucket fits, else uint64; the bytes
@@ -27,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from refinery.curriculum.inventory import ENTRY_BATCH_ROWS, score_keys
+from refinery.curriculum.inventory import ENTRY_BATCH_ROWS, TableSlice, run_chunked, score_keys, slice_batches
 from refinery.curriculum.schedule import CurriculumError
+from refinery.tasks import RunTasks, in_process
 
 if TYPE_CHECKING:
     from refinery.config import RefineryConfig
@@ -57,11 +65,11 @@ def npy_header(dtype: np.dtype, count: int) -> bytes:
 
 @dataclass(frozen=True)
 class Served:
-    """Which entries of a bucket a phase serves: `ids` (sorted global ids: a manifest's selection),
-    or the entries whose quality_score is at least `quality_cutoff` (validation, before any selection
-    is written), or every entry."""
+    """Which entries of a bucket a phase serves: those of `selection` (the key of a manifest's sorted
+    global ids, already checked against its sha256), or the entries whose quality_score is at least
+    `quality_cutoff` (validation, before any selection is written), or every entry."""
 
-    ids: np.ndarray | None = None
+    selection: str | None = None
     quality_cutoff: float | None = None
 
 
@@ -79,18 +87,25 @@ def has_difficulty(root: "DataRoot", table_key: str) -> bool:
     return DIFFICULTY_COLUMN in pq.ParquetFile(root.local_path(table_key)).schema_arrow.names
 
 
-def served_batches(root: "DataRoot", table_key: str, served: Served) -> Iterator[ServedBatch]:
-    """The served entries' tokens and difficulty, `ENTRY_BATCH_ROWS` table rows at a time."""
-    import pyarrow.parquet as pq
+def batch_slices(parts: list[TableSlice]) -> list[TableSlice]:
+    """The rows of `parts` (a table's slices, in order) cut at every `ENTRY_BATCH_ROWS` rows of the
+    table instead: the batches a single reader of the whole table reads."""
+    last = parts[-1]
+    total = last.first + last.rows
+    starts = range(0, max(total, 1), ENTRY_BATCH_ROWS)
+    return [TableSlice(last.bucket, last.table, first, min(ENTRY_BATCH_ROWS, total - first), first == starts[-1])
+            for first in starts]
 
-    first = 0
-    table = pq.ParquetFile(root.local_path(table_key))
+
+def served_batches(root: "DataRoot", part: TableSlice, served: Served) -> Iterator[ServedBatch]:
+    """The served entries' tokens and difficulty in the slice, `ENTRY_BATCH_ROWS` table rows at a time."""
+    ids = None if served.selection is None else np.load(root.local_path(served.selection), mmap_mode="r")
     columns = ["tokens", DIFFICULTY_COLUMN] + (["quality_score"] if served.quality_cutoff is not None else [])
-    for batch in table.iter_batches(batch_size=ENTRY_BATCH_ROWS, columns=columns):
+    for first, batch in slice_batches(root, part, columns):
         n = batch.num_rows
-        if served.ids is not None:
-            lo, hi = np.searchsorted(served.ids, [first, first + n])
-            local = np.asarray(served.ids[lo:hi], dtype=np.int64) - first
+        if ids is not None:
+            lo, hi = np.searchsorted(ids, [first, first + n])
+            local = np.asarray(ids[lo:hi], dtype=np.int64) - first
         elif served.quality_cutoff is not None:
             quality = batch.column("quality_score").to_numpy(zero_copy_only=False).astype(np.float64)
             local = np.flatnonzero(quality >= served.quality_cutoff).astype(np.int64)
@@ -99,7 +114,6 @@ def served_batches(root: "DataRoot", table_key: str, served: Served) -> Iterator
         scores = batch.column(DIFFICULTY_COLUMN).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
         tokens = batch.column("tokens").to_numpy(zero_copy_only=False).astype(np.int64)
         yield ServedBatch(first, first + local, tokens[local], scores[local] + 0.0)  # -0.0 becomes 0.0
-        first += n
 
 
 def _prefixes(scores: np.ndarray) -> np.ndarray:
@@ -107,24 +121,51 @@ def _prefixes(scores: np.ndarray) -> np.ndarray:
     return score_keys(scores[~np.isnan(scores)]) >> PREFIX_SHIFT
 
 
-def band_cutoffs(root: "DataRoot", table_key: str, served: Served, bands: int) -> tuple[np.ndarray, int]:
-    """(the bands - 1 ascending cutoff prefixes, scored served entries): ascending band k holds the
-    scored entries whose prefix lies in [cutoff k-1, cutoff k). Two passes over the table."""
+def _sparse(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    reached = np.flatnonzero(counts)
+    return reached, counts[reached]
+
+
+def level1_task(root: "DataRoot", item: tuple[TableSlice, Served], cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """One slice's histogram of the served scores' leading 16 key bits, sparse: (bins, counts) (a task)."""
+    part, served = item
     level1 = np.zeros(BINS, dtype=np.int64)
-    for batch in served_batches(root, table_key, served):
+    for batch in served_batches(root, part, served):
         level1 += np.bincount((_prefixes(batch.scores) >> np.uint64(LEVEL_BITS)).astype(np.intp), minlength=BINS)
+    return _sparse(level1)
+
+
+def level2_task(root: "DataRoot", item: tuple[TableSlice, Served, list[int]],
+                cache: dict) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """One slice's histograms of the next 16 key bits inside each of the `chosen` leading bins,
+    sparse (a task)."""
+    part, served, chosen_bins = item
+    chosen = np.array(chosen_bins, dtype=np.uint64)
+    level2 = {b: np.zeros(BINS, dtype=np.int64) for b in chosen_bins}
+    for batch in served_batches(root, part, served):
+        prefixes = _prefixes(batch.scores)
+        high = prefixes >> np.uint64(LEVEL_BITS)
+        for b in chosen[np.isin(chosen, high)].tolist():
+            level2[b] += np.bincount((prefixes[high == b] & np.uint64(BINS - 1)).astype(np.intp), minlength=BINS)
+    return {b: _sparse(counts) for b, counts in level2.items() if counts.any()}
+
+
+def band_cutoffs(run_tasks: RunTasks, parts: list[TableSlice], served: Served, bands: int) -> tuple[np.ndarray, int]:
+    """(the bands - 1 ascending cutoff prefixes, scored served entries): ascending band k holds the
+    scored entries whose prefix lies in [cutoff k-1, cutoff k). Two passes over the table, a task per slice."""
+    level1 = np.zeros(BINS, dtype=np.int64)
+    for reached, counts in run_chunked(run_tasks, level1_task, [(part, served) for part in parts]):
+        level1[reached] += counts
     scored = int(level1.sum())
     ranks = [-(-k * scored // bands) for k in range(1, bands)]  # the ascending rank each band from the second starts at
     cum = np.cumsum(level1)
     wanted = [(int(np.searchsorted(cum, r, side="right")), r) for r in ranks if r < scored]
     level2 = {b: np.zeros(BINS, dtype=np.int64) for b, _ in wanted}
     if level2:
-        chosen = np.array(sorted(level2), dtype=np.uint64)
-        for batch in served_batches(root, table_key, served):
-            prefixes = _prefixes(batch.scores)
-            high = prefixes >> np.uint64(LEVEL_BITS)
-            for b in chosen[np.isin(chosen, high)].tolist():
-                level2[b] += np.bincount((prefixes[high == b] & np.uint64(BINS - 1)).astype(np.intp), minlength=BINS)
+        chosen = sorted(level2)
+        for found in run_chunked(run_tasks, level2_task, [(part, served, chosen) for part in parts]):
+            for b, (reached, counts) in found.items():
+                level2[b][reached] += counts
     cutoffs = []
     for b, r in wanted:
         inside = r - (int(cum[b - 1]) if b else 0)
@@ -159,22 +200,38 @@ class BucketBands:
                 "unscored": self.unscored}
 
 
-def bucket_bands(root: "DataRoot", table_key: str, served: Served, bands: int,
-                 descending: bool) -> BucketBands | None:
-    """The bucket's bands under an order (three passes over its entry table); None when no served
-    entry has a difficulty (the score was not computed for the bucket)."""
-    if not has_difficulty(root, table_key):
+def band_totals_task(root: "DataRoot", item: tuple[TableSlice, Served, list[int], bool],
+                     cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One batch slice's served entries, tokens and difficulty sum per band (and the unscored band),
+    each sum added up in row order in one bincount, as a reader of that batch adds it (a task)."""
+    part, served, cutoff_list, descending = item
+    cutoffs = np.array(cutoff_list, dtype=np.uint64)
+    read = list(served_batches(root, part, served))
+    scores = np.concatenate([np.zeros(0)] + [batch.scores for batch in read])
+    tokens = np.concatenate([np.zeros(0, dtype=np.int64)] + [batch.tokens for batch in read])
+    band, slots = served_band(scores, cutoffs, descending), len(cutoffs) + 2
+    return (np.bincount(band, minlength=slots), np.bincount(band, weights=tokens, minlength=slots).astype(np.int64),
+            np.bincount(band, weights=np.nan_to_num(scores), minlength=slots))
+
+
+def bucket_bands(root: "DataRoot", parts: list[TableSlice], served: Served, bands: int, descending: bool,
+                 run_tasks: RunTasks | None = None) -> BucketBands | None:
+    """The bucket's bands under an order (three passes over its entry table `parts`, as tasks run by
+    `run_tasks`; default: in this process); None when no served entry has a difficulty (the score was
+    not computed for the bucket, or the bucket has no shards)."""
+    run_tasks = run_tasks or in_process(root)
+    if not parts or not has_difficulty(root, parts[0].table):
         return None
-    cutoffs, scored = band_cutoffs(root, table_key, served, bands)
+    cutoffs, scored = band_cutoffs(run_tasks, parts, served, bands)
     if scored == 0:
         return None
     entries, tokens = np.zeros(bands + 1, dtype=np.int64), np.zeros(bands + 1, dtype=np.int64)
     sums = np.zeros(bands + 1, dtype=np.float64)
-    for batch in served_batches(root, table_key, served):
-        band = served_band(batch.scores, cutoffs, descending)
-        entries += np.bincount(band, minlength=bands + 1)
-        tokens += np.bincount(band, weights=batch.tokens, minlength=bands + 1).astype(np.int64)
-        sums += np.bincount(band, weights=np.nan_to_num(batch.scores), minlength=bands + 1)
+    items = [(part, served, cutoffs.tolist(), descending) for part in batch_slices(parts)]
+    for batch_entries, batch_tokens, batch_sums in run_chunked(run_tasks, band_totals_task, items):
+        entries += batch_entries
+        tokens += batch_tokens
+        sums += batch_sums
     unscored = int(entries[bands])
     kept = bands + (1 if unscored else 0)
     means = [float(s / n) if n else None for s, n in zip(sums[:bands].tolist(), entries[:bands].tolist())]
@@ -182,28 +239,41 @@ def bucket_bands(root: "DataRoot", table_key: str, served: Served, bands: int,
                        cutoffs.tolist(), unscored)
 
 
-def write_band_file(root: "DataRoot", key: str, table_key: str, served: Served, total_entries: int,
-                    bands: BucketBands, descending: bool) -> str:
-    """Write the band file (module doc) under `key` in one more pass; returns its sha256. Each
-    band's ids land at the band's offset as the batches stream, so nothing per entry is held."""
+def band_ids_task(root: "DataRoot", item: tuple[TableSlice, Served, list[int], bool],
+                  cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """One slice's served ids grouped by band, ascending within each, and each band's count (the
+    unscored band last) (a task)."""
+    part, served, cutoff_list, descending = item
+    cutoffs = np.array(cutoff_list, dtype=np.uint64)
+    read = list(served_batches(root, part, served))
+    ids = np.concatenate([np.zeros(0, dtype=np.int64)] + [batch.ids for batch in read])
+    band = np.concatenate([np.zeros(0, dtype=np.int64)] + [served_band(batch.scores, cutoffs, descending) for batch in read])
+    return ids[np.argsort(band, kind="stable")], np.bincount(band, minlength=len(cutoffs) + 2)
+
+
+def write_band_file(root: "DataRoot", key: str, parts: list[TableSlice], served: Served, total_entries: int,
+                    bands: BucketBands, descending: bool, run_tasks: RunTasks | None = None) -> str:
+    """Write the band file (module doc) under `key` in one more pass, a task per slice; returns its
+    sha256. Each slice's ids of a band land at the band's offset in slice order, so nothing per
+    entry is held beyond a chunk of slices."""
     dtype = band_dtype(total_entries)
-    cutoffs = np.array(bands.cutoffs, dtype=np.uint64)
+    table_key = parts[0].table
     header = npy_header(dtype, sum(bands.entries))
     at = len(header) + dtype.itemsize * np.cumsum([0, *bands.entries])[:-1]
     written = np.zeros(len(bands.entries), dtype=np.int64)
+    items = [(part, served, bands.cutoffs, descending) for part in parts]
     with root.writer(key) as tmp, open(tmp, "wb") as f:
         f.write(header)
         f.truncate(len(header) + dtype.itemsize * sum(bands.entries))
-        for batch in served_batches(root, table_key, served):
-            band = served_band(batch.scores, cutoffs, descending)
-            for b in np.unique(band).tolist():
-                ids = batch.ids[band == b]  # ascending: the table is read in global id order
-                if b >= len(bands.entries) or written[b] + len(ids) > bands.entries[b]:
+        for ids, counts in run_chunked(run_tasks or in_process(root), band_ids_task, items):
+            ends = np.cumsum(counts)
+            for b in np.flatnonzero(counts).tolist():
+                if b >= len(bands.entries) or written[b] + counts[b] > bands.entries[b]:
                     raise CurriculumError(f"{root.display(table_key)}: the difficulty column changed while "
                                           "phase_manifests read it; rebuild the manifest")
                 f.seek(int(at[b]) + dtype.itemsize * int(written[b]))
-                f.write(ids.astype(dtype).tobytes())
-                written[b] += len(ids)
+                f.write(ids[ends[b] - counts[b]:ends[b]].astype(dtype).tobytes())
+                written[b] += counts[b]
         if written.tolist() != bands.entries:
             raise CurriculumError(f"{root.display(table_key)}: the entry table changed while phase_manifests read "
                                   "it; rebuild the manifest")

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from refinery.config import ConfigError, RefineryConfig
 from refinery.curriculum.bands import Served, bucket_bands, difficulty_progress
-from refinery.curriculum.inventory import (BucketInventory, QualitySelection, has_final_shards, phase_selections,
-                                           read_inventory)
+from refinery.curriculum.inventory import (BucketInventory, QualitySelection, has_final_shards, inventory_slices,
+                                           phase_selections, read_inventory)
 from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, Schedule, batch_tokens, build_schedule,
                                           phase_kind)
 
 if TYPE_CHECKING:
     from refinery.storage import DataRoot
+    from refinery.tasks import RunTasks
 
 
 class CurriculumMismatch(ConfigError):
@@ -317,9 +318,10 @@ def validate(
 
 
 def phase_bands(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory],
-                selections: dict[str, dict[str, QualitySelection]]) -> PhaseBands:
+                selections: dict[str, dict[str, QualitySelection]], run_tasks: "RunTasks | None" = None) -> PhaseBands:
     """For each ordered phase, each non-empty bucket's difficulty bands over the entries the phase
-    serves (its quality cutoff's, or all), streamed from the entry tables (bands.py)."""
+    serves (its quality cutoff's, or all), streamed from the entry tables (bands.py) by tasks run by
+    `run_tasks` (default: in this process)."""
     assert cfg.curriculum is not None
     out: PhaseBands = {}
     for p in cfg.curriculum.phases:
@@ -332,23 +334,24 @@ def phase_bands(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, Buck
                 continue
             sel = selections.get(p.name, {}).get(b)
             served = Served(quality_cutoff=None if sel is None else sel.cutoff)
-            found = bucket_bands(root, inv.entries_table, served, p.order.bands, descending)
+            found = bucket_bands(root, inventory_slices(inv), served, p.order.bands, descending, run_tasks)
             out[p.name][b] = None if found is None else found.to_json()
     return out
 
 
-def validate_data_root(cfg: RefineryConfig, root: "DataRoot") -> tuple[ValidationReport, dict[str, BucketInventory] | None, dict[str, dict[str, QualitySelection]]]:
+def validate_data_root(cfg: RefineryConfig, root: "DataRoot", run_tasks: "RunTasks | None" = None) -> tuple[ValidationReport, dict[str, BucketInventory] | None, dict[str, dict[str, QualitySelection]]]:
     """Validate against what the data root holds: inventory from the final shards' index.json when
-    there are any, and the quality cutoffs' selections streamed from their entry tables."""
+    there are any, and the quality cutoffs' selections and the difficulty bands streamed from their
+    entry tables, a task per final shard run by `run_tasks` (default: in this process)."""
     if not has_final_shards(root, cfg.buckets):
         return validate(cfg), None, {}
     inventory = read_inventory(root, cfg.buckets)
-    selections = phase_selections(cfg, root, inventory)
+    selections = phase_selections(cfg, root, inventory, run_tasks)
     report = validate(
         cfg,
         {b: inv.tokens for b, inv in inventory.items()},
         {ph: {b: s.tokens for b, s in sel.items()} for ph, sel in selections.items()},
-        phase_bands(cfg, root, inventory, selections),
+        phase_bands(cfg, root, inventory, selections, run_tasks),
     )
     return report, inventory, selections
 

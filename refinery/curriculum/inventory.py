@@ -12,19 +12,26 @@ quality cutoff reads the per-entry table, and it streams it in batches of `ENTRY
 histograms of the scores' leading bits, 16 bits a pass, narrow the cutoff to one bin, and once a bin
 holds at most `BRACKET_ENTRIES` entries their scores are read and the cutoff found exactly. The
 cutoff, kept documents, entries and tokens are exactly those of ranking every document at once.
+
+Each pass runs as tasks (`refinery.tasks`: in this process, or fanned out over `partitions.workers`
+processes by phase_manifests), one per final shard: a task reads its shard's rows of the entry table
+(`TableSlice`) and returns that shard's counts, 64-bit token totals and score histogram; the step
+adds them up in shard order, `TASK_CHUNK` tasks' results at a time, so neither a task nor the step
+holds more than a shard's rows or a chunk's histograms.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from refinery.config import RefineryConfig
 from refinery.curriculum.schedule import CurriculumError
 from refinery.layout import final_index_key
+from refinery.tasks import RunTasks, Task, in_process
 
 if TYPE_CHECKING:
     from refinery.storage import DataRoot
@@ -37,6 +44,9 @@ BRACKET_ENTRIES = 1 << 20
 # Bits of the score key one histogram pass resolves: 65,536 bins of three 64-bit counts, 1.5 MiB.
 LEVEL_BITS = 16
 KEY_BITS = 64
+# Tasks whose results the step holds at once before adding them up: a chunk of sparse histograms or
+# of shards' kept ids.
+TASK_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,73 @@ def read_inventory(root: "DataRoot", buckets: list[str] | tuple[str, ...]) -> di
 
 
 @dataclass(frozen=True)
+class TableSlice:
+    """Rows [first, first + rows) of a bucket's entry table: what one manifest task reads (a final
+    shard's entries, or a batch of rows). The table's last slice has `to_end`: it also reads any row
+    past the index's count, so a table longer than its index.json is caught as a whole read would."""
+
+    bucket: str
+    table: str  # the entry table's data-root key
+    first: int
+    rows: int
+    to_end: bool = False
+
+
+def table_slices(bucket: str, table: str, shard_entries: list[int]) -> list[TableSlice]:
+    """One slice per final shard, in shard order."""
+    firsts = np.concatenate([[0], np.cumsum(shard_entries, dtype=np.int64)]).tolist()
+    return [TableSlice(bucket, table, firsts[k], n, k == len(shard_entries) - 1) for k, n in enumerate(shard_entries)]
+
+
+def inventory_slices(inv: BucketInventory) -> list[TableSlice]:
+    assert inv.entries_table is not None
+    return table_slices(inv.bucket, inv.entries_table, [s.entries for s in inv.shards])
+
+
+class CountedTasks:
+    """A `RunTasks` that counts the tasks it ran: phase_manifests reports the count as `tasks`."""
+
+    def __init__(self, run_tasks: RunTasks):
+        self.run_tasks, self.tasks = run_tasks, 0
+
+    def __call__(self, task: Task, items: list) -> list:
+        self.tasks += len(items)
+        return self.run_tasks(task, items)
+
+
+def run_chunked(run_tasks: RunTasks, task: Task, items: list) -> Iterator[Any]:
+    """`task`'s results in item order, `TASK_CHUNK` items' results held at a time."""
+    for start in range(0, len(items), TASK_CHUNK):
+        yield from run_tasks(task, items[start:start + TASK_CHUNK])
+
+
+def slice_batches(root: "DataRoot", part: TableSlice, columns: list[str]) -> Iterator[tuple[int, Any]]:
+    """(global id of the batch's first row, a pyarrow RecordBatch of `columns`) over the slice's rows,
+    at most `ENTRY_BATCH_ROWS` at a time, reading only the row groups that hold them. A missing or
+    unreadable table is a CurriculumError naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    end = math.inf if part.to_end else part.first + part.rows
+    try:
+        table = pq.ParquetFile(root.local_path(part.table))
+        sizes = [table.metadata.row_group(g).num_rows for g in range(table.metadata.num_row_groups)]
+        starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
+        groups = [g for g, n in enumerate(sizes) if starts[g] < end and starts[g] + n > part.first]
+        at = starts[groups[0]] if groups else part.first
+        for batch in table.iter_batches(batch_size=ENTRY_BATCH_ROWS, row_groups=groups, columns=columns):
+            lo, hi = max(part.first - at, 0), min(end - at, batch.num_rows)
+            if hi > lo:
+                yield at + lo, batch.slice(lo, int(hi - lo))
+            at += batch.num_rows
+    except (OSError, pa.ArrowException, KeyError) as err:
+        raise CurriculumError(
+            f"{root.display(part.table)}: not a readable entry table ({type(err).__name__}: {err}) at entries "
+            f"{part.first}..{part.first + part.rows}; re-materialize shuffled_shards[{part.bucket}]"
+        ) from None
+
+
+@dataclass(frozen=True)
 class EntryBatch:
     """Consecutive entries of a bucket's entry table, from global entry id `first`."""
 
@@ -102,14 +179,9 @@ class EntryBatch:
     scores: np.ndarray  # float64, NaN where the document has no score
 
 
-def entry_batches(root: "DataRoot", inv: BucketInventory) -> Iterator[EntryBatch]:
-    """The bucket's entry table, `ENTRY_BATCH_ROWS` entries at a time."""
-    import pyarrow.parquet as pq
-
-    assert inv.entries_table is not None
-    first = 0
-    table = pq.ParquetFile(root.local_path(inv.entries_table))
-    for batch in table.iter_batches(batch_size=ENTRY_BATCH_ROWS, columns=["tokens", "window", "quality_score"]):
+def entry_batches(root: "DataRoot", part: TableSlice) -> Iterator[EntryBatch]:
+    """The slice's rows of the entry table, `ENTRY_BATCH_ROWS` entries at a time."""
+    for first, batch in slice_batches(root, part, ["tokens", "window", "quality_score"]):
         scores = batch.column("quality_score").to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
         yield EntryBatch(
             first=first,
@@ -118,7 +190,6 @@ def entry_batches(root: "DataRoot", inv: BucketInventory) -> Iterator[EntryBatch
             first_window=batch.column("window").to_numpy(zero_copy_only=False) == 0,
             scores=scores + 0.0,  # -0.0 becomes 0.0, which it equals
         )
-        first += batch.num_rows
 
 
 def score_keys(scores: np.ndarray) -> np.ndarray:
@@ -159,13 +230,25 @@ class ScoreHistogram:
     table: Kept
 
 
-def score_histogram(root: "DataRoot", inv: BucketInventory, prefix: int, fixed: int) -> ScoreHistogram:
-    """One pass over the entry table: the histogram of the keys whose leading `fixed` bits are `prefix`."""
+@dataclass(frozen=True)
+class SliceHistogram:
+    """A `ScoreHistogram` of one slice, sparse: only the bins its entries reach."""
+
+    bins: np.ndarray  # intp, ascending
+    entries: np.ndarray
+    documents: np.ndarray
+    tokens: np.ndarray
+    table: Kept
+
+
+def slice_histogram_task(root: "DataRoot", item: tuple[TableSlice, int, int], cache: dict) -> SliceHistogram:
+    """One slice's histogram of the keys whose leading `fixed` bits are `prefix` (a task)."""
+    part, prefix, fixed = item
     bins = 1 << LEVEL_BITS
     entries, documents, tokens = (np.zeros(bins, dtype=np.int64) for _ in range(3))
     table = Kept()
     shift = np.uint64(KEY_BITS - fixed - LEVEL_BITS)
-    for batch in entry_batches(root, inv):
+    for batch in entry_batches(root, part):
         table.entries += len(batch.tokens)
         table.tokens += int(batch.tokens.sum())
         table.documents += int(batch.first_window.sum())
@@ -177,6 +260,23 @@ def score_histogram(root: "DataRoot", inv: BucketInventory, prefix: int, fixed: 
         documents += np.bincount(binned[batch.first_window[scored][inside]], minlength=bins)
         # float64 weights are exact here: a batch's tokens stay far below 2^53
         tokens += np.bincount(binned, weights=batch.tokens[scored][inside], minlength=bins).astype(np.int64)
+    reached = np.flatnonzero(entries)
+    return SliceHistogram(reached, entries[reached], documents[reached], tokens[reached], table)
+
+
+def score_histogram(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int) -> ScoreHistogram:
+    """One pass over the entry table, a task per slice: the histogram of the keys whose leading
+    `fixed` bits are `prefix`."""
+    bins = 1 << LEVEL_BITS
+    entries, documents, tokens = (np.zeros(bins, dtype=np.int64) for _ in range(3))
+    table = Kept()
+    for found in run_chunked(run_tasks, slice_histogram_task, [(part, prefix, fixed) for part in parts]):
+        entries[found.bins] += found.entries
+        documents[found.bins] += found.documents
+        tokens[found.bins] += found.tokens
+        table.entries += found.table.entries
+        table.tokens += found.table.tokens
+        table.documents += found.table.documents
     return ScoreHistogram(entries, documents, tokens, table)
 
 
@@ -190,17 +290,25 @@ def check_table(root: "DataRoot", inv: BucketInventory, table: Kept) -> None:
         )
 
 
-def bracket_cutoff(root: "DataRoot", inv: BucketInventory, prefix: int, fixed: int, rank: int, kept: Kept) -> int:
-    """The key of the `rank`-th best document among the entries whose key starts with `prefix`
-    (at most BRACKET_ENTRIES of them, read in one pass); adds what it keeps of them to `kept`."""
-    keys, tokens, first_window = [], [], []
-    for batch in entry_batches(root, inv):
+def bracket_task(root: "DataRoot", item: tuple[TableSlice, int, int], cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One slice's (keys, tokens, first-window flags) of the scored entries whose key starts with
+    `prefix` (a task)."""
+    part, prefix, fixed = item
+    keys, tokens, first_window = [np.zeros(0, dtype=np.uint64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=bool)]
+    for batch in entry_batches(root, part):
         scored = ~np.isnan(batch.scores)
         batch_keys = score_keys(batch.scores[scored])
         inside = batch_keys >> np.uint64(KEY_BITS - fixed) == np.uint64(prefix)
         keys.append(batch_keys[inside])
         tokens.append(batch.tokens[scored][inside])
         first_window.append(batch.first_window[scored][inside])
+    return np.concatenate(keys), np.concatenate(tokens), np.concatenate(first_window)
+
+
+def bracket_cutoff(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int, rank: int, kept: Kept) -> int:
+    """The key of the `rank`-th best document among the entries whose key starts with `prefix`
+    (at most BRACKET_ENTRIES of them, read in one pass); adds what it keeps of them to `kept`."""
+    keys, tokens, first_window = zip(*run_chunked(run_tasks, bracket_task, [(part, prefix, fixed) for part in parts]))
     all_keys, all_tokens, all_first = np.concatenate(keys), np.concatenate(tokens), np.concatenate(first_window)
     cutoff = int(np.sort(all_keys[all_first])[::-1][rank - 1])
     kept_here = all_keys >= np.uint64(cutoff)
@@ -221,14 +329,18 @@ class QualitySelection:
     tokens: int
 
 
-def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: float) -> QualitySelection:
+def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: float,
+                       run_tasks: RunTasks | None = None) -> QualitySelection:
     """Keep the documents whose quality_score is at or above the score of the document ranked
     ceil(top_fraction x documents), best first, with every window of a kept document. Ties at
     the cutoff are all kept; a document without a score (empty text) is never kept. Reads the entry
-    table once per histogram level and once for the last bracket, never all of it at once."""
+    table once per histogram level and once for the last bracket, a task per final shard (run by
+    `run_tasks`; default: in this process), never all of it at once."""
+    run_tasks = run_tasks or in_process(root)
+    parts = inventory_slices(inv)
     kept = Kept()
     prefix = fixed = 0
-    hist = score_histogram(root, inv, prefix, fixed)
+    hist = score_histogram(run_tasks, parts, prefix, fixed)
     check_table(root, inv, hist.table)
     scored = int(hist.documents.sum())
     if scored == 0:
@@ -246,23 +358,35 @@ def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: flo
             cutoff = prefix
             break
         if hist.entries[chosen] <= BRACKET_ENTRIES:
-            cutoff = bracket_cutoff(root, inv, prefix, fixed, rank, kept)
+            cutoff = bracket_cutoff(run_tasks, parts, prefix, fixed, rank, kept)
             break
-        hist = score_histogram(root, inv, prefix, fixed)
+        hist = score_histogram(run_tasks, parts, prefix, fixed)
     return QualitySelection(cutoff=key_score(cutoff), documents=kept.documents, entries=kept.entries, tokens=kept.tokens)
 
 
-def kept_entry_ids(root: "DataRoot", inv: BucketInventory, cutoff: float) -> Iterator[np.ndarray]:
-    """The global ids of the entries scoring at least `cutoff`, ascending, one array per batch."""
-    for batch in entry_batches(root, inv):
-        yield batch.first + np.flatnonzero(batch.scores >= cutoff).astype(np.int64)
+def kept_ids_task(root: "DataRoot", item: tuple[TableSlice, float], cache: dict) -> np.ndarray:
+    """The global ids of one slice's entries scoring at least `cutoff`, ascending (a task)."""
+    part, cutoff = item
+    found = [np.zeros(0, dtype=np.int64)]
+    for batch in entry_batches(root, part):
+        found.append(batch.first + np.flatnonzero(batch.scores >= cutoff).astype(np.int64))
+    return np.concatenate(found)
 
 
-def phase_selections(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory]) -> dict[str, dict[str, QualitySelection]]:
+def kept_entry_ids(root: "DataRoot", inv: BucketInventory, cutoff: float,
+                   run_tasks: RunTasks | None = None) -> Iterator[np.ndarray]:
+    """The global ids of the entries scoring at least `cutoff`, ascending, one array per final shard
+    (a task each, run by `run_tasks`; default: in this process)."""
+    yield from run_chunked(run_tasks or in_process(root), kept_ids_task,
+                           [(part, cutoff) for part in inventory_slices(inv)])
+
+
+def phase_selections(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory],
+                     run_tasks: RunTasks | None = None) -> dict[str, dict[str, QualitySelection]]:
     """For each phase with a quality cutoff: what it keeps of each non-empty bucket."""
     assert cfg.curriculum is not None
     return {
-        p.name: {b: select_top_quality(root, inv, p.quality_top_fraction) for b, inv in inventory.items() if inv.entries}
+        p.name: {b: select_top_quality(root, inv, p.quality_top_fraction, run_tasks) for b, inv in inventory.items() if inv.entries}
         for p in cfg.curriculum.phases
         if p.quality_top_fraction is not None
     }

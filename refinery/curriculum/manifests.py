@@ -30,11 +30,12 @@ from pydantic import ValidationError
 from refinery.config import RefineryConfig, RopeScalingConfig
 from refinery.curriculum.bands import Served, bucket_bands, write_band_file
 from refinery.curriculum.contract import CurriculumMismatch, ValidationReport, refuse_invalid
-from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, kept_entry_ids
+from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, kept_entry_ids, table_slices
 from refinery.curriculum.schedule import CurriculumError, PhaseSpan, Schedule, build_schedule
 from refinery.layout import (MANIFESTS_PREFIX, bands_key, bucket_entries_key, exclusions_key, manifest_key, manifest_phase,
                              selection_key)
 from refinery.shard_format import read_index
+from refinery.tasks import RunTasks
 
 if TYPE_CHECKING:
     from refinery.storage import DataRoot
@@ -231,13 +232,15 @@ def excluded_entries(root: DataRoot, sl: BucketSlice, selection: np.ndarray | No
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str]) -> PhaseManifest:
+def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str],
+                     run_tasks: RunTasks | None = None) -> PhaseManifest:
     """The manifest with every entry of an excluded document removed from its bucket's selection.
 
     Entry ids are global within the bucket (refinery/curriculum/inventory.py), so the new selection is
     the old one (or every entry) minus the excluded documents' entries; token counts are recomputed
     from the shard offsets so the manifest stays truthful. Shards are read one at a time; only the
-    removed entries' ids are held for the whole bucket."""
+    removed entries' ids are held for the whole bucket. An ordered phase's bands are cut again by
+    tasks run by `run_tasks` (default: in this process)."""
     buckets = {}
     for name, sl in manifest.buckets.items():
         selection = read_selection(root, sl)
@@ -256,7 +259,9 @@ def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str]
                 first += ref.entries
         buckets[name] = replace(sl, entries=count, tokens=tokens, selection=key, selection_sha256=out.sha256)
     changed = replace(manifest, buckets=buckets)
-    return order_manifest(root, changed, changed.order) if changed.order and changed.buckets != manifest.buckets else changed
+    if changed.order and changed.buckets != manifest.buckets:
+        return order_manifest(root, changed, changed.order, run_tasks)
+    return changed
 
 
 def order_spec(order: Any) -> dict[str, Any] | None:
@@ -268,9 +273,10 @@ def order_spec(order: Any) -> dict[str, Any] | None:
     return {k: fields[k] for k in ("by", "direction", "bands")}
 
 
-def order_manifest(root: "DataRoot", manifest: PhaseManifest, order: Any) -> PhaseManifest:
+def order_manifest(root: "DataRoot", manifest: PhaseManifest, order: Any, run_tasks: RunTasks | None = None) -> PhaseManifest:
     """The manifest with its order pinned: per bucket the band file over the entries it serves
-    (its selection, or every entry). A bucket without difficulty scores gets no band file; validation
+    (its selection, or every entry), cut and written by a task per final shard run by `run_tasks`
+    (default: in this process). A bucket without difficulty scores gets no band file; validation
     reports it (contract.py), so the trainer never reads such a manifest."""
     spec = order_spec(order)
     assert spec is not None
@@ -278,12 +284,14 @@ def order_manifest(root: "DataRoot", manifest: PhaseManifest, order: Any) -> Pha
     pinned: dict[str, Any] = {}
     for name, sl in sorted(manifest.buckets.items()):
         table = bucket_entries_key("final", name)
-        served = Served(ids=read_selection(root, sl))
-        bands = bucket_bands(root, table, served, spec["bands"], descending)
+        read_selection(root, sl)  # checks the selection against the manifest's sha256 before the tasks read it
+        served = Served(selection=sl.selection)
+        parts = table_slices(name, table, [s.entries for s in sl.shards])
+        bands = bucket_bands(root, parts, served, spec["bands"], descending, run_tasks)
         if bands is None:
             continue
         key = bands_key(manifest.phase, name)
-        sha = write_band_file(root, key, table, served, sl.total_entries, bands, descending)
+        sha = write_band_file(root, key, parts, served, sl.total_entries, bands, descending, run_tasks)
         if sum(bands.entries) != sl.entries:
             raise ManifestError(f"{root.display(table)}: {sum(bands.entries)} entries banded, the manifest serves "
                                 f"{sl.entries}; re-materialize shuffled_shards[{name}] and phase_manifests")
@@ -298,11 +306,13 @@ def build_phase_manifest(
     report: ValidationReport,
     inventory: dict[str, BucketInventory],
     selections: dict[str, dict[str, QualitySelection]],
+    run_tasks: RunTasks | None = None,
 ) -> PhaseManifest:
     """The manifest of `phase`: per drawn bucket its final shards (pinned by sha256) and, under a
     quality cutoff, the kept entries streamed into a sorted int64 .npy; plus the phase's budget,
     weights after temperature, seq_len, lr_scale, blend width and the validation result. Documents
-    the contamination drop policy excluded from this phase stay excluded."""
+    the contamination drop policy excluded from this phase stay excluded. What reads the entry
+    tables runs as a task per final shard, run by `run_tasks` (default: in this process)."""
 
     assert cfg.curriculum is not None
     schedule = build_schedule(cfg)
@@ -321,7 +331,7 @@ def build_phase_manifest(
             continue
         key = selection_key(phase, b)
         with write_selection(root, key, sel.entries) as out:
-            for ids in kept_entry_ids(root, inv, sel.cutoff):
+            for ids in kept_entry_ids(root, inv, sel.cutoff, run_tasks):
                 out.append(ids)
         buckets[b] = BucketSlice(
             bucket=b,
@@ -348,9 +358,9 @@ def build_phase_manifest(
     )
     excluded_key = exclusions_key(phase)
     if root.exists(excluded_key):
-        manifest = apply_exclusions(root, manifest, set(root.read_json(excluded_key)))
+        manifest = apply_exclusions(root, manifest, set(root.read_json(excluded_key)), run_tasks)
     order = cfg.curriculum.phases[span.index].order
-    return manifest if order is None else order_manifest(root, manifest, order)
+    return manifest if order is None else order_manifest(root, manifest, order, run_tasks)
 
 
 # Weights in a manifest went through JSON and the temperature; a difference below this is rounding.
