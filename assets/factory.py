@@ -31,8 +31,9 @@ from assets.ray_engine import node_summary, recording_nodes
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards, input_batches
-from refinery.layout import documents_key, rejects_key, stats_key
-from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
+from refinery.layout import ATTRIBUTE_STAGES, kept_documents_key, rejects_key, stats_key
+from refinery.stages.attributes import attribute_rows, stage_batches
+from refinery.stages.parquet_batches import ParquetBatchWriter
 from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
 
@@ -79,20 +80,25 @@ def batch_provenance(stage: str, results: list[FileResult], version: str, text_c
 
 
 class StageTables:
-    """One file's documents and rejects of one stage, being written a batch at a time (each batch
-    one row group), and its first SAMPLE_ROWS documents as the sample."""
+    """One file's kept documents and rejects of one stage, being written a batch at a time (each
+    batch one row group), and its first SAMPLE_ROWS documents as the sample. The kept documents of a
+    stage of `ATTRIBUTE_STAGES` are written as its attribute table (refinery/stages/attributes.py),
+    the rest as a documents table."""
 
     def __init__(self, stage: str, partition: str, documents: ParquetBatchWriter, rejects: ParquetBatchWriter):
-        self.keys = (documents_key(stage, partition), rejects_key(stage, partition))
+        self.stage = stage
+        self.keys = (kept_documents_key(stage, partition), rejects_key(stage, partition))
         self.documents, self.rejects = documents, rejects
         self.sample: Optional[pl.DataFrame] = None
 
-    def write_documents(self, batch: pl.DataFrame) -> None:
+    def write_documents(self, batch: pl.DataFrame, upstream: Optional[pl.DataFrame] = None) -> None:
+        """Write the kept documents `batch`; an attribute stage also passes the `upstream` batch
+        they were kept from."""
         if self.sample is None:
             self.sample = batch.head(SAMPLE_ROWS)
         elif self.sample.height < SAMPLE_ROWS:
             self.sample = pl.concat([self.sample, batch.head(SAMPLE_ROWS - self.sample.height)])
-        self.documents.write(batch)
+        self.documents.write(attribute_rows(self.stage, upstream, batch) if self.stage in ATTRIBUTE_STAGES else batch)
 
     def write_rejects(self, batch: pl.DataFrame) -> None:
         self.rejects.write(batch)
@@ -107,7 +113,7 @@ def stage_tables(root: DataRoot, stage: str, partition: str,
                  documents_schema: Optional[dict[str, pl.DataType]] = None) -> Iterator[StageTables]:
     """`StageTables` for one file, each table published atomically when the block ends cleanly
     (without `documents_schema`, the first documents batch sets it)."""
-    with (root.writer(documents_key(stage, partition)) as documents_path,
+    with (root.writer(kept_documents_key(stage, partition)) as documents_path,
           root.writer(rejects_key(stage, partition)) as rejects_path,
           ParquetBatchWriter(documents_path, documents_schema) as documents,
           ParquetBatchWriter(rejects_path, REJECTS_SCHEMA) as rejects):
@@ -116,22 +122,23 @@ def stage_tables(root: DataRoot, stage: str, partition: str,
 
 def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
                          shard: InputShard, cache: dict) -> FileResult:
-    """One file through one per-document stage, a record batch at a time: `upstream`'s table read
-    row group by row group (slices of at most `extract.batch_rows` rows), each slice run through the
-    stage and its documents and rejects written as row groups, the stats merged. A file's memory is
-    one slice's, whatever its size."""
+    """One file through one per-document stage, a record batch at a time: `upstream`'s kept
+    documents read in slices of at most `extract.batch_rows` rows (`stage_batches`: through the
+    attribute tables when upstream stores no text), each slice run through the stage and its kept
+    documents (or attributes) and rejects written as row groups, the stats merged. A file's memory
+    is one slice's, whatever its size."""
     cfg, root = refinery.config, refinery.root
     if (name, shard.source) not in cache:
         cache[name, shard.source] = build(cfg, shard.source)
     stage = cache[name, shard.source]
     stats: Optional[StageStats] = None
-    upstream_path = root.local_path(documents_key(upstream, shard.key))  # raises before anything is written
+    batches = stage_batches(root, upstream, shard.key, cfg.stages.extract.batch_rows)  # raises before anything is written
     with stage_tables(root, name, shard.key) as tables:
-        for batch in parquet_batches(upstream_path, cfg.stages.extract.batch_rows):
+        for batch in batches:
             out = run_stage(stage, cfg, shard, batch)
             # One batch's stats as they are (a sum would drop counters of zero).
             stats = out.stats if stats is None else stats + out.stats
-            tables.write_documents(out.documents)
+            tables.write_documents(out.documents, batch)
             tables.write_rejects(out.rejects)
     root.write_json(stats_key(name, shard.key), stats.to_dict())
     return FileResult(shard.key, shard.source, stats, tables.hashes(), stage_config_summary(stage, cfg, shard),
@@ -139,7 +146,7 @@ def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery
 
 
 def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:
-    """The file task of a pure per-document stage: `upstream`'s table in, `name`'s table out, a
+    """The file task of a pure per-document stage: `upstream`'s kept documents in, `name`'s out, a
     record batch at a time (`build(cfg, source)` returns the stage for a source's files)."""
     return partial(run_stage_by_batches, name, upstream, build)
 

@@ -24,10 +24,8 @@ from assets import ray_engine
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
-from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.stages.base import Stage, StageOutput, skips
 from refinery.stages.stats import StageStats
-from refinery.storage import DataRoot
 from refinery.tasks import RunTasks, Task
 
 
@@ -120,16 +118,6 @@ def task_pool(refinery: RefineryResource, on_this_machine: bool = False) -> Iter
     finally:
         if pool is not None:
             pool.shutdown()
-
-
-def publish_stage_output(root: DataRoot, stage: str, partition: str, out: StageOutput) -> dict[str, str]:
-    """Write documents, rejects and stats for one input file; return content hashes by key."""
-    hashes = {
-        documents_key(stage, partition): root.write_parquet(documents_key(stage, partition), out.documents),
-        rejects_key(stage, partition): root.write_parquet(rejects_key(stage, partition), out.rejects),
-    }
-    root.write_json(stats_key(stage, partition), out.stats.to_dict())
-    return hashes
 
 
 def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.DataFrame) -> StageOutput:

@@ -99,7 +99,7 @@ def generate(workdir: Path, docs: int, shards: int, stages: dict) -> Path:
 
     from refinery.config import load_config
     from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
-    from refinery.layout import documents_key
+    from refinery.stages.attributes import write_stage_documents
     from refinery.storage import LocalDataRoot
 
     config = write_config(workdir, shards, stages)
@@ -116,7 +116,7 @@ def generate(workdir: Path, docs: int, shards: int, stages: dict) -> Path:
              "record_offset": list(range(n)), "fetch_time": [None] * n, "content_type": ["text/plain"] * n, "text": texts},
             schema={**PROVENANCE_SCHEMA, "text": pl.String},
         )
-        root.write_parquet(documents_key("heuristic_filtered", shard.key), table)
+        write_stage_documents(root, "heuristic_filtered", shard.key, table)
     return config
 
 

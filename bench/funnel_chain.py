@@ -142,7 +142,6 @@ def write_multilingual_corpus(path: Path) -> int:
 def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -> dict:
     imports_from = cpu_seconds()
     from assets import dedup
-    from assets.fanout import publish_stage_output
     from refinery.stages import exact_dedup as ex
     from refinery.stages import near_dedup as nd
     from refinery.stages.extract import Extractor
@@ -153,6 +152,7 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
     from refinery.config import load_config
     from refinery.documents import input_shards
     from refinery.layout import documents_key
+    from refinery.stages.attributes import publish_attributes, read_stage_documents
     from refinery.storage import LocalDataRoot
 
     config = Path(work) / "chain.yaml"
@@ -167,11 +167,11 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
     [shard] = input_shards(cfg)
     raw = read_input_shard(shard, cfg.sources[0], cfg.stages.extract)
     text = Extractor(cfg.stages.extract).run(raw.documents)  # JSONL text passes through
-    publish_stage_output(root, "extracted_text", shard.key, text)
+    root.write_parquet(documents_key("extracted_text", shard.key), text.documents)
     language = LanguageFilter(cfg.stages.language, LanguageModel()).run(text.documents)
-    publish_stage_output(root, "language_filtered", shard.key, language)
+    publish_attributes(root, "language_filtered", shard.key, text.documents, language.documents)
     heuristic = HeuristicFilter(cfg.stages.heuristic).run(language.documents)
-    publish_stage_output(root, "heuristic_filtered", shard.key, heuristic)
+    publish_attributes(root, "heuristic_filtered", shard.key, language.documents, heuristic.documents)
     dedup.compute_signatures(cfg, root, shard.key)
     for key in ex.range_keys(cfg.stages.exact_dedup.hash_ranges):
         dedup.compute_exact_range(cfg, root, key)
@@ -179,9 +179,9 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
         dedup.compute_band_edges(cfg, root, key)
     dedup.compute_clusters(cfg, root)
     dedup.apply_to_shard(cfg, root, shard.key)
-    deduped = root.read_parquet(documents_key("deduped", shard.key))
+    deduped = read_stage_documents(root, "deduped", shard.key)
     redacted = PiiRedactor.from_config(cfg.stages.pii).run(deduped)
-    publish_stage_output(root, "pii_redacted", shard.key, redacted)
+    root.write_parquet(documents_key("pii_redacted", shard.key), redacted.documents)
     return {"cpu_s": cpu_seconds() - start, "import_cpu_s": start - imports_from, "docs_in": raw.documents.height,
             "kept": redacted.documents.height}
 

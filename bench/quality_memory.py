@@ -56,7 +56,7 @@ def build_root(workdir: Path, docs: int) -> Path:
 
     from refinery.config import load_config
     from refinery.documents import input_shards
-    from refinery.layout import documents_key
+    from refinery.stages.attributes import write_stage_documents
     from refinery.storage import LocalDataRoot
 
     per_class = docs // 2
@@ -77,7 +77,7 @@ def build_root(workdir: Path, docs: int) -> Path:
     for shard in input_shards(cfg):
         n = min(DOCS_PER_FILE, per_class - int(Path(shard.path).stem) * DOCS_PER_FILE)
         texts = synthetic_texts(n, CURATED if shard.bucket == "wiki" else WEB, rng)
-        root.write_parquet(documents_key("deduped", shard.key), pl.DataFrame({
+        write_stage_documents(root, "deduped", shard.key, pl.DataFrame({
             "doc_id": [f"{shard.key}/{i:07d}" for i in range(n)], "bucket": [shard.bucket] * n, "text": texts}))
     return cfg_path
 
@@ -88,12 +88,12 @@ def holdout_accuracy_auc(cfg, root, model) -> dict:
     import polars as pl
 
     from refinery.documents import input_shards
-    from refinery.layout import documents_key
     from refinery.stages import quality as q
+    from refinery.stages.attributes import read_stage_documents
 
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
-    docs = pl.concat([root.read_parquet(documents_key("deduped", s.key), columns=["doc_id", "bucket", "text"])
+    docs = pl.concat([read_stage_documents(root, "deduped", s.key).select("doc_id", "bucket", "text")
                       for s in input_shards(cfg) if s.bucket in wanted])
     chosen = q.training_set(q.text_index(docs), list(qc.positive_buckets), list(qc.negative_buckets),
                             qc.max_train_docs_per_class, cfg.seed)

@@ -21,7 +21,8 @@ A step process also pays Dagster's imports and the definitions' build (about 2-3
 `noop` figure, a child that builds the definitions and runs nothing, measures that floor.
 
 Per size: the data root's bytes over the compressed input's bytes (the sample's and the grown
-source's files). Figures are one run per size; the machine's load average is printed with them.
+source's files), and the same ratio for each top-level folder of the data root and each stage's
+table folder under documents/ and attributes/ (where the bytes are). Figures are one run per size; the machine's load average is printed with them.
 """
 
 import os
@@ -150,6 +151,14 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def folder_bytes(root: Path) -> dict[str, int]:
+    """Bytes under each top-level folder of the data root, and under each documents/<stage> and
+    attributes/<stage> folder."""
+    folders = [p for p in sorted(root.iterdir()) if p.is_dir()]
+    tables = [p for name in ("documents", "attributes") if (root / name).is_dir() for p in sorted((root / name).iterdir())]
+    return {str(p.relative_to(root)): tree_bytes(p) for p in folders + tables if p.is_dir()}
+
+
 def input_bytes(config: Path) -> int:
     from refinery.config import load_config
     from refinery.documents import input_shards
@@ -193,6 +202,7 @@ def measure(n_docs: int, args) -> dict:
     size_in, size_root = input_bytes(config), tree_bytes(work / "out")
     return {"grown_docs": n_docs, "raw_docs": docs, "final_tokens": tokens, "input_bytes": size_in,
             "data_root_bytes": size_root, "data_root_over_input": round(size_root / size_in, 2),
+            "folders_over_input": {k: round(v / size_in, 3) for k, v in folder_bytes(work / "out").items()},
             "noop": noop, "steps": rows, "load_avg": os.getloadavg()}
 
 
@@ -209,12 +219,17 @@ def summary(results: list[dict]) -> str:
         tasks = "/".join(str(row.get("tasks", row["partitions"])) for row in rows)
         lines.append(f"| {first['step']} | {tasks} | " + " | ".join(cpu) + " | " + " | ".join(peak) + f" | {growth:.2f}x |")
     lines.append("")
-    for r in results:
-        lines.append(f"- {r['raw_docs']} raw documents ({r['grown_docs']} grown), {r['final_tokens']:,} final tokens: "
-                     f"data root {r['data_root_bytes'] / 2**20:.1f} MiB over input {r['input_bytes'] / 2**20:.1f} MiB "
-                     f"= {r['data_root_over_input']}x; noop step {r['noop']['cpu_s']} CPU-s, "
-                     f"{r['noop']['peak_rss_mib']} MiB; load {tuple(round(x, 1) for x in r['load_avg'])}")
+    lines.extend(size_lines(r) for r in results)
     return "\n".join(lines)
+
+
+def size_lines(r: dict) -> str:
+    """One size's corpus, data root over the input (whole and by folder), noop step and load."""
+    return (f"- {r['raw_docs']} raw documents ({r['grown_docs']} grown), {r['final_tokens']:,} final tokens: "
+            f"data root {r['data_root_bytes'] / 2**20:.1f} MiB over input {r['input_bytes'] / 2**20:.1f} MiB "
+            f"= {r['data_root_over_input']}x; noop step {r['noop']['cpu_s']} CPU-s, "
+            f"{r['noop']['peak_rss_mib']} MiB; load {tuple(round(x, 1) for x in r['load_avg'])}\n"
+            "  over the input: " + ", ".join(f"{k} {v}x" for k, v in r["folders_over_input"].items()))
 
 
 def main() -> None:
@@ -233,6 +248,7 @@ def main() -> None:
     for n in sizes:
         print(f"n={n}: writing the corpus and running the graph", flush=True)
         results.append(measure(n, args))
+        print(size_lines(results[-1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     print(summary(results))

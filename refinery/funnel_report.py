@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from refinery.stages.stats import StageStats
 from refinery.config import ConfigError, RefineryConfig, load_config
-from refinery.layout import documents_key, documents_prefix, rejects_key, stats_key
+from refinery.layout import kept_documents_key, kept_documents_prefix, rejects_key, stats_key
 from refinery.preflight import READ_ONLY
 from refinery.progress import Progress
 from refinery.storage import DataRoot, open_data_root
@@ -177,13 +177,13 @@ def language_retention(root: DataRoot) -> dict[str, dict[str, Any]]:
 
     from refinery.why import LANGUAGE_RULES_WITH_LANGUAGE, STEPS
 
+    from refinery.stages.attributes import read_stage_documents
+
     steps = STEPS[[s.stage for s in STEPS].index(LANGUAGE_STAGE):]
-    prefix = documents_prefix(LANGUAGE_STAGE) + "/"
-    partitions = [k.removeprefix(prefix).removesuffix(".parquet") for k in root.list(documents_prefix(LANGUAGE_STAGE))
-                  if k.endswith(".parquet")]
+    partitions = stage_partitions(root, LANGUAGE_STAGE)
 
     def sizes(folder: str, partition: str) -> pl.DataFrame:
-        table = root.read_parquet(documents_key(folder, partition), columns=["doc_id", "text"])
+        table = read_stage_documents(root, folder, partition, columns=["doc_id", "text"])
         return table.select("doc_id", pl.col("text").str.len_bytes().fill_null(0).cast(pl.Int64).alias("bytes"))
 
     def removed(folder: str, stage: str, partition: str) -> pl.DataFrame:
@@ -195,7 +195,7 @@ def language_retention(root: DataRoot) -> dict[str, dict[str, Any]]:
     counts = []  # (stage, language, docs, bytes) per partition
     for partition in partitions:
         languages = pl.concat([
-            root.read_parquet(documents_key(LANGUAGE_STAGE, partition), columns=["doc_id", "language"]),
+            read_stage_documents(root, LANGUAGE_STAGE, partition, columns=["doc_id", "language"]),
             removed(LANGUAGE_STAGE, LANGUAGE_STAGE, partition)
             .filter(pl.col("rule").is_in(LANGUAGE_RULES_WITH_LANGUAGE)).select("doc_id", language="detail"),
         ])
@@ -203,7 +203,7 @@ def language_retention(root: DataRoot) -> dict[str, dict[str, Any]]:
                  .with_columns(pl.col("language").fill_null(UNKNOWN_LANGUAGE)))
         counts.append(alive.group_by("language").agg(docs=pl.len(), bytes=pl.col("bytes").sum()).with_columns(stage=pl.lit("in")))
         for step in steps:
-            if not root.exists(documents_key(step.documents, partition)):
+            if not root.exists(kept_documents_key(step.documents, partition)):
                 break
             alive = alive.join(removed(step.rejects, step.stage, partition), on="doc_id", how="anti")
             # Bytes as the stage's own table has them (C4 drops lines, PII redacts); exact dedup's
@@ -385,20 +385,27 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def stage_partitions(root: DataRoot, stage: str) -> list[str]:
+    """The input files a per-document stage has written its kept documents for, in key order."""
+    prefix = kept_documents_prefix(stage) + "/"
+    return [k.removeprefix(prefix).removesuffix(".parquet") for k in root.list(kept_documents_prefix(stage))
+            if k.endswith(".parquet")]
+
+
 def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str] | None:
-    """The first `language_filtered` row whose doc_id or url is `key`, as a one-row table with every
-    column (a custom filter may read any), and the table it came from."""
+    """The first `language_filtered` document whose doc_id or url is `key`, as a one-row table with
+    every column (a custom filter may read any), and the table it came from (its attribute table)."""
     import polars as pl
 
+    from refinery.stages.attributes import read_stage_documents
     from refinery.stages.language import STAGE as LANGUAGE_STAGE
 
-    for table in root.list(documents_prefix(LANGUAGE_STAGE)):
-        if not table.endswith(".parquet"):
-            continue
-        ids = root.read_parquet(table, columns=["doc_id", "url"])
+    for partition in stage_partitions(root, LANGUAGE_STAGE):
+        ids = read_stage_documents(root, LANGUAGE_STAGE, partition, columns=["doc_id", "url"])
         hit = ids.with_row_index().filter((pl.col("doc_id") == key) | (pl.col("url") == key))
         if hit.height:
-            return root.read_parquet(table).slice(int(hit["index"][0]), 1), root.display(table)
+            return (read_stage_documents(root, LANGUAGE_STAGE, partition).slice(int(hit["index"][0]), 1),
+                    root.display(kept_documents_key(LANGUAGE_STAGE, partition)))
     return None
 
 

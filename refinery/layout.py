@@ -3,7 +3,10 @@
 A key is a POSIX path relative to the data root (refinery/storage/ reads and writes it, locally or on
 S3). Nothing else in the code spells a data-root path; a change of layout is a change here.
 
-    documents/<stage>/<partition>.parquet      each per-document stage's kept documents
+    documents/<stage>/<partition>.parquet      the kept documents, full text, of raw_documents, extracted_text
+                                               and pii_redacted
+    attributes/<stage>/<partition>.parquet     the kept documents of each stage in between, as verdicts: doc_id,
+                                               the columns the stage adds, its text edits as spans
     rejects/<stage>/<partition>.parquet        what it removed, with stage, rule and value
     stats/<stage>/<partition>.json             its counters
     dedup/signatures/<input shard>.parquet     hash, MinHash and band hashes per document
@@ -35,6 +38,32 @@ def documents_prefix(stage: str) -> str:
 
 def documents_key(stage: str, partition: str) -> str:
     return f"{documents_prefix(stage)}/{partition}.parquet"
+
+
+# The per-document stages that store their kept documents as an attribute table, each with the stage
+# whose documents it narrows (refinery/stages/attributes.py reads them back): the text is stored in
+# full only where it is made (extracted_text) and where it is final (pii_redacted).
+ATTRIBUTE_STAGES = {
+    "language_filtered": "extracted_text",
+    "heuristic_filtered": "language_filtered",
+    "deduped": "heuristic_filtered",
+    "quality_scored": "deduped",
+}
+
+
+def attributes_key(stage: str, partition: str) -> str:
+    return f"attributes/{stage}/{partition}.parquet"
+
+
+def kept_documents_prefix(stage: str) -> str:
+    """The folder of `kept_documents_key`'s tables of a stage."""
+    return f"attributes/{stage}" if stage in ATTRIBUTE_STAGES else documents_prefix(stage)
+
+
+def kept_documents_key(stage: str, partition: str) -> str:
+    """The table a per-document stage writes its kept documents to: its attribute table, or its
+    documents table for a stage that stores the text."""
+    return attributes_key(stage, partition) if stage in ATTRIBUTE_STAGES else documents_key(stage, partition)
 
 
 def rejects_key(stage: str, partition: str) -> str:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, PROVENANCE_COLUMNS, input_shards
 from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENIZER_KEY, bucket_lineage_key,
-                             bucket_shards_prefix, documents_key, documents_part_key, final_index_key,
+                             bucket_shards_prefix, documents_part_key, final_index_key, kept_documents_key,
                              shard_index_key, shard_lineage_key)
 from refinery.shard_header import ShardFormatError, locate_token, read_tokens
 from refinery.storage import DataRoot, sha256_file
@@ -175,14 +175,15 @@ def _read_arrow(root: DataRoot, key: str):
 def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAGE) -> dict[str, Any]:
     """Pass 1, per input file: its clean documents without text, sorted by record_index, to
     `documents_part_key`. Checks that every doc_id is `<input_key>/<record_index>` (`make_doc_id`),
-    which is how a shard entry finds its document here. Returns rows, bytes, sha256 and the schema."""
+    which is how a shard entry finds its document here (through the attribute tables for a stage
+    that stores none of its own text). Returns rows, bytes, sha256 and the schema."""
     import polars as pl
-    import pyarrow.parquet as pq
 
-    path = root.local_path(documents_key(stage, input_key))
-    names = pq.read_schema(path).names
+    from refinery.stages.attributes import scan_stage_documents, stage_columns
+
+    names = stage_columns(root, stage, input_key)
     docs = (
-        pl.scan_parquet(path)
+        scan_stage_documents(root, stage, input_key)
         .select([c for c in names if c != "text"] + [pl.col("text").str.len_bytes().alias("text_bytes")])
         .sort("record_index")
         .collect()
@@ -192,7 +193,7 @@ def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAG
     wrong = ((origin["key"] != input_key) | (origin["record"] != docs["record_index"])).fill_null(True)
     if wrong.any():
         row = docs.filter(wrong).row(0, named=True)
-        raise LineageError(f"{root.display(documents_key(stage, input_key))}: doc_id {row['doc_id']!r} with record_index "
+        raise LineageError(f"{root.display(kept_documents_key(stage, input_key))}: doc_id {row['doc_id']!r} with record_index "
                            f"{row['record_index']} is not {input_key!r}/<record_index>; rebuild the documents")
     repeated = docs["record_index"].is_duplicated()
     if repeated.any():

@@ -25,12 +25,13 @@ import polars as pl
 
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import input_shards
-from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, documents_key, exclusions_key, near_edges_key,
+from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, exclusions_key, kept_documents_key, near_edges_key,
                              rejects_key, signatures_key)
 from refinery.preflight import READ_ONLY
+from refinery.stages.attributes import read_stage_documents, stage_columns
 from refinery.storage import DataRoot, open_data_root
 
-DEDUP_FOLDER = "deduped"  # exact and near dedup write one documents table and one rejects table
+DEDUP_FOLDER = "deduped"  # exact and near dedup write one table of kept documents and one rejects table
 TOKENIZE_STAGE = "tokenized_shards"
 EXACT_RULE_FAMILY = "exact_dedup/"
 NEAR_RULE_FAMILY = "near_dedup/"
@@ -40,10 +41,10 @@ LANGUAGE_RULES_WITH_LANGUAGE = ("language/unwanted_language", "language/low_scor
 
 @dataclass(frozen=True)
 class Step:
-    """A funnel stage as `why` reads it: the documents table of its survivors and its rejects table."""
+    """A funnel stage as `why` reads it: the kept documents of its survivors and its rejects table."""
 
     stage: str
-    documents: str  # folder under documents/ holding the survivors (for exact dedup: deduped's, after near too)
+    documents: str  # the stage whose kept documents are the survivors (for exact dedup: deduped's, after near too)
     rejects: str  # folder under rejects/ whose rows with `stage` == this stage are its removals
 
 
@@ -95,14 +96,15 @@ class DocumentTrail:
     # ---- cached reads ----------------------------------------------------------------------------
 
     def _table(self, folder: str, partition: str) -> dict[str, dict[str, Any]] | None:
-        """doc_id -> identity and fact columns of documents/<folder>/<partition>, None if not written."""
+        """doc_id -> identity and fact columns of stage `folder`'s kept documents of `partition` (read
+        through its attribute tables, refinery/stages/attributes.py), None if not written."""
         if (folder, partition) not in self._tables:
-            key = documents_key(folder, partition)
             rows = None
-            if self.root.exists(key):
-                names = set(pl.read_parquet_schema(self.root.local_path(key)))
+            if self.root.exists(kept_documents_key(folder, partition)):
+                names = set(stage_columns(self.root, folder, partition))
                 wanted = [c for c in (*IDENTITY_COLUMNS, *(c for cs in STAGE_FACTS.values() for c in cs)) if c in names]
-                rows = {r["doc_id"]: r for r in self.root.read_parquet(key, columns=wanted).iter_rows(named=True)}
+                table = read_stage_documents(self.root, folder, partition, columns=wanted)
+                rows = {r["doc_id"]: r for r in table.iter_rows(named=True)}
             self._tables[(folder, partition)] = rows
         return self._tables[(folder, partition)]
 

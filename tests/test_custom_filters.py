@@ -168,7 +168,8 @@ def test_custom_filter_in_the_materialized_funnel_with_worker_processes(tmp_path
     from assets import funnel
     from helpers.materialize import materialize, module_assets
     from refinery.documents import input_batches
-    from refinery.layout import documents_key, rejects_key, stats_key
+    from refinery.layout import rejects_key, stats_key
+    from refinery.stages.attributes import read_stage_documents
     from refinery.storage import LocalDataRoot
 
     (tmp_path / "in").mkdir()
@@ -185,7 +186,7 @@ def test_custom_filter_in_the_materialized_funnel_with_worker_processes(tmp_path
     assets = list(module_assets(funnel, config).values())
     result = materialize(assets, config, partition_key=batch.key)
     root = LocalDataRoot(tmp_path / "out")
-    kept = pl.concat([root.read_parquet(documents_key("heuristic_filtered", s.key)) for s in batch.shards])
+    kept = pl.concat([read_stage_documents(root, "heuristic_filtered", s.key) for s in batch.shards])
     assert kept["url"].to_list() == ["https://harbour.example/0/numbers"]
     rejects = pl.concat([root.read_parquet(rejects_key("heuristic_filtered", s.key)) for s in batch.shards])
     assert sorted(zip(rejects["url"], rejects["rule"], rejects["value"])) == [

@@ -13,7 +13,8 @@ import pytest
 
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
-from refinery.layout import documents_key
+from refinery.funnel_report import stage_partitions
+from refinery.stages.attributes import read_stage_documents, write_stage_documents
 from refinery.storage import LocalDataRoot, sha256_file
 
 from helpers.configs import demo_config, write_config
@@ -75,7 +76,7 @@ def write_corpus(tmp: Path, name: str = "run", extra: dict | None = None) -> Pat
             },
             schema={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String, "language_score": pl.Float64},
         )
-        root.write_parquet(documents_key("heuristic_filtered", shard.key), table)
+        write_stage_documents(root, "heuristic_filtered", shard.key, table)
     return path
 
 
@@ -95,12 +96,16 @@ def materialize_dedup(config_path: Path) -> None:
     materialize_graph(defs, dg.DagsterInstance.ephemeral(), log=lambda _: None)
 
 
+# What `write_corpus` seeds: heuristic_filtered's documents, as its text table and attribute tables.
+SEEDED = ("documents/extracted_text", "attributes/language_filtered", "attributes/heuristic_filtered")
+
+
 def outputs(root: Path) -> dict[str, str]:
     """sha256 of every file the dedup graph wrote; stats files without their wall time."""
     hashes = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
-        if not path.is_file() or rel.startswith("documents/heuristic_filtered"):
+        if not path.is_file() or rel.startswith(SEEDED):
             continue
         if rel.startswith("stats/"):
             stats = json.loads(path.read_text())
@@ -118,7 +123,7 @@ def dedup_run(tmp_path_factory) -> tuple[Path, dict[str, str], dict[str, str]]:
     root = config.parent / "out"
     materialize_dedup(config)
     first = outputs(root)
-    for folder in ("dedup", "documents/deduped", "rejects", "stats"):
+    for folder in ("dedup", "attributes/deduped", "rejects", "stats"):
         shutil.rmtree(root / folder)
     materialize_dedup(config)
     return root, first, outputs(root)
@@ -130,7 +135,7 @@ def read(root: Path, key: str) -> pl.DataFrame:
 
 def test_graph_removes_exact_and_near_duplicates_keeping_the_first_in_config_order(dedup_run):
     root = dedup_run[0]
-    kept = {shard: read(root, f"documents/deduped/{shard}.parquet") for shard in ("wiki-a", "wiki-b", "web-a", "web-b")}
+    kept = {shard: read_stage_documents(LocalDataRoot(root), "deduped", shard) for shard in ("wiki-a", "wiki-b", "web-a", "web-b")}
     assert kept["wiki-a"]["doc_id"].to_list() == ["wiki-a/0000000", "wiki-a/0000001", "wiki-a/0000003"]
     assert kept["wiki-b"].height == 0
     assert kept["web-a"]["doc_id"].to_list() == ["web-a/0000000", "web-a/0000002", "web-a/0000003"]
@@ -175,7 +180,7 @@ def test_rerun_gives_identical_bytes(dedup_run):
     assert set(a) == set(b)
     assert len([k for k in a if k.startswith("dedup/near/edges/")]) == 4
     assert len([k for k in a if k.startswith("dedup/exact/")]) == 2
-    assert len([k for k in a if k.startswith("documents/deduped/")]) == 4
+    assert len([k for k in a if k.startswith("attributes/deduped/")]) == 4
     assert a == b
 
 
@@ -276,11 +281,17 @@ def stage_tables(root: Path, folder: str) -> pl.DataFrame:
     return pl.concat([pl.read_parquet(p) for p in sorted((root / folder).glob("*.parquet"))], how="diagonal_relaxed")
 
 
+def kept_tables(root: Path, stage: str) -> pl.DataFrame:
+    """A stage's kept documents of every input file, read through its attribute tables."""
+    data = LocalDataRoot(root)
+    return pl.concat([read_stage_documents(data, stage, p) for p in stage_partitions(data, stage)], how="diagonal_relaxed")
+
+
 @pytest.mark.slow
 def test_sample_planted_exact_duplicates_are_all_removed(sample_run):
     truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
-    before = stage_tables(sample_run, "documents/heuristic_filtered")
-    after = set(stage_tables(sample_run, "documents/deduped")["url"].to_list())
+    before = kept_tables(sample_run, "heuristic_filtered")
+    after = set(kept_tables(sample_run, "deduped")["url"].to_list())
     rejects = stage_tables(sample_run, "rejects/deduped")
     exact_removed = set(rejects.filter(pl.col("rule") == "exact_dedup/duplicate")["url"].to_list())
     present = set(before["url"].to_list())
@@ -302,14 +313,14 @@ def test_sample_near_duplicates_recall_and_precision_against_exact_jaccard(sampl
     precision = near-dedup removals whose exact Jaccard with some other member of their cluster
     is >= 0.8 / all near-dedup removals. Planted pairs below 0.8 must not be clustered."""
     truth = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())
-    before = stage_tables(sample_run, "documents/heuristic_filtered")
+    before = kept_tables(sample_run, "heuristic_filtered")
     rejects = stage_tables(sample_run, "rejects/deduped")
     exact_removed = set(rejects.filter(pl.col("stage") == "exact_deduped")["doc_id"].to_list())
     docs = before.filter(~pl.col("doc_id").is_in(list(exact_removed)))
     ids, urls = docs["doc_id"].to_list(), docs["url"].to_list()
     sets = shingle_sets(docs["text"].to_list())
 
-    kept = stage_tables(sample_run, "documents/deduped")
+    kept = kept_tables(sample_run, "deduped")
     near = rejects.filter(pl.col("stage") == "near_deduped")
     cluster_of = dict(zip(kept["doc_id"].to_list(), kept["dup_cluster"].to_list()))
     cluster_of.update({d: detail.split()[2].rstrip(";") for d, detail in near.select("doc_id", "detail").iter_rows()})

@@ -12,7 +12,9 @@ import pytest
 from assets import funnel
 from refinery.config import load_config
 from refinery.documents import input_batches, input_shards, make_doc_id
-from refinery.layout import documents_key, rejects_key, stats_key
+from refinery.funnel_report import stage_partitions
+from refinery.layout import kept_documents_key, rejects_key, stats_key
+from refinery.stages.attributes import read_stage_documents
 from refinery.storage import LocalDataRoot
 from refinery.testing.crawl import gzip_member, http_response, warc_record
 
@@ -111,10 +113,10 @@ def test_funnel_assets_on_a_tiny_corpus(tmp_path):
             md = metadata[key][name]
             assert PROVENANCE_KEYS <= set(md), f"{name}[{key}] lacks {PROVENANCE_KEYS - set(md)}"
             hashes = md["content_hashes"].data
-            assert hashes[documents_key(name, key)] == root.sha256(documents_key(name, key))
+            assert hashes[kept_documents_key(name, key)] == root.sha256(kept_documents_key(name, key))
             assert root.exists(rejects_key(name, key)) and root.exists(stats_key(name, key))
 
-    web = {name: root.read_parquet(documents_key(name, "web-crawl-0")) for name in FUNNEL}
+    web = {name: read_stage_documents(root, name, "web-crawl-0") for name in FUNNEL}
     assert web["raw_documents"].height == 5  # the PNG is an ingest reject
     assert web["extracted_text"].height == 4  # application/json is not extracted
     assert "raw" not in web["extracted_text"].columns
@@ -135,7 +137,7 @@ def test_funnel_assets_on_a_tiny_corpus(tmp_path):
     assert md["removed_by_rule"].data == {"url/blocklisted_domain": 1, "gopher_quality/min_words": 1}
 
     # The code source skips language and heuristics: everything extracted passes, columns stay the same.
-    code = {name: root.read_parquet(documents_key(name, "code-lib-0")) for name in FUNNEL}
+    code = {name: read_stage_documents(root, name, "code-lib-0") for name in FUNNEL}
     assert code["raw_documents"].height == 2  # the bad JSON line is an ingest reject
     assert code["heuristic_filtered"].height == 2
     assert code["language_filtered"]["language"].null_count() == 2
@@ -148,9 +150,14 @@ def test_rematerializing_gives_byte_identical_outputs(tmp_path):
     root = LocalDataRoot(tmp_path / "out")
     assets = funnel_assets(config_path)
     materialize(assets, config_path, "web-crawl-0")
-    first = {k: root.sha256(k) for k in root.list("documents") + root.list("rejects")}
+
+    def hashes() -> dict[str, str]:
+        return {k: root.sha256(k) for kind in ("documents", "attributes", "rejects") for k in root.list(kind)}
+
+    first = hashes()
+    assert len(first) == 2 * len(FUNNEL)
     materialize(assets, config_path, "web-crawl-0")
-    assert {k: root.sha256(k) for k in root.list("documents") + root.list("rejects")} == first
+    assert hashes() == first
 
 
 def test_missing_upstream_fails_clearly_and_writes_nothing(tmp_path):
@@ -179,6 +186,8 @@ def test_funnel_on_the_sample_meets_the_ground_truth(tmp_path):
             assert md["input_files"].value == len(batch.shards)
 
     def table(kind: str, stage: str) -> pl.DataFrame:
+        if kind == "documents":  # a stage's kept documents, through its attribute tables where it has them
+            return pl.concat(read_stage_documents(root, stage, p) for p in stage_partitions(root, stage))
         return pl.concat(root.read_parquet(k) for k in root.list(f"{kind}/{stage}"))
 
     rejects = pl.concat(table("rejects", name) for name in FUNNEL)
@@ -232,5 +241,5 @@ def test_a_sources_rules_off_from_the_config_reach_heuristic_filtered(tmp_path):
           for key in ("docs-part-0", "web-part-0")}
     assert (md["docs-part-0"]["docs_out"].value, md["docs-part-0"]["removed_by_rule"].data) == (1, {})
     assert (md["web-part-0"]["docs_out"].value, md["web-part-0"]["removed_by_rule"].data) == (0, {"c4/curly_bracket": 1})
-    kept = LocalDataRoot(tmp_path / "out").read_parquet(documents_key("heuristic_filtered", "docs-part-0"))
+    kept = read_stage_documents(LocalDataRoot(tmp_path / "out"), "heuristic_filtered", "docs-part-0")
     assert "server { port 8080; }" in kept["text"][0]

@@ -137,7 +137,7 @@ def language_filtered(tmp_path):
     import polars as pl
 
     from refinery.documents import PROVENANCE_SCHEMA
-    from refinery.layout import documents_key
+    from refinery.stages.attributes import write_stage_documents
 
     rows = [("web-0/0000000", "https://a.example/spam", SPAM), ("web-0/0000001", "https://a.example/town", CLEAN)]
     table = pl.DataFrame(
@@ -157,7 +157,7 @@ def language_filtered(tmp_path):
         },
         schema_overrides={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String},
     )
-    LocalDataRoot(tmp_path / "out").write_parquet(documents_key("language_filtered", "web-0"), table)
+    write_stage_documents(LocalDataRoot(tmp_path / "out"), "language_filtered", "web-0", table)
     return tmp_path
 
 

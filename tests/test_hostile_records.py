@@ -15,7 +15,9 @@ from refinery.stages.heuristic import HeuristicFilter, url_rules
 from refinery.stages.ingest import read_input_shard
 from refinery.config import ExtractConfig, HeuristicConfig, SourceConfig
 from refinery.documents import InputShard, make_doc_id
-from refinery.layout import documents_key, rejects_key
+from refinery.layout import rejects_key
+from refinery.stages.attributes import read_stage_documents
+from refinery.storage import LocalDataRoot
 from refinery.testing.crawl import gzip_member, http_response, warc_record
 
 from helpers.configs import write_config
@@ -276,7 +278,7 @@ def test_funnel_partition_over_hostile_records_finishes_within_its_budget(tmp_pa
         "https://bad.example/deep": "extract/timeout",
         "http://[bad/x": "url/malformed",
     }
-    kept = pl.read_parquet(out / documents_key("heuristic_filtered", "web-crawl-0"))
+    kept = read_stage_documents(LocalDataRoot(out), "heuristic_filtered", "web-crawl-0")
     assert sorted(kept["url"].to_list()) == sorted(f"https://ok.example/{i}" for i in range(9))
 
 

@@ -15,7 +15,7 @@ from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, execution_plan, materialize_graph
 from refinery.config import ConfigError, load_config
 from refinery.documents import input_batches, input_shards
-from refinery.layout import documents_key, rejects_key, stats_key
+from refinery.layout import documents_key, kept_documents_key, rejects_key, stats_key
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.storage import LocalDataRoot
 
@@ -111,7 +111,7 @@ def test_a_pattern_without_one_capture_group_is_a_config_error(tmp_path):
 def outputs(config: Path) -> dict[str, str]:
     cfg = load_config(config)
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
-    return {k: root.sha256(k) for kind in ("documents", "rejects") for k in root.list(kind)}
+    return {k: root.sha256(k) for kind in ("documents", "attributes", "rejects") for k in root.list(kind)}
 
 
 def run_funnel(config: Path) -> int:
@@ -128,7 +128,7 @@ def test_one_run_over_every_batch_writes_the_same_per_file_bytes_as_runs_per_fil
     assert run_funnel(per_file) == len(FUNNEL) * 5, "one run per asset and input file"
     assert run_funnel(batched) == 1, "every batch of the funnel in one run"
     files = [s.key for s in input_shards(load_config(batched))]
-    expected = {k for f in files for name in FUNNEL for k in (documents_key(name, f), rejects_key(name, f))}
+    expected = {k for f in files for name in FUNNEL for k in (kept_documents_key(name, f), rejects_key(name, f))}
     assert set(outputs(batched)) == expected
     assert outputs(batched) == outputs(per_file)
     root = LocalDataRoot(tmp_path / "out-batched")
@@ -162,7 +162,7 @@ def test_each_batch_of_a_run_over_many_carries_its_own_numbers(tmp_path):
                 md = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
                 assert md["input_files"] == len(files), (name, key)
                 assert md["docs_in"] == sum(root.read_json(stats_key(name, f))["docs_in"] for f in files), (name, key)
-                assert set(md["content_hashes"]) == {k for f in files for k in (documents_key(name, f),
+                assert set(md["content_hashes"]) == {k for f in files for k in (kept_documents_key(name, f),
                                                                                  rejects_key(name, f))}
 
 

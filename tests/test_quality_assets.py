@@ -15,7 +15,8 @@ from refinery.stages import quality as q
 from refinery.stages.pii import PLACEHOLDERS
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
-from refinery.layout import documents_key, rejects_key, stats_key
+from refinery.layout import documents_key, kept_documents_key, rejects_key, stats_key
+from refinery.stages.attributes import read_stage_documents, write_stage_documents
 from refinery.storage import LocalDataRoot
 
 from helpers import configs
@@ -88,7 +89,7 @@ def seed_deduped(config_path: str) -> tuple:
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     rng = random.Random(0)
     for shard in input_shards(cfg):
-        root.write_parquet(documents_key("deduped", shard.key), deduped_table(shard.key, shard.bucket, 40, rng))
+        write_stage_documents(root, "deduped", shard.key, deduped_table(shard.key, shard.bucket, 40, rng))
     return cfg, root
 
 
@@ -131,7 +132,7 @@ def test_quality_model_publishes_a_versioned_model_with_its_accuracy(run):
 def test_quality_scored_keeps_the_score_and_drops_web_below_threshold(run):
     cfg, root, results = run
     for shard in input_shards(cfg):
-        docs = root.read_parquet(documents_key("quality_scored", shard.key))
+        docs = read_stage_documents(root, "quality_scored", shard.key)
         assert docs["quality_score"].is_between(0.0, 1.0).all()
         stats = root.read_json(stats_key("quality_scored", shard.key))
         md = metadata(results[f"quality_scored[{shard.key}]"], "quality_scored")
@@ -151,7 +152,7 @@ def test_pii_redacted_removes_every_planted_email_and_ip_and_counts_them(run):
     cfg, root, results = run
     planted = {"email": 0, "ip": 0}
     for shard in input_shards(cfg):
-        scored = root.read_parquet(documents_key("quality_scored", shard.key))
+        scored = read_stage_documents(root, "quality_scored", shard.key)
         planted["email"] += sum(scored["text"].str.count_matches(e, literal=True).sum() for e in PLANTED_EMAILS)
         planted["ip"] += sum(scored["text"].str.count_matches(ip, literal=True).sum() for ip in PLANTED_IPS)
         docs = root.read_parquet(documents_key("pii_redacted", shard.key))
@@ -203,7 +204,7 @@ def test_rerun_gives_identical_bytes(run, tmp_path):
     assert again.read_json("models/quality/latest.json")["sha256"] == root.read_json("models/quality/latest.json")["sha256"]
     for shard in input_shards(cfg):
         for stage in ("quality_scored", "pii_redacted"):
-            for key in (documents_key(stage, shard.key), rejects_key(stage, shard.key)):
+            for key in (kept_documents_key(stage, shard.key), rejects_key(stage, shard.key)):
                 assert again.sha256(key) == root.sha256(key), key
 
 
@@ -212,8 +213,8 @@ def test_quality_model_without_positive_documents_fails_naming_the_field(tmp_pat
     cfg, root = seed_deduped(config_path)
     for shard in input_shards(cfg):
         if shard.bucket == "code":
-            root.write_parquet(documents_key("deduped", shard.key),
-                               deduped_table(shard.key, "code", 3, random.Random(1)).with_columns(text=pl.lit("")))
+            write_stage_documents(root, "deduped", shard.key,
+                                  deduped_table(shard.key, "code", 3, random.Random(1)).with_columns(text=pl.lit("")))
     model_asset = module_assets(quality, config_path)["quality_model"]
     result = materialize([model_asset], config_path, raise_on_error=False)
     assert not result.success
@@ -232,7 +233,7 @@ def test_disabled_classifier_trains_nothing_and_keeps_every_document(tmp_path):
     assert model_md["content_hashes"] == {} and model_md["docs_in"] == NOT_APPLICABLE
     assert not root.exists("models/quality/latest.json")
     for shard in input_shards(cfg):
-        docs = root.read_parquet(documents_key("quality_scored", shard.key))
+        docs = read_stage_documents(root, "quality_scored", shard.key)
         assert docs.height == 40 and docs["quality_score"].null_count() == 40
         assert root.read_json(stats_key("quality_scored", shard.key))["counters"] == {"quality/disabled": 40}
         # Safety still runs: web loses its blocked-domain and its blocked-word document.
@@ -246,7 +247,7 @@ def test_training_streams_only_the_capped_documents_and_trains_the_same_model(tm
     assert max(batch.height for batch in read()) <= q.FEATURIZE_DOCS
     chosen = q.streamed_training_set(read, ["books", "wiki"], ["web"], 5, cfg.seed)
     assert chosen.group_by(pl.col("bucket") == "web").len()["len"].to_list() == [5, 5]
-    everything = pl.concat([root.read_parquet(documents_key("deduped", s.key)) for s in input_shards(cfg)])
+    everything = pl.concat([read_stage_documents(root, "deduped", s.key) for s in input_shards(cfg)])
     args = dict(num_features=4096, ngram=2, epochs=5, learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000,
                 max_docs_per_class=5, seed=cfg.seed)
     from_stream, _ = q.train_quality_model(read, ["books", "wiki"], ["web"], **args)
@@ -268,7 +269,7 @@ def test_sample_planted_pii_is_all_redacted_through_the_graph(tmp_path):
 
     root = LocalDataRoot(tmp_path / "out")
     cfg = load_config(config_path)
-    before = pl.concat([root.read_parquet(documents_key("quality_scored", s.key)) for s in input_shards(cfg)])
+    before = pl.concat([read_stage_documents(root, "quality_scored", s.key) for s in input_shards(cfg)])
     after = pl.concat([root.read_parquet(documents_key("pii_redacted", s.key)) for s in input_shards(cfg)])
     planted = json.loads((REPO / "data" / "sample" / "ground_truth.json").read_text())["pii"]
     kind_of = {"email": "email", "ipv4": "ip", "ipv6": "ip", "phone": "phone", "credit_card": "credit_card"}

@@ -12,8 +12,8 @@ from refinery.stages import near_dedup as nd
 from refinery.stages.base import StageOutput, skips
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.layout import (NEAR_CLUSTERS_KEY, documents_key, exact_drops_key, near_edges_key, rejects_key,
-                             signatures_key, stats_key)
+from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, rejects_key, signatures_key, stats_key
+from refinery.stages.attributes import publish_attributes, read_stage_documents
 from refinery.storage import DataRoot
 
 UPSTREAM = "heuristic_filtered"
@@ -70,7 +70,7 @@ def lookup_doc_ids(signatures: pl.LazyFrame, keys: pl.Series) -> pl.DataFrame:
 
 
 def compute_signatures(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[pl.DataFrame, str]:
-    docs = root.read_parquet(documents_key(UPSTREAM, shard))
+    docs = read_stage_documents(root, UPSTREAM, shard)
     source = next(s for s in input_shards(cfg) if s.key == shard).source
     near_enabled = not skips(cfg.source(source).skip, nd.NEAR_SKIP_KEY)
     table = nd.signature_table(docs, _shard_ordinal(cfg, shard), nd.DedupSettings.from_config(cfg), near_enabled)
@@ -139,18 +139,17 @@ def compute_clusters(cfg: RefineryConfig, root: DataRoot) -> tuple[pl.DataFrame,
 
 
 def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[StageOutput, StageOutput, dict[str, str]]:
-    """Write `documents/deduped/<shard>`, its rejects, and the exact and near stats files."""
+    """Write `attributes/deduped/<shard>` (the kept doc ids with dup_cluster and dup_cluster_size),
+    its rejects, and the exact and near stats files."""
     ordinal = _shard_ordinal(cfg, shard)
-    docs = root.read_parquet(documents_key(UPSTREAM, shard))
+    docs = read_stage_documents(root, UPSTREAM, shard)
     on_shard = ex.shard_of(pl.col("doc_key")) == ordinal
     exact_drops = scan_exact_drops(cfg, root).filter(on_shard).collect()
     clusters = pl.scan_parquet(str(root.local_path(NEAR_CLUSTERS_KEY))).filter(on_shard).collect()
     exact_out, near_out = nd.apply_decisions(docs, ordinal, exact_drops, clusters)
     rejects = pl.concat([exact_out.rejects, near_out.rejects])
-    hashes = {
-        documents_key(STAGE, shard): root.write_parquet(documents_key(STAGE, shard), near_out.documents),
-        rejects_key(STAGE, shard): root.write_parquet(rejects_key(STAGE, shard), rejects),
-    }
+    kept_key, kept_hash = publish_attributes(root, STAGE, shard, docs, near_out.documents)
+    hashes = {kept_key: kept_hash, rejects_key(STAGE, shard): root.write_parquet(rejects_key(STAGE, shard), rejects)}
     root.write_json(stats_key(exact_out.stats.stage, shard), exact_out.stats.to_dict())
     root.write_json(stats_key(near_out.stats.stage, shard), near_out.stats.to_dict())
     return exact_out, near_out, hashes

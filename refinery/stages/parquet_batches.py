@@ -60,13 +60,14 @@ class ParquetBatchWriter:
             self.sha256 = sha256_file(self.path)
 
 
-def parquet_batches(path: Any, rows: int) -> Iterator[pl.DataFrame]:
-    """The table at `path`, row group by row group, in frames of at most `rows` rows (a table
-    without rows: one empty frame with its schema)."""
+def parquet_batches(path: Any, rows: int, columns: list[str] | None = None) -> Iterator[pl.DataFrame]:
+    """The table at `path` (or only `columns` of it), row group by row group, in frames of at most
+    `rows` rows (a table without rows: one empty frame with its schema)."""
     pf = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
     if pf.metadata.num_rows == 0:
-        yield pl.from_arrow(pf.schema_arrow.empty_table())
+        empty = pf.schema_arrow.empty_table()
+        yield pl.from_arrow(empty if columns is None else empty.select(columns))
         return
     for group in range(pf.num_row_groups):
-        for batch in pf.iter_batches(batch_size=rows, row_groups=[group], use_threads=False):
+        for batch in pf.iter_batches(batch_size=rows, row_groups=[group], columns=columns, use_threads=False):
             yield pl.from_arrow(batch)

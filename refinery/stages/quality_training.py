@@ -2,8 +2,9 @@
 fit it (`refinery.stages.quality`), publish the model and its `latest.json` pointer.
 
 The classifier learns curated buckets (positive) against raw web (negative) from the `deduped`
-documents of those buckets. Those are read as Arrow record batches of `q.FEATURIZE_DOCS` rows,
-never as whole tables, so the memory of training does not grow with the corpus.
+documents of those buckets. Those are read through deduped's attribute table
+(refinery/stages/attributes.py) a record batch of at most `q.FEATURIZE_DOCS` rows at a time, never
+as whole tables, so the memory of training does not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from __future__ import annotations
 from typing import Iterator
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.layout import documents_key
 from refinery.stages import quality as q
+from refinery.stages.attributes import stage_batches
 from refinery.stages.dedup_compute import STAGE as UPSTREAM
 from refinery.storage import DataRoot
 
@@ -27,13 +27,12 @@ def training_batches(cfg: RefineryConfig, root: DataRoot) -> q.DocumentBatches:
     a fresh pass."""
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
-    keys = [documents_key(UPSTREAM, s.key) for s in input_shards(cfg) if s.bucket in wanted]
+    partitions = [s.key for s in input_shards(cfg) if s.bucket in wanted]
 
     def read() -> Iterator[pl.DataFrame]:
-        for key in keys:
-            parquet = pq.ParquetFile(root.local_path(key))
-            for batch in parquet.iter_batches(batch_size=q.FEATURIZE_DOCS, columns=["doc_id", "bucket", "text"]):
-                yield pl.from_arrow(batch)
+        for partition in partitions:
+            for batch in stage_batches(root, UPSTREAM, partition, q.FEATURIZE_DOCS):
+                yield batch.select("doc_id", "bucket", "text")
 
     return read
 

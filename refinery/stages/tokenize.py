@@ -38,10 +38,10 @@ import polars as pl
 from refinery.stages.stats import BucketCounts, Drop, StageStats, rejects_frame, text_bytes
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
-from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix, documents_key,
+from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix,
                              shard_index_key, shard_key)
 from refinery.stages import difficulty as dfc
-from refinery.stages.parquet_batches import parquet_batches
+from refinery.stages.attributes import read_stage_documents, stage_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
 # The tokenizer.json file's functions live in a module without polars (a lineage query reads the file
@@ -114,7 +114,7 @@ def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAG
     """
     keyed: list[tuple[bytes, str, str]] = []
     for shard in input_shards(cfg):
-        ids = root.read_parquet(documents_key(stage, shard.key), columns=["doc_id"])["doc_id"]
+        ids = read_stage_documents(root, stage, shard.key, columns=["doc_id"])["doc_id"]
         keyed.extend((_sample_key(cfg.seed, d), shard.key, d) for d in ids)
     keyed.sort()
     chosen = keyed[: cfg.tokenizer.train_docs]
@@ -123,7 +123,7 @@ def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAG
         by_shard.setdefault(shard_name, set()).add(doc_id)
     texts: dict[str, str] = {}
     for shard_name, ids in sorted(by_shard.items()):
-        df = root.read_parquet(documents_key(stage, shard_name), columns=["doc_id", "text"])
+        df = read_stage_documents(root, stage, shard_name, columns=["doc_id", "text"])
         df = df.filter(pl.col("doc_id").is_in(list(ids)) & (pl.col("text").str.len_bytes() > 0))
         texts.update(zip(df["doc_id"].to_list(), df["text"].str.slice(0, TRAIN_MAX_CHARS).to_list()))
     used = [(shard_name, d) for _, shard_name, d in chosen if d in texts]
@@ -412,7 +412,7 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
         scores = dfc.score_documents(model, encoded)
         return batch, keep, encoded, [None if np.isnan(v) else float(v) for v in scores]
 
-    batches = parquet_batches(root.local_path(documents_key(stage, shard.key)), cfg.shards.encode_batch_docs)
+    batches = stage_batches(root, stage, shard.key, cfg.shards.encode_batch_docs)
     # The Rust encoder releases the GIL, so the next batch encodes while this thread packs the last.
     with ShardSeries(root, TOKENIZED, shard.bucket, dtype, cfg.shards.shard_tokens, extra, part=shard.key) as series, \
             ThreadPoolExecutor(max_workers=1) as pool:

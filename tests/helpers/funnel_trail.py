@@ -1,5 +1,6 @@
 """A crafted data root whose every document's fate is known: two input files of one web source,
-their stage tables written by hand up to heuristic_filtered, real dedup decisions
+their stage tables written by hand up to heuristic_filtered (the stages between the extracted and
+the redacted text as attribute tables, as the funnel writes them), real dedup decisions
 (refinery/stages/dedup_compute.py, no Dagster) after it, then quality_scored, pii_redacted and the
 final shards' entry table. `refinery why` and the per-language funnel are tested on it.
 
@@ -24,10 +25,11 @@ import polars as pl
 from helpers.configs import write_config
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA, input_shards
-from refinery.layout import bucket_entries_key, documents_key, rejects_key
+from refinery.layout import ATTRIBUTE_STAGES, bucket_entries_key, documents_key, rejects_key
 from refinery.stages import dedup_compute as dc
 from refinery.stages import exact_dedup as ex
 from refinery.stages import near_dedup as nd
+from refinery.stages.attributes import publish_attributes, read_stage_documents
 from refinery.storage import LocalDataRoot
 
 WORDS = ("river stone lantern harbour meadow copper violin orchard thunder pebble candle window garden "
@@ -107,11 +109,17 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
     stages = ("raw_documents", "extracted_text", "language_filtered", "heuristic_filtered")
     for part, key in partitions.items():
         alive = [d for d in TEXTS if d[0] == part]
+        upstream = None
         for stage in stages:
             gone = [d for d in alive if DROPPED_AT.get(d, ("",))[0] == stage]
             alive = [d for d in alive if d not in gone]
-            root.write_parquet(documents_key(stage, key), table(alive, language=stage != stages[0] and stage != stages[1]))
+            kept = table(alive, language=stage != stages[0] and stage != stages[1])
+            if stage in ATTRIBUTE_STAGES:
+                publish_attributes(root, stage, key, upstream, kept)
+            else:
+                root.write_parquet(documents_key(stage, key), kept)
             root.write_parquet(rejects_key(stage, key), rejects(stage, gone))
+            upstream = kept
     for key in partitions.values():
         dc.compute_signatures(cfg, root, key)
     for hash_range in ex.range_keys(cfg.stages.exact_dedup.hash_ranges):
@@ -121,9 +129,9 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
     dc.compute_clusters(cfg, root)
     for key in partitions.values():
         dc.apply_to_shard(cfg, root, key)
-        deduped = root.read_parquet(documents_key(dc.STAGE, key))
+        deduped = read_stage_documents(root, dc.STAGE, key)
         scored = deduped.with_columns(quality_score=pl.lit(0.5))
-        root.write_parquet(documents_key("quality_scored", key), scored)
+        publish_attributes(root, "quality_scored", key, deduped, scored)
         root.write_parquet(rejects_key("quality_scored", key), pl.DataFrame(schema=REJECTS_SCHEMA))
         redacted_text = {doc_ids[d]: t for d, t in PII_TEXT.items()}
         redacted = scored.with_columns(pl.col("doc_id").replace_strict(redacted_text, default=pl.col("text")).alias("text"))
