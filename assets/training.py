@@ -1,9 +1,11 @@
 """`training_run`, per curriculum phase: the curriculum trainer launched through Dagster Pipes.
 
 Each launch runs `python -m assets.pipes_train` (that is, `refinery train`) in a subprocess with
-`--stop-after-phase <phase>` in the phase's own run directory. While it runs, the asset polls the
-Pipes session and logs step metrics and status changes; each new checkpoint is recorded as an
-observation, so the UI shows progress before the phase ends.
+`--stop-after-phase <phase>` in the phase's own run directory: on this machine
+(`training.launch: local`, the default) or on a node of the Ray cluster at `execution.address`
+(`training.launch: ray`, assets/ray_trainer.py). While it runs, the asset polls the Pipes session and
+logs step metrics and status changes; each new checkpoint is recorded as an observation, so the UI
+shows progress before the phase ends.
 
 The relaunch loop is training/launcher.py: a launch that dies is relaunched from the latest
 checkpoint, at most `training.max_resume_attempts` times, with exponential backoff. A `halted`
@@ -24,6 +26,7 @@ from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
+from refinery.config.training import LAUNCH_FIELDS
 from refinery.storage import DataRoot, sha256_file
 from refinery.throughput import achieved_share, throughput_contract
 
@@ -52,14 +55,17 @@ def contamination_gate(cfg: RefineryConfig, root, phase: str) -> str:
 
 
 class PipesLaunch:
-    """One subprocess of the trainer under a Pipes session: its messages become log lines and, for
-    each new checkpoint, an asset observation."""
+    """One launch of the trainer under a Pipes session, as a local subprocess (`run`) or on a Ray
+    node (`run_on_ray`): its messages become log lines and, for each new checkpoint, an asset
+    observation."""
 
     def __init__(self, context: dg.AssetExecutionContext):
         self.context = context
         self.status: dict[str, Any] = {}
         self.last_step: dict[str, Any] = {}
         self.checkpoints: list[str] = []
+        self.node: str | None = None  # the Ray node it ran on
+        self._seen = 0
 
     def run(self, command: list[str], log_path: Path) -> int:
         from training.launcher import run_logged
@@ -70,19 +76,21 @@ class PipesLaunch:
             message_reader=dg.PipesTempFileMessageReader(),
         ) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "PYTHONUNBUFFERED": "1"}
-            seen = 0
-
-            def drain() -> None:
-                nonlocal seen
-                messages = session.get_custom_messages()
-                for message in messages[seen:]:
-                    self._on_message(message)
-                seen = len(messages)
-
-            code = run_logged(command, REPO, env, log_path, drain)
-        for message in session.get_custom_messages()[seen:]:
-            self._on_message(message)
+            code = run_logged(command, REPO, env, log_path, lambda: self.drain(session))
+        self.drain(session)
         return code
+
+    def run_on_ray(self, cfg: RefineryConfig, args: list[str], log_path: Path) -> int:
+        from assets.ray_trainer import run_on_ray
+
+        code, self.node = run_on_ray(self.context, cfg, args, log_path, self.drain)
+        return code
+
+    def drain(self, session: dg.PipesSession) -> None:
+        messages = session.get_custom_messages()
+        for message in messages[self._seen:]:
+            self._on_message(message)
+        self._seen = len(messages)
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message.get("kind")
@@ -104,8 +112,9 @@ class PipesLaunch:
             )
 
 
-def launch_command(config_path: str, run_dir: Path, phase: str, resume: str) -> list[str]:
-    return [sys.executable, "-m", "assets.pipes_train", "--config", config_path, "--run-dir", str(run_dir),
+def pipes_child_args(config_path: str, run_dir: Path, phase: str, resume: str) -> list[str]:
+    """The interpreter's arguments that run the Pipes child for one launch of `phase`."""
+    return ["-m", "assets.pipes_train", "--config", config_path, "--run-dir", str(run_dir),
             "--stop-after-phase", phase, "--resume", resume]
 
 
@@ -135,13 +144,17 @@ def training_curves(run_dir: Path, phase: str) -> dict[str, Any]:
     }
 
 
-def launches_metadata(training, checkpoints: list[str]) -> dict[str, Any]:
-    """The launches so far, on success and on failure alike."""
+def launches_metadata(training, checkpoints: list[str], nodes: list[str]) -> dict[str, Any]:
+    """The launches so far, on success and on failure alike; `ray_nodes` ({node id: launches}) when
+    they ran on Ray."""
+    from assets.ray_engine import node_summary
+
     status = training.status
     return {
         "phase": training.phase, "run_dir": str(training.run_dir), "launch_attempts": len(training.attempts),
         "attempts": dg.MetadataValue.json(training.attempts), "checkpoints": dg.MetadataValue.json(checkpoints),
         "state": str(status.get("state")), "reason": str(status.get("reason") or ""),
+        **({"ray_nodes": dg.MetadataValue.json(node_summary(nodes))} if nodes else {}),
     }
 
 
@@ -171,12 +184,16 @@ def train(version: str):
         cfg, phase = refinery.config, context.partition_key
         context.log.info(f"training_run[{phase}]: {contamination_gate(cfg, refinery.root, phase)}")
         config_path = os.path.abspath(refinery.config_path)
+        on_ray = cfg.training.launch == "ray"  # the preflight refused it without an address or `ray`
         checkpoints: list[str] = []
+        nodes: list[str] = []
 
         def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
             launch = PipesLaunch(context)
-            code = launch.run(launch_command(config_path, log_path.parent, phase, resume), log_path)
+            args = pipes_child_args(config_path, log_path.parent, phase, resume)
+            code = launch.run_on_ray(cfg, args, log_path) if on_ray else launch.run([sys.executable, *args], log_path)
             checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
+            nodes.extend([launch.node] if launch.node else [])
             return code, launch.status
 
         try:
@@ -186,15 +203,16 @@ def train(version: str):
         except PhaseTrainingFailed as e:
             raise dg.Failure(
                 description=str(e),
-                metadata={**launches_metadata(e.training, checkpoints), "log_file": str(e.training.log_path),
+                metadata={**launches_metadata(e.training, checkpoints, nodes), "log_file": str(e.training.log_path),
                           "log_tail": dg.MetadataValue.text(e.training.log_tail())},
                 allow_retries=e.relaunchable,
             ) from e
         status = training.status
         return StepResult(
-            Provenance(version, cfg.training.model_dump(mode="json"), boundary_checkpoint_hashes(status)),
+            Provenance(version, cfg.training.model_dump(mode="json", exclude=set(LAUNCH_FIELDS)),
+                       boundary_checkpoint_hashes(status)),
             {
-                **launches_metadata(training, checkpoints),
+                **launches_metadata(training, checkpoints, nodes),
                 "step": int(status["step"]), "total_steps": int(status["total_steps"]), "tokens": int(status["tokens"]),
                 "boundary_checkpoint": str(status.get("checkpoint")),
                 **throughput_metadata(cfg, refinery.root, status),

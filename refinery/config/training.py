@@ -39,6 +39,10 @@ class ClusterConfig(Section):
     days: float = Field(gt=0.0, le=3650.0)
 
 
+# The fields that say where the trainer runs, not what it computes: a run's provenance leaves them out.
+LAUNCH_FIELDS = frozenset({"launch", "ray_cpus", "ray_gpus"})
+
+
 class TrainingConfig(Section):
     """The curriculum trainer. One optimizer step trains on micro_batch_size * grad_accum_steps rows
     (the global batch, fixed whatever the world size, so the data order does not depend on it); each of
@@ -89,6 +93,16 @@ class TrainingConfig(Section):
     anneal_halt_on_val_rise: ValRiseHaltConfig | None = None
     # e.g. {gpus: 2048, days: 54}: the throughput the run needs (validate) against what it achieves.
     cluster: ClusterConfig | None = None
+    # ---- where `training_run` runs the trainer (assets/ray_trainer.py, docs/scale-out.md) ----
+    # local: a subprocess on the machine of the Dagster step. ray: a subprocess of a Ray actor on a node
+    # of the Ray cluster at execution.address (whatever execution.engine says), relaunched from its
+    # checkpoint like a local one.
+    launch: Literal["local", "ray"] = "local"
+    # CPUs the trainer's actor reserves on its node (launch: ray).
+    ray_cpus: int = Field(default=1, ge=0, le=1024)
+    # GPUs the trainer's actor reserves on its node (launch: ray); with device cuda or auto on GPU
+    # nodes, reserve the GPUs it trains on, or Ray may give them to another task too.
+    ray_gpus: int = Field(default=0, ge=0, le=64)
 
     @model_validator(mode="after")
     def _eval(self) -> "TrainingConfig":
