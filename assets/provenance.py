@@ -22,6 +22,7 @@ from typing import Any, Callable
 import dagster as dg
 import polars as pl
 
+from refinery.config.training import LAUNCH_FIELDS
 from refinery.stages.stats import StageStats
 
 SAMPLE_ROWS = 3
@@ -74,8 +75,9 @@ CONFIG_READ: dict[str, tuple[str, ...]] = {
 
 
 def config_digest(cfg: Any, paths: tuple[str, ...]) -> str:
-    """A short hash of the values at `paths` of the config (each as JSON, with its path)."""
-    data = cfg.model_dump(mode="json")
+    """A short hash of the values at `paths` of the config (each as JSON, with its path), less the
+    trainer's launch fields: where the trainer runs changes none of its outputs."""
+    data = cfg.model_dump(mode="json", exclude={"training": set(LAUNCH_FIELDS)})
     values = {}
     for path in paths:
         value = data

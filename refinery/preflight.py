@@ -323,9 +323,14 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
                     f"{sorted(fed)}); set stages.quality.{field} to buckets of your sources, or stages.quality.enabled: "
                     f"false to run without a quality classifier"
                 )
-    if cfg.execution.engine == "ray" and importlib.util.find_spec("ray") is None:
-        problems.append("execution.engine: ray, and the `ray` package is not installed here; install it "
-                        "(pip install 'refinery[ray]') or use engine: local")
+    for field, on_ray in (("execution.engine", cfg.execution.engine == "ray"),
+                          ("training.launch", cfg.training.launch == "ray")):
+        if on_ray and importlib.util.find_spec("ray") is None:
+            problems.append(f"{field}: ray, and the `ray` package is not installed here; install it "
+                            f"(pip install 'refinery[ray]') or use {field.split('.')[1]}: local")
+    if cfg.training.launch == "ray" and cfg.execution.address is None:
+        problems.append("training.launch: ray needs the cluster's address in execution.address (host:port of the "
+                        "head, ray://host:port or auto)")
     return problems + difficulty_problems(cfg, needs)
 
 

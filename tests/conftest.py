@@ -223,13 +223,15 @@ def ray_cluster(ray_cluster_of_session):
 def ray_cluster_of_session(tmp_path_factory):
     """A Ray cluster of three nodes on 127.0.0.1 (a head and two worker nodes, one CPU each, each its
     own `ray start`) for the whole session; a test that kills a worker node replaces it."""
-    from helpers.ray_cluster import start_cluster
+    from helpers.ray_cluster import node_env, start_cluster
 
     cluster = start_cluster(tmp_path_factory.mktemp("ray-cluster"))
-    try:
-        yield cluster
-    finally:
-        import ray
+    with pytest.MonkeyPatch.context() as patch:  # this process joins as a driver: the nodes' settings
+        patch.setenv("RAY_AUTH_MODE", node_env()["RAY_AUTH_MODE"])
+        try:
+            yield cluster
+        finally:
+            import ray
 
-        ray.shutdown()  # this process may have joined as a driver
-        cluster.stop()
+            ray.shutdown()
+            cluster.stop()

@@ -38,7 +38,8 @@ def test_pure_packages_do_not_import_dagster(package):
 
 def test_each_assets_code_version_carries_the_config_it_reads_and_no_other():
     """CONFIG_READ names every asset of the demo's graph, no more; a value an asset reads changes its
-    version, a value it does not read (or where the work runs) leaves it."""
+    version, a value it does not read (or where the work and the trainer run) leaves it, and the
+    config's fingerprint."""
     import yaml
 
     from assets.provenance import CONFIG_READ, config_versioned
@@ -50,9 +51,10 @@ def test_each_assets_code_version_carries_the_config_it_reads_and_no_other():
     assert {k.to_user_string() for k in graph.materializable_asset_keys} == set(CONFIG_READ)
     data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     base = parse_config(data, str(REPO / "configs"))
-    edited = parse_config({**data, "stages": {**data.get("stages", {}), "pii": {"email": False}},
-                           "partitions": {"workers": 4}, "execution": {"engine": "ray", "address": "auto"}},
-                          str(REPO / "configs"))
+    moved = {**data, "partitions": {"workers": 4}, "execution": {"engine": "ray", "address": "auto"},
+             "training": {**data.get("training", {}), "launch": "ray", "ray_cpus": 8}}
+    assert parse_config(moved, str(REPO / "configs")).fingerprint() == base.fingerprint()
+    edited = parse_config({**moved, "stages": {**data.get("stages", {}), "pii": {"email": False}}}, str(REPO / "configs"))
     changed = {name for name in CONFIG_READ
                if config_versioned(base)(_spec(name)).code_version != config_versioned(edited)(_spec(name)).code_version}
     assert changed == {"pii_redacted"}

@@ -306,9 +306,12 @@ def test_config_curriculum_and_documents_load_without_the_stages_or_the_layers_a
     ({"engine": "ray", "address": "head node:6379"}, "execution.address: 'head node:6379' is not a Ray address"),
     ({"engine": "ray", "address": "auto", "max_retries": -1}, "execution.max_retries"),
     ({"engine": "dask"}, "execution.engine"),
+    ({"engine": "local", "launch_trainer_on_ray": True}, "training.launch: ray needs the cluster's address"),
 ])
 def test_an_execution_engine_that_cannot_run_is_refused(tmp_path, capsys, execution, expected):
     data = demo_config(tmp_path / "out")
+    if execution.pop("launch_trainer_on_ray", False):
+        data.setdefault("training", {})["launch"] = "ray"
     data["execution"] = execution
     assert expected in refused(capsys, tmp_path, data)
 
@@ -318,5 +321,7 @@ def test_the_ray_engine_without_ray_installed_is_refused(tmp_path, capsys, monke
     monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     data = demo_config(tmp_path / "out")
     data["execution"] = {"engine": "ray", "address": "127.0.0.1:6379"}
+    data.setdefault("training", {})["launch"] = "ray"
     err = refused(capsys, tmp_path, data)
     assert "execution.engine: ray, and the `ray` package is not installed here" in err
+    assert "training.launch: ray, and the `ray` package is not installed here" in err

@@ -18,7 +18,7 @@ from refinery.config.section import Section
 from refinery.config.sources import PartitionsConfig, SourceConfig
 from refinery.config.stages import StagesConfig
 from refinery.config.tokens import ShardsConfig, TokenizerConfig
-from refinery.config.training import TrainingConfig
+from refinery.config.training import LAUNCH_FIELDS, TrainingConfig
 
 
 class RefineryConfig(Section):
@@ -75,7 +75,8 @@ class RefineryConfig(Section):
         """A short hash of everything that shapes outputs (not where they are written, nor how the
         work is partitioned or where it runs: a document's outputs are per input file whatever the batch
         or the machine)."""
-        payload = self.model_dump(mode="json", exclude={"data_root", "base_dir", "partitions", "execution"})
+        payload = self.model_dump(mode="json", exclude={"data_root": True, "base_dir": True, "partitions": True,
+                                                        "execution": True, "training": set(LAUNCH_FIELDS)})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

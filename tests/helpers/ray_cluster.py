@@ -13,16 +13,17 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.ports import free_port
-
 REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 90
+# A node joins in 5-30 s here; a machine loaded by other tests (twice this, at a load of 8) needs more.
+START_TIMEOUT_S = 240
+LAST_ANSWER: dict[str, str] = {}  # address -> why the last `cluster_nodes` got no answer
 
 
 @dataclass
@@ -69,7 +70,8 @@ class RayCluster:
         while None in self.node_ids():
             if time.monotonic() > deadline:
                 logs = ", ".join(str(n.log) for n in [self.head, *self.workers])
-                raise RuntimeError(f"the Ray cluster at {self.address} did not get all its nodes; see {logs}")
+                raise RuntimeError(f"the Ray cluster at {self.address} did not get all its nodes in {START_TIMEOUT_S} s; "
+                                   f"see {logs}; last answer: {LAST_ANSWER.get(self.address, 'none')}")
             time.sleep(1)
         return self
 
@@ -87,32 +89,52 @@ def ray_binary() -> str:
 def node_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO),
                                                                       os.environ.get("PYTHONPATH")])),
-           "RAY_USAGE_STATS_ENABLED": "0"}
+           "RAY_USAGE_STATS_ENABLED": "0",
+           # Ray 2.60 turns token authentication on for a head started while ~/.ray/auth_token exists
+           # (any local `ray.init()` on the machine writes one); these clusters run without it.
+           "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     return env
 
 
 def start_node(workdir: Path, name: str, extra: list[str]) -> RayNode:
-    port = free_port()
     log = workdir / f"{name}.log"
-    # Every port a node binds, chosen free: nodes sharing a host would otherwise collide on the
-    # defaults (metrics, agents, object manager) and the second raylet would die at start.
-    ports = [f"--{flag}={free_port()}" for flag in ("object-manager-port", "metrics-export-port",
-                                                     "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                     "runtime-env-agent-port")]
+    # Every port a node binds, chosen free and distinct: nodes sharing a host would otherwise collide
+    # on the defaults (metrics, agents, object manager) and the second raylet would die at start.
+    flags = ("node-manager-port", "object-manager-port", "metrics-export-port", "dashboard-agent-listen-port",
+             "dashboard-agent-grpc-port", "runtime-env-agent-port")
+    ports = distinct_free_ports(len(flags))
     command = [ray_binary(), "start", "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
-               "--node-manager-port", str(port), *ports, "--disable-usage-stats", *extra]
+               *(f"--{flag}={port}" for flag, port in zip(flags, ports)), "--disable-usage-stats", *extra]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=node_env(),
                                    start_new_session=True)
-    return RayNode(process, port, log)
+    return RayNode(process, ports[0], log)
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` free ports, all different: each socket stays bound until every port is chosen."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def cluster_nodes(address: str) -> list[dict]:
-    """`ray.nodes()` of the cluster, asked from a short-lived process (this one stays no driver)."""
+    """`ray.nodes()` of the cluster, asked from a short-lived process (this one stays no driver);
+    [] while the cluster does not answer (its last words in `LAST_ANSWER`)."""
     code = "import json, ray; ray.init(address=%r, logging_level='ERROR'); print(json.dumps(ray.nodes()))" % address
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=node_env(), timeout=60)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=node_env(), timeout=60)
+    except subprocess.TimeoutExpired:
+        LAST_ANSWER[address] = "ray.init did not return in 60 s"
+        return []
     if out.returncode != 0:
+        LAST_ANSWER[address] = out.stderr[-2000:]
         return []
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -122,13 +144,13 @@ def start_cluster(workdir: Path, workers: int = 2) -> RayCluster:
     if shutil.which(ray_binary()) is None:
         raise RuntimeError(f"{ray_binary()} is missing: install the test extra (pip install -e '.[test]')")
     workdir.mkdir(parents=True, exist_ok=True)
-    gcs_port = free_port()
+    gcs_port, client_port = distinct_free_ports(2)
     address = f"127.0.0.1:{gcs_port}"
     # A short temp dir of its own: Ray's socket paths must stay under 108 bytes, and another
     # session's cluster on this machine keeps its files apart.
     temp_dir = Path(f"/tmp/ray-{gcs_port}")
     head = start_node(workdir, "head", ["--head", "--port", str(gcs_port), "--include-dashboard", "false",
-                                        "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir)])
+                                        "--ray-client-server-port", str(client_port), "--temp-dir", str(temp_dir)])
     cluster = RayCluster(address, workdir, head)
     try:
         cluster.ready()
