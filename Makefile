@@ -22,13 +22,18 @@ demo: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/refinery demo --config $(CONFIG)
 
+# Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on processes they
+# start (Dagster runs, trainers, servers), and a file's module fixtures are built once.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=20
+
 test: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
-	$(BIN)/python -m pytest -q -ra
+	$(PYTEST)
 
 test-fast: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
-	$(BIN)/python -m pytest -q -ra -m "not slow"
+	$(PYTEST) -m "not slow"
 
 ui: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
