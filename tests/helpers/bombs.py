@@ -76,7 +76,7 @@ def write_parquet_bomb(path: Path, total_bytes: int, value_bytes: int = 100_000,
 
 
 _INGEST_SCRIPT = textwrap.dedent("""
-    import json, os, resource, sys
+    import json, os, sys
     import polars as pl
     from refinery.config import ExtractConfig, SourceConfig
     from refinery.documents import REJECTS_SCHEMA, InputShard
@@ -89,7 +89,10 @@ _INGEST_SCRIPT = textwrap.dedent("""
     with ParquetBatchWriter(os.path.join(out, "documents.parquet"), RAW_SCHEMA) as documents, \\
          ParquetBatchWriter(os.path.join(out, "rejects.parquet"), REJECTS_SCHEMA) as rejects:
         stats = stream_input_shard(shard, source, ExtractConfig(**extract), documents.write, rejects.write)
-    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    # VmHWM, this process image's own peak: ru_maxrss keeps the forking parent's peak across exec
+    # (a pytest worker's, past a gigabyte after a few hundred tests).
+    hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"peak_rss_bytes": int(hwm.split()[1]) * 1024,
                       "docs_out": stats.docs_out, "bytes_out": stats.bytes_out, "dropped": dict(stats.dropped),
                       "documents_rows": documents.rows, "rejects_rows": rejects.rows}))
 """)
