@@ -17,6 +17,9 @@
   (a match whose symlinks lead out of the source's folder is not opened: ingest counts it as one
   `ingest/outside_source` reject and reads nothing of it);
 - a data root that is a file, or a local one that cannot be written;
+- for a command that sends work to Ray (a graph run, the definitions, `validate`), a cluster that
+  does not answer at `execution.address` within a few seconds (a TCP connect and a gRPC
+  handshake), or `host-cluster` with no cluster registered on this host;
 - what the command needs: the quality classifier's buckets fed by a source, a curriculum to train;
 - the difficulty score's reference buckets: declared buckets, and (unless `stages.difficulty.model_path`
   names a model) fed by a source.
@@ -24,7 +27,7 @@
 `require(path, needs)` raises `PreflightError` listing them all; every `refinery` command and the
 Dagster definitions call it before they start. Nothing here leaves anything under the data root
 (the writability probe makes an empty folder in it, or in its nearest existing parent, and removes
-it at once) and nothing goes to the network: an `s3://` data root is not probed.
+it at once) and the only network call is the Ray probe: an `s3://` data root is not probed.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pydantic import ValidationError
 
 from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
                              read_yaml)
+from refinery.config.execution import HOST_CLUSTER, resolve_address, unreachable
 from refinery.documents.inputs import outside_folder, source_folder
 
 
@@ -55,19 +59,21 @@ class Needs:
     `eval_sets`: it scans for contamination; `curriculum`: it trains on or checks the curriculum;
     `schedule`: it builds phase manifests, so the curriculum's blocking errors that need no corpus
     (weights, shares, phase names: what `refinery train` refuses) stop it too; `writes`: it writes
-    under the data root."""
+    under the data root; `cluster`: it sends work to the Ray cluster the config names (or checks a
+    config that will), so that cluster must answer."""
 
     sources: bool = False
     eval_sets: bool = False
     curriculum: bool = False
     schedule: bool = False
     writes: bool = False
+    cluster: bool = False
 
 
 # The whole graph: ingest, scans, manifests and training.
-GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, schedule=True, writes=True)
+GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, schedule=True, writes=True, cluster=True)
 # The Dagster definitions: a config without a curriculum loads (the graph just has no phases).
-DEFINITIONS = Needs(sources=True, eval_sets=True, writes=True)
+DEFINITIONS = Needs(sources=True, eval_sets=True, writes=True, cluster=True)
 READ_ONLY = Needs()
 
 
@@ -329,9 +335,28 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
             problems.append(f"{field}: ray, and the `ray` package is not installed here; install it "
                             f"(pip install 'refinery[ray]') or use {field.split('.')[1]}: local")
     if cfg.training.launch == "ray" and cfg.execution.address is None:
-        problems.append("training.launch: ray needs the cluster's address in execution.address (host:port of the "
-                        "head, ray://host:port or auto)")
-    return problems + difficulty_problems(cfg, needs)
+        problems.append(f"training.launch: ray needs the cluster's address in execution.address (host:port of the "
+                        f"head, ray://host:port or {HOST_CLUSTER})")
+    return problems + cluster_problems(cfg, needs) + difficulty_problems(cfg, needs)
+
+
+def cluster_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
+    """The Ray cluster a command will send work to, when it does not answer (a TCP connect and a
+    gRPC handshake, PROBE_TIMEOUT_S at most) or `host-cluster` finds none registered here."""
+    address = cfg.execution.address
+    if not needs.cluster or address is None or "ray" not in (cfg.execution.engine, cfg.training.launch):
+        return []
+    field = "execution.engine" if cfg.execution.engine == "ray" else "training.launch"
+    try:
+        resolved = resolve_address(address)
+    except ValueError as err:
+        return [f"execution.address: {err} ({field}: ray)"]
+    why = unreachable(resolved)
+    if why is None:
+        return []
+    named = address if resolved == address else f"{address} ({resolved})"
+    return [f"execution.address: no Ray cluster answers at {named}: {why} ({field}: ray); start the head "
+            f"(`ray start --head --port`) or correct the address"]
 
 
 def difficulty_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
