@@ -11,6 +11,8 @@
   (loading the config runs no user code; this is the one place before a run that does);
 - paths: source globs that match no file, eval sets, `tokenizer.path` and `stages.language.model_path`
   that name no file (read from the YAML even when the schema rejects it, so these come together);
+  a `stages.difficulty.model_path` whose zip directory, array headers or meta are not a reference
+  model's (sizes checked from the headers, no array read);
 - inputs that cannot be read: a glob match that is a directory, FIFO, dangling symlink or symlink
   loop (or, for `hf_dataset`, not a save_to_disk directory), a Parquet or Arrow table without the
   source's text (or id) column (its schema only is read), and a glob that reaches into the data root
@@ -264,6 +266,13 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
                                 f"give a local file, or remove {field} for the default)")
+            elif isinstance(path, str) and field == "stages.difficulty.model_path":
+                from refinery.stages.difficulty import DifficultyModelError, check_model_file
+
+                try:
+                    check_model_file(_resolve(base_dir, path))
+                except DifficultyModelError as err:
+                    problems.append(f"{field}: {err}")
     return problems
 
 

@@ -406,3 +406,18 @@ def test_connect_refuses_an_unreachable_head_instead_of_hanging():
     with pytest.raises(ConnectionError, match=r"execution.address: no Ray cluster answers at 127.0.0.1:1: nothing listens"):
         connect("127.0.0.1:1")
     assert time.monotonic() - started < 30
+
+
+def test_a_difficulty_model_file_that_is_no_model_is_refused_by_the_preflight(tmp_path, capsys):
+    """Issue 38: the preflight checked only that stages.difficulty.model_path names a file; now its
+    zip directory and headers (no array read): a file that decompresses to 256 MB is refused."""
+    from helpers.bombs import write_difficulty_model_bomb
+
+    bomb = tmp_path / "reference.npz"
+    write_difficulty_model_bomb(bomb, 256 << 20)
+    data = demo_config(tmp_path / "out")
+    data.setdefault("stages", {})["difficulty"] = {"enabled": True, "model_path": str(bomb)}
+    err = refused(capsys, tmp_path, data)
+    assert f"  stages.difficulty.model_path: {bomb}: not a reference model file (its members declare" in err
+    bomb.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+    assert f"stages.difficulty.model_path: {bomb}: not a reference model file (no meta member" in refused(capsys, tmp_path, data)
