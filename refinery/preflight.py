@@ -107,7 +107,7 @@ def _resolve(base_dir: Path, path: str) -> str:
     return os.path.normpath(base_dir / path)
 
 
-def _not_a_file(path: str) -> str | None:
+def not_a_file(path: str) -> str | None:
     """What a glob match is when it is not a readable regular file (None: it is one)."""
     try:
         mode = os.stat(path).st_mode
@@ -128,7 +128,7 @@ def _not_a_file(path: str) -> str | None:
 
 def _hf_dataset_problem(path: str) -> str | None:
     """What an `hf_dataset` match is when it is not a `save_to_disk` directory (None: it is one)."""
-    kind = _not_a_file(path)
+    kind = not_a_file(path)
     if kind is None:
         return "a file (an hf_dataset source matches directories saved with save_to_disk)"
     if kind != "a directory":
@@ -184,7 +184,7 @@ def source_file_problems(src: dict, i: int, matched: list[str], folder: str) -> 
     for path in matched:
         if outside_folder(path, folder) is not None:
             continue
-        kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else _not_a_file(path)
+        kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else not_a_file(path)
         if kind is not None:
             problems.append(f"sources[{i}].path: {path} is {kind}; narrow the glob so it matches only "
                             f"{'save_to_disk directories' if fmt == 'hf_dataset' else 'files'}")
@@ -250,6 +250,7 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                 where = "" if os.path.isabs(path) else f" (relative to the config's folder: {_resolve(base_dir, path)})"
                 problems.append(f"sources[{i}].path: glob {path!r} matches no file{where}")
             problems += source_file_problems(src, i, matched, source_folder(_resolve(base_dir, path)))
+    if needs.sources or needs.writes:  # what a command writes there (validate's schedule plot too) lands in an input folder
         problems += data_root_in_source_problems(data, base_dir)
     if needs.eval_sets:
         for i, es in enumerate(_items(data, "contamination", "eval_sets")):
