@@ -48,6 +48,7 @@ from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENI
                              shard_index_key, shard_lineage_key)
 from refinery.shard_header import ShardFormatError, locate_token, read_tokens
 from refinery.storage import DataRoot, sha256_file
+from refinery.storage.damaged import reading_table
 from refinery.tasks import RunTasks, in_process
 from refinery.tokenizer_file import TokenizeError, read_decoder
 
@@ -169,7 +170,9 @@ def _read_arrow(root: DataRoot, key: str):
     """The Arrow table in `key`, memory-mapped (zero-copy: only the pages a caller touches are read)."""
     import pyarrow as pa
 
-    return pa.ipc.open_file(pa.memory_map(str(root.local_path(key)))).read_all()
+    path = str(root.local_path(key))
+    with reading_table(path):
+        return pa.ipc.open_file(pa.memory_map(path)).read_all()
 
 
 def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAGE) -> dict[str, Any]:
