@@ -421,3 +421,50 @@ def test_a_difficulty_model_file_that_is_no_model_is_refused_by_the_preflight(tm
     assert f"  stages.difficulty.model_path: {bomb}: not a reference model file (its members declare" in err
     bomb.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
     assert f"stages.difficulty.model_path: {bomb}: not a reference model file (no meta member" in refused(capsys, tmp_path, data)
+
+
+def fake_ray_head():
+    """A gRPC server answering the one call the probe makes of a Ray head (the GCS's cluster id)."""
+    import grpc
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "ray.rpc.NodeInfoGcsService", {"GetClusterId": grpc.unary_unary_rpc_method_handler(lambda request, context: b"")}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_host_cluster_joins_the_registered_address_and_names_it_before_any_task(tmp_path, capsys, monkeypatch):
+    """Issue 38: `auto` joined whatever cluster the host registered, silently. `host-cluster` is
+    resolved to the registered address, passes the preflight when a head answers there, and the
+    engine prints the cluster it joined (address, nodes, CPUs) before it makes any task."""
+    import types
+
+    from assets import ray_engine
+
+    server, address = fake_ray_head()
+    calls: list = []
+    fake_ray = types.SimpleNamespace(
+        is_initialized=lambda: False, shutdown=lambda: None,
+        init=lambda **kw: calls.append(("init", kw["address"])),
+        nodes=lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0}},
+                       {"Alive": False, "Resources": {"CPU": 8.0}}],
+        get_runtime_context=lambda: types.SimpleNamespace(gcs_address=address),
+        remote=lambda f: calls.append(("remote", f.__name__)))
+    monkeypatch.setattr(ray_engine, "_connected_to", None)
+    monkeypatch.setattr(ray_engine, "_remote", None)
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    try:
+        data = demo_config(tmp_path / "out")
+        data["execution"] = {"engine": "ray", "address": "host-cluster"}
+        _, problems = preflight.check(write(tmp_path, data), preflight.GRAPH)
+        assert not [p for p in problems if p.startswith("execution")], problems
+        monkeypatch.setitem(sys.modules, "ray", fake_ray)
+        ray_engine.connect("host-cluster")
+    finally:
+        server.stop(None)
+    assert calls == [("init", address), ("remote", "_run_task")]
+    assert capsys.readouterr().err == (f"refinery: joined the Ray cluster at {address} (execution.address host-cluster): "
+                                       f"2 node(s), 3 CPU(s)\n")
