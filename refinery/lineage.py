@@ -409,7 +409,7 @@ _VERIFIED: set[tuple[str, int, int, str]] = set()
 MAX_VERIFIED = 100_000
 
 
-def _check_hash(path: str, want: str, recorded_in: str = "the bucket's index.json",
+def check_hash(path: str, want: str, recorded_in: str = "the bucket's index.json",
                 fix: str = "rebuild it (materialize the shard asset again)",
                 error: type[ValueError] = ShardFormatError) -> str:
     """`path`, once its sha256 is `want` (the hash `recorded_in` records); else `error` naming the
@@ -427,7 +427,7 @@ def _check_hash(path: str, want: str, recorded_in: str = "the bucket's index.jso
 
 
 def _lineage_file(path: str, want: str, listing: str) -> str:
-    return _check_hash(path, want, listing, "materialize lineage_index again", LineageError)
+    return check_hash(path, want, listing, "materialize lineage_index again", LineageError)
 
 
 class LineageIndex:
@@ -550,7 +550,7 @@ class LineageIndex:
             local = str(self.root.local_path(prefix + ".idx"))[: -len(".idx")]  # the shard's files sit together
         except FileNotFoundError as err:
             raise ShardFormatError(f"{err}; the shard's bucket index names it, so rebuild the bucket's shards") from None
-        num_tokens, span = locate_token(_check_hash(local + ".idx", ref["sha256"][".idx"]), offset)
+        num_tokens, span = locate_token(check_hash(local + ".idx", ref["sha256"][".idx"]), offset)
         if span is None:
             raise LineageError(f"offset {offset} is outside shard {prefix} ({num_tokens} tokens: 0..{num_tokens - 1})")
         entry, start, end = span.entry, span.start, span.end
@@ -559,12 +559,12 @@ class LineageIndex:
         else:
             import pyarrow.parquet as pq  # only a tokenized shard's entries are read from Parquet
 
-            entries_path = _check_hash(local + ".entries.parquet", ref["sha256"][".entries.parquet"])
+            entries_path = check_hash(local + ".entries.parquet", ref["sha256"][".entries.parquet"])
             sidecar = pq.ParquetFile(entries_path, memory_map=True).read_row_group(0, columns=["doc_id", "window", "n_windows"])
             side = sidecar.slice(entry, 1).to_pylist()[0]
             doc = self.document(side["doc_id"])
         lo, hi = max(start, offset - context), min(end, offset + context + 1)
-        window = read_tokens(_check_hash(local + ".bin", ref["sha256"][".bin"]), span.code, lo, hi)
+        window = read_tokens(check_hash(local + ".bin", ref["sha256"][".bin"]), span.code, lo, hi)
         token = window[offset - lo]
         return {
             "shard": prefix,

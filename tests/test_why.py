@@ -154,3 +154,18 @@ def test_a_row_removed_from_an_upstream_table_is_blamed_on_that_table(tmp_path, 
     assert err == (f"refinery why: {t.root.local_path(key)}: {table.height - 1} rows, but language_filtered wrote "
                    f"{table.height} ({t.root.display(stats_key('language_filtered', partition))}); the table changed "
                    f"after it was written: materialize language_filtered again\n")
+
+
+def test_final_shard_locations_from_a_changed_entry_table_are_refused(tmp_path, capsys):
+    """Issue 38: a `why` answer is checked against the hashes the index records: the bucket's
+    entry table (where a kept document's windows are) against its index.json."""
+    from refinery.layout import bucket_entries_key
+
+    t = write_trail_corpus(tmp_path)
+    table = t.root.local_path(bucket_entries_key("final", "web"))
+    raw = bytearray(table.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    table.write_bytes(bytes(raw))
+    err = one_line_refusal(capsys, ["why", t.doc_ids["a/0"], "--config", str(t.config)])
+    assert err == (f"refinery why: {table}: content hash does not match {t.root.display('shards/final/web/index.json')}; "
+                   f"the file changed after it was written; materialize shuffled_shards again\n")
