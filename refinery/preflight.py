@@ -20,8 +20,8 @@
   `ingest/outside_source` reject and reads nothing of it);
 - a data root that is a file, or a local one that cannot be written;
 - for a command that sends work to Ray (a graph run, the definitions, `validate`), a cluster that
-  does not answer at `execution.address` within a few seconds (a TCP connect and a gRPC
-  handshake), or `host-cluster` with no cluster registered on this host;
+  does not answer at `execution.address` within a few seconds (one gRPC call that only a Ray head
+  serves), or `host-cluster` with no cluster registered on this host;
 - what the command needs: the quality classifier's buckets fed by a source, a curriculum to train;
 - the difficulty score's reference buckets: declared buckets, and (unless `stages.difficulty.model_path`
   names a model) fed by a source.
@@ -351,11 +351,13 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
 
 
 def cluster_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
-    """The Ray cluster a command will send work to, when it does not answer (a TCP connect and a
-    gRPC handshake, PROBE_TIMEOUT_S at most) or `host-cluster` finds none registered here."""
+    """The Ray cluster a command will send work to, when no Ray head answers there (one gRPC call,
+    PROBE_TIMEOUT_S at most: `unreachable`) or `host-cluster` finds none registered here."""
     address = cfg.execution.address
     if not needs.cluster or address is None or "ray" not in (cfg.execution.engine, cfg.training.launch):
         return []
+    if importlib.util.find_spec("grpc") is None:
+        return []  # no Ray here (Ray brings grpc): `needs_problems` says so
     field = "execution.engine" if cfg.execution.engine == "ray" else "training.launch"
     try:
         resolved = resolve_address(address)
