@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 import dagster as dg
 import polars as pl
 
-from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage, stage_config_summary
+from assets.fanout import FileResult, FileTask, StageBuilder, built_stage, map_files, run_stage, stage_config_summary
 from assets.partitions import Partitions
 from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata
 from assets.ray_engine import node_summary, recording_nodes
@@ -128,9 +128,7 @@ def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery
     documents (or attributes) and rejects written as row groups, the stats merged. A file's memory
     is one slice's, whatever its size."""
     cfg, root = refinery.config, refinery.root
-    if (name, shard.source) not in cache:
-        cache[name, shard.source] = build(cfg, shard.source)
-    stage = cache[name, shard.source]
+    stage = built_stage(cfg, name, shard.source, build)
     stats: Optional[StageStats] = None
     batches = stage_batches(root, upstream, shard.key, cfg.stages.extract.batch_rows)  # raises before anything is written
     with stage_tables(root, name, shard.key) as tables:
