@@ -52,6 +52,7 @@ class PassOrder:
         self._short_at = int(np.flatnonzero(self.block_order == last)[0]) if n else 0
         self._short = n - last * block if n else 0
         self._inner: dict[int, np.ndarray] = {}
+        self._slot_of_block: np.ndarray | None = None  # block -> its slot, built when `ordinals` is first asked
 
     def block_size(self, b: int) -> int:
         return self._short if b == self.blocks - 1 else self.block
@@ -100,6 +101,26 @@ class PassOrder:
         for b in np.unique(blocks).tolist():
             m = blocks == b
             out[m] = b * self.block + self.inner(b)[offset[m]]
+        return out
+
+    def ordinals(self, positions: np.ndarray) -> np.ndarray:
+        """The ordinals (int64) at which this pass reads `positions`: the inverse of `positions`,
+        one inner permutation inverted per block the positions fall in."""
+        p = np.asarray(positions, dtype=np.int64)
+        if len(p) and (p.min() < 0 or p.max() >= self.n):
+            raise IndexError(f"positions outside the pass of {self.n} positions")
+        if self._slot_of_block is None:
+            self._slot_of_block = np.argsort(self.block_order)
+        blocks = p // self.block
+        slot = self._slot_of_block[blocks]
+        B, q, r = self.block, self._short_at, self._short
+        out = np.where(slot <= q, slot * B, q * B + r + (slot - q - 1) * B)
+        for b in np.unique(blocks).tolist():
+            perm = self.inner(b)
+            inverse = np.empty(len(perm), dtype=np.int64)
+            inverse[perm] = np.arange(len(perm), dtype=np.int64)
+            m = blocks == b
+            out[m] += inverse[p[m] - b * B]
         return out
 
     def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
@@ -156,6 +177,18 @@ class BandedOrder:
         for k in np.unique(band).tolist():
             m = band == k
             out[m] = self.origin[k] + self.bands[k].positions(o[m] - self.origin[k])
+        return out
+
+    def ordinals(self, positions: np.ndarray) -> np.ndarray:
+        """As PassOrder.ordinals: a band's positions and its ordinals start at the same origin."""
+        p = np.asarray(positions, dtype=np.int64)
+        if len(p) and (p.min() < 0 or p.max() >= self.n):
+            raise IndexError(f"positions outside the pass of {self.n} positions")
+        band = self._band_of_ordinals(p)
+        out = np.empty(len(p), dtype=np.int64)
+        for k in np.unique(band).tolist():
+            m = band == k
+            out[m] = self.origin[k] + self.bands[k].ordinals(p[m] - self.origin[k])
         return out
 
     def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
