@@ -12,7 +12,8 @@ import pytest
 
 from orchestration.cli import main
 from refinery.config import parse_config, load_config
-from refinery.curriculum import CurriculumMismatch, build_phase_manifest, read_selection, refuse_mismatch, validate_data_root, write_manifest
+from refinery.curriculum.bands import served_difficulty
+from refinery.curriculum import CurriculumMismatch, build_schedule, build_phase_manifest, read_selection, refuse_mismatch, validate_data_root, write_manifest
 from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import TINY_PHASES, SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
@@ -179,6 +180,19 @@ def test_validate_prints_each_phase_order_and_the_difficulty_it_serves(tmp_path,
     served = [float(v) for v in next(line for line in lines if line.startswith(prefix))[len(prefix):].split()]
     assert len(served) == 10 and served == sorted(served) and served[-1] > served[0] + 1.0
     assert (tmp_path / "root" / "curriculum" / "schedule.png").exists()
+
+
+def test_served_difficulty_goes_on_with_the_pass_a_uniform_phase_began(tmp_path):
+    """warmup reads half of web's pass uniformly, so main (easy_first) finds half of each band left:
+    band 1 begins 256 tokens into main, not 512, and the next pass begins 1024 tokens in."""
+    phases = [{"name": "warmup", "share": 0.25, "weights": {"web": 1.0}, "seq_len": 128},
+              {"name": "main", "share": 0.75, "weights": {"web": 1.0}, "seq_len": 128, "order": EASY}]
+    cfg = parse_config({**config_dict(tmp_path), "curriculum": {"total_tokens": 4096, "phases": phases}})
+    schedule = build_schedule(cfg)
+    bands = {"main": {"web": {"tokens": [512, 512, 512, 512], "mean_difficulty": [1.0, 2.0, 3.0, 4.0]}}}
+    start = schedule.phases[1].start
+    served = served_difficulty(cfg, schedule, bands, start + np.array([100, 300, 600, 900, 1100, 1600]))
+    assert served.tolist() == [1.0, 2.0, 3.0, 4.0, 1.0, 2.0]
 
 
 def test_validate_without_shards_prints_the_order_and_unknown_difficulty(tmp_path, capsys):
