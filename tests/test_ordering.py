@@ -18,7 +18,7 @@ from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import TINY_PHASES, SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
 from training.pass_order import BandedOrder, PassOrder
-from training.sampler import EntrySet
+from training.sampler import EntrySet, SamplerStateError
 
 from helpers.configs import write_config
 from helpers.exactly_once import assert_exactly_once_under_sigkill, pieces as consumed_pieces
@@ -406,6 +406,22 @@ def test_handovers_resume_at_any_step_around_the_switches(switching):
         while not resumed.done():
             rest.append(resumed.plan_steps(5))
         assert served_pieces(data, part) + served_pieces(data, rest) == whole, f"resumed after step {at}"
+
+
+def test_a_version_3_state_resumes_unless_it_holds_an_ordered_sets_cursor(switching):
+    data = switching
+    warm, main_ = data.sets_by_phase[0]["web"], data.sets_by_phase[1]["web"]
+    sampler = data.sampler(False)
+    sampler.plan_steps(data.schedule.phase_starts[1] - 2)  # inside warmup: nothing handed over yet
+    state = {**sampler.state_dict(1), "version": 3}
+    state.pop("handovers")
+    resumed = data.sampler(False)
+    resumed.load_state_dict(state, 1)
+    assert resumed.state_dict(1) == sampler.state_dict(1)
+    old = {**state, "cursors": {**state["cursors"], main_.key: [0, 0, 0, 0]}}  # that trainer's own cursor for main
+    with pytest.raises(SamplerStateError, match=f"version 3: that trainer gave the ordered sets {main_.key} cursors"):
+        data.sampler(False).load_state_dict(old, 1)
+    assert warm.key == warm.group
 
 
 @pytest.mark.slow

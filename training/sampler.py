@@ -16,17 +16,20 @@ How a row is chosen (OLMo-core's "global order plus a consumed count", made phas
 - Within a step, the rows' slots are shuffled by a counter-based PRNG (splitmix64 of (seed, row)), so
   every rank's slice carries the mixture too.
 - Each bucket is read through an *entry set*: the bucket's entries (all of them, or a phase's
-  quality selection), less the held-out ones. An entry set owns one cursor in its token stream: pass
-  0's order of the set's entries, then pass 1's, and so on up to `max_epochs` passes. A pass's order
-  is computed, not stored (`training.pass_order`: a keyed block permutation), so the cursor is
-  (stream position, pass, ordinal in the pass, tokens into that entry), and lengths are read only for
-  the entries a chunk consumes. A row of seq_len L takes the next L tokens of its set's stream, so an
-  entry longer than L continues in the set's next row, and entries are packed back to back.
-- Cursors belong to entry sets, not phases: a bucket served in phase 1 continues in phase 2 from
-  where it stopped (gpt-simple restarted it). A phase with a quality selection reads a different
-  entry set with its own cursor, so the anneal slice gets its own passes; two phases with the same
-  selection share one cursor. So does a phase with an `order` (difficulty bands, read band by band:
-  `training.pass_order.BandedOrder`), whose set is keyed by its band file too.
+  quality selection), less the held-out ones, in an order (uniform, or difficulty bands read band by
+  band: `training.pass_order.BandedOrder`). The sets holding the same entries in any order form a
+  *group*, which owns one cursor in its token stream: pass 0's entries, then pass 1's, and so on up
+  to `max_epochs` passes. A pass's order is computed, not stored (`training.pass_order`: a keyed
+  block permutation), so the cursor is (stream position, pass, ordinal in the reading set's order,
+  tokens into that entry), and lengths are read only for the entries a chunk consumes. A row of
+  seq_len L takes the next L tokens of its group's stream, so an entry longer than L continues in
+  the next row, and entries are packed back to back.
+- Cursors belong to groups, not phases: a bucket served in phase 1 continues in phase 2 from where
+  it stopped (gpt-simple restarted it). A phase with a quality selection reads a different group
+  with its own cursor, so the anneal slice gets its own passes; two phases with the same selection
+  share one cursor, whatever their orders. A phase that reads the group in another order than the
+  phase before goes on with the pass under way (`Handover`): the entries the pass took are left out
+  of the new order, computed from their ordinals in the earlier orders, nothing stored per entry.
 - A step that would run a set past its allowed passes raises `BucketExhausted` before anything is
   consumed; with exhaustion allowed, the bucket is dropped from that step on, the remaining weights
   renormalized, and the allocation restarts from the rows served so far.
