@@ -406,6 +406,11 @@ def test_handovers_resume_at_any_step_around_the_switches(switching):
         while not resumed.done():
             rest.append(resumed.plan_steps(5))
         assert served_pieces(data, part) + served_pieces(data, rest) == whole, f"resumed after step {at}"
+    chunked, stepwise = data.sampler(False), data.sampler(False)
+    while not chunked.done():  # the per-step states a loader checkpoints are those of planning step by step
+        for state in chunked.states_after(chunked.plan_steps(4), 1):
+            stepwise.plan_steps(1)
+            assert state == stepwise.state_dict(1), f"step {stepwise.step}"
 
 
 def test_a_version_3_state_resumes_unless_it_holds_an_ordered_sets_cursor(switching):
