@@ -442,7 +442,7 @@ def test_sigkill_and_elastic_resume_with_ordering_deliver_exactly_once_and_linea
     data = CurriculumData.open(cfg, root, reference.schedule.global_batch)
     sampler = data.sampler(False)
     steps = reference.schedule
-    group = {(step, bucket): sampler.set_for(steps.phase_at(step - 1), data.bucket_names[bucket]).group
+    group = {(step, bucket): sampler.set_for(steps.phase_at(step - 1), bucket).group
              for step, _, bucket, _, _, _, _ in consumed_pieces(tmp_path / "reference")}
     reads = [(group[(step, bucket)], epoch, entry, a, b) for step, _, bucket, epoch, entry, a, b in consumed_pieces(run_dir)]
     _, members, length_of = group_reads(data, [])

@@ -778,22 +778,18 @@ class CurriculumSampler:
             rows = np.flatnonzero(flat_set == si)
             flat_start[rows] = base[si] + np.arange(len(rows), dtype=np.int64) * L
         before = dict(self.cursors)
-        handovers = {**self.handovers, **{es.group: h for es, (_, h) in zip(sets, reading) if h is not None}}
-        for es, (_, h) in zip(sets, reading):
-            if h is None:
-                handovers.pop(es.group, None)
+        handovers = {**self.handovers, **{es.group: h for es, (_, h) in zip(sets, reading)}}
+        handovers = {g: h for g, h in handovers.items() if h is not None}
         windows = [es.window(cursor, int(cursors[-1, i] - base[i]), self._taken(h, cursor),
                              h.carry if h is not None and h.in_carry(cursor) else None)
                    for i, (es, (cursor, h)) in enumerate(zip(sets, reading))]
         served_after = served + np.cumsum(counts, axis=0)
         offset_after = self.plan_offset + np.cumsum(quota, axis=0) - np.cumsum(counts, axis=0) * PLAN_SCALE
+        after: dict[str, Handover | None] = {**self.handovers}
         for es, window, c in zip(sets, windows, cursors[-1].tolist()):
             self.cursors[es.group] = window.cursor_at(c)
-            settled = settle(es.group, handovers.get(es.group), self.cursors[es.group])
-            if settled is None:
-                self.handovers.pop(es.group, None)
-            else:
-                self.handovers[es.group] = settled
+            after[es.group] = settle(es.group, handovers.get(es.group), self.cursors[es.group])
+        self.handovers = {g: h for g, h in after.items() if h is not None}
         self.served[phase] = served_after[-1]
         self.plan_offset = offset_after[-1]
         self.step += n
