@@ -214,6 +214,7 @@ def test_banded_order_reads_band_after_band_fresh_within_each_per_pass():
         n = sum(sizes)
         positions = order.positions(np.arange(n))
         assert sorted(positions.tolist()) == list(range(n))
+        assert order.ordinals(positions).tolist() == list(range(n)), "ordinals invert positions"
         band = np.searchsorted(starts, positions, side="right") - 1
         assert (np.diff(band) >= 0).all(), "band by band"
         slot, offset = order.slot_of(np.arange(n))
@@ -228,6 +229,8 @@ def test_banded_order_reads_band_after_band_fresh_within_each_per_pass():
     assert (np.searchsorted(starts, a, side="right") == np.searchsorted(starts, b, side="right")).all(), \
         "and keeps the band order"
     plain = PassOrder(1000, 3, "k", 0)
+    shuffled = PassOrder(200_000, 3, "k", 0).positions(np.arange(200_000))  # four blocks, the last short
+    assert PassOrder(200_000, 3, "k", 0).ordinals(shuffled).tolist() == list(range(200_000))
     assert BandedOrder([1000], 3, "k", 0).n == plain.n  # one band: the same bijection shape, its own key
 
 

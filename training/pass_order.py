@@ -26,6 +26,7 @@ alike; an unbanded set keeps the plain `PassOrder`.
 from __future__ import annotations
 
 import hashlib
+from typing import Callable
 
 import numpy as np
 
@@ -168,28 +169,25 @@ class BandedOrder:
         k = self._band_of_slot(slot)
         return int(self.origin[k]) + self.bands[k].slot_positions(slot - int(self.first_slot[k]))
 
-    def positions(self, ordinals: np.ndarray) -> np.ndarray:
-        o = np.asarray(ordinals, dtype=np.int64)
-        if len(o) and (o.min() < 0 or o.max() >= self.n):
-            raise IndexError(f"ordinals outside the pass of {self.n} positions")
-        band = self._band_of_ordinals(o)
-        out = np.empty(len(o), dtype=np.int64)
+    def _per_band(self, values: np.ndarray, in_band: Callable[[PassOrder, np.ndarray], np.ndarray],
+                  what: str) -> np.ndarray:
+        """`in_band` of each value's band, on values (ordinals or positions) relative to the band's
+        origin: a band's positions and its ordinals start at the same one."""
+        v = np.asarray(values, dtype=np.int64)
+        if len(v) and (v.min() < 0 or v.max() >= self.n):
+            raise IndexError(f"{what} outside the pass of {self.n} positions")
+        band = self._band_of_ordinals(v)
+        out = np.empty(len(v), dtype=np.int64)
         for k in np.unique(band).tolist():
             m = band == k
-            out[m] = self.origin[k] + self.bands[k].positions(o[m] - self.origin[k])
+            out[m] = self.origin[k] + in_band(self.bands[k], v[m] - self.origin[k])
         return out
 
+    def positions(self, ordinals: np.ndarray) -> np.ndarray:
+        return self._per_band(ordinals, PassOrder.positions, "ordinals")
+
     def ordinals(self, positions: np.ndarray) -> np.ndarray:
-        """As PassOrder.ordinals: a band's positions and its ordinals start at the same origin."""
-        p = np.asarray(positions, dtype=np.int64)
-        if len(p) and (p.min() < 0 or p.max() >= self.n):
-            raise IndexError(f"positions outside the pass of {self.n} positions")
-        band = self._band_of_ordinals(p)
-        out = np.empty(len(p), dtype=np.int64)
-        for k in np.unique(band).tolist():
-            m = band == k
-            out[m] = self.origin[k] + self.bands[k].ordinals(p[m] - self.origin[k])
-        return out
+        return self._per_band(positions, PassOrder.ordinals, "positions")
 
     def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
         """As PassOrder.spans_from, continuing into the next bands."""
