@@ -289,17 +289,23 @@ def served_difficulty(cfg: "RefineryConfig", schedule: "Schedule", bands: dict[s
     """The mean difficulty served at each token position in `points`: in an ordered phase, the
     mixture-weighted mean of the band each weighted bucket is reading there; NaN in a uniform phase
     or where no weighted bucket has a scored band. `bands` is phase -> bucket -> BucketBands.to_json()
-    (None: the bucket has no scores). A bucket's ordered set is read from its first band at the
-    phase's first token, unless an earlier phase read the same set (the same bucket, quality
-    cutoff and order: the trainer's cursor carries on), and wraps to band 0 after a pass."""
+    (None: the bucket has no scores).
+
+    As the trainer reads them, the phases that read the same entries of a bucket (the same bucket
+    and quality cutoff, in any order) share one stream and its passes. An ordered phase goes on
+    with the pass under way: the part of it already read is taken to be spread evenly over the
+    bands (exact after a uniform phase), so each band has that fraction fewer tokens left; a phase
+    with the same order as the one before it on the stream continues its band; later passes read
+    every band whole, from band 0."""
     assert cfg.curriculum is not None
     points = np.asarray(points, dtype=np.float64)
     out = np.full(len(points), np.nan)
-    cursors: dict[tuple, float] = {}  # (bucket, quality cutoff, order) -> tokens of the set read so far
+    # (bucket, quality cutoff) -> (tokens of the stream read so far, the order reading it, where that order began)
+    streams: dict[tuple, tuple[float, str | None, float]] = {}
     for span, phase in zip(schedule.phases, cfg.curriculum.phases):
-        if phase.order is None or span.tokens == 0:
+        if span.tokens == 0:
             continue
-        order = phase.order.model_dump_json()
+        order = None if phase.order is None else phase.order.model_dump_json()
         cells = min(PROGRESS_CELLS, span.tokens)
         width = span.tokens / cells
         weights = np.stack([schedule.weights_at(int(span.start + (i + 0.5) * width)) for i in range(cells)])
@@ -307,20 +313,31 @@ def served_difficulty(cfg: "RefineryConfig", schedule: "Schedule", bands: dict[s
         cell = np.minimum(((points[inside] - span.start) / width).astype(np.int64), cells - 1)
         num, den = np.zeros(inside.sum()), np.zeros(inside.sum())
         for b, bucket in enumerate(schedule.buckets):
-            banded = bands.get(span.name, {}).get(bucket)
-            if banded is None or not weights[:, b].any():
+            if not weights[:, b].any():
                 continue
-            key = (bucket, phase.quality_top_fraction, order)
-            read = cursors.get(key, 0.0) + np.cumsum(weights[:, b] * width) - weights[:, b] * width / 2
-            cursors[key] = cursors.get(key, 0.0) + float(weights[:, b].sum() * width)
-            ends = np.cumsum(banded["tokens"])
-            band = np.minimum(np.searchsorted(ends, read % ends[-1], side="right"), len(ends) - 1)[cell]
+            key = (bucket, phase.quality_top_fraction)
+            before, reader, began = streams.get(key, (0.0, None, 0.0))
+            if reader != order:
+                began = before  # the pass under way is handed to this phase's order here
+            streams[key] = (before + float(weights[:, b].sum() * width), order, began)
+            banded = bands.get(span.name, {}).get(bucket) if order is not None else None
+            if banded is None:
+                continue
+            read = before + np.cumsum(weights[:, b] * width) - weights[:, b] * width / 2
+            tokens = np.asarray(banded["tokens"], dtype=np.float64)
+            whole = tokens.sum()
+            pass_end = began - began % whole + whole
+            left = np.cumsum(tokens * (1.0 - (began % whole) / whole))  # what the handover's pass left of each band
+            band = np.where(read < pass_end, np.searchsorted(left, read - began, side="right"),
+                            np.searchsorted(np.cumsum(tokens), (read - pass_end) % whole, side="right"))
+            band = np.minimum(band, len(tokens) - 1)[cell]
             means = np.array([np.nan if m is None else m for m in banded["mean_difficulty"]])[band]
             w = np.where(np.isnan(means), 0.0, weights[cell, b])
             num += w * np.nan_to_num(means)
             den += w
-        with np.errstate(invalid="ignore"):
-            out[inside] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        if order is not None:
+            with np.errstate(invalid="ignore"):
+                out[inside] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
     return out
 
 
