@@ -14,7 +14,8 @@ of every other clean page in all ten languages. Two trainings:
 and measures, on the labelled set (the `buckets` model never saw it): ROC AUC of high-value pages
 against real low-value pages, overall and per language with >= 50 labelled pages, and against the
 synthetic spam; on data/multilingual: clean web pages against its planted spam, the curated bucket
-against web (1.0 would be source separation), and the anneal's top-25% cut of the web bucket
+against web (1.0 would be source separation), each kind of low-value text left out of training
+in turn (AUC against held-out high-value pages: a kind the model never saw), and the anneal's top-25% cut of the web bucket
 (clean and spam) per language, stratified (the default) and global, as each language's share of
 the selection over its share of the bucket.
 
@@ -164,6 +165,20 @@ def main() -> int:
         "multilingual_clean_vs_spam": round(qm.roc_auc(web_scores, (~is_spam).astype(int)), 4),
         "anneal": anneal_shares(web, web_scores),
     }
+    # Each kind of low-value text left out of training in turn: how the model ranks a kind it has
+    # never seen against the out-of-fold high-value pages.
+    unseen = {}
+    high = pages["label"].to_numpy() == "high"
+    for kind in sorted(set(pages.filter(pl.col("label") == "low")["kind"].to_list())):
+        mine = (pages["kind"] == kind).to_numpy()
+        model, _ = train(pl.concat([docs, pages.filter(~pl.Series(mine) & ~pl.Series(high & (fold == 0)))
+                                    .select(docs.columns)]),
+                         ["books", qm.LABELLED_BUCKETS["high"]],
+                         ["web", qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]])
+        held = high & (fold == 0)
+        scores = model.score(pl.concat([pages.filter(pl.Series(held)), pages.filter(pl.Series(mine))])["text"])
+        unseen[kind] = round(qm.roc_auc(scores, np.r_[np.ones(held.sum()), np.zeros(mine.sum())]), 4)
+    result["labelled"]["high_vs_unseen_low_kind"] = unseen
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

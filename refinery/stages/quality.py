@@ -11,8 +11,8 @@ weights plus a bias, squashed by a sigmoid. Curated buckets (books, wiki) are th
 raw web the negative one; each language weighs its two classes equally and a language with one
 class only does not train (`class_weights`), so neither language nor source can be the signal.
 
-Broken text (U+FFFD replacement characters or UTF-8 read as Latin-1, over BROKEN_RULE of the
-text's characters) scores 0 whatever the model says: a rule before the classifier.
+Broken text (U+FFFD replacement characters or UTF-8 read as Latin-1, at least BROKEN_RULE of
+the text's characters) scores 0 whatever the model says: a rule before the classifier.
 
 Hashing is our own (blake2b of each distinct word, then a fixed 64-bit mix for n-grams), never
 Python's salted `hash()` or a library hash that may change between versions, so a saved model
@@ -71,9 +71,11 @@ SHAPE_SIGNALS = 10
 SHAPE_BINS = 8
 SHAPE_ROWS = SHAPE_SIGNALS * SHAPE_BINS
 BROKEN_SIGNAL = 9  # the signal holding the broken-character share
-# The rule before the classifier: a text whose broken characters are more than 1% of its
-# non-space characters scores 0 (clean text has none; a mis-decoded page has one every few words).
-BROKEN_RULE = 0.01
+# The rule before the classifier: a text whose broken characters are at least 0.2% of its
+# non-space characters scores 0. Clean text has none; UTF-8 read as Latin-1 turns every accented
+# letter into a pair (German prose: about 1% of its characters); one stray U+FFFD in a page stays
+# under it.
+BROKEN_RULE = 0.002
 SCORE_BATCH_DOCS = 2048
 TRAIN_BATCH_DOCS = 32
 # Training reads and featurizes at most this many documents at once: with `max_chars` 100k, a
@@ -160,7 +162,7 @@ _SHAPE_EDGES = [
     [0.01, 0.03, 0.06, 0.1, 0.15, 0.25, 0.4],  # digits / non-space characters
     [20, 50, 100, 200, 400, 800, 1600],  # words
     _FRACTION_EDGES,  # share of lines of at most three words
-    [1e-9, 0.002, BROKEN_RULE, 0.03, 0.1, 0.3, 0.6],  # broken characters / non-space characters
+    [1e-9, 0.001, BROKEN_RULE, 0.01, 0.03, 0.1, 0.3],  # broken characters / non-space characters
 ]
 BROKEN_RULE_BIN = 3
 
@@ -719,6 +721,17 @@ def unscored(docs: pl.DataFrame) -> StageOutput:
     return StageOutput(out, rejects_frame(docs, QualityScorer.name, {}), stats)
 
 
+SCORED_PREFIX = "quality/scored_by_language/"
+ABOVE_PREFIX = "quality/above_threshold_by_language/"
+
+
+def shares_above_threshold(counters: dict[str, int]) -> dict[str, float]:
+    """Per language, the share of its scored documents at or above the decision threshold, from the
+    scorer's counters (summed over files)."""
+    return {k[len(SCORED_PREFIX):]: round(counters.get(ABOVE_PREFIX + k[len(SCORED_PREFIX):], 0) / v, 6)
+            for k, v in sorted(counters.items()) if k.startswith(SCORED_PREFIX) and v}
+
+
 class QualityScorer(RecordStage):
     """Adds `quality_score` to every document and drops those below `threshold`, unless
     `enforce_threshold` is off. A source that skips "quality" gets the scores without the drops."""
@@ -732,6 +745,7 @@ class QualityScorer(RecordStage):
     def __init__(self, model: QualityModel, threshold: float, enforce_threshold: bool = True, model_id: str = ""):
         self.model = model
         self.threshold = threshold
+        self.decision_threshold = qm.decision_threshold(threshold)
         self.enforce_threshold = enforce_threshold
         self.model_id = model_id
 
@@ -744,10 +758,14 @@ class QualityScorer(RecordStage):
             "ngram": self.model.ngram,
         }
 
-    def judge(self, text: str | None, score: float, counters: Counter) -> Outcome:
+    def judge(self, text: str | None, score: float, counters: Counter, language: str | None = None) -> Outcome:
         if not text:
             return Drop("quality/empty_text", None, "no text to score")
         counters["quality/scored"] += 1
+        # Per language: scored, and at or above the decision threshold (shares_above_threshold).
+        lang = language or qm.UNKNOWN_LANGUAGE
+        counters[f"{SCORED_PREFIX}{lang}"] += 1
+        counters[f"{ABOVE_PREFIX}{lang}"] += score >= self.decision_threshold
         if score < self.threshold:
             if self.enforce_threshold:
                 return Drop("quality/below_threshold", score, f"threshold {self.threshold}")
@@ -757,12 +775,14 @@ class QualityScorer(RecordStage):
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
         text = record["text"]
         score = float(self.model.score(pl.Series([text], dtype=pl.String))[0]) if text else float("nan")
-        return self.judge(text, score, counters)
+        return self.judge(text, score, counters, record.get("language"))
 
     def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
         # One featurization and one EmbeddingBag call for the whole batch.
         scores = self.model.score(batch["text"]).tolist()
-        return [self.judge(text, score, counters) for text, score in zip(batch["text"].to_list(), scores)]
+        languages = batch["language"].to_list() if "language" in batch.columns else [None] * batch.height
+        return [self.judge(text, score, counters, lang)
+                for text, score, lang in zip(batch["text"].to_list(), scores, languages)]
 
     def skipped(self, docs: pl.DataFrame) -> StageOutput:
         return QualityScorer(self.model, self.threshold, False, self.model_id).run(docs)

@@ -21,6 +21,12 @@ LABELLED_BUCKETS = {"high": f"{LABELLED_PREFIX}high", "low": f"{LABELLED_PREFIX}
 UNKNOWN_LANGUAGE = "unknown"
 
 
+def decision_threshold(threshold: float) -> float:
+    """The threshold precision, recall, F1 and shares above it are measured at: stages.quality.threshold,
+    or 0.5 (the classifier's own decision) when it is 0 (score without dropping)."""
+    return threshold or 0.5
+
+
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     """P(score of a positive > score of a negative) + P(tie) / 2; None without both classes."""
     labels = np.asarray(labels) == 1

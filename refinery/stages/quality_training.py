@@ -87,10 +87,6 @@ def training_buckets(cfg: RefineryConfig) -> tuple[list[str], list[str]]:
     return positive, negative
 
 
-def decision_threshold(cfg: RefineryConfig) -> float:
-    """The threshold precision, recall and F1 are measured at: stages.quality.threshold, or 0.5 (the
-    classifier's own decision) when the threshold is 0 (score without dropping)."""
-    return cfg.stages.quality.threshold or 0.5
 
 
 def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.TrainingReport]:
@@ -111,7 +107,7 @@ def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, q.Trai
         max_docs_per_class=qc.max_train_docs_per_class,
         seed=cfg.seed,
         chunk_bytes=qc.train_chunk_mb << 20,
-        threshold=decision_threshold(cfg),
+        threshold=qm.decision_threshold(qc.threshold),
     )
     return q.publish_model(root, model, report, quality_settings(cfg)), report
 
