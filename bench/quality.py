@@ -94,7 +94,7 @@ def labelled_figures(pages: pl.DataFrame, scores: np.ndarray) -> dict:
 
     per_language = {}
     for (lang,), part in scored.partition_by("language", as_dict=True, maintain_order=True).items():
-        if part.filter(pl.col("label") != "spam").height >= MIN_LANGUAGE_PAGES:
+        if part.height >= MIN_LANGUAGE_PAGES:
             per_language[lang] = round(auc("low", part), 4)
     by_kind = {}
     for (kind,), part in scored.filter(pl.col("label") == "low").partition_by("kind", as_dict=True).items():

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "multilingual"))
 
-from build_corpus import fetch_debs, spam_pages, unpack, write_jsonl_gz  # noqa: E402
+from build_corpus import spam_pages, unpacked, write_jsonl_gz  # noqa: E402
 from build_sources import clean, prose_paragraphs  # noqa: E402
 
 from refinery.stages.language import LanguageModel  # noqa: E402
@@ -277,20 +277,10 @@ def main() -> int:
     args = parser.parse_args()
     names = packages()
     with tempfile.TemporaryDirectory() as tmp:
-        debs = args.debs
-        if debs is None:
-            debs = Path(tmp) / "debs"
-            debs.mkdir()
-            fetch_debs(names, debs)
-        root = Path(tmp) / "root"
-        root.mkdir()
-        versions = unpack(debs, root)
-        missing = [p for p in names if p not in versions]
-        if missing:
-            raise SystemExit(f"missing .debs for {missing}; apt-get download them into {debs}")
+        root, versions = unpacked(names, args.debs, Path(tmp))
         high = high_pages(root, LanguageModel())
         low = (licence_pages(root) + package_file_pages(root, names) + catalogue_pages(root) + wordlist_pages(root)
-               + navigation_pages(root) + templated_pages(debs))
+               + navigation_pages(root) + templated_pages(args.debs or Path(tmp) / "debs"))
     spam = [{**page, "label": "spam", "synthetic": True} for page in spam_pages(high, SEED)]
     rows = high + low + spam
     write_jsonl_gz(args.out, rows)

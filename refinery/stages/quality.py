@@ -173,20 +173,22 @@ def shape_rows(texts: pl.Series, num_features: int, max_chars: int) -> np.ndarra
     text = texts.cast(pl.String).fill_null("").str.slice(0, max_chars)
     lines = text.str.split("\n").list.eval(pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != ""))
     words = text.str.to_lowercase().str.extract_all(SHAPE_WORD)
-    frame = pl.DataFrame({"lines": lines, "words": words, "text": text}).select(
-        n_lines=pl.col("lines").list.len(),
-        ends=pl.col("lines").list.eval(pl.element().str.contains(SENTENCE_END)).list.sum(),
-        repeats=pl.col("lines").list.eval(pl.element().is_first_distinct().not_()).list.sum(),
-        short=pl.col("lines").list.eval(pl.element().str.count_matches(SHAPE_WORD) <= 3).list.sum(),
-        n_words=pl.col("words").list.len(),
-        distinct=pl.col("words").list.n_unique(),
-        top=pl.col("words").list.eval(pl.element().value_counts().struct.field("count").max()).list.first(),
-        letters=pl.col("text").str.count_matches(r"\p{L}"),
-        digits=pl.col("text").str.count_matches(r"\d"),
-        nonspace=pl.col("text").str.count_matches(r"\S"),
-        broken=pl.col("text").str.count_matches(BROKEN_CHARS),
-    ).fill_null(0)
-    f = {c: frame[c].to_numpy().astype(np.float64) for c in frame.columns}
+    columns = {
+        "n_lines": lines.list.len(),
+        "ends": lines.list.eval(pl.element().str.contains(SENTENCE_END)).list.sum(),
+        "repeats": lines.list.eval(pl.element().is_first_distinct().not_()).list.sum(),
+        "short": lines.list.eval(pl.element().str.count_matches(SHAPE_WORD) <= 3).list.sum(),
+        "n_words": words.list.len(),
+        "distinct": words.list.n_unique(),
+        "top": words.list.eval(pl.element().value_counts().struct.field("count").max()).list.first(),
+        # Letters and non-space characters are most of a text: counted as what is left once the
+        # rest is removed, or by subtraction, not match by match (2-3x less CPU).
+        "letters": text.str.replace_all(r"[^\p{L}]+", "").str.len_chars(),
+        "digits": text.str.count_matches(r"\d"),
+        "nonspace": text.str.len_chars() - text.str.count_matches(r"\s"),
+        "broken": text.str.count_matches(BROKEN_CHARS),
+    }
+    f = {c: v.fill_null(0).to_numpy().astype(np.float64) for c, v in columns.items()}
     lines_n, words_n, chars_n = np.maximum(f["n_lines"], 1), np.maximum(f["n_words"], 1), np.maximum(f["nonspace"], 1)
     signals = [f["n_words"] / lines_n, f["ends"] / lines_n, f["repeats"] / lines_n, f["distinct"] / words_n,
                f["top"] / words_n, f["letters"] / chars_n, f["digits"] / chars_n, f["n_words"],
