@@ -194,9 +194,13 @@ UNKNOWN_LANGUAGE = "unknown"
 def has_language(root: "DataRoot", table_key: str) -> bool:
     """Whether the entry table has a `language` column (tables written before it have none: one
     stratum, UNKNOWN_LANGUAGE)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return "language" in pq.ParquetFile(root.local_path(table_key)).schema_arrow.names
+    try:
+        return "language" in pq.ParquetFile(root.local_path(table_key)).schema_arrow.names
+    except (OSError, pa.ArrowException):
+        return False  # the read that follows refuses the table by name (slice_batches)
 
 
 def batch_languages(batch: Any, n: int) -> np.ndarray:
