@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from refinery.curriculum.inventory import ENTRY_BATCH_ROWS, TableSlice, run_chunked, score_keys, slice_batches
+from refinery.curriculum.inventory import (ENTRY_BATCH_ROWS, EntryBatch, QualityCut, TableSlice, batch_languages, has_language,
+                                          run_chunked, score_keys, slice_batches)
 from refinery.curriculum.schedule import CurriculumError
 from refinery.tasks import RunTasks, in_process
 
@@ -67,10 +68,10 @@ def npy_header(dtype: np.dtype, count: int) -> bytes:
 class Served:
     """Which entries of a bucket a phase serves: those of `selection` (the key of a manifest's sorted
     global ids, already checked against its sha256), or the entries whose quality_score is at least
-    `quality_cutoff` (validation, before any selection is written), or every entry."""
+    `quality_cut` keeps (validation, before any selection is written), or every entry."""
 
     selection: str | None = None
-    quality_cutoff: float | None = None
+    quality_cut: QualityCut | None = None
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,19 @@ def batch_slices(parts: list[TableSlice]) -> list[TableSlice]:
 def served_batches(root: "DataRoot", part: TableSlice, served: Served) -> Iterator[ServedBatch]:
     """The served entries' tokens and difficulty in the slice, `ENTRY_BATCH_ROWS` table rows at a time."""
     ids = None if served.selection is None else np.load(root.local_path(served.selection), mmap_mode="r")
-    columns = ["tokens", DIFFICULTY_COLUMN] + (["quality_score"] if served.quality_cutoff is not None else [])
+    cut = served.quality_cut
+    columns = ["tokens", DIFFICULTY_COLUMN] + (["quality_score"] if cut is not None else [])
+    if cut is not None and cut.needs_languages and has_language(root, part.table):
+        columns.append("language")
     for first, batch in slice_batches(root, part, columns):
         n = batch.num_rows
         if ids is not None:
             lo, hi = np.searchsorted(ids, [first, first + n])
             local = np.asarray(ids[lo:hi], dtype=np.int64) - first
-        elif served.quality_cutoff is not None:
+        elif cut is not None:
             quality = batch.column("quality_score").to_numpy(zero_copy_only=False).astype(np.float64)
-            local = np.flatnonzero(quality >= served.quality_cutoff).astype(np.int64)
+            languages = batch_languages(batch, n) if cut.needs_languages else None
+            local = np.flatnonzero(cut.keeps(EntryBatch(first, np.zeros(0), np.zeros(0), quality, languages))).astype(np.int64)
         else:
             local = np.arange(n, dtype=np.int64)
         scores = batch.column(DIFFICULTY_COLUMN).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
