@@ -7,7 +7,10 @@ would mix two corpora. So `$DAGSTER_HOME` (default .dagster_home) holds one inst
 data root, named after the root's last path part and a hash of its full address:
 `.dagster_home/out-3f2a9c1e0b`. `refinery demo` records there, `make ui CONFIG=...` serves it
 (`python -m orchestration.instance CONFIG` prints it), and a data root moved or copied elsewhere
-starts an empty history, as its bytes are no longer where Dagster saw them written.
+starts an empty history, as its bytes are no longer where Dagster saw them written. A dagster.yaml
+in $DAGSTER_HOME itself is copied into each new instance directory; on Postgres (which keeps runs
+and events in the database, not the folder) each data root needs its own database for the same
+separation (docs/automation.md).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from pathlib import Path
 from refinery.config import RefineryConfig, load_config
 
 DEFAULT_BASE = ".dagster_home"
-# A fresh instance directory's dagster.yaml: local SQLite storage, no telemetry banner. A deployment
-# on Postgres writes its own there (deploy/local/dagster.yaml), one database per data root.
+# A fresh instance directory's dagster.yaml when $DAGSTER_HOME has none of its own: local SQLite
+# storage, no telemetry banner.
 FRESH_INSTANCE_YAML = "telemetry:\n  enabled: false\n"
 
 
@@ -41,11 +44,13 @@ def instance_dir(cfg: RefineryConfig, base: str | None = None) -> Path:
 
 
 def prepare_instance_dir(cfg: RefineryConfig, base: str | None = None) -> Path:
-    """The config's instance directory, created with a fresh `dagster.yaml` when it has none."""
+    """The config's instance directory, created when missing with a copy of `base`'s dagster.yaml
+    (a Postgres deployment's storage, run coordinator and launcher carry over), or a fresh local one."""
     home = instance_dir(cfg, base)
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_text(FRESH_INSTANCE_YAML)
+        shared = home.parent / "dagster.yaml"
+        (home / "dagster.yaml").write_text(shared.read_text() if shared.is_file() else FRESH_INSTANCE_YAML)
     return home
 
 

@@ -1,5 +1,5 @@
 """A whole graph, training included, small enough to run several times in one test module: one
-JSONL source of a few generated pages per file, no quality classifier, a 300-token vocabulary, two
+JSONL source of a few generated pages per file in two hash batches, no quality classifier, a 300-token vocabulary, two
 phases of a few optimizer steps of a one-layer model. For tests of the state around runs (which
 instance, which plan, which slot), not of what the stages compute."""
 
@@ -41,6 +41,7 @@ def tiny_graph_config(folder: Path, inputs: Path, data_root: Path, name: str = "
     return write_config(folder, {
         "seed": 1, "data_root": str(data_root), "buckets": ["web"],
         "sources": [{"name": "web", "path": str(inputs / "*.jsonl"), "format": "jsonl", "bucket": "web"}],
+        "partitions": {"by": "hash", "count": 2},
         "stages": {"quality": {"enabled": False}, "language": {"min_score": 0.0}},
         "tokenizer": {"vocab_size": 300},
         "shards": {"max_seq_len": SEQ_LEN, "overlap": 4, "shard_tokens": 4096},
