@@ -37,7 +37,7 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
 
 # The UI serves the instance of CONFIG's data root only (orchestration/instance.py).
-ui: export DAGSTER_HOME = $(shell $(BIN)/python -m orchestration.instance $(CONFIG) $(INSTANCES))
+ui: override export DAGSTER_HOME = $(shell $(BIN)/python -m orchestration.instance $(CONFIG) $(INSTANCES))
 ui: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	REFINERY_CONFIG=$(CONFIG) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

@@ -117,7 +117,7 @@ def materialize_step(
             for line in run_warnings(instance, result.run_id):
                 log(line)
         if not result.success:
-            raise record_failure(instance, result, single or (f"{chunk[0]}..{chunk[-1]}" if chunk else "-"))
+            raise record_failure(instance, result, single or (f"{chunk[0]}..{chunk[-1]}" if chunk else ""))
     return len(keys) or 1, len(chunks)
 
 

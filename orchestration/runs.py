@@ -130,8 +130,12 @@ class FailedStep:
     error: str
     input_problem: bool
 
+    @property
+    def name(self) -> str:
+        return f"{self.asset}[{self.partitions}]" if self.partitions else self.asset
+
     def line(self, log_file: Path) -> str:
-        return f"FAILED {self.asset}[{self.partitions}]: {self.reason} (log: {log_file})"
+        return f"FAILED {self.name}: {self.reason} (log: {log_file})"
 
 
 def innermost(error) -> object:
@@ -142,7 +146,8 @@ def innermost(error) -> object:
 
 
 def failed_steps(result: dg.ExecuteInProcessResult, partitions: str) -> list[FailedStep]:
-    """Each failed step of an in-process run over `partitions` (a key, a range, or "-")."""
+    """Each failed step of an in-process run over `partitions` (a key, a range `a..b`, or "" for an
+    unpartitioned run)."""
     out = []
     for event in result.get_step_failure_events():
         data = event.step_failure_data
@@ -185,6 +190,6 @@ def record_failure(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResu
     folder = Path(instance.root_directory) / FAILURES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     log_file = folder / f"{result.run_id}.log"
-    text = "".join(f"== {s.asset}[{s.partitions}] (run {result.run_id})\n{s.error}\n" for s in steps)
+    text = "".join(f"== {s.name} (run {result.run_id})\n{s.error}\n" for s in steps)
     log_file.write_text(text or f"run {result.run_id} failed with no step failure recorded\n")
     return StepsFailed(steps, result.run_id, log_file)

@@ -3,8 +3,9 @@ root. Two configs with different data roots in one $DAGSTER_HOME each plan, run 
 own history; `--changed` sees edited, added and removed input files and gives the shards of a clean
 run; training after an upstream change starts a new run, said in the plan, the old one kept; a failed
 step is one line with its log, exit 4; a demo SIGKILLed inside training_run leaves no pool slot
-held. One tiny graph (tests/helpers/tiny_graph.py), run through `refinery demo --changed` a few
-times, serves every test of the module, in order."""
+held (and, on a bare instance, a dead run's slot is freed and a live one's wait is bounded). One tiny
+graph (tests/helpers/tiny_graph.py), run through `refinery demo --changed` a few times, serves the
+slow tests of the module, in order."""
 
 from __future__ import annotations
 
@@ -27,15 +28,13 @@ from orchestration.changed import MISSING, stale_plan
 from orchestration.cli import main as refinery
 from orchestration.definitions import build_definitions
 from orchestration.instance import instance_dir, prepare_instance_dir
-from orchestration.runs import FAILURES_DIR
+from orchestration.runs import FAILURES_DIR, HOST_TAG, PID_TAG, PoolBusy, release_dead_runs, wait_for_pools
 from refinery.config import load_config
 from refinery.layout import FINAL_SHARDS_PREFIX
 from training.phase_runs import phase_run_dir
 from training.status import read_status
 
 from helpers.tiny_graph import tiny_graph_config, write_pages, write_records
-
-pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = 20  # the tiny graph's materializable assets (no difficulty model)
@@ -59,6 +58,46 @@ def plan_lines(stdout: str) -> dict[str, str]:
 def final_shards(data_root: Path) -> dict[str, bytes]:
     folder = data_root / FINAL_SHARDS_PREFIX
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def tagged_run(instance: dg.DagsterInstance, pid: int, pool_slot: bool) -> str:
+    """A STARTED run tagged as a demo process `pid`'s, holding a slot of POOL when asked."""
+    import socket
+
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    run = DagsterRun(job_name="__ephemeral_asset_job__", status=dg.DagsterRunStatus.STARTED,
+                     tags={PID_TAG: str(pid), HOST_TAG: socket.gethostname()})
+    instance.add_run(run)
+    if pool_slot:
+        instance.event_log_storage.claim_concurrency_slot(POOL, run.run_id, "training_run")
+    return run.run_id
+
+
+def test_a_run_whose_demo_process_is_gone_is_failed_and_its_slot_freed_a_live_ones_wait_is_bounded(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        instance.event_log_storage.set_concurrency_slots(POOL, 1)
+        dead = tagged_run(instance, gone.pid, pool_slot=True)
+        alive = tagged_run(instance, os.getppid(), pool_slot=False)
+        said: list[str] = []
+        assert release_dead_runs(instance, said.append) == [dead]
+        assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE
+        assert instance.get_run_by_id(alive).status == dg.DagsterRunStatus.STARTED
+        assert said == [f"Marked run {dead} failed and freed its pool slots: the process that ran it (pid {gone.pid} "
+                        f"on {instance.get_run_by_id(dead).tags[HOST_TAG]}) is gone"]
+        wait_for_pools(instance, {POOL}, said.append, timeout_s=0.1)  # free: no wait, nothing said
+        assert len(said) == 1
+
+        instance.event_log_storage.claim_concurrency_slot(POOL, alive, "training_run")
+        start = time.monotonic()
+        with pytest.raises(PoolBusy, match=f"pool 'training_accelerator' stayed full for 1s, held by run {alive} "
+                                           r"\(training_run, STARTED\)"):
+            wait_for_pools(instance, {POOL}, said.append, timeout_s=1)
+        assert time.monotonic() - start < 5
+        assert said[-1] == f"  waiting up to 1s for a slot of pool 'training_accelerator', held by run {alive} " \
+                           "(training_run, STARTED)"
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +152,7 @@ def ui_materializations(world, name: str, asset: str) -> list[dict]:
     return result.data["assetOrError"]["assetMaterializations"]
 
 
+@pytest.mark.slow
 def test_two_configs_in_one_instance_directory_see_only_their_own_data_root(world, monkeypatch):
     for name in ("a1", "b1"):  # each config planned its whole graph as missing: B saw none of A's runs
         code, out, _ = world[name]
@@ -161,6 +201,7 @@ def a_edited(world):
         return {"run": demo(world["a"]), "trained": trained}
 
 
+@pytest.mark.slow
 def test_inputs_edited_added_and_removed_are_planned_by_name_and_give_a_clean_runs_shards(world, a_edited):
     code, out, err = a_edited["run"]
     assert code == 0, out + err
@@ -171,6 +212,7 @@ def test_inputs_edited_added_and_removed_are_planned_by_name_and_give_a_clean_ru
     assert final_shards(world["tmp"] / "outA") == final_shards(world["tmp"] / "outB") != {}
 
 
+@pytest.mark.slow
 def test_training_after_an_upstream_change_starts_a_new_run_said_in_the_plan(world, a_edited):
     code, out, _ = a_edited["run"]
     assert code == 0
@@ -185,6 +227,7 @@ def test_training_after_an_upstream_change_starts_a_new_run_said_in_the_plan(wor
     assert read_status(phase_run_dir(cfg, "main"))["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_failed_step_is_one_line_naming_its_log_and_exits_4(world, a_edited, monkeypatch):
     import refinery.stages.ingest as ingest
 
@@ -205,6 +248,7 @@ def test_a_failed_step_is_one_line_naming_its_log_and_exits_4(world, a_edited, m
     assert "(--verbose prints them)" in err
 
 
+@pytest.mark.slow
 def test_a_demo_killed_inside_training_run_frees_its_pool_slot(world, a_edited):
     tmp = world["tmp"]
     tiny_graph_config(tmp, tmp / "a", tmp / "outA", "a.yaml", warmup_steps=2)  # training and manifests rerun
