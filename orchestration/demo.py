@@ -302,5 +302,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--changed", action="store_true",
                    help="materialize only the assets and partitions that are missing or stale (new code version, "
                         "changed upstream data, or reading one that reruns), printing each and why first")
-    p.add_argument("--verbose", action="store_true", help="print every Dagster event, not only warnings")
+    p.add_argument("--verbose", action="store_true",
+                   help="print every Dagster event and a failed step's tracebacks (otherwise one line per failed "
+                        "step, naming the log file that holds them)")
     p.set_defaults(func=run_demo, needs=GRAPH)
