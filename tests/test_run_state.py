@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 ASSETS = 20  # the tiny graph's materializable assets (no difficulty model)
 KILL_WAIT_S = 300  # how long the killed demo may take to reach training_run on a loaded machine
 RERUN_LIMIT_S = 60
+HANG_S = 600  # where the demo after the kill counts as hung (on main's code it waits forever)
 
 
 def demo(config: Path, *extra: str) -> tuple[int, str, str]:
@@ -269,9 +270,10 @@ def test_a_demo_killed_inside_training_run_frees_its_pool_slot(world, a_edited):
         assert instance.get_run_by_id(holder).status == dg.DagsterRunStatus.STARTED  # what a SIGKILL leaves
 
     start = time.monotonic()
-    again = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=RERUN_LIMIT_S)
-    assert time.monotonic() - start < RERUN_LIMIT_S
+    again = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=HANG_S)
+    took = time.monotonic() - start
     assert again.returncode == 0, again.stdout + again.stderr
+    assert took < RERUN_LIMIT_S, f"the demo after the kill took {took:.0f}s:\n{again.stdout}"
     assert f"Marked run {holder} failed and freed its pool slots" in again.stdout
     with instance_of(world, "a") as instance:
         assert instance.get_run_by_id(holder).status == dg.DagsterRunStatus.FAILURE
