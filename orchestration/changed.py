@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 MISSING, CODE_CHANGED, UPSTREAM_CHANGED, UPSTREAM_RERUNS = (
     "missing", "code or config changed", "upstream data changed", "upstream reruns")
-INPUTS_CHANGED, INPUTS_REMOVED = "input files changed", "input files removed"
+INPUTS_CHANGED, INPUTS_REMOVED, INPUTS_MOVED = "input files changed", "input files removed", "input files moved"
 NAMED = 10  # input files a plan line names before "and N more"
 
 
@@ -81,6 +81,7 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
     # The loading context Dagster gives a caller outside a UI request.
     resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
     changed_inputs = input_changes(defs, instance)
+    moved = moved_ordinals(defs, instance)
     removed = removed_batches(defs, instance)
     readers = readers_of_every_batch(graph) if removed else set()
     planned: dict[dg.AssetKey, set[str | None]] = {}
@@ -99,6 +100,9 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
                 if reason is None and key == RAW_DOCUMENTS and partition in changed_inputs:
                     reason = INPUTS_CHANGED
                     details += changed_inputs[partition]
+                if reason is None and key == DEDUP_SIGNATURES and partition in moved:
+                    reason = INPUTS_MOVED
+                    details += moved[partition]
                 if reason is None and key in readers:
                     reason = INPUTS_REMOVED
                 if reason is None and _reads_planned(graph, planned, key, partition):
@@ -121,6 +125,18 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
 
 
 RAW_DOCUMENTS, PHASE_MANIFESTS, TRAINING_RUN = AssetKey("raw_documents"), AssetKey("phase_manifests"), AssetKey("training_run")
+DEDUP_SIGNATURES = AssetKey("dedup_signatures")
+
+
+def latest_entry(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str, entry: str):
+    """The value of metadata `entry` of the partition's latest materialization (None: none, or
+    recorded before the entry was)."""
+    import dagster as dg
+
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
+    value = records[0].asset_materialization.metadata.get(entry) if records else None
+    return None if value is None else value.value
 
 
 def training_restarts(cfg, plan: list[PlannedAsset]) -> dict[str, Path]:
@@ -142,21 +158,37 @@ def input_changes(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[st
     """Batch -> its input files that differ from those its latest raw_documents recorded
     (`<file key> edited|added|removed`); batches never materialized, or recorded before the input
     state was, are left to Dagster's own status."""
-    import dagster as dg
-
     from assets.funnel import INPUT_STATE
     from refinery.documents import input_batches, input_file_state
 
     out = {}
     for batch in input_batches(defs.resources["refinery"].config):
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=RAW_DOCUMENTS, asset_partitions=[batch.key]), limit=1).records
-        entry = records[0].asset_materialization.metadata.get(INPUT_STATE) if records else None
-        if entry is None:
+        then = latest_entry(instance, RAW_DOCUMENTS, batch.key, INPUT_STATE)
+        if then is None:
             continue
-        then, now = entry.value, input_file_state(list(batch.shards))
+        now = input_file_state(list(batch.shards))
         named = [f"{k} {'added' if k not in then else 'removed' if k not in now else 'edited'}"
                  for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+        if named:
+            out[batch.key] = named
+    return out
+
+
+def moved_ordinals(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str, list[str]]:
+    """Batch -> its files whose shard ordinal (in every doc_key its signatures hold) moved since its
+    dedup_signatures were computed, because an input before them was added or removed
+    (`<file key> <then>-><now>`)."""
+    from assets.dedup import SHARD_ORDINALS
+    from refinery.documents import input_batches
+    from refinery.stages.dedup_compute import shard_ordinals
+
+    cfg = defs.resources["refinery"].config
+    ordinals = shard_ordinals(cfg)
+    out = {}
+    for batch in input_batches(cfg):
+        then = latest_entry(instance, DEDUP_SIGNATURES, batch.key, SHARD_ORDINALS)
+        named = [f"{s.key} {then[s.key]}->{ordinals[s.key]}" for s in batch.shards
+                 if then is not None and s.key in then and then[s.key] != ordinals[s.key]]
         if named:
             out[batch.key] = named
     return out

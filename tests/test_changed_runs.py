@@ -5,6 +5,7 @@ it, not ingest, extraction or language ID, and a pinned tokenizer keeps its byte
 value reruns the assets that read it."""
 
 import json
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import yaml
 from dagster._core.definitions.data_version import StaleStatus
 
-from orchestration.changed import CODE_CHANGED, INPUTS_REMOVED, MISSING, UPSTREAM_RERUNS, stale_plan
+from orchestration.changed import CODE_CHANGED, INPUTS_MOVED, INPUTS_REMOVED, MISSING, UPSTREAM_RERUNS, stale_plan
 from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph, run_changed
 from refinery.config import load_config
@@ -150,6 +151,9 @@ def test_an_edited_custom_filter_reruns_what_reads_it_and_keeps_the_pinned_token
         planned = {p.key.to_user_string(): p for p in stale_plan(defs, instance)}
         assert INPUTS_REMOVED in planned["exact_deduped"].reasons and f"{gone.key} gone" in planned["exact_deduped"].line()
         assert "raw_documents" not in planned
+        # The files after the gone ones have new shard ordinals, which every doc_key holds.
+        assert list(planned["dedup_signatures"].reasons) == [INPUTS_MOVED]
+        assert re.search(r"web-f\d \d->\d", planned["dedup_signatures"].line())
         run_changed(defs, instance, lines.append, QUIET_RUN_CONFIG)
         assert stale_plan(build_definitions(str(config)), instance) == []
         assert gone.key not in instance.get_materialized_partitions(dg.AssetKey("raw_documents"))
