@@ -15,8 +15,10 @@ Dagster does not see the input files themselves: raw_documents has no upstream a
 raw_documents materialization therefore records its files' sizes and modification times
 (`input_file_state`), and a batch whose files differ now (one edited, added or removed) is planned
 as "input files changed", naming them. A batch whose files are all gone is no partition any more:
-the assets that read every batch are planned ("input files removed"), and once the plan has run the
-gone batches' materializations are wiped from the instance, which then matches the inputs again.
+the assets that read every batch are planned ("input files removed"), and once the plan has run
+each gone batch is recorded as observed empty, so the instance matches the inputs again. Every
+doc_key holds its file's shard ordinal among all inputs: a batch whose files' ordinals moved (an
+input added or removed before them) has its dedup signatures planned ("input files moved").
 """
 
 from __future__ import annotations
@@ -195,11 +197,21 @@ def moved_ordinals(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[s
 
 
 def removed_batches(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[str]:
-    """Batches raw_documents was materialized for whose input files are all gone."""
+    """Batches raw_documents was materialized for whose input files are all gone, and that no plan
+    has run for since (`record_removed_batches`)."""
+    import dagster as dg
+
     from refinery.documents import input_batches
 
     current = {b.key for b in input_batches(defs.resources["refinery"].config)}
-    return sorted(set(instance.get_materialized_partitions(RAW_DOCUMENTS)) - current)
+    out = []
+    for batch in sorted(set(instance.get_materialized_partitions(RAW_DOCUMENTS)) - current):
+        records = dg.AssetRecordsFilter(asset_key=RAW_DOCUMENTS, asset_partitions=[batch])
+        made = instance.fetch_materializations(records, limit=1).records
+        seen = instance.fetch_observations(records, limit=1).records
+        if not (seen and made and seen[0].timestamp > made[0].timestamp):
+            out.append(batch)
+    return out
 
 
 def readers_of_every_batch(graph) -> set[dg.AssetKey]:
@@ -211,19 +223,18 @@ def readers_of_every_batch(graph) -> set[dg.AssetKey]:
             and any(graph.get(p).partitions_def == batches for p in graph.get(key).parent_keys)}
 
 
-def per_batch_assets(graph) -> list[dg.AssetKey]:
-    batches = graph.get(RAW_DOCUMENTS).partitions_def
-    return [key for key in graph.materializable_asset_keys if graph.get(key).partitions_def == batches]
+def record_removed_batches(instance: dg.DagsterInstance, removed: list[str]) -> None:
+    """Once the plan that stopped reading them has run, record each gone batch as observed empty
+    (Dagster's SQLite storage cannot wipe one partition), so the next plan sees no removal; a batch
+    whose files come back is materialized again and seen anew."""
+    import dagster as dg
 
+    from assets.funnel import INPUT_STATE
 
-def forget_removed_batches(defs: dg.Definitions, instance: dg.DagsterInstance, removed: list[str]) -> None:
-    """Wipe the gone batches' partitions of every per-batch asset from the instance, once the plan
-    that stopped reading them has run: the next plan then sees no removal."""
-    graph = defs.resolve_asset_graph()
-    for key in per_batch_assets(graph):
-        gone = sorted(set(instance.get_materialized_partitions(key)) & set(removed))
-        if gone:
-            instance.wipe_asset_partitions(key, gone)
+    for batch in removed:
+        instance.report_runless_asset_event(dg.AssetObservation(
+            asset_key=RAW_DOCUMENTS, partition=batch,
+            metadata={INPUT_STATE: dg.MetadataValue.json({}), "removed": "every input file of this batch is gone"}))
 
 
 def _reads_planned(graph, planned: dict, key: dg.AssetKey, partition: str | None) -> bool:

@@ -158,8 +158,8 @@ def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callabl
     """Print the plan, then materialize it step by step (orchestration/demo.py's steps, limited to
     the planned assets and partitions); returns the plan. A training phase whose checkpoints the
     plan's manifests invalidate has its run directory archived right before training starts
-    (`training_restarts`), and input batches that are gone are forgotten once the plan has run."""
-    from orchestration.changed import (TRAINING_RUN, forget_removed_batches, removed_batches, stale_plan,
+    (`training_restarts`), and input batches that are gone are recorded as gone once the plan has run."""
+    from orchestration.changed import (TRAINING_RUN, record_removed_batches, removed_batches, stale_plan,
                                        training_restarts)
     from training.run_store import archive_run
 
@@ -181,7 +181,7 @@ def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callabl
         wanted = {k for key in step.keys for k in (partitions[key] or [])}
         materialize_step(defs, instance, step, run_config, wanted or None, log)
         log(f"  ran {', '.join(k.to_user_string() for k in step.keys)}")
-    forget_removed_batches(defs, instance, removed)
+    record_removed_batches(instance, removed)
     return plan
 
 
