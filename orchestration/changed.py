@@ -19,6 +19,10 @@ the assets that read every batch are planned ("input files removed"), and once t
 each gone batch is recorded as observed empty, so the instance matches the inputs again. Every
 doc_key holds its file's shard ordinal among all inputs: a batch whose files' ordinals moved (an
 input added or removed before them) has its dedup signatures planned ("input files moved").
+
+A phase's files (its manifest, selection and band files, schedule plot) are checked against the
+sha256s its latest phase_manifests materialization recorded: one edited or removed since makes the
+trainer refuse the phase, so the plan rebuilds it ("its files changed since written", naming them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 MISSING, CODE_CHANGED, UPSTREAM_CHANGED, UPSTREAM_RERUNS = (
     "missing", "code or config changed", "upstream data changed", "upstream reruns")
 INPUTS_CHANGED, INPUTS_REMOVED, INPUTS_MOVED = "input files changed", "input files removed", "input files moved"
+WRITTEN_CHANGED = "its files changed since written"
 NAMED = 10  # input files a plan line names before "and N more"
 
 
@@ -83,6 +88,7 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
     # The loading context Dagster gives a caller outside a UI request.
     resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
     changed_inputs = input_changes(defs, instance)
+    changed_manifests = changed_manifest_files(defs, instance)
     moved = moved_ordinals(defs, instance)
     removed = removed_batches(defs, instance)
     readers = readers_of_every_batch(graph) if removed else set()
@@ -107,6 +113,9 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
                     details += moved[partition]
                 if reason is None and key in readers:
                     reason = INPUTS_REMOVED
+                if reason is None and key == PHASE_MANIFESTS and partition in changed_manifests:
+                    reason = WRITTEN_CHANGED
+                    details += changed_manifests[partition]
                 if reason is None and _reads_planned(graph, planned, key, partition):
                     reason = UPSTREAM_RERUNS
                 if reason is not None:
@@ -173,6 +182,23 @@ def input_changes(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[st
                  for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
         if named:
             out[batch.key] = named
+    return out
+
+
+def changed_manifest_files(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str, list[str]]:
+    """Phase -> the files its latest phase_manifests materialization wrote (the manifest, its
+    selection and band files, the schedule plot) whose sha256 differs now from the one recorded, or
+    that are gone (`<key> changed|missing`): the trainer refuses such a phase, so the plan rebuilds it.
+    Each file is read once a plan; they hold at most 8 bytes per entry the phase serves, and the
+    trainer hashes the same files at every start."""
+    root = defs.resources["refinery"].root
+    out = {}
+    for phase in sorted(instance.get_materialized_partitions(PHASE_MANIFESTS)):
+        recorded = latest_entry(instance, PHASE_MANIFESTS, phase, "content_hashes") or {}
+        named = [f"{key} {'missing' if not root.exists(key) else 'changed'}" for key, sha in sorted(recorded.items())
+                 if not root.exists(key) or root.sha256(key) != sha]
+        if named:
+            out[phase] = named
     return out
 
 

@@ -24,13 +24,13 @@ import dagster as dg
 import pytest
 
 from assets.training import POOL
-from orchestration.changed import MISSING, stale_plan
+from orchestration.changed import MISSING, WRITTEN_CHANGED, stale_plan
 from orchestration.cli import main as refinery
 from orchestration.definitions import build_definitions
 from orchestration.instance import instance_dir, prepare_instance_dir
 from orchestration.runs import FAILURES_DIR, HOST_TAG, PID_TAG, PoolBusy, release_dead_runs, wait_for_pools
 from refinery.config import load_config
-from refinery.layout import FINAL_SHARDS_PREFIX
+from refinery.layout import FINAL_SHARDS_PREFIX, manifest_key
 from training.phase_runs import phase_run_dir
 from training.status import read_status
 
@@ -227,6 +227,27 @@ def test_training_after_an_upstream_change_starts_a_new_run_said_in_the_plan(wor
         assert archived.parent == phase_run_dir(cfg, phase).parent and archived.name.startswith(f"{phase}.archived-")
         assert sorted(p.name for p in (archived / "checkpoints").iterdir()) == old
     assert read_status(phase_run_dir(cfg, "main"))["state"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_manifest_file_changed_since_written_is_planned_by_name(world, a_edited):
+    """A phase's files (its manifest, band and selection files, schedule plot) edited after
+    phase_manifests wrote them: the trainer would refuse the phase, so the plan rebuilds it, naming the
+    file (on main's code the plan said "Nothing to run")."""
+    cfg = load_config(world["a"])
+    manifest = Path(cfg.resolve(cfg.data_root)) / manifest_key("main")
+    assert manifest.is_file()
+    original = manifest.read_bytes()
+    manifest.write_bytes(original.replace(b'"main"', b'"MAIN"', 1))
+    try:
+        with instance_of(world, "a") as instance:
+            plan = {p.key.to_user_string(): p for p in stale_plan(build_definitions(str(world["a"])), instance)}
+    finally:
+        manifest.write_bytes(original)
+    rebuilt = plan["phase_manifests"]
+    assert rebuilt.partitions == ["main"] and list(rebuilt.reasons) == [WRITTEN_CHANGED], rebuilt.line()
+    assert f"{manifest_key('main')} changed" in rebuilt.line()
+    assert "training_run" in plan  # what reads the phase follows
 
 
 @pytest.mark.slow
