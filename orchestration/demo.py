@@ -239,7 +239,7 @@ def run_demo(args: argparse.Namespace) -> int:
         runs = materialize_graph(defs, instance, run_config=run_config)
         print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
     print(demo_summary(args.config))
-    print("\nOpen the UI on these runs with `make ui` (http://127.0.0.1:3000).")
+    print(f"\nOpen the UI on these runs with `make ui CONFIG={args.config}` (http://127.0.0.1:3000; PORT=N for another).")
     return 0
 
 
