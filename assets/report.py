@@ -47,9 +47,8 @@ def report_funnel(version: str):
             removed_by_rule=dict(removed.most_common(TOP_REASONS)),
         )
         return StepResult(provenance, {
-            # one entry, so the chart and the table open together
-            "funnel": image_markdown(png, title, f"documents left after each stage (`{root.display(FUNNEL_CHART_KEY)}`), "
-                                                 f"and `refinery funnel`:\n\n```\n{fr.format_report(report)}\n```"),
+            "funnel": image_markdown(png, title, f"documents left after each stage (`{root.display(FUNNEL_CHART_KEY)}`)"),
+            "funnel_table": dg.MetadataValue.md(f"`refinery funnel`:\n\n```\n{fr.format_report(report)}\n```"),
             "stages": dg.MetadataValue.int(len(totals)),
             "records_in": dg.MetadataValue.int(first["docs_in"]),
             "target_tokens": dg.MetadataValue.int(budget["target_tokens"]),
