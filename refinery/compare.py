@@ -12,7 +12,8 @@ machine) must write the same bytes. This walks both local data roots and compare
 
 Set aside, uncompared: `stats/` (each partition's counters, which carry wall times and docs/s; the
 outputs they count are compared), TensorBoard event files (wall-clock stamps), launch logs, lock
-files and temporary names. Memory is bounded by the largest JSON or checkpoint file, never by the root.
+files and temporary names. Memory holds both roots' file names and one JSON or checkpoint file at a
+time (bytes are hashed in 1 MiB chunks), never the root's data.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +113,7 @@ def compare_file(a_root: Path, b_root: Path, rel: str) -> str | None:
     if a.suffix in (".json", ".jsonl", ".pt"):
         try:
             fields = field_differences(_load(a, _roots(a_root)), _load(b, _roots(b_root)))
-        except (ValueError, RuntimeError, OSError, EOFError) as err:  # unreadable: compare the bytes
+        except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:  # unreadable: the bytes
             fields = [] if sha256(a) == sha256(b) else [f"the bytes ({type(err).__name__} reading it)"]
         if not fields:
             return None

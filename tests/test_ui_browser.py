@@ -336,7 +336,8 @@ def test_training_runs_page_draws_the_loss_plot_and_has_no_na_rows(webserver, br
     body = page.inner_text("body")
     assert re.search(rf"step\s+{metadata['step']}\s", body) and re.search(r"per_bucket\s", body)
     assert_no_na(page)
+    plot.scroll_into_view_if_needed()
     page.wait_for_timeout(500)
-    page.screenshot(path=str(shots / "training-run.png"), full_page=True)
+    page.screenshot(path=str(shots / "training-run.png"))
     assert (shots / "training-run.png").stat().st_size > 10_000
     update_doc_images(shots, ["training-run.png"])
