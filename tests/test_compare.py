@@ -13,6 +13,7 @@ from orchestration.cli import main as refinery
 from refinery.compare import compare_roots
 from refinery.layout import documents_key, stats_key
 from refinery.storage import LocalDataRoot
+from refinery.storage.base import sha256_file
 
 from helpers.configs import write_config
 from helpers.final_shards import config_dict
@@ -30,8 +31,12 @@ def write_demo_like_root(folder: Path, seconds: float, texts: tuple[str, ...] = 
     root.write_json(stats_key("pii_redacted", "web-00"), {"total": 2, "kept": 2, "wall_s": seconds})
     run = folder / "runs" / "demo" / "main"
     (run / "checkpoints").mkdir(parents=True)
-    torch.save({"model": {"w": torch.arange(6.0)}, "train": {"step": 3, "tokens": 384}},
+    # the Python and numpy RNG states differ run to run (the trainer seeds torch only)
+    rng = {"torch": torch.arange(4, dtype=torch.uint8), "python": [int(seconds * 10), 1], "numpy": {"pos": int(seconds)}}
+    torch.save({"model": {"w": torch.arange(6.0)}, "train": {"step": 3, "tokens": 384}, "rng": rng},
                run / "checkpoints" / "step-00000003.pt")
+    (run / "checkpoints" / "step-00000003.json").write_text(json.dumps(
+        {"step": 3, "sha256": sha256_file(run / "checkpoints" / "step-00000003.pt")}))
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "loss/total": 7.0 - s, "time/step_s": seconds * s,
                     "throughput/tokens_per_s_per_gpu": 128 / seconds}) + "\n" for s in (1, 2, 3)))
@@ -51,15 +56,16 @@ def test_two_runs_of_one_config_are_identical_apart_from_stats_and_timings(tmp_p
     assert result.same and not result.differ and not result.only_in_a and not result.only_in_b
     assert result.identical == [
         "documents/pii_redacted/web-00.parquet", "documents/pii_redacted/web-01.parquet", "manifests/main.json",
-        "runs/demo/main/checkpoints/step-00000003.pt", "runs/demo/main/metrics.jsonl", "runs/demo/main/status.json",
+        "runs/demo/main/checkpoints/step-00000003.json", "runs/demo/main/checkpoints/step-00000003.pt",
+        "runs/demo/main/metrics.jsonl", "runs/demo/main/status.json",
         "shards/final/web/shard-00000.bin"]
     assert result.set_aside == ["runs/demo/main/launch-1.log", "runs/demo/main/tensorboard/events.out.tfevents",
                                 "stats/pii_redacted/web-00.json"]
 
     assert refinery(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1:6] == ["identical: 7 file(s)", "  documents/pii_redacted/: 2", "  manifests/: 1",
-                        "  runs/demo/main/: 2", "  runs/demo/main/checkpoints/: 1"]
+    assert out[1:6] == ["identical: 8 file(s)", "  documents/pii_redacted/: 2", "  manifests/: 1",
+                        "  runs/demo/main/: 2", "  runs/demo/main/checkpoints/: 2"]
     assert "differ: 0 file(s)" in out and out[-1] == "SAME: every compared output is identical"
 
 
@@ -68,7 +74,8 @@ def test_one_changed_document_names_its_file(tmp_path, capsys):
     b = write_demo_like_root(tmp_path / "b", seconds=1.0, texts=("alpha beta", "gamma delta!"))
     (b / "manifests" / "main.json").write_text(json.dumps(
         {"phase": "main", "buckets": {"web": {"tokens": 65, "sha256": "cd"}}}))
-    torch.save({"model": {"w": torch.arange(6.0) + 1}, "train": {"step": 3, "tokens": 384}},
+    torch.save({"model": {"w": torch.arange(6.0) + 1}, "train": {"step": 3, "tokens": 384},
+                "rng": {"torch": torch.arange(4, dtype=torch.uint8) + 1}},
                b / "runs" / "demo" / "main" / "checkpoints" / "step-00000003.pt")
     (b / "shards" / "final" / "web" / "shard-00001.bin").write_bytes(b"\0")
 
@@ -79,7 +86,7 @@ def test_one_changed_document_names_its_file(tmp_path, capsys):
         "documents/pii_redacted/web-00.parquet": "bytes differ",
         "documents/pii_redacted/web-01.parquet": "bytes differ",
         "manifests/main.json": "fields differ: buckets/web/sha256, buckets/web/tokens",
-        "runs/demo/main/checkpoints/step-00000003.pt": "fields differ: model/w",
+        "runs/demo/main/checkpoints/step-00000003.pt": "fields differ: model/w, rng/torch",
     }
     assert report["only_in_b"] == ["shards/final/web/shard-00001.bin"] and report["only_in_a"] == []
     assert "runs/demo/main/metrics.jsonl" in report["identical"]
