@@ -9,7 +9,7 @@ machine) must write the same bytes. This walks both local data roots and compare
 - Training checkpoints (`.pt`) by their contents (model, optimizer, sampler state, step, tokens, torch's
   RNG), without the Python and numpy RNG states they carry (`UNSEEDED_RNG`: the trainer seeds torch
   only, so these start from OS entropy in each run and drive nothing it computes); and so a checkpoint's
-  sidecar (`checkpoints/step-N.json`) without the sha256 of the checkpoint's bytes.
+  sidecar (`checkpoints/step-N.json`) without the checkpoint file's sha256 and size.
 - Every other file (Parquet tables, token shards, models, plots) by its bytes (sha256, read in chunks).
 
 Set aside, uncompared: `stats/` (each partition's counters, which carry wall times and docs/s; the
@@ -35,7 +35,7 @@ TIMING_FIELDS = frozenset({"wall_s", "docs_per_s", "tokens_per_s", "tokens_per_s
 TIMING_PREFIXES = ("time/", "throughput/")
 ROOT_MARK = "<root>"
 UNSEEDED_RNG = ("python", "numpy")  # a checkpoint's `rng` entries that differ run to run
-CHECKPOINT_BYTES_HASH = "sha256"  # a checkpoint sidecar's hash of the checkpoint's own bytes
+CHECKPOINT_FILE_FIELDS = ("sha256", "bytes")  # a checkpoint sidecar's hash and size of the checkpoint file
 MAX_NAMED_FIELDS = 5  # differing fields named per file; the count says how many more
 
 
@@ -104,7 +104,8 @@ def _load(path: Path, roots: tuple[str, ...]) -> Any:
     if path.suffix == ".json":
         value = strip_timing(json.loads(path.read_text(encoding="utf-8")), roots)
         if path.parent.name == "checkpoints" and isinstance(value, dict):
-            value.pop(CHECKPOINT_BYTES_HASH, None)
+            for key in CHECKPOINT_FILE_FIELDS:
+                value.pop(key, None)
         return value
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as f:

@@ -36,7 +36,8 @@ def write_demo_like_root(folder: Path, seconds: float, texts: tuple[str, ...] = 
     torch.save({"model": {"w": torch.arange(6.0)}, "train": {"step": 3, "tokens": 384}, "rng": rng},
                run / "checkpoints" / "step-00000003.pt")
     (run / "checkpoints" / "step-00000003.json").write_text(json.dumps(
-        {"step": 3, "sha256": sha256_file(run / "checkpoints" / "step-00000003.pt")}))
+        {"step": 3, "sha256": sha256_file(run / "checkpoints" / "step-00000003.pt"),
+         "bytes": (run / "checkpoints" / "step-00000003.pt").stat().st_size}))
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "loss/total": 7.0 - s, "time/step_s": seconds * s,
                     "throughput/tokens_per_s_per_gpu": 128 / seconds}) + "\n" for s in (1, 2, 3)))
