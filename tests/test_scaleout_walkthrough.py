@@ -103,16 +103,18 @@ def session_processes(sid: int) -> list[int]:
     return out
 
 
-@pytest.mark.slow
-def test_the_single_host_walkthrough_runs_as_written(tmp_path):
-    script = walkthrough()
-    assert "ray stop" not in script, "the walk-through stops its own nodes only"
-    config = small_config(tmp_path / "data")
+# What Ray says when a node's raylet does not register in time: a host too busy (other jobs' load) to
+# start a node, not a fault of the walk-through; the test then runs it once more on fresh ports.
+NODE_START_TIMEOUT = "The current node timed out during startup"
+
+
+def run_walkthrough(script: str, config: Path, work: Path) -> tuple[int, str, str]:
+    """The walk-through in `work` at a free port: its exit status, output and the nodes' logs; its
+    nodes' processes are checked gone after its own `kill`, and killed by the test otherwise."""
     port = free_port_run(PORTS_USED)
     script, settings = re.subn(r"^CONFIG=\S+", f"CONFIG={config}", script, flags=re.M)
     script, ports = re.subn(r"^port=\d+", f"port={port}", script, flags=re.M)
     assert (settings, ports) == (1, 1), "the doc's two settings are where the test expects them"
-    work = tmp_path / "work"
     work.mkdir()
     env = {**node_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "DAGSTER_HOME": str(work / "dagster_home"), "REFINERY_PROGRESS": "0"}
@@ -122,12 +124,13 @@ def test_the_single_host_walkthrough_runs_as_written(tmp_path):
     try:
         out, _ = shell.communicate(timeout=WALKTHROUGH_TIMEOUT_S)
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-2000:]}" for p in work.glob("ray-*.log"))
-        assert shell.returncode == 0, out[-6000:] + logs
-        node_pids = [int((work / f"ray-{name}.pid").read_text()) for name in ("head", "worker")]
-        deadline = time.monotonic() + 60
-        while (left := session_processes(shell.pid)) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert not alive(node_pids) and not left, f"processes of the nodes left after the kill: {left}"
+        if shell.returncode == 0:
+            node_pids = [int((work / f"ray-{name}.pid").read_text()) for name in ("head", "worker")]
+            deadline = time.monotonic() + 60
+            while (left := session_processes(shell.pid)) and time.monotonic() < deadline:
+                time.sleep(1)
+            assert not alive(node_pids) and not left, f"processes of the nodes left after the kill: {left}"
+        return shell.returncode, out, logs
     finally:
         for pid in session_processes(shell.pid):
             try:
@@ -137,6 +140,17 @@ def test_the_single_host_walkthrough_runs_as_written(tmp_path):
         if shell.poll() is None:
             shell.kill()
             shell.wait()
+
+
+@pytest.mark.slow
+def test_the_single_host_walkthrough_runs_as_written(tmp_path):
+    script = walkthrough()
+    assert "ray stop" not in script, "the walk-through stops its own nodes only"
+    config = small_config(tmp_path / "data")
+    code, out, logs = run_walkthrough(script, config, tmp_path / "work")
+    if code != 0 and NODE_START_TIMEOUT in logs:
+        code, out, logs = run_walkthrough(script, config, tmp_path / "work-again")
+    assert code == 0, out[-6000:] + logs
 
     assert "SAME: every compared output is identical" in out, out[-6000:]
     compared = out[out.index("comparing "):]
