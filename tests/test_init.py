@@ -263,4 +263,3 @@ def test_init_lists_every_language_it_found_and_says_what_it_left_out(tmp_path, 
                       for s in raw["sources"]]
     config.write_text(yaml.safe_dump(raw))
     assert load_config(config).sources[-1].rules_off == ["c4/curly_bracket"]
-
