@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/demo.yaml
+PORT ?= 3000
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 INSTANCES := $(DAGSTER_HOME)
 
@@ -40,7 +41,7 @@ test-fast: $(STAMP)
 ui: override export DAGSTER_HOME = $(shell $(BIN)/python -m orchestration.instance $(CONFIG) $(INSTANCES))
 ui: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
-	REFINERY_CONFIG=$(CONFIG) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	REFINERY_CONFIG=$(CONFIG) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
 
 clean:
 	rm -rf out .dagster_home

@@ -172,7 +172,7 @@ def batch_stage_asset(
     fanned out over `partitions.workers`; one run may cover many batches (the batch backfill
     policy). `version` is the asset's code version: `code_version` of the modules it runs.
     `check_input(cfg)` may refuse the run before any file is read; `documents_out=False` (a step that
-    writes no document table) reports its bytes and sample rows as n/a."""
+    writes no document table) records no bytes or sample rows."""
 
     @dg.asset(
         name=name,

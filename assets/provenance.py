@@ -2,9 +2,10 @@
 
 `provenance_metadata` is the one function that turns what an asset did into metadata: every one of
 the 20 assets carries the same `PROVENANCE_KEYS` (counts in and out, retention, bytes, wall time,
-config, code version, content hashes, sample rows). Where an asset has no such thing (a tokenizer
-has no sample rows, a manifest no bytes in) the value is the explicit text "n/a", never a missing
-key, so every asset page reads the same way and a test can hold them to it.
+config, code version, content hashes, sample rows), under the same names and in the same order.
+Where an asset has no such thing (a tokenizer has no sample rows, a manifest no bytes in, a training
+phase no documents in and out) the key is left out rather than shown as a row of "n/a"; every asset
+has `ALWAYS_KEYS`, and a document stage all of them, which the tests hold it to.
 """
 
 from __future__ import annotations
@@ -24,16 +25,20 @@ import polars as pl
 
 from refinery.config.training import LAUNCH_FIELDS
 from refinery.stages.stats import StageStats
+from refinery.storage.base import atomic_path
 
 SAMPLE_ROWS = 3
 SAMPLE_CHARS = 160
 TOP_REASONS = 10
-NOT_APPLICABLE = "n/a"
+# The asset page draws a markdown value in place below this length (dagster-webserver's MetadataEntry).
+MARKDOWN_INLINE_CHARS = 1000
+PLOTS_LOG_FOLDER = "refinery_plots"  # beside the instance's compute logs, where `/logs/` serves plots from
 
 PROVENANCE_KEYS = (
     "docs_in", "docs_out", "retention", "bytes_in", "bytes_out", "byte_retention", "removed_by_rule", "counters",
     "wall_s", "docs_per_s", "config", "code_version", "content_hashes", "sample_rows",
 )
+ALWAYS_KEYS = ("wall_s", "config", "code_version", "content_hashes")  # every asset has these
 
 
 def module_sources(module: ModuleType) -> list[str]:
@@ -118,7 +123,7 @@ def output_data_version(content_hashes: dict[str, str]) -> str:
 @dataclass
 class Provenance:
     """What one materialization did. A field left None is one the asset has no such thing for, and
-    shows as "n/a"; `retention` and `byte_retention` default to out / in when both counts are known."""
+    has no metadata row; `retention` and `byte_retention` default to out / in when both counts are known."""
 
     code_version: str
     config: dict[str, Any] | None
@@ -156,24 +161,24 @@ def _ratio(given: float | None, out: int | None, into: int | None) -> float | No
     return out / into if into else 1.0
 
 
-def _int(value: int | None) -> dg.MetadataValue:
-    return dg.MetadataValue.int(int(value)) if value is not None else dg.MetadataValue.text(NOT_APPLICABLE)
+def _int(value: int | None) -> dg.MetadataValue | None:
+    return dg.MetadataValue.int(int(value)) if value is not None else None
 
 
-def _float(value: float | None, digits: int) -> dg.MetadataValue:
-    return dg.MetadataValue.float(round(value, digits)) if value is not None else dg.MetadataValue.text(NOT_APPLICABLE)
+def _float(value: float | None, digits: int) -> dg.MetadataValue | None:
+    return dg.MetadataValue.float(round(value, digits)) if value is not None else None
 
 
-def _json(value: dict | None) -> dg.MetadataValue:
-    return dg.MetadataValue.json(value) if value is not None else dg.MetadataValue.text(NOT_APPLICABLE)
+def _json(value: dict | None) -> dg.MetadataValue | None:
+    return dg.MetadataValue.json(value) if value is not None else None
 
 
 def provenance_metadata(p: Provenance) -> dict[str, dg.MetadataValue]:
-    """The metadata keys every asset shares (`PROVENANCE_KEYS`, in that order)."""
+    """The metadata keys every asset shares (`PROVENANCE_KEYS`, in that order), less those it has no
+    such thing for (`ALWAYS_KEYS` are always there)."""
     docs_per_s = None if p.docs_in is None else (p.docs_in / p.wall_s if p.wall_s > 0 else 0.0)
-    sample = (dg.MetadataValue.md(sample_rows_markdown(p.sample, p.text_column)) if p.sample is not None
-              else dg.MetadataValue.text(NOT_APPLICABLE))
-    return {
+    sample = dg.MetadataValue.md(sample_rows_markdown(p.sample, p.text_column)) if p.sample is not None else None
+    values = {
         "docs_in": _int(p.docs_in),
         "docs_out": _int(p.docs_out),
         "retention": _float(_ratio(p.retention, p.docs_out, p.docs_in), 6),
@@ -189,6 +194,7 @@ def provenance_metadata(p: Provenance) -> dict[str, dg.MetadataValue]:
         "content_hashes": dg.MetadataValue.json(p.content_hashes),
         "sample_rows": sample,
     }
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def sample_rows_markdown(df: pl.DataFrame, text_column: str = "text") -> str:
@@ -202,5 +208,32 @@ def sample_rows_markdown(df: pl.DataFrame, text_column: str = "text") -> str:
 
 
 def image_markdown(png: bytes, alt: str, caption: str) -> dg.MetadataValue:
-    """A PNG shown inline on the asset's metadata page (a data URI in markdown), with a caption."""
-    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
+    """A PNG with a caption, as markdown the asset page draws in place. The page shows a markdown
+    value inline only under MARKDOWN_INLINE_CHARS (a longer one hides behind "[Show Markdown]"), and
+    a PNG as a data URI is far longer; so, in a run of an instance that keeps its compute logs on
+    this machine (`make ui`, `refinery demo`), the PNG is stored beside those logs under its sha256
+    and the markdown names it by the webserver's `/logs/` route, which serves that folder. Elsewhere
+    (an ephemeral instance, logs kept in the cloud, no run in scope) the PNG travels as a data URI."""
+    url = _served_plot_url(png)
+    if url is None:
+        return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})\n\n{caption}")
+    room = MARKDOWN_INLINE_CHARS - len(f"![{alt}]({url})\n\n") - 1
+    return dg.MetadataValue.md(f"![{alt}]({url})\n\n{caption if len(caption) <= room else caption[:room - 1] + '…'}")
+
+
+def _served_plot_url(png: bytes) -> str | None:
+    """Where the webserver serves `png` from, once it is written beside the instance's compute logs."""
+    from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
+
+    try:
+        manager = dg.OpExecutionContext.get().instance.compute_log_manager
+    except dg.DagsterInvariantViolationError:  # not inside a run
+        return None
+    if type(manager) is not LocalComputeLogManager:
+        return None
+    name = hashlib.sha256(png).hexdigest()
+    path = Path(manager.get_captured_local_path([PLOTS_LOG_FOLDER, name], "png"))
+    if not path.is_file():
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(png)
+    return f"/logs/{PLOTS_LOG_FOLDER}/{name}/png"

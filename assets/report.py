@@ -30,7 +30,7 @@ def report_funnel(version: str):
         totals = {k: v for k, v in fr.load_stage_totals(root).items() if k in fr.FUNNEL_ORDER}
         if not totals:
             raise dg.Failure(f"no funnel stats under {root.display(STATS_PREFIX)}; materialize the funnel first")
-        report = fr.build_report(totals, fr.target_tokens(cfg), fr.DEFAULT_BYTES_PER_TOKEN)
+        report = fr.build_report(totals, fr.target_tokens(cfg), fr.bytes_per_token(None, []))
         report["languages"] = fr.language_retention(root)
         first, last = report["stages"][0], report["stages"][-1]
         title = f"corpus funnel: {first['docs_in']:,} records to {last['docs_out']:,} documents"
@@ -47,9 +47,8 @@ def report_funnel(version: str):
             removed_by_rule=dict(removed.most_common(TOP_REASONS)),
         )
         return StepResult(provenance, {
-            # one entry, so the chart and the table open together
-            "funnel": image_markdown(png, title, f"documents left after each stage (`{root.display(FUNNEL_CHART_KEY)}`), "
-                                                 f"and `refinery funnel`:\n\n```\n{fr.format_report(report)}\n```"),
+            "funnel": image_markdown(png, title, f"documents left after each stage (`{root.display(FUNNEL_CHART_KEY)}`)"),
+            "funnel_table": dg.MetadataValue.md(f"`refinery funnel`:\n\n```\n{fr.format_report(report)}\n```"),
             "stages": dg.MetadataValue.int(len(totals)),
             "records_in": dg.MetadataValue.int(first["docs_in"]),
             "target_tokens": dg.MetadataValue.int(budget["target_tokens"]),

@@ -138,9 +138,9 @@ def training_curves(run_dir: Path, phase: str) -> dict[str, Any]:
     return {
         "loss_plot": image_markdown(loss_by_bucket_png(records, title), title,
                                     f"`loss/<bucket>` from `{run_dir / 'metrics.jsonl'}`; dashed: the total"),
-        "data_wait_share": dg.MetadataValue.float(round(share, 6)) if share is not None else dg.MetadataValue.text("n/a"),
         "data_wait_s": dg.MetadataValue.float(round(sum(r.get("time/data_wait_s", 0.0) for r in records), 3)),
         "step_s": dg.MetadataValue.float(round(sum(r.get("time/step_s", 0.0) for r in records), 3)),
+        **({"data_wait_share": dg.MetadataValue.float(round(share, 6))} if share is not None else {}),
     }
 
 
@@ -161,7 +161,7 @@ def launches_metadata(training, checkpoints: list[str], nodes: list[str]) -> dic
 def throughput_metadata(cfg: RefineryConfig, root: DataRoot, status: dict[str, Any]) -> dict[str, Any]:
     """What the launch achieved per GPU, against the throughput contract when `training.cluster` states one."""
     achieved = status.get("tokens_per_s_per_gpu")
-    out: dict[str, Any] = {"tokens_per_s_per_gpu": dg.MetadataValue.float(round(achieved, 1)) if achieved else "n/a"}
+    out: dict[str, Any] = {"tokens_per_s_per_gpu": dg.MetadataValue.float(round(achieved, 1))} if achieved else {}
     cluster = cfg.training.cluster
     if cluster is not None and cfg.curriculum is not None:
         contract = throughput_contract(cfg.curriculum.total_tokens, cluster.gpus, cluster.days, root, list(cfg.buckets))

@@ -25,6 +25,7 @@ COMMAND_MODULES = {
     "why": "refinery.why",
     "validate": "refinery.validate",
     "init": "refinery.init",
+    "compare": "refinery.compare",
     "train": "training.cli",
 }
 
@@ -43,6 +44,7 @@ examples:
   refinery funnel --config my.yaml                   # retention per stage after a run
   refinery why --config my.yaml https://a.example/x  # which stage removed that page, and why
   refinery validate --config my.yaml                 # the curriculum contract, before training
+  refinery compare out/local out/ray                 # which outputs of two runs differ
 
 `refinery COMMAND --help` describes each command. Exit status: 0 success, 1 a failed check,
 2 a config or input problem (nothing was run), 3 training halted, 4 a step of the graph failed or

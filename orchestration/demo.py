@@ -207,7 +207,7 @@ def demo_summary(config_path: str) -> str:
     per-phase, per-bucket training tokens and loss."""
     from refinery.config import load_config
     from refinery.curriculum import validate_data_root
-    from refinery.funnel_report import DEFAULT_BYTES_PER_TOKEN, build_report, format_report, load_stage_totals
+    from refinery.funnel_report import build_report, bytes_per_token, format_report, load_stage_totals
     from refinery.storage import open_data_root
     from refinery.validate import render_text
     from training.cli import format_table
@@ -218,7 +218,7 @@ def demo_summary(config_path: str) -> str:
     root = open_data_root(cfg.resolve(cfg.data_root))
     phases = phase_names(cfg)
     out = ["== Funnel (refinery funnel)", format_report(build_report(
-        load_stage_totals(root), cfg.curriculum.total_tokens, DEFAULT_BYTES_PER_TOKEN))]
+        load_stage_totals(root), cfg.curriculum.total_tokens, bytes_per_token(root, list(cfg.buckets))))]
     out += ["", "== Curriculum contract (refinery validate)", render_text(validate_data_root(cfg, root)[0])]
     out += ["", "== Contamination scans"]
     out += [scan_summary(root, phase) for phase in phases]
@@ -279,7 +279,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"refinery demo: {busy}", file=sys.stderr)
             return STEP_FAILED
     print(demo_summary(args.config))
-    print("\nOpen the UI on these runs with `make ui` (http://127.0.0.1:3000).")
+    print(f"\nOpen the UI on these runs with `make ui CONFIG={args.config}` (http://127.0.0.1:3000; PORT=N for another).")
     return 0
 
 

@@ -3,8 +3,11 @@ raw-input budget that retention implies.
 
 Stages are whatever folders exist under `stats/` in the data root, in funnel order (FUNNEL_ORDER;
 stages it does not name come last, alphabetically), each the merge of its partitions' stats files.
-The budget is seed 002's `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes per token, and r_j
-each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect.
+The budget is `B0 = N * b_t / prod(r_j)`: N target tokens, b_t bytes of clean text per token, and
+r_j each stage's byte retention (bytes out / bytes in), so B0 is the raw input bytes to collect for N
+tokens. b_t is measured once the corpus is tokenized (text bytes tokenized over the tokens in the
+final shards); before that it is `refinery init`'s estimate, the demo tokenizer's figure; the report
+says which (`bytes_per_token_source`).
 
 The bytes a stage loses are shown two ways: `bytes_dropped`, the text of the documents it removed,
 and `bytes_rewritten`, what it took out of the documents it kept (HTML markup at extraction, C4's
@@ -55,7 +58,6 @@ FUNNEL_ORDER = (
     "pii_redacted",
 )
 DEFAULT_TARGET_TOKENS = 1_000_000_000
-DEFAULT_BYTES_PER_TOKEN = 4.0  # b_t: raw bytes per token, a typical BPE figure for English web text
 TOP_REASONS = 5
 LANGUAGE_STAGE = "language_filtered"
 LANGUAGE_INPUT = "extracted_text"
@@ -249,8 +251,26 @@ def _ratio(out: int, inp: int) -> float:
     return out / inp if inp else 1.0
 
 
-def build_report(totals: dict[str, StageTotals], target_tokens: int, bytes_per_token: float) -> dict[str, Any]:
-    """The funnel as a plain dict: per-stage rows, per-bucket rows, overall retention and budget."""
+def bytes_per_token(root: DataRoot | None, buckets: list[str], given: float | None = None) -> tuple[float, str]:
+    """b_t for the budget, and which figure it is: the one given, the corpus's measured one under
+    `root`, or the estimate (always, with no root: the `funnel_report` asset runs before tokenization,
+    and its report must not change with what ran after it)."""
+    from refinery.init import DEMO_BYTES_PER_TOKEN
+    from refinery.throughput import measured_bytes_per_token
+
+    if given is not None:
+        return given, "as given (--bytes-per-token)"
+    measured = measured_bytes_per_token(root, buckets) if root is not None else None
+    if measured is not None:
+        return measured, "measured: text bytes tokenized per token in the final shards"
+    return DEMO_BYTES_PER_TOKEN, ("estimate: the demo tokenizer's, as `refinery init` plans with (no token shards "
+                                  "to measure yet)")
+
+
+def build_report(totals: dict[str, StageTotals], target_tokens: int, b_t: tuple[float, str]) -> dict[str, Any]:
+    """The funnel as a plain dict: per-stage rows, per-bucket rows, overall retention and budget at
+    `b_t` (bytes per token, and which figure that is: `bytes_per_token`)."""
+    bytes_per_token, bytes_per_token_source = b_t
     stages = []
     doc_product = byte_product = 1.0
     buckets: dict[str, dict[str, Any]] = {}
@@ -298,6 +318,7 @@ def build_report(totals: dict[str, StageTotals], target_tokens: int, bytes_per_t
         "budget": {
             "target_tokens": target_tokens,
             "bytes_per_token": bytes_per_token,
+            "bytes_per_token_source": bytes_per_token_source,
             "byte_retention": round(byte_product, 6),
             "raw_input_bytes": _budget(target_tokens, bytes_per_token, byte_product),
             "formula": "B0 = N * b_t / prod(r_j)",
@@ -355,7 +376,9 @@ def format_report(report: dict[str, Any]) -> str:
               "bytes kept"]
     out = ["Funnel", _table(header, rows),
            "dropped: bytes of the documents a stage removed; rewritten: bytes it cut from the documents it kept "
-           "(negative where it added some)"]
+           "(negative where it added some)",
+           "parts: the partitions the stage wrote (input files; hash ranges for exact_deduped, LSH bands for "
+           "near_deduped); kept: docs out / docs in; bytes kept: bytes out / bytes in"]
     reasons = [
         f"  {s['stage']}: " + ", ".join(f"{r} {n:,}" for r, n in s["top_reasons"].items())
         for s in report["stages"]
@@ -371,16 +394,21 @@ def format_report(report: dict[str, Any]) -> str:
         for bucket, b in report["buckets"].items()
     ]
     if bucket_rows:
-        out += ["", "Per bucket (documents kept per stage; raw bytes per output token)"]
-        out.append(_table(["bucket", *stage_names, "docs", "bytes", "raw/token"], bucket_rows))
+        out += ["", "Per bucket"]
+        out.append(_table(["bucket", *stage_names, "docs kept", "bytes kept", "raw bytes/token"], bucket_rows))
+        out.append("a stage's column: the share of the bucket's documents it kept; docs kept, bytes kept: the "
+                   "share through every stage; raw bytes/token: raw input to collect per clean token (b_t / bytes kept)")
     o, bud = report["overall"], report["budget"]
     if report.get("languages"):
         out += ["", format_language_retention(report["languages"])]
     out += [
         "",
         f"Overall: {o['retention']:.2%} of documents and {o['byte_retention']:.3%} of bytes survive.",
-        f"Budget: {bud['formula']} with N = {bud['target_tokens']:,} tokens, b_t = {bud['bytes_per_token']:g} "
+        f"Budget: {bud['formula']} with N = {bud['target_tokens']:,} tokens, b_t = {bud['bytes_per_token']:.3g} "
         f"bytes/token, prod(r_j) = {bud['byte_retention']:.4g} -> collect {_human_bytes(bud['raw_input_bytes'])} of raw input.",
+        "  B0: the raw input bytes to collect; N: the tokens to train on (the curriculum's total_tokens); b_t: bytes "
+        f"of clean text per token ({bud['bytes_per_token_source']}); prod(r_j): the product of every stage's bytes "
+        "kept, the share of raw bytes that survives the funnel",
     ]
     return "\n".join(out)
 
@@ -496,7 +524,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    report = build_report(totals, target_tokens(cfg, args.target_tokens), args.bytes_per_token)
+    report = build_report(totals, target_tokens(cfg, args.target_tokens),
+                          bytes_per_token(root, list(cfg.buckets), args.bytes_per_token))
     report["languages"] = language_retention(root)
     report["quality"] = quality_classifier_report(root, totals)
     text = format_report(report) + ("" if report["quality"] is None else "\n\n" + format_quality(report["quality"]))
@@ -561,8 +590,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "funnel",
         help="retention per funnel stage, bucket and language, and the raw-input budget it implies",
         description="Retention of every materialized funnel stage (documents and bytes in and out), overall, per "
-                    "bucket and per language (from language ID on), the top removal reasons, and seed 002's raw-input budget B0 = N * b_t / prod(r_j): the "
-                    "raw bytes to collect for N clean tokens at this retention. With --explain, every heuristic rule "
+                    "bucket and per language (from language ID on), the top removal reasons, and the raw-input budget B0 = N * b_t / prod(r_j): the "
+                    "raw bytes to collect for N clean tokens at this retention, at b_t bytes per token (measured from the "
+                    "token shards, else the demo tokenizer's estimate). With --explain, every heuristic rule "
                     "and custom filter one document fails, with the measured value and the threshold. It reads what "
                     "the graph wrote under the data root; materialize the funnel first (`refinery demo --config C`).",
         epilog="examples:\n  refinery funnel --config configs/demo.yaml\n"
@@ -577,8 +607,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"N in the budget (default: curriculum.total_tokens, else {DEFAULT_TARGET_TOKENS:,})",
     )
-    p.add_argument("--bytes-per-token", type=_positive(float), default=DEFAULT_BYTES_PER_TOKEN,
-                   help=f"b_t in the budget (default {DEFAULT_BYTES_PER_TOKEN:g})")
+    p.add_argument("--bytes-per-token", type=_positive(float), default=None,
+                   help="b_t in the budget (default: measured from the token shards, else the demo tokenizer's estimate)")
     p.add_argument("--explain", metavar="URL_OR_DOC_ID", default=None,
                    help="list every heuristic rule and custom filter that document fails, with its value and threshold")
     p.set_defaults(func=run, needs=READ_ONLY)

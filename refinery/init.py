@@ -48,13 +48,15 @@ ROOT_BUCKET = "web"
 OUTSIDE_NOTE = " (a symlink out of this folder)"
 UNREADABLE_NOTE = " (not a regular file: {kind})"
 # A language goes into stages.language.languages when at least MIN_LANGUAGE_DOCS sampled documents are in it
-# and it is at least MIN_LANGUAGE_SHARE of the whole sample or SOURCE_LANGUAGE_SHARE of one source's sample.
+# and it is at least MIN_LANGUAGE_SHARE of the whole sample, or, in one source's sample or one sampled file,
+# the main language (most documents) or at least PART_LANGUAGE_SHARE of them (`keeps_language`).
 # A language a folder or file is largely in is one the user put there, however small that source is
-# (the 4 English man pages among 564); a few pages of another language inside a source are what a crawl
-# picks up along the way, and fewer than MIN_LANGUAGE_DOCS are usually pages language ID got wrong.
+# (the 4 English man pages among 564, one Japanese file among Russian ones); a few pages of another language
+# inside a source are what a crawl picks up along the way, and fewer than MIN_LANGUAGE_DOCS are usually
+# pages language ID got wrong.
 MIN_LANGUAGE_DOCS = 3
 MIN_LANGUAGE_SHARE = 0.1
-SOURCE_LANGUAGE_SHARE = 0.25
+PART_LANGUAGE_SHARE = 0.25
 # A rule that removes at least this share of a source's sampled documents is named beside the source.
 MOST_OF_SAMPLE = 0.5
 UNWANTED_LANGUAGE = "language/unwanted_language"
@@ -104,6 +106,7 @@ class Found:
     # (language or None, the rule that removed the record or None) -> sampled records: every record the
     # sampled files hold, so the removals under any choice of languages follow (`removed_by_rule`).
     outcomes: Counter = field(default_factory=Counter)
+    file_languages: list[Counter] = field(default_factory=list)  # per sampled file: language -> documents
     clean_bytes_by_language: Counter = field(default_factory=Counter)
 
     @property
@@ -140,12 +143,25 @@ class Found:
 
 
 def _glob_name(path: str, fmt: str) -> str:
-    """Files of one extension share a source (`*.jsonl.gz`); a dataset is a source of its own."""
+    """Files of one extension share a source (`*.jsonl`), compressed or not (`_merge_compressed` makes
+    the glob `*.jsonl*` when both are there); a dataset is a source of its own."""
     name = os.path.basename(path)
     if fmt == "hf_dataset":
         return glob.escape(name)
     ext = next(e for e in EXTENSIONS[fmt] if name.lower().endswith(e))
+    if ext.endswith(".gz"):
+        ext = ext[:-3]
+        name = name[:-3]
     return "*" + glob.escape(name[len(name) - len(ext):])
+
+
+def _merge_compressed(src: Found) -> None:
+    """A source's glob for its files as they are: `*.jsonl.gz` when all are compressed, `*.jsonl`
+    when none is, and `*.jsonl*` when the folder holds both (the readers tell gzip by its magic bytes)."""
+    if src.fmt == "hf_dataset":
+        return
+    gz = {p.lower().endswith(".gz") for p in src.paths}
+    src.glob_name += src.paths[0][-3:] if gz == {True} else "*" if gz == {True, False} else ""
 
 
 def bucket_name(folder: str) -> str:
@@ -209,6 +225,8 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
         top_level_dir = os.path.isdir(path) and detect_format(path) is None
         visit(path, bucket_name(name) if top_level_dir else ROOT_BUCKET)
     sources = list(found.values())
+    for src in sources:
+        _merge_compressed(src)
     _name_sources(sources)
     return sources, ignored
 
@@ -220,7 +238,7 @@ def folder_and_format(src: Found) -> str:
     if src.fmt == "hf_dataset":
         where.append(os.path.basename(src.paths[0]) + "_hf_dataset")  # a dataset is one folder: its own source
     else:
-        where.append(src.glob_name.removeprefix("*"))
+        where.append(src.glob_name.strip("*"))
     return bucket_name("_".join(where))
 
 
@@ -374,6 +392,7 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
             kept = docs
         langs = docs["language"].to_list() if "language" in docs.columns else [None] * docs.height
         src.outcomes.update(zip(langs, (removed_by.get(d) for d in docs["doc_id"].to_list())))
+        src.file_languages.append(Counter(lang for lang in langs if lang is not None))
         src.sampled += 1
         src.sample_bytes += _size(path)
         kept_langs = kept["language"].to_list() if "language" in kept.columns else [None] * kept.height
@@ -408,8 +427,8 @@ class LanguageChoice:
             elif n < MIN_LANGUAGE_DOCS:
                 verdict = f"LEFT OUT: fewer than {MIN_LANGUAGE_DOCS} documents"
             else:
-                verdict = (f"LEFT OUT: under {MIN_LANGUAGE_SHARE:.0%} of the sample, under "
-                           f"{SOURCE_LANGUAGE_SHARE:.0%} of any source's")
+                verdict = (f"LEFT OUT: under {MIN_LANGUAGE_SHARE:.0%} of the sample; no source's or file's "
+                           f"main language or {PART_LANGUAGE_SHARE:.0%} of it")
             out.append(f"  {lang:<6}{n:>7,} {n / total:>6.1%}  {self.clean[lang]:>6,} clean after the heuristics  {verdict}")
         return out
 
@@ -418,9 +437,12 @@ def most_first(counts: Counter) -> list[str]:
     return sorted(counts, key=lambda key: (-counts[key], key))
 
 
-def keeps_language(n: int, share: float, source_share: float) -> bool:
-    """The rule init keeps a language by: MIN_LANGUAGE_DOCS, MIN_LANGUAGE_SHARE, SOURCE_LANGUAGE_SHARE."""
-    return n >= MIN_LANGUAGE_DOCS and (share >= MIN_LANGUAGE_SHARE or source_share >= SOURCE_LANGUAGE_SHARE)
+def keeps_language(n: int, share: float, part_share: float, main_of_a_part: bool) -> bool:
+    """The rule init keeps a language by: at least MIN_LANGUAGE_DOCS sampled documents, and
+    MIN_LANGUAGE_SHARE of the whole sample, or PART_LANGUAGE_SHARE of one source's sample or one sampled
+    file's (`part_share`, the largest), or the main language of one of them."""
+    return n >= MIN_LANGUAGE_DOCS and (share >= MIN_LANGUAGE_SHARE or part_share >= PART_LANGUAGE_SHARE
+                                       or main_of_a_part)
 
 
 def choose_languages(sources: list[Found]) -> LanguageChoice:
@@ -428,17 +450,21 @@ def choose_languages(sources: list[Found]) -> LanguageChoice:
     documents first (English when the sample names none)."""
     found: Counter = Counter()
     clean: Counter = Counter()
-    source_share: dict[str, float] = {}
+    part_share: dict[str, float] = {}
+    main_of_a_part: set[str] = set()
     for s in sources:
         for (lang, rule), n in s.outcomes.items():
             if lang is not None:
                 found[lang] += n
                 clean[lang] += n if rule is None else 0
-        in_source = s.languages
-        for lang, n in in_source.items():
-            source_share[lang] = max(source_share.get(lang, 0.0), n / sum(in_source.values()))
+        for part in [s.languages, *s.file_languages]:  # the source's sample, then each sampled file
+            if part:
+                main_of_a_part.add(most_first(part)[0])
+            for lang, n in part.items():
+                part_share[lang] = max(part_share.get(lang, 0.0), n / sum(part.values()))
     total = sum(found.values())
-    kept = [lang for lang in most_first(found) if keeps_language(found[lang], found[lang] / total, source_share[lang])]
+    kept = [lang for lang in most_first(found)
+            if keeps_language(found[lang], found[lang] / total, part_share[lang], lang in main_of_a_part)]
     return LanguageChoice(found, clean, kept or ["en"])
 
 
@@ -596,7 +622,7 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
         "  language:",
         *(f"    # {line}" for line in choice.lines()),
         f"    # Kept: a language of at least {MIN_LANGUAGE_DOCS} sampled documents that is {MIN_LANGUAGE_SHARE:.0%} "
-        f"of them or {SOURCE_LANGUAGE_SHARE:.0%} of one source's:",
+        f"of them, or the main language or {PART_LANGUAGE_SHARE:.0%} of one source's or sampled file's:",
         "    # a source largely in a language was put there for it; a few pages of another language inside a",
         f"    # source are what a crawl picks up, and fewer than {MIN_LANGUAGE_DOCS} are usually language ID's "
         "mistakes. Add a",
@@ -647,7 +673,8 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
         "",
         "training:",
         f"  micro_batch_size: {MICRO_BATCH_SIZE}",
-        "  run_dir: runs/main  # relative to data_root",
+        "  # relative to data_root; each phase trains in a folder of its own, runs/curriculum/<phase>",
+        "  run_dir: runs/curriculum",
         "",
         "# Eval sets to scan every phase's documents for (word 13-grams) before it trains:",
         "# contamination: {eval_sets: [{name: my_eval, path: evals/my_eval.jsonl}]}",

@@ -74,6 +74,15 @@ def bucket_rows(contract: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return ["bucket", "demand", "inventory", "max_epochs", "epochs", "shortfall"], rows
 
 
+# One line under each table of `render_text`, naming what its columns that do not say it themselves hold.
+PHASE_LEGEND = ("blend: tokens at the start of the phase over which the mixture moves from the previous phase's "
+                "weights to its own; quality: the top share of each bucket by quality score the phase reads (- every "
+                "document); each bucket's column: the tokens the phase reads from it")
+BUCKET_LEGEND = ("demand: tokens the whole curriculum reads from the bucket; inventory: its tokens in the final shards "
+                 "times max_epochs (the passes allowed over it); epochs: the passes the demand makes; shortfall: "
+                 "demand beyond inventory")
+
+
 def summary_lines(contract: dict[str, Any]) -> list[str]:
     a = contract["attention"]
     longest = max(p["seq_len"] for p in contract["phases"])
@@ -122,8 +131,8 @@ def render_text(report: ValidationReport) -> str:
             f"curriculum: {len(c['phases'])} phases, {c['schedule_tokens']:,} tokens "
             f"(total_tokens {c['total_tokens']:,}, temperature {c['temperature']:g})"
         )
-        lines += ["", *text_table(*phase_rows(c)), "", *text_table(*bucket_rows(c)), "", *summary_lines(c),
-                  *order_lines(c), *quality_cut_lines(c)]
+        lines += ["", *text_table(*phase_rows(c)), PHASE_LEGEND, "", *text_table(*bucket_rows(c)), BUCKET_LEGEND, "",
+                  *summary_lines(c), *order_lines(c), *quality_cut_lines(c)]
     for w in report.warnings:
         lines.append(f"warning: {w}")
     for e in report.errors:

@@ -18,7 +18,8 @@ from refinery.storage import LocalDataRoot
 from helpers.configs import write_config
 from helpers.final_shards import config_dict
 
-COMMANDS = ["demo", "scan", "lineage", "funnel", "why", "validate", "init", "train"]
+COMMANDS = ["demo", "scan", "lineage", "funnel", "why", "validate", "init", "compare", "train"]
+TWO_ROOTS = {"compare"}  # takes two data roots (or their configs) instead of --config
 
 
 def help_text(capsys, *argv: str) -> str:
@@ -55,7 +56,7 @@ def test_every_command_has_a_paragraph_an_example_and_config(capsys, command):
     assert len(" ".join(description.split())) > 250 and description.rstrip().endswith("."), description
     epilog = text.split("\nexample")[-1]
     assert epilog != text and f"\n  refinery {command} " in epilog
-    assert "--config CONFIG" in text
+    assert ("ROOT_A ROOT_B" if command in TWO_ROOTS else "--config CONFIG") in text
     assert all(len(line) <= 120 for line in text.splitlines()), "prose wraps; only example lines run long"
 
 

@@ -64,3 +64,25 @@ def _spec(name: str):
     import dagster as dg
 
     return dg.AssetSpec(name, code_version="code")
+
+
+def test_the_readmes_asset_groups_are_the_ones_the_ui_shows():
+    """README.md's graph table lists each group of the demo's definitions once, with exactly its assets
+    (a backticked name in a row that is an asset's name)."""
+    import re
+
+    from orchestration.definitions import build_definitions
+
+    graph = build_definitions(str(REPO / "configs" / "demo.yaml")).resolve_asset_graph()
+    groups: dict[str, set[str]] = {}
+    for key in graph.get_all_asset_keys():
+        groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
+    assets = set().union(*groups.values())
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| group | assets |"):].split("\n\n")[0].splitlines()[2:]
+    listed = {}
+    for row in table:
+        group, cell = (c.strip() for c in row.strip("|").split("|", 1))
+        assert group not in listed, f"README lists group {group} twice"
+        listed[group] = set(re.findall(r"`([a-z_]+)`", cell)) & assets
+    assert listed == groups

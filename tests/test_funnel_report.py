@@ -7,6 +7,7 @@ import yaml
 
 from orchestration.cli import main
 from refinery.funnel_report import stage_order
+from refinery.init import DEMO_BYTES_PER_TOKEN
 from refinery.storage import LocalDataRoot
 
 from helpers.funnel_stats import stats, write_funnel_config
@@ -49,14 +50,16 @@ def test_json_report_orders_stages_and_merges_partitions(materialized, capsys):
     byte_product = (1_000_000 / 1_100_000) * (190_000 / 1_000_000) * (145_000 / 190_000) * 1.0 * 1.0
     assert report["overall"]["byte_retention"] == pytest.approx(byte_product, abs=1e-6)
     budget = report["budget"]
-    assert budget["target_tokens"] == 1_000_000 and budget["bytes_per_token"] == 4.0
-    assert budget["raw_input_bytes"] == pytest.approx(1_000_000 * 4 / byte_product)
+    # no token shards to measure b_t from: init's estimate, said to be one
+    assert budget["target_tokens"] == 1_000_000 and budget["bytes_per_token"] == DEMO_BYTES_PER_TOKEN
+    assert budget["bytes_per_token_source"].startswith("estimate: the demo tokenizer's")
+    assert budget["raw_input_bytes"] == pytest.approx(1_000_000 * DEMO_BYTES_PER_TOKEN / byte_product)
 
     web = report["buckets"]["web"]
     assert web["stages"]["heuristic_filtered"]["retention"] == 0.5
     assert web["retention"] == pytest.approx(50 / 60 * 0.5)
     assert web["byte_retention"] == pytest.approx(0.9 * 0.1 * 0.5)
-    assert web["raw_bytes_per_token"] == pytest.approx(4 / (0.9 * 0.1 * 0.5), rel=1e-5)
+    assert web["raw_bytes_per_token"] == pytest.approx(DEMO_BYTES_PER_TOKEN / (0.9 * 0.1 * 0.5), rel=1e-5)
     assert report["buckets"]["code"]["retention"] == 1.0
 
 
@@ -66,7 +69,26 @@ def test_table_report_for_people(materialized, capsys):
     assert out.index("raw_documents") < out.index("extracted_text") < out.index("some_new_stage")
     assert "gopher_quality/min_words 20" in out
     assert "b_t = 3.5" in out and "N = 1,000,000,000 tokens" in out
+    assert "b_t: bytes of clean text per token (as given (--bytes-per-token))" in out
     assert "Per bucket" in out and "code" in out
+    # every column of every table has a legend line
+    for column in ("parts:", "kept:", "bytes kept:", "dropped:", "rewritten:", "docs kept, bytes kept:",
+                   "raw bytes/token:", "B0:", "prod(r_j):"):
+        assert column in out, column
+    assert "seed 0" not in out
+
+
+def test_b_t_is_measured_from_the_token_shards_once_they_exist(tmp_path):
+    from refinery.funnel_report import bytes_per_token
+    from refinery.layout import final_index_key
+    from refinery.stages.stats import StageStats
+
+    root = LocalDataRoot(tmp_path)
+    assert bytes_per_token(root, ["web"])[0] == DEMO_BYTES_PER_TOKEN
+    root.write_json("stats/tokenized_shards/web-00.json", StageStats(stage="tokenized_shards", bytes_in=3_700).to_dict())
+    root.write_json(final_index_key("web"), {"tokens": 1_000})
+    assert bytes_per_token(root, ["web"]) == (3.7, "measured: text bytes tokenized per token in the final shards")
+    assert bytes_per_token(None, ["web"])[0] == DEMO_BYTES_PER_TOKEN, "the funnel_report asset: always the estimate"
 
 
 def test_target_tokens_default_to_the_curriculum_total(tmp_path, materialized, capsys):

@@ -97,6 +97,57 @@ def test_budget_is_whole_steps_within_the_margin_and_weights_follow_the_estimate
     assert sum(plan.weights.values()) == pytest.approx(1.0, abs=1e-9)
 
 
+def multilingual_pages() -> dict[str, list[dict]]:
+    with gzip.open(MULTILINGUAL, "rt", encoding="utf-8") as f:
+        pages = [json.loads(line) for line in f]
+    by_lang: dict[str, list[dict]] = {}
+    for p in pages:
+        by_lang.setdefault(p["lang"], []).append({"text": p["text"], "url": p["url"]})
+    return by_lang
+
+
+def test_the_main_language_of_one_file_is_kept_and_compressed_files_join_their_plain_ones(tmp_path, capsys):
+    """The issue's corpus in small: a Japanese Parquet file beside two Russian ones (3 of 43 sampled
+    documents, 7%, under 10% of the sample and of its source's), and JSONL beside JSONL.gz in one folder."""
+    by_lang = multilingual_pages()
+    data = tmp_path / "corpus"
+    (data / "manuals").mkdir(parents=True)
+    for name, rows in {"a_ru.parquet": by_lang["ru"][:20], "b_ja.parquet": by_lang["ja"][:3],
+                       "c_ru.parquet": by_lang["ru"][20:40]}.items():
+        pq.write_table(pa.table({"text": [r["text"] for r in rows], "url": [r["url"] for r in rows]}),
+                       data / "manuals" / name)
+    (data / "notes").mkdir()
+    (data / "notes" / "plain.jsonl").write_text("".join(json.dumps(r) + "\n" for r in by_lang["en"][:10]))
+    write_jsonl_gz(data / "notes" / "packed.jsonl.gz", by_lang["en"][10:20])
+    config = tmp_path / "refinery.yaml"
+    assert refinery(["init", str(data), "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    raw = yaml.safe_load(config.read_text())
+    assert raw["stages"]["language"]["languages"] == ["ru", "en", "ja"]
+    assert "  ja          3   4.8%       3 clean after the heuristics  kept" in printed
+
+    by_name = {s["name"]: s for s in raw["sources"]}
+    assert sorted(by_name) == ["manuals", "notes"], "one source per folder and format, gzip or not"
+    assert by_name["notes"]["path"] == "corpus/notes/*.jsonl*"
+    cfg = load_config(config)
+    from refinery.documents.inputs import input_files
+    assert [Path(p).name for p in input_files(cfg)["notes"]] == ["packed.jsonl.gz", "plain.jsonl"]
+    assert "2 of 2 input(s) sampled through the funnel: 20 of 20 records clean" in config.read_text()
+
+
+def test_the_language_rule_is_the_one_documented():
+    from refinery.init import keeps_language
+
+    assert not keeps_language(2, 0.9, 1.0, True), "fewer than 3 documents is language ID's noise"
+    assert keeps_language(3, 0.1, 0.0, False)
+    assert not keeps_language(3, 0.09, 0.24, False), "a few pages picked up along the way"
+    assert keeps_language(3, 0.01, 0.25, False)
+    assert keeps_language(3, 0.01, 0.05, True), "the main language of one sampled file"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert ("keeps those of at least 3 sampled documents that are 10% of the sample, or the main language or 25% "
+            "of one source's or sampled file's sample") in " ".join(readme.split())
+
+
 def test_config_and_data_root_inside_the_folder_are_not_inputs(tmp_path, monkeypatch):
     data = tmp_path / "d"
     write_jsonl_gz(data / "books" / "b.jsonl.gz", [{"text": t} for _, t in DOCS])
@@ -170,14 +221,15 @@ def test_init_lists_every_language_it_found_and_says_what_it_left_out(tmp_path, 
         "  ja         40  29.2%      39 clean after the heuristics  kept",
         "  zh          7   5.1%       2 clean after the heuristics  kept",
         "  en          4   2.9%       4 clean after the heuristics  kept",
-        "  es          3   2.2%       3 clean after the heuristics  LEFT OUT: under 10% of the sample, under 25% of "
-        "any source's",
+        "  es          3   2.2%       3 clean after the heuristics  LEFT OUT: under 10% of the sample; no source's "
+        "or file's main language or 25% of it",
         "  ko          2   1.5%       2 clean after the heuristics  LEFT OUT: fewer than 3 documents",
         "  ro          1   0.7%       1 clean after the heuristics  LEFT OUT: fewer than 3 documents",
     ]
     assert "\n".join(f"    # {line}" for line in table) in text, "the config lists every language found"
     assert "\n".join(table) in printed, "and init prints the same table"
-    assert "# Kept: a language of at least 3 sampled documents that is 10% of them or 25% of one source's:" in text
+    assert ("# Kept: a language of at least 3 sampled documents that is 10% of them, or the main language or 25% of "
+            "one source's or sampled file's:") in text
 
     # Sources in one bucket are named after their folders and formats.
     by_name = {s["name"]: s for s in raw["sources"]}

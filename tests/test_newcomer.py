@@ -72,6 +72,7 @@ def test_init_then_the_whole_graph_materializes_in_one_try(tmp_path, monkeypatch
     assert refinery(["demo", "--config", "refinery.yaml"]) == 0
     out = capsys.readouterr().out
     assert "OK: the curriculum is valid" in out
+    assert "Open the UI on these runs with `make ui CONFIG=refinery.yaml`" in out, "the config just run, not the demo's"
 
     cfg = load_config(tmp_path / "refinery.yaml")
     root = LocalDataRoot(cfg.resolve(cfg.data_root))

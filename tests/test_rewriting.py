@@ -215,6 +215,6 @@ def test_refinery_funnel_and_funnel_report_show_dropped_and_rewritten_bytes(tmp_
 
     # the funnel_report asset's metadata is this report and this table
     totals = {"heuristic_filtered": StageTotals(heuristic.stats, 1), "pii_redacted": StageTotals(pii.stats, 1)}
-    built = build_report(totals, 1_000, 4.0)
+    built = build_report(totals, 1_000, (4.0, "as given"))
     assert [(row["bytes_dropped"], row["bytes_rewritten"]) for row in built["stages"]] == [(634, 159), (0, 16)]
     assert format_report(built).split("\n")[3] == table[3]

@@ -1,8 +1,9 @@
 """The Dagster UI, looked at as a person would: dagster-webserver on 127.0.0.1 and headless Chromium.
 
 It uses the demo instance (its folder in .dagster_home after `make demo`) when that holds a `funnel_report`
-materialization and contamination check evaluations with their phase; otherwise it materializes
-everything up to `funnel_report` and `contamination_scan` into a temporary instance first.
+materialization and `training_run[warmup]`, both with their plots served by the webserver, and
+contamination check evaluations with their phase; otherwise it materializes everything up to
+`funnel_report` and `contamination_scan`, then trains the warmup phase, into a temporary instance.
 Screenshots land in $REFINERY_ARTIFACTS (default: the test's tmp dir); docs/img/ holds committed
 copies (REFINERY_UPDATE_DOC_IMAGES=1 refreshes them).
 """
@@ -35,7 +36,9 @@ CHROMIUM_FLAGS = [
 ]
 SERVER_START_TIMEOUT_S = 180
 REPORT_ASSET = "funnel_report"
+TRAINING_ASSET, TRAINING_PHASE = "training_run", "warmup"
 SCAN_ASSET, SCAN_CHECK = "contamination_scan", "contamination_below_limit"
+SERVED_PLOTS = "/logs/refinery_plots/"  # where assets/provenance.py's image_markdown has the webserver serve plots
 
 
 def has_what_the_tests_show(home: Path) -> bool:
@@ -48,6 +51,12 @@ def has_what_the_tests_show(home: Path) -> bool:
     with dg.DagsterInstance.from_config(str(home)) as instance:
         if any(instance.get_latest_materialization_event(dg.AssetKey(a)) is None for a in (METADATA_ASSET, REPORT_ASSET)):
             return False
+        plots = {REPORT_ASSET: "funnel", TRAINING_ASSET: "loss_plot"}
+        for asset, key in plots.items():  # an instance from before plots were served shows them as data URIs
+            event = instance.get_latest_materialization_event(dg.AssetKey(asset))
+            md = event.asset_materialization.metadata if event is not None else {}
+            if key not in md or f"]({SERVED_PLOTS}" not in md[key].value:
+                return False
         records = instance.event_log_storage.get_asset_check_execution_history(
             dg.AssetCheckKey(dg.AssetKey(SCAN_ASSET), SCAN_CHECK), limit=1)
         return bool(records) and records[0].event is not None and \
@@ -64,11 +73,13 @@ def demo_instance_dir() -> Path:
 
 def populate_instance(tmp_path: Path) -> tuple[Path, str]:
     """A fresh instance and local data root holding every partition of the assets up to
-    funnel_report and contamination_scan (everything but the trainer and the lineage index)."""
+    funnel_report and contamination_scan (everything but the trainer and the lineage index), and
+    the warmup phase trained."""
     import dagster as dg
 
+    from helpers.materialize import materialize_in_workspace
     from orchestration.definitions import build_definitions
-    from orchestration.demo import materialize_graph
+    from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
 
     data = read_demo()
     data["data_root"] = "../out"
@@ -79,6 +90,8 @@ def populate_instance(tmp_path: Path) -> tuple[Path, str]:
         defs = build_definitions(str(config))
         wanted = dg.AssetSelection.assets(REPORT_ASSET, SCAN_ASSET).upstream()
         materialize_graph(defs, instance, selection=list(wanted.resolve(defs.resolve_asset_graph())), log=lambda _: None)
+        trained = materialize_in_workspace(config, instance, TRAINING_ASSET, TRAINING_PHASE, QUIET_RUN_CONFIG)
+        assert trained.success, "training_run[warmup] failed"
     return home, str(config)
 
 
@@ -237,6 +250,25 @@ def latest_check_evaluation(url: str, partition: str | None = None) -> dict:
     return execution
 
 
+def inline_plot(page, key: str):
+    """The image a metadata row draws in place (not behind "[Show Markdown]"), once it has loaded
+    from the webserver; fails when the row shows markdown source or a button instead."""
+    row = page.locator("tr", has=page.get_by_text(key, exact=True)).first
+    row.wait_for(timeout=120_000)
+    assert row.get_by_text("[Show Markdown]").count() == 0, f"{key}: the plot hides behind [Show Markdown]"
+    assert "](" not in row.inner_text(), f"{key}: markdown source shown instead of the plot"
+    image = row.locator("img").first
+    image.wait_for(timeout=30_000)
+    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=image.element_handle(), timeout=30_000)
+    assert image.get_attribute("src").startswith(SERVED_PLOTS)
+    return image
+
+
+def assert_no_na(page) -> None:
+    body = page.inner_text("body")
+    assert not re.search(r"(?<![\w/])n/a(?![\w/])", body), "a metadata row reads n/a"
+
+
 def open_markdown(page, key: str):
     """Click a metadata row's [Show Markdown] and return the dialog it opens."""
     row = page.locator("tr", has=page.get_by_text(key, exact=True))
@@ -265,15 +297,15 @@ def test_funnel_report_page_and_a_phase_check_in_chromium(webserver, browser_pag
     page.goto(f"{url}/assets/{REPORT_ASSET}", wait_until="domcontentloaded")
     page.get_by_text("records_in", exact=True).first.wait_for(timeout=120_000)
     dismiss_welcome_dialog(page, wait_ms=10_000)
-    dialog = open_markdown(page, "funnel")
-    chart = dialog.locator("img").first
-    chart.wait_for(timeout=30_000)
-    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=chart.element_handle(), timeout=30_000)
+    first, last = report["stages"][0], report["stages"][-1]
+    chart = inline_plot(page, "funnel")
+    assert chart.get_attribute("alt") == f"corpus funnel: {first['docs_in']:,} records to {last['docs_out']:,} documents"
+    assert_no_na(page)
+    page.screenshot(path=str(shots / "funnel-report-page.png"))
+    dialog = open_markdown(page, "funnel_table")
     shown = dialog.inner_text()
     page.wait_for_timeout(500)
     page.screenshot(path=str(shots / "funnel-report.png"))
-    first, last = report["stages"][0], report["stages"][-1]
-    assert chart.get_attribute("alt") == f"corpus funnel: {first['docs_in']:,} records to {last['docs_out']:,} documents"
     for stage in report["stages"]:
         assert re.search(rf"^{stage['stage']}\s+{stage['partitions']}\s+{stage['docs_in']:,}\s+{stage['docs_out']:,}\s",
                          shown, re.M), f"{stage['stage']}'s row is not in the table shown"
@@ -292,6 +324,28 @@ def test_funnel_report_page_and_a_phase_check_in_chromium(webserver, browser_pag
     body = page.inner_text("body")
     assert re.search(rf"Partition\s+{phase}\s", body), "the latest evaluation shows its partition"
     assert re.search(rf"phase\s+{phase}\s", body), "and its metadata names the phase"
-    for png in ("funnel-report.png", "contamination-check.png"):
+    for png in ("funnel-report-page.png", "funnel-report.png", "contamination-check.png"):
         assert (shots / png).stat().st_size > 10_000
-    update_doc_images(shots, ["funnel-report.png", "contamination-check.png"])
+    update_doc_images(shots, ["funnel-report-page.png", "funnel-report.png", "contamination-check.png"])
+
+
+@pytest.mark.slow
+def test_training_runs_page_draws_the_loss_plot_and_has_no_na_rows(webserver, browser_page, tmp_path):
+    url, home = webserver
+    page = browser_page
+    shots = artifacts_dir(tmp_path)
+    metadata = partition_metadata(home, TRAINING_ASSET, TRAINING_PHASE)
+    page.set_viewport_size({"width": 1600, "height": 1400})
+    page.goto(f"{url}/assets/{TRAINING_ASSET}?view=events&partition={TRAINING_PHASE}", wait_until="domcontentloaded")
+    page.get_by_text(f"Partition {TRAINING_PHASE} materialized", exact=False).first.wait_for(timeout=60_000)
+    dismiss_welcome_dialog(page, wait_ms=10_000)
+    plot = inline_plot(page, "loss_plot")
+    assert plot.get_attribute("alt").startswith(f"training loss per bucket, phase {TRAINING_PHASE} (steps ")
+    body = page.inner_text("body")
+    assert re.search(rf"step\s+{metadata['step']}\s", body) and re.search(r"per_bucket\s", body)
+    assert_no_na(page)
+    plot.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(shots / "training-run.png"))
+    assert (shots / "training-run.png").stat().st_size > 10_000
+    update_doc_images(shots, ["training-run.png"])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run `refinery demo` on two versions of this repository at the same checkout path (the `file`
-# column of document tables holds absolute paths), then compare what they wrote (compare_roots.py).
+# column of document tables holds absolute paths), then compare what they wrote (`refinery compare`).
 #
 #   tools/compare_demo.sh OLD_COMMIT [NEW_DIR]     # NEW_DIR defaults to this checkout's work tree
 #
@@ -22,4 +22,4 @@ rm -rf "$work/old-src"; mkdir -p "$work/old-src"; git -C "$repo" archive "$old" 
 demo "$work/old-src" "$work/old" "$work/old.log"
 demo "$new" "$work/new" "$work/new.log"
 diff <(sed -n '/== Training/,$p' "$work/old.log") <(sed -n '/== Training/,$p' "$work/new.log") && echo "training summaries: same"
-$py "$repo/tools/compare_roots.py" "$work/old" "$work/new"
+PYTHONPATH=$repo $py -m orchestration.cli compare "$work/old" "$work/new"

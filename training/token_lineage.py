@@ -31,10 +31,27 @@ class TokenLookupError(ValueError):
 def run_world_size(run_dir: str | Path, step: int) -> int:
     """The world size the run had at `step`, from its metrics; refuses a step the run never took."""
     records = {r["step"]: r for r in JsonLines(Path(run_dir) / "metrics.jsonl").read()}
+    if not records and (phases := phase_folders(Path(run_dir))):
+        # The training's folder (`training.run_dir`) rather than one phase's: say which phase took the step.
+        ranges = ", ".join(f"{p.name} (steps {lo}..{hi})" for p, (lo, hi) in phases.items())
+        took = next((p for p, (lo, hi) in phases.items() if lo <= step <= hi), None)
+        hint = f"; step {step} is in {took.name}: --run {took}" if took else f"; none trained step {step}"
+        raise TokenLookupError(f"{run_dir} holds a curriculum's runs, one folder per phase: {ranges}; pass the "
+                               f"folder of the phase that trained the step{hint}")
     if step not in records:
         trained = f"steps {min(records)}..{max(records)}" if records else "no steps"
         raise TokenLookupError(f"{run_dir} has no step {step} in metrics.jsonl (it trained {trained})")
     return int(records[step].get("world_size", 1))
+
+
+def phase_folders(folder: Path) -> dict[Path, tuple[int, int]]:
+    """The phase run folders directly under `folder` that trained steps, with their first and last step."""
+    out = {}
+    for sub in [p for p in folder.iterdir() if (p / "metrics.jsonl").is_file()] if folder.is_dir() else []:
+        steps = [r["step"] for r in JsonLines(sub / "metrics.jsonl").read()]
+        if steps:
+            out[sub] = (min(steps), max(steps))
+    return dict(sorted(out.items(), key=lambda item: item[1]))  # in the order they trained
 
 
 def resume_before(sampler: CurriculumSampler, run_dir: str | Path, step: int) -> int:

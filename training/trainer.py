@@ -212,7 +212,10 @@ class Trainer:
                     return self._status("failed", f"preempted: SIGTERM at step {self.step}; checkpoint saved, "
                                         "resume with --resume auto")
                 if closes and stop_idx == batch.phase:
-                    return self._finish(f"stopped after phase {self.opt.stop_after_phase!r} as asked")
+                    last = stop_idx == len(self.schedule.phase_starts) - 2
+                    return self._finish(f"phase {self.opt.stop_after_phase!r} finished, " + (
+                        "the last of the curriculum" if last else "where this launch was told to stop "
+                        "(--stop-after-phase); the next phase starts from its boundary checkpoint"))
             return self._finish("curriculum complete")
         except Exception as err:
             try:

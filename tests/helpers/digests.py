@@ -6,16 +6,7 @@ import hashlib
 import json
 from typing import Iterable
 
-# Timing fields are the only thing allowed to differ between two runs of the same config.
-TIMING_FIELDS = {"wall_s", "docs_per_s", "tokens_per_s", "elapsed_s", "started_at", "finished_at"}
-
-
-def strip_timing(obj):
-    if isinstance(obj, dict):
-        return {k: strip_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
-    if isinstance(obj, list):
-        return [strip_timing(v) for v in obj]
-    return obj
+from refinery.compare import strip_timing  # timing fields: all two runs of one config may disagree on
 
 
 def digests(items: Iterable[tuple[str, bytes]]) -> dict[str, str]:
