@@ -23,9 +23,9 @@ import dagster as dg
 import polars as pl
 
 from refinery.config.training import LAUNCH_FIELDS
+from refinery.stages.stage_tables import SAMPLE_ROWS
 from refinery.stages.stats import StageStats
 
-SAMPLE_ROWS = 3
 SAMPLE_CHARS = 160
 TOP_REASONS = 10
 NOT_APPLICABLE = "n/a"

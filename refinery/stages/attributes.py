@@ -197,9 +197,10 @@ def stage_columns(root: DataRoot, stage: str, partition: str) -> list[str]:
 
 
 def stage_batches(root: DataRoot, stage: str, partition: str, rows: int,
-                  columns: list[str] | None = None) -> Iterator[pl.DataFrame]:
-    """The kept documents of `stage` for one input file, in frames of at most `rows` rows: the rows,
-    columns and dtypes the stage produced. A text stage's table is read as it is; an attribute
+                  columns: list[str] | None = None, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
+    """The kept documents of `stage` for one input file, in frames of at most `rows` rows (and, with
+    `max_bytes`, cut from text-table frames of at most that many bytes of strings, `parquet_batches`):
+    the rows, columns and dtypes the stage produced. A text stage's table is read as it is; an attribute
     stage's is its text table's record batches, each narrowed by every attribute table from there to
     `stage`, so memory is a batch's, never a file's. Frames without rows are skipped (a file without
     kept documents: one empty frame with the schema). With `columns`, only those (in that order),
@@ -212,9 +213,9 @@ def stage_batches(root: DataRoot, stage: str, partition: str, rows: int,
     paths = [root.local_path(attributes_key(s, partition)) for s in reversed(chain)]
     text_path = root.local_path(documents_key(stage, partition))
     if not paths:
-        return parquet_batches(text_path, rows, columns)
+        return parquet_batches(text_path, rows, columns, max_bytes)
     read = None if columns is None else [c for c in pq.read_schema(text_path).names if c in columns or c == "doc_id"]
-    batches = parquet_batches(text_path, rows, read)
+    batches = parquet_batches(text_path, rows, read, max_bytes)
     for path in paths:
         batches = _narrowed(batches, path, rows)
     return _without_empty_frames(batches if columns is None else (b.select(columns) for b in batches))

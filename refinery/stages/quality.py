@@ -42,6 +42,7 @@ import polars as pl
 
 from refinery.config import QualityConfig
 from refinery.stages.base import Outcome, RecordStage, StageOutput
+from refinery.stages.parquet_batches import batch_spans
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
 from refinery.layout import QUALITY_MODEL_DIR
@@ -51,6 +52,9 @@ MODEL_FORMAT = 1
 LATEST_KEY = f"{QUALITY_MODEL_DIR}/latest.json"
 WORD_PATTERN = r"\w+"
 SCORE_BATCH_DOCS = 2048
+# Bytes of text (each document's first `max_chars` characters) featurized at once when scoring: the
+# hashed features and EmbeddingBag's int64 work arrays are a few times these, whatever the documents.
+SCORE_BATCH_BYTES = 8 << 20
 TRAIN_BATCH_DOCS = 32
 # Training reads and featurizes at most this many documents at once: with `max_chars` 100k, a
 # slice's text and word table stay within tens of MB however large the corpus.
@@ -194,15 +198,19 @@ class QualityModel:
             bag.weight.copy_(self.weight.view(-1, 1))
         return bag
 
-    def score(self, texts: pl.Series, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
-        """Probability of the positive (curated) class for every text, as float64."""
+    def score(self, texts: pl.Series, batch_docs: int = SCORE_BATCH_DOCS,
+              batch_bytes: int = SCORE_BATCH_BYTES) -> np.ndarray:
+        """Probability of the positive (curated) class for every text, as float64, scored in batches
+        of at most `batch_docs` documents and `batch_bytes` bytes of what is read of them (a
+        document's score does not depend on its batch)."""
         import torch
 
         bag = self._bag()
         out = np.empty(len(texts), dtype=np.float64)
+        read = np.minimum(texts.cast(pl.String).str.len_bytes().fill_null(0).to_numpy(), 4 * self.max_chars)
         with torch.no_grad(), reproducible_torch():
-            for start in range(0, len(texts), batch_docs):
-                feats = hash_features(texts.slice(start, batch_docs), self.num_features, self.ngram, self.max_chars)
+            for start, count in batch_spans(read.astype(np.int64), batch_docs, batch_bytes):
+                feats = hash_features(texts.slice(start, count), self.num_features, self.ngram, self.max_chars)
                 out[start : start + feats.num_docs] = self._probabilities(bag, feats, np.arange(feats.num_docs))
         return out
 
