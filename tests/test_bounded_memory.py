@@ -1,7 +1,8 @@
 """Issue 26, memory bounded per record: raw_documents reads every format as a stream and hands its
 rows on in batches bounded by `extract.batch_rows` and `extract.batch_bytes`, written as row groups.
 
-The fast tests check the batching itself: batches and row groups within their bounds, the same rows,
+The fast tests check the batching itself (and a per-file stage's peak on a file 8x another's, in a
+child process): batches and row groups within their bounds, the same rows,
 rejects and stats as one whole read (a lying WARC Content-Length found after its record was read
 included), byte-identical outputs across reruns, tables read back by row group in bounded slices
 (how per-document stages read their input), and the preflight's refusal of bad bounds. The slow
@@ -33,6 +34,7 @@ from refinery.testing.crawl import gzip_member, http_response, warc_record
 
 from helpers.bombs import peak_rss_of_ingest, write_jsonl_bomb, write_parquet_bomb, write_warc_bomb
 from helpers.configs import demo_config
+from helpers.stage_memory import peak_of_signatures
 
 # What a raw_documents worker may reach reading any bomb below with the default batch bounds
 # (64 MiB, 10,000 rows; 8 MiB records): Python with polars, pyarrow and FastWARC loaded is about
@@ -212,3 +214,31 @@ def test_parquet_batches_follow_row_groups_and_keep_an_empty_tables_schema(tmp_p
     with ParquetBatchWriter(empty) as writer:
         writer.write(frame.head(0))
     assert [(b.height, b.schema) for b in parquet_batches(empty, rows=4)] == [(0, frame.schema)]
+
+
+# ---- a per-file stage's memory follows its batches, not its file ----------------------------------
+
+
+def test_a_per_file_stage_on_a_file_8x_larger_peaks_within_1_2x(tmp_path):
+    # dedup_signatures' file task, read and written a record batch at a time (1 MiB of text): 300
+    # and 2,400 documents of about 6 KB, 1.8 and 14.6 MB of text. Read whole, as before, the larger
+    # file's task peaked at 1.5x the smaller's (244 -> 368 MiB at 400 and 3,200 documents).
+    small = peak_of_signatures(tmp_path / "small", 300)
+    large = peak_of_signatures(tmp_path / "large", 2400)
+    assert (small["docs"], large["docs"]) == (300, 2400)
+    assert large["peak_rss_bytes"] <= 1.2 * small["peak_rss_bytes"], (small, large)
+
+
+def test_parquet_batches_cut_by_bytes_within_a_row_group(tmp_path):
+    sizes = [300, 300, 300, 2000, 10, 10, 10, 10, 10, 700]
+    frame = pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(sizes))], "text": ["x" * n for n in sizes]})
+    path = tmp_path / "t.parquet"
+    with ParquetBatchWriter(path) as writer:
+        writer.write(frame)  # one row group
+    batches = list(parquet_batches(path, rows=4, max_bytes=1000))
+    # At most 4 rows and 1,000 bytes of strings (doc_id included), a larger row alone.
+    assert [b["doc_id"].to_list() for b in batches] == [
+        ["d0", "d1", "d2"], ["d3"], ["d4", "d5", "d6", "d7"], ["d8", "d9"]]
+    assert pl.concat(batches).equals(frame)
+    # Without a byte bound the cuts are every 4 rows, as by rows alone.
+    assert [b.height for b in parquet_batches(path, rows=4)] == [4, 4, 2]
