@@ -34,8 +34,10 @@ from refinery.stages.parquet_batches import parquet_batches
 from refinery.storage import DataRoot
 
 TEXT_EDIT_SCHEMA = {"text_spans": pl.List(pl.Int64), "text_literal": pl.String}
-# Rows of a table read at a time by `read_stage_documents` (the text table's batches when streaming).
+# Rows of a table read at a time by `read_stage_documents` (the text table's batches when streaming),
+# and the bytes of strings a reader that streams a file's text holds at once (`parquet_batches`).
 READ_ROWS = 10_000
+READ_BYTES = 64 << 20
 
 
 class AttributeTableError(ValueError):
@@ -246,14 +248,6 @@ def read_stage_documents(root: DataRoot, stage: str, partition: str,
             return pl.read_parquet(path, columns=columns)
     frames = list(stage_batches(root, stage, partition, READ_ROWS, columns))
     return pl.concat(frames) if len(frames) > 1 else frames[0]
-
-
-def scan_stage_documents(root: DataRoot, stage: str, partition: str) -> pl.LazyFrame:
-    """`stage`'s kept documents of one file as a lazy frame: a text stage's table scanned (so a
-    query reads only the columns it uses), an attribute stage's as `read_stage_documents` gives it."""
-    if stage not in ATTRIBUTE_STAGES:
-        return pl.scan_parquet(root.local_path(documents_key(stage, partition)))
-    return read_stage_documents(root, stage, partition).lazy()
 
 
 def write_stage_documents(root: DataRoot, stage: str, partition: str, docs: pl.DataFrame) -> None:

@@ -57,6 +57,8 @@ INDEX_VERSION = 1
 TRAIN_MAX_CHARS = 100_000
 # Rows of a clean table read at a time when sampling for the tokenizer (doc ids, then texts).
 SAMPLE_READ_ROWS = 10_000
+# Bytes of text one encoding batch holds at most (and `shards.encode_batch_docs` documents).
+ENCODE_BATCH_BYTES = 16 << 20
 # Row groups of the bucket entry table: small enough that a reader can stream it in bounded memory.
 ENTRY_ROW_GROUP = 65_536
 
@@ -423,7 +425,8 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
                   stage: str = CLEAN_STAGE, reference: tuple[dfc.ReferenceModel, str] | None = None) -> TokenizeResult:
     """Encode the clean documents of one input file (rows in table order), append EOD, window, and
     pack them into `shards/tokenized/<bucket>/<file key>/`. The table is read `encode_batch_docs`
-    rows at a time, so memory is one batch's, whatever the file's size; a file is the unit of work,
+    rows and at most ENCODE_BATCH_BYTES of text at a time, so memory is two batches' (one encoding
+    while the last is packed), whatever the file's or its documents' sizes; a file is the unit of work,
     so tokenization fans out like the funnel (the shuffle then reads a bucket's files in order).
 
     With `stages.difficulty.enabled`, documents are scored by `reference` (the model and its file's
@@ -452,7 +455,7 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
         scores = dfc.score_documents(model, encoded)
         return batch, keep, encoded, [None if np.isnan(v) else float(v) for v in scores]
 
-    batches = stage_batches(root, stage, shard.key, cfg.shards.encode_batch_docs)
+    batches = stage_batches(root, stage, shard.key, cfg.shards.encode_batch_docs, max_bytes=ENCODE_BATCH_BYTES)
     # The Rust encoder releases the GIL, so the next batch encodes while this thread packs the last.
     with ShardSeries(root, TOKENIZED, shard.bucket, dtype, cfg.shards.shard_tokens, extra, part=shard.key) as series, \
             ThreadPoolExecutor(max_workers=1) as pool:
