@@ -3,7 +3,8 @@ of each step and of its largest task, tasks, data-root size.
 
     python bench/stage_scale.py [--shapes files,filesize,docsize] [--factors 1,4,16] [--files 2]
         [--docs-per-file 200] [--tome-files 2] [--tomes-per-file 10] [--tome-kib 48]
-        [--batch-bytes 1048576] [--workdir DIR] [--out FILE]
+        [--batch-bytes 1048576] [--workers 2] [--workdir DIR] [--out FILE]
+    python bench/stage_scale.py --summarize OUT.json [OUT.json ...]   # runs split over invocations
 
 The base corpus is the bundled sample plus two generated sources: `grown` (bucket web), `--files`
 WARC.gz files of `--docs-per-file` pages (`refinery.testing.crawl.write_corpus`: real English
@@ -18,8 +19,9 @@ and shared by the shapes):
 `stages.extract.batch_bytes` is set to `--batch-bytes` (default its 1 MiB floor), so that at these
 sizes a grown file spans many batches, as a 1 GB file does at the default 64 MiB.
 
-Partitions are by file with `partitions.workers: 2`, so a step's per-file tasks (and the tasks a
-global step fans out) run in pool worker processes apart from the step's own. The graph runs as
+Partitions are by file with `partitions.workers: --workers`. At 2 (the default) a step's per-file
+tasks (and the tasks a global step fans out) run in pool worker processes apart from the step's own;
+at 1 they run in the step's process, whose peak is then also its largest task's. The graph runs as
 `refinery demo` runs it (`orchestration.demo.execution_plan`, one Dagster run per partition range),
 one asset at a time, up to the phase manifests, contamination scans, lineage index and funnel
 report; the trainer is left out. Each asset's step runs in a process of its own (this script,
@@ -27,7 +29,7 @@ report; the trainer is left out. Each asset's step runs in a process of its own 
 - cpu_s: user + system CPU of the step's process and its pool workers (`getrusage`);
 - step_peak_mib: the peak resident memory (VmHWM) of the step's process and of every process under
   it, the largest; task_peak_mib: the largest VmHWM among the processes under it (its pool workers:
-  the largest task's peak; 0 when no task ran apart). VmHWM, not ru_maxrss, which a spawned child
+  the largest task's peak), or the step process's own when none ran (tasks in the step's process). VmHWM, not ru_maxrss, which a spawned child
   inherits from its parent; the step's own is read as it ends, its workers' by this script from
   /proc every SAMPLE_S seconds while they run (a peak reached in the last interval before a
   worker exits can be missed);
@@ -118,7 +120,7 @@ def write_tomes(folder: Path, corpus: Corpus, seed: int) -> None:
         (folder / f"tomes-{f:03d}.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode() + b"\n", mtime=0))
 
 
-def write_config(work: Path, corpus: Corpus, seed: int, batch_bytes: int) -> Path:
+def write_config(work: Path, corpus: Corpus, seed: int, batch_bytes: int, workers: int) -> Path:
     """The demo config with the `grown` and `tomes` sources of `corpus`; returns its path."""
     from refinery.testing.crawl import write_corpus
 
@@ -137,7 +139,7 @@ def write_config(work: Path, corpus: Corpus, seed: int, batch_bytes: int) -> Pat
     data["sources"].append({"name": "tomes", "path": str(work / "tomes" / "*.jsonl.gz"), "format": "jsonl",
                             "bucket": "books"})
     data["data_root"] = str(work / "out")
-    data["partitions"] = {"by": "file", "workers": 2}
+    data["partitions"] = {"by": "file", "workers": workers}
     data.setdefault("stages", {}).setdefault("extract", {})["batch_bytes"] = batch_bytes
     path = work / "refinery.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -254,7 +256,7 @@ def run_child(config: Path, home: Path, index: int) -> dict:
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"step {index} failed (exit {proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
     row = json.loads(lines[-1][len(MARK):])
-    row["task_peak_mib"] = round(task_peak / 1024, 1)
+    row["task_peak_mib"] = round(task_peak / 1024, 1) if task_peak else row["own_peak_mib"]
     row["step_peak_mib"] = max(row["own_peak_mib"], row["task_peak_mib"])
     return row
 
@@ -299,7 +301,7 @@ def measure(label: str, corpus: Corpus, args) -> dict:
     work = Path(args.workdir) / label
     if work.exists():
         shutil.rmtree(work)
-    config = write_config(work, corpus, args.seed, args.batch_bytes)
+    config = write_config(work, corpus, args.seed, args.batch_bytes, args.workers)
     home = work / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -353,9 +355,25 @@ def size_lines(r: dict) -> str:
             "  over the input: " + ", ".join(f"{k} {v}x" for k, v in r["folders_over_input"].items()))
 
 
+def merged_summary(paths: list[str]) -> str:
+    """The summaries of `--out` files of runs split over several invocations (run side by side),
+    each shape's sizes in corpus order, the `base` run put first in every shape."""
+    by_shape: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        for shape, results in json.loads(Path(path).read_text()).items():
+            by_shape.setdefault(shape, {}).update({r["label"]: r for r in results})
+    base = next(r for results in by_shape.values() for r in results.values() if r["label"] == "base")
+    return "\n".join(summary(shape, [base] + sorted((r for r in results.values() if r["label"] != "base"),
+                                                    key=lambda r: int(r["label"].rsplit("x", 1)[1]))) + "\n"
+                     for shape, results in by_shape.items())
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], int(sys.argv[3]))
+        return
+    if len(sys.argv) > 2 and sys.argv[1] == "--summarize":
+        print(merged_summary(sys.argv[2:]))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="files,filesize,docsize", help="comma-separated: files, filesize, docsize")
@@ -366,6 +384,7 @@ def main() -> None:
     ap.add_argument("--tomes-per-file", type=int, default=10)
     ap.add_argument("--tome-kib", type=int, default=48)
     ap.add_argument("--batch-bytes", type=int, default=1 << 20, help="stages.extract.batch_bytes")
+    ap.add_argument("--workers", type=int, default=2, help="partitions.workers")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", default="/tmp/refinery-bench-stage-scale")
     ap.add_argument("--out", help="write every figure as JSON here")
