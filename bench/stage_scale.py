@@ -3,7 +3,7 @@ of each step and of its largest task, tasks, data-root size.
 
     python bench/stage_scale.py [--shapes files,filesize,docsize] [--factors 1,4,16] [--files 2]
         [--docs-per-file 200] [--tome-files 2] [--tomes-per-file 10] [--tome-kib 48]
-        [--batch-bytes 1048576] [--workers 2] [--workdir DIR] [--out FILE]
+        [--batch-bytes 1048576] [--workers 2] [--one-process] [--workdir DIR] [--out FILE]
     python bench/stage_scale.py --summarize OUT.json [OUT.json ...]   # runs split over invocations
 
 The base corpus is the bundled sample plus two generated sources: `grown` (bucket web), `--files`
@@ -38,6 +38,10 @@ report; the trainer is left out. Each asset's step runs in a process of its own 
   do) and Dagster runs.
 A step process also pays Dagster's imports and the definitions' build (about 2-3 s of CPU): the
 `noop` figure, a child that builds the definitions and runs nothing, measures that floor.
+`--one-process` runs every step in one child instead (one import and build for the whole graph,
+for a loaded machine): a step's peak is that process's VmHWM reset at the step's start
+(/proc/self/clear_refs), so it also holds what earlier steps left resident, and tasks run in it
+(`--workers 1`); its growth across sizes still compares the same step.
 
 Per size: the data root's bytes over the compressed input's bytes (the sample's and the generated
 sources' files), and the same ratio for each top-level folder of the data root and each stage's
@@ -193,6 +197,35 @@ def child(config: str, index: int) -> None:
     }), flush=True)
 
 
+def child_all(config: str) -> None:
+    """Run every plan step in this one process, in order, and print each step's figures: its peak
+    is this process's VmHWM from the step's start (reset through /proc/self/clear_refs), so it
+    includes what earlier steps left resident (imports, models, allocator pools)."""
+    import warnings
+
+    import dagster as dg
+
+    from orchestration.demo import QUIET_RUN_CONFIG, materialize_step
+
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    defs, steps = plan(config)
+    with dg.DagsterInstance.get() as instance:
+        for step in steps:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # VmHWM back to the current resident size
+            start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+            partitions, runs = materialize_step(defs, instance, step, QUIET_RUN_CONFIG)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            print(MARK + json.dumps({
+                "step": ", ".join(k.to_user_string() for k in step.keys), "partitions": partitions,
+                "tasks": fanned_out_tasks(instance, step.keys), "runs": runs,
+                "wall_s": round(time.perf_counter() - start, 2),
+                "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
+                "own_peak_mib": round(vm_hwm_kib("self") / 1024, 1),
+            }), flush=True)
+
+
 def vm_hwm_kib(pid: int | str) -> int:
     """A process's peak resident memory (VmHWM, KiB); 0 once it is gone."""
     try:
@@ -297,6 +330,18 @@ def corpus_counts(config: Path) -> tuple[int, int]:
     return docs, tokens
 
 
+def run_all(config: Path, home: Path) -> list[dict]:
+    """Every plan step in one fresh process (`child_all`); each step's figures."""
+    env = {**os.environ, "DAGSTER_HOME": str(home), "REFINERY_PROGRESS": "0"}
+    out = subprocess.run([sys.executable, __file__, "--child-all", str(config)], env=env, capture_output=True, text=True)
+    rows = [json.loads(line[len(MARK):]) for line in out.stdout.splitlines() if line.startswith(MARK)]
+    if out.returncode != 0:
+        raise SystemExit(f"the graph failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    for row in rows:
+        row["task_peak_mib"] = row["step_peak_mib"] = row["own_peak_mib"]
+    return rows
+
+
 def measure(label: str, corpus: Corpus, args) -> dict:
     work = Path(args.workdir) / label
     if work.exists():
@@ -305,13 +350,18 @@ def measure(label: str, corpus: Corpus, args) -> dict:
     home = work / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    _, steps = plan(str(config))
     noop = run_child(config, home, -1)
-    rows = []
-    for i in range(len(steps)):
-        row = run_child(config, home, i)
-        rows.append(row)
-        print(f"  {label} {row}", flush=True)
+    if args.one_process:
+        rows = run_all(config, home)
+        for row in rows:
+            print(f"  {label} {row}", flush=True)
+    else:
+        _, steps = plan(str(config))
+        rows = []
+        for i in range(len(steps)):
+            row = run_child(config, home, i)
+            rows.append(row)
+            print(f"  {label} {row}", flush=True)
     docs, tokens = corpus_counts(config)
     size_in, size_root = input_bytes(config), tree_bytes(work / "out")
     return {"label": label, "corpus": asdict(corpus), "raw_docs": docs, "final_tokens": tokens, "input_bytes": size_in,
@@ -372,6 +422,9 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], int(sys.argv[3]))
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--child-all":
+        child_all(sys.argv[2])
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--summarize":
         print(merged_summary(sys.argv[2:]))
         return
@@ -385,6 +438,9 @@ def main() -> None:
     ap.add_argument("--tome-kib", type=int, default=48)
     ap.add_argument("--batch-bytes", type=int, default=1 << 20, help="stages.extract.batch_bytes")
     ap.add_argument("--workers", type=int, default=2, help="partitions.workers")
+    ap.add_argument("--one-process", action="store_true",
+                    help="run every step in one process, its peak from a VmHWM reset at its start (cheaper; "
+                         "a step's peak then includes what earlier steps left resident, and its tasks' run in it)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", default="/tmp/refinery-bench-stage-scale")
     ap.add_argument("--out", help="write every figure as JSON here")
