@@ -242,3 +242,25 @@ def test_parquet_batches_cut_by_bytes_within_a_row_group(tmp_path):
     assert pl.concat(batches).equals(frame)
     # Without a byte bound the cuts are every 4 rows, as by rows alone.
     assert [b.height for b in parquet_batches(path, rows=4)] == [4, 4, 2]
+
+
+def test_quality_scores_are_the_same_bytes_whatever_the_batch_bounds():
+    import numpy as np
+    import torch
+
+    from refinery.stages import quality as q
+
+    generator = torch.Generator().manual_seed(0)
+    model = q.QualityModel(weight=torch.randn(1 << 12, generator=generator), bias=torch.tensor(0.25),
+                           num_features=1 << 12, ngram=2, max_chars=2000)
+    rng = random.Random(5)
+    words = ["river", "stone", "casino", "bonus", "harvest", "letters", "cheap", "council"]
+    texts = pl.Series([" ".join(rng.choice(words) for _ in range(rng.randint(0, 900))) for _ in range(300)] + [None])
+    whole = model.score(texts)
+    # The byte bound cuts the featurization only: the same bytes at any bound.
+    for max_bytes in (1 << 30, 5000, 1):
+        assert model.score(texts, batch_bytes=max_bytes).tobytes() == whole.tobytes()
+    assert np.isfinite(whole).all()
+    # Batches of other document counts may differ in the last bit (torch's vectorized sigmoid and
+    # its scalar tail), which is why the scorer keeps its document count.
+    assert np.abs(model.score(texts, batch_docs=7) - whole).max() <= 2.0 ** -23

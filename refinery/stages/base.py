@@ -136,7 +136,7 @@ class RecordStage(Stage):
     # `process_batch` sees at most this many documents and, unless one document is larger, this
     # many bytes of strings: a model's work arrays follow a batch, whatever its documents' sizes.
     batch_size: ClassVar[int] = 1024
-    batch_bytes: ClassVar[int] = 16 << 20
+    batch_bytes: ClassVar[int | None] = 16 << 20
 
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
         raise NotImplementedError(f"{type(self).__name__} implements neither process nor process_batch")

@@ -200,18 +200,25 @@ class QualityModel:
 
     def score(self, texts: pl.Series, batch_docs: int = SCORE_BATCH_DOCS,
               batch_bytes: int = SCORE_BATCH_BYTES) -> np.ndarray:
-        """Probability of the positive (curated) class for every text, as float64, scored in batches
-        of at most `batch_docs` documents and `batch_bytes` bytes of what is read of them (a
-        document's score does not depend on its batch)."""
+        """Probability of the positive (curated) class for every text, as float64, in batches of
+        `batch_docs` documents. A batch is featurized and bagged in pieces of at most `batch_bytes`
+        bytes of what is read of its texts (their first `max_chars` characters), then squashed as
+        one vector: a score depends on its batch of documents (torch's vectorized sigmoid and its
+        scalar tail differ in the last bit), never on the byte bound."""
         import torch
 
         bag = self._bag()
         out = np.empty(len(texts), dtype=np.float64)
         read = np.minimum(texts.cast(pl.String).str.len_bytes().fill_null(0).to_numpy(), 4 * self.max_chars)
         with torch.no_grad(), reproducible_torch():
-            for start, count in batch_spans(read.astype(np.int64), batch_docs, batch_bytes):
-                feats = hash_features(texts.slice(start, count), self.num_features, self.ngram, self.max_chars)
-                out[start : start + feats.num_docs] = self._probabilities(bag, feats, np.arange(feats.num_docs))
+            for start in range(0, len(texts), batch_docs):
+                count = min(batch_docs, len(texts) - start)
+                logits = torch.cat([torch.zeros(0)] + [
+                    self._logits(bag, hash_features(texts.slice(start + first, n), self.num_features, self.ngram,
+                                                    self.max_chars))
+                    for first, n in batch_spans(read[start:start + count].astype(np.int64), count, batch_bytes)
+                ])
+                out[start : start + count] = torch.sigmoid(logits).double().numpy()
         return out
 
     def score_features(self, feats: Features, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
@@ -233,6 +240,13 @@ class QualityModel:
         indices, offsets = feats.rows(docs)
         logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
         return torch.sigmoid(logits).double().numpy()
+
+    def _logits(self, bag, feats: Features):
+        """Every featurized document's logit (float32 tensor), before the sigmoid."""
+        import torch
+
+        indices, offsets = feats.rows(np.arange(feats.num_docs))
+        return bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
 
     # ---- file format --------------------------------------------------------------------------
 
@@ -615,6 +629,9 @@ class QualityScorer(RecordStage):
     skip_key = "quality"
     writes = {"quality_score": pl.Float64()}
     batch_size = SCORE_BATCH_DOCS
+    # No byte cut here: `QualityModel.score` bounds the featurization by bytes, and a score depends
+    # on its batch of documents (see there), so batches stay SCORE_BATCH_DOCS documents.
+    batch_bytes = None
 
     def __init__(self, model: QualityModel, threshold: float, enforce_threshold: bool = True, model_id: str = ""):
         self.model = model
