@@ -459,8 +459,8 @@ def main() -> None:
                 measured[corpus] = measure(label, corpus, args)
                 print(size_lines(measured[corpus]), flush=True)
             by_shape[shape].append(measured[corpus])
-        if args.out:
-            Path(args.out).write_text(json.dumps(by_shape, indent=1))
+            if args.out:  # after every size: a long run interrupted keeps what it measured
+                Path(args.out).write_text(json.dumps(by_shape, indent=1))
     for shape, results in by_shape.items():
         print(summary(shape, results) + "\n")
 
