@@ -221,8 +221,8 @@ def test_parquet_batches_follow_row_groups_and_keep_an_empty_tables_schema(tmp_p
 
 def test_a_per_file_stage_on_a_file_8x_larger_peaks_within_1_2x(tmp_path):
     # dedup_signatures' file task, read and written a record batch at a time (1 MiB of text): 300
-    # and 2,400 documents of about 6 KB, 1.8 and 14.6 MB of text. Read whole, as before, the larger
-    # file's task peaked at 1.5x the smaller's (244 -> 368 MiB at 400 and 3,200 documents).
+    # and 2,400 documents of about 12 KB, 3.4 and 27.3 MiB of text. Read whole, as before, the larger
+    # file's task peaked at 1.5x the smaller's (238 -> 359 MiB at 400 and 3,200 documents).
     small = peak_of_signatures(tmp_path / "small", 300)
     large = peak_of_signatures(tmp_path / "large", 2400)
     assert (small["docs"], large["docs"]) == (300, 2400)

@@ -1,6 +1,6 @@
 """Peak memory of one per-file stage on one generated input file, measured in a fresh process.
 
-`peak_of_signatures(workdir, docs)` writes `docs` documents of about 6 KB (distinct words, so
+`peak_of_signatures(workdir, docs)` writes `docs` documents of about 12 KB (distinct words, so
 every document is its own) as one input file's `heuristic_filtered` table (one row group, as a
 whole-file writer would leave it), then runs `dedup_signatures`' file task on it in a child
 process with `stages.extract.batch_bytes` at its 1 MiB floor, and returns the child's figures:
