@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Optional
 import dagster as dg
 import polars as pl
 
-from assets.fanout import FileResult, FileTask, StageBuilder, map_files, run_stage, stage_config_summary
+from assets.fanout import FileResult, FileTask, StageBuilder, built_stage, map_files, run_stage, stage_config_summary
 from assets.partitions import Partitions
 from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata
 from assets.ray_engine import node_summary, recording_nodes
@@ -103,12 +103,10 @@ def stream_stage_file(name: str, upstream: str, refinery: RefineryResource, shar
 
 def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
                          shard: InputShard, cache: dict) -> FileResult:
-    """`stream_stage_file` with the stage `build(cfg, source)` returns (one per source, cached),
-    its source's `skip:` and record time budget applied."""
+    """`stream_stage_file` with the stage `build(cfg, source)` returns (built once per source in a
+    worker, `built_stage`), its source's `skip:` and record time budget applied."""
     cfg = refinery.config
-    if (name, shard.source) not in cache:
-        cache[name, shard.source] = build(cfg, shard.source)
-    stage = cache[name, shard.source]
+    stage = built_stage(cfg, name, shard.source, build)
     return stream_stage_file(name, upstream, refinery, shard, partial(run_stage, stage, cfg, shard),
                              stage_config_summary(stage, cfg, shard))
 

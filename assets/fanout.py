@@ -11,6 +11,12 @@ root, only stats, hashes, settings and a few sample rows travel back.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import multiprocessing.forkserver
+import os
+import signal
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ from refinery.documents import InputShard
 from refinery.stages.base import Stage, StageOutput, skips
 from refinery.stages.stats import StageStats
 from refinery.tasks import RunTasks, Task
+from training.lifeline import set_parent_death_signal
 
 
 @dataclass
@@ -50,32 +57,117 @@ FileTask = Callable[[RefineryResource, InputShard, dict], FileResult]
 # Builds the stage for one source's files (built once per source and fan-out worker).
 StageBuilder = Callable[[RefineryConfig, str], Stage]
 
-_worker: dict[str, Any] = {}  # in a pool worker process: its resource and cache
+_worker: dict[str, Any] = {}  # in a pool worker process: its resource, and the current runner's cache
+
+# The modules a pool worker needs before its first task (the task modules and what they import:
+# Dagster, polars, the stages). The fork server imports them once a run, and each worker is forked
+# from it with them loaded, instead of importing them again (3-4 CPU-s a worker).
+WORKER_PRELOAD = ["assets.funnel", "assets.dedup", "assets.quality", "assets.tokens", "assets.contamination",
+                  "assets.curriculum", "refinery.stages.language", "refinery.stages.heuristic"]
 
 
 def _init_worker(config_path: str, s3: dict[str, Any] | None) -> None:
+    # A worker dies with the fork server that made it, and the fork server leaves when this run's
+    # process does (even SIGKILLed: the last writer of the server's liveness pipe is gone), so no
+    # worker outlives the run. A forked worker holds a copy of that writer, which would keep the
+    # server, and so the worker, alive: it is closed here.
+    set_parent_death_signal(signal.SIGKILL)
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
     _worker["refinery"] = RefineryResource.from_worker_settings(config_path, s3)
-    _worker["cache"] = {}
+    _worker["runner"], _worker["cache"] = None, {}
 
 
-def _run_in_worker(task: Callable[[RefineryResource, Any, dict], Any], item: Any) -> Any:
+def _run_in_worker(task: Callable[[RefineryResource, Any, dict], Any], runner: str, item: Any) -> Any:
+    if _worker["runner"] != runner:  # a cache is valid for one runner (one step's fan-out) only
+        _worker["runner"], _worker["cache"] = runner, {}
     return task(_worker["refinery"], item, _worker["cache"])
 
 
+@dataclass
+class _RunPool:
+    """The process's pool of workers, kept from one step to the next while the settings and config
+    it was made for stay the same."""
+
+    key: tuple
+    pool: ProcessPoolExecutor
+
+
+_pool: _RunPool | None = None
+
+
+def run_pool(refinery: RefineryResource, workers: int) -> ProcessPoolExecutor:
+    """The pool of `workers` processes for this run's resource, made on first use and reused by
+    every later step of this process (the demo's and a Dagster run's in-process steps) while the
+    config and worker count are the same; a changed config or count replaces it. Workers are forked
+    from a fork server (not from this process, whose Dagster threads a fork would copy mid-lock),
+    which imports `WORKER_PRELOAD` once."""
+    global _pool
+    key = (refinery.worker_settings(), workers, config_digest(refinery.config))
+    if _pool is not None and _pool.key == key and not _pool_broken(_pool.pool):
+        return _pool.pool
+    close_run_pool()
+    context = get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    _pool = _RunPool(key, ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                              initargs=refinery.worker_settings()))
+    return _pool.pool
+
+
+def _pool_broken(pool: ProcessPoolExecutor) -> bool:
+    return bool(getattr(pool, "_broken", False))
+
+
+def close_run_pool() -> None:
+    """Shut the run's pool down (its workers leave once their tasks are done); at the latest when
+    the process exits."""
+    global _pool
+    if _pool is not None:
+        _pool.pool.shutdown()
+        _pool = None
+
+
+atexit.register(close_run_pool)
+
+
+def config_digest(cfg: RefineryConfig) -> str:
+    """A digest of every config value: what the run pool and the run's stages were made for."""
+    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()
+
+
 def map_tasks(refinery: RefineryResource, items: list, task: Callable[[RefineryResource, Any, dict], Any]) -> list:
-    """Run `task(resource, item, cache)` on every item, in `partitions.workers` processes (in this
-    one when 1), or as Ray tasks under `execution.engine: ray`, and return the results in item
-    order whatever order the workers finish in."""
+    """Run `task(resource, item, cache)` on every item, in the run's pool of `partitions.workers`
+    processes (in this one when 1), or as Ray tasks under `execution.engine: ray`, and return the
+    results in item order whatever order the workers finish in. The cache is the call's own."""
     if refinery.config.execution.engine == "ray":
         return ray_engine.map_tasks(refinery, items, task, ray_engine.new_runner())
     workers = min(refinery.config.partitions.workers, len(items))
     if workers <= 1:
         cache: dict = {}
         return [task(refinery, item, cache) for item in items]
-    # spawn, not fork: the run's process has Dagster's threads, which a fork would copy mid-lock.
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=refinery.worker_settings()) as pool:
-        return list(pool.map(partial(_run_in_worker, task), items))
+    pool = run_pool(refinery, refinery.config.partitions.workers)
+    return list(pool.map(partial(_run_in_worker, task, uuid.uuid4().hex), items))
+
+
+# This process's stages, built once per (stage, source) for the config they were built from: a
+# worker of the run's pool (or the run's own process) keeps its models from step to step and from
+# one partition to the next. Bounded by the stages times the sources of one config.
+_stages: dict[tuple[str, str], Stage] = {}
+_stages_config: list[str] = [""]
+
+
+def built_stage(cfg: RefineryConfig, name: str, source: str, build: StageBuilder) -> Stage:
+    """`build(cfg, source)` for stage `name`, made once in this process while the config is the
+    same (a stage is built from the config alone)."""
+    digest = config_digest(cfg)
+    if _stages_config[0] != digest:
+        _stages.clear()
+        _stages_config[0] = digest
+    if (name, source) not in _stages:
+        _stages[name, source] = build(cfg, source)
+    return _stages[name, source]
 
 
 def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask) -> list[FileResult]:
@@ -90,9 +182,9 @@ def _on_root(task: Task, refinery: RefineryResource, item: Any, cache: dict) -> 
 @contextmanager
 def task_pool(refinery: RefineryResource, on_this_machine: bool = False) -> Iterator[RunTasks]:
     """A `refinery.tasks.RunTasks` that fans a step's tasks out like the per-file steps: over
-    `partitions.workers` spawned processes, each with its own resource and data root, one pool
-    (started on the first call that has more than one task) serving every call in the block, so a
-    step's passes pay the workers' start once. With one worker, tasks run in this process. Under
+    the run's pool of `partitions.workers` processes (`run_pool`), each with its own resource and
+    data root, the calls of the block sharing a cache in each worker (from the first call that has
+    more than one task on). With one worker, tasks run in this process. Under
     `execution.engine: ray` the calls of the block are Ray tasks of one runner (sharing a cache in
     each Ray worker, as the pool's workers do), unless `on_this_machine`: tasks that share a folder
     of this machine run in the local pool whatever the engine."""
@@ -101,23 +193,19 @@ def task_pool(refinery: RefineryResource, on_this_machine: bool = False) -> Iter
         yield lambda task, items: ray_engine.map_tasks(refinery, items, partial(_on_root, task), runner)
         return
     workers = refinery.config.partitions.workers
-    pool: ProcessPoolExecutor | None = None
+    runner = uuid.uuid4().hex
+    pooled = False
     cache: dict = {}
 
     def run(task: Task, items: list) -> list:
-        nonlocal pool
-        if pool is None and min(workers, len(items)) <= 1:
+        nonlocal pooled
+        if not pooled and min(workers, len(items)) <= 1:
             return [task(refinery.root, item, cache) for item in items]
-        if pool is None:  # spawned, as in map_tasks
-            pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                       initargs=refinery.worker_settings())
-        return list(pool.map(partial(_run_in_worker, partial(_on_root, task)), items))
+        pooled = True  # from here on in the pool, whose workers keep this block's cache
+        pool = run_pool(refinery, workers)
+        return list(pool.map(partial(_run_in_worker, partial(_on_root, task), runner), items))
 
-    try:
-        yield run
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    yield run
 
 
 def run_stage(stage: Stage, cfg: RefineryConfig, shard: InputShard, docs: pl.DataFrame) -> StageOutput:

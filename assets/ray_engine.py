@@ -16,6 +16,7 @@ only when the engine is Ray: the default install has no Ray.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections import Counter
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 from assets.resource import RefineryResource
 from refinery.config import task_memory_bytes
+from refinery.config.execution import resolve_address, unreachable
 
 # The nodes that ran the tasks of the step being recorded (`recording_nodes`), one entry a task.
 _nodes_of_step: ContextVar[list[str] | None] = ContextVar("nodes_of_step", default=None)
@@ -64,7 +66,10 @@ def _run_task(settings: tuple, runner: str, task: Callable[[RefineryResource, An
 
 
 def connect(address: str) -> None:
-    """Join the cluster at `address` once per process (again when the address changes)."""
+    """Join the cluster at `address` once per process (again when the address changes), and say on
+    stderr which one (its address, nodes and CPUs) before any task goes there. A head that does not
+    answer within PROBE_TIMEOUT_S raises ConnectionError naming the address instead of hanging in
+    `ray.init`; `host-cluster` is resolved to the address this host registered and joined as that."""
     global _connected_to, _remote
     import ray
 
@@ -72,9 +77,17 @@ def connect(address: str) -> None:
         return
     if ray.is_initialized():
         ray.shutdown()
+    resolved = resolve_address(address)
+    why = unreachable(resolved)
+    if why is not None:
+        raise ConnectionError(f"execution.address: no Ray cluster answers at {resolved}: {why}")
     # log_to_driver off: a task's log lines would interleave with the step's on the run's stdout.
-    ray.init(address=address, namespace="refinery", log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(address=resolved, namespace="refinery", log_to_driver=False, logging_level=logging.WARNING)
     _connected_to = address
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = sum(n.get("Resources", {}).get("CPU", 0) for n in nodes)
+    print(f"refinery: joined the Ray cluster at {ray.get_runtime_context().gcs_address} "
+          f"(execution.address {address}): {len(nodes)} node(s), {cpus:g} CPU(s)", file=sys.stderr, flush=True)
     if _remote is None:
         _remote = ray.remote(_run_task)
 

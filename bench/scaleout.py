@@ -1,18 +1,19 @@
 """The funnel on the local pool and on a Ray cluster of 1, 2 and 3 nodes, on this machine.
 
-    python bench/scaleout.py [--docs 3000] [--docs-per-file 250] [--repeats 3] [--workdir DIR] [--out FILE]
+    python bench/scaleout.py [--docs 3000] [--docs-per-file 250] [--repeats 3] [--nodes 1 2 3] [--workdir DIR] [--out FILE]
 
 A corpus of `--docs` generated pages (`refinery.testing.crawl.write_corpus`, WARC.gz files of
 `--docs-per-file` pages each, partitions by file) runs through the funnel up to `pii_redacted`
 (ingest, extraction, language ID, heuristics, dedup signatures, exact and near dedup, quality
 scoring, PII) as `refinery demo` runs it (`orchestration.demo.materialize_graph`), once per setting:
 
-- local pool, `partitions.workers` 1 and 2;
+- local pool, `partitions.workers` 1 and 2 (one pool for the run, reused by every step);
 - `execution.engine: ray` on a cluster of 1, 2 and 3 nodes on 127.0.0.1 (`ray start` per node, one
   CPU each: tests/helpers/ray_cluster.py), the cluster started before the run and not timed.
 
 Each run happens in a child process. CPU is the child's user + system time and its waited-for
-children's (the local pool's workers), from wait4, plus for Ray the growth over the run of every
+children's, from wait4, plus the local pool's (its fork server and workers, read from /proc by the
+child before it leaves: they are the server's children, not the child's), plus for Ray the growth over the run of every
 process of each node's session (`ray start --block` and its raylet, GCS, agents and Ray workers,
 read from /proc by the child just before it leaves, while the job's Ray workers still live). Figures: raw documents per CPU-second, wall time, and
 the bytes under documents/ and dedup/ compared with the first setting's (the engines must write the
@@ -32,6 +33,7 @@ sys.path.insert(1, os.path.join(REPO_DIR, "tests"))
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import multiprocessing.forkserver  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -104,8 +106,38 @@ def child(config: str) -> None:
     assert map_tasks(refinery, list(range(NOOP_TASKS)), do_nothing) == list(range(NOOP_TASKS))
     per_task = (time.perf_counter() - start) / NOOP_TASKS
     nodes = session_cpu_s(node_sessions) - nodes_before
+    # The local pool's workers are the fork server's children, not this process's: wait4 does not
+    # see them, so their CPU (and the server's) is read here, while they still live.
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    pool = tree_cpu_s(server) if server is not None else 0.0
     print(MARK + json.dumps({"wall_s": round(wall, 2), "noop_task_ms": round(per_task * 1000, 3),
-                             "ray_nodes_cpu_s": round(nodes, 2)}), flush=True)
+                             "ray_nodes_cpu_s": round(nodes, 2), "pool_cpu_s": round(pool, 2)}), flush=True)
+
+
+def process_cpu_s(pid: int) -> tuple[float, int]:
+    """User + system CPU of `pid` and its waited-for children's, and its parent's pid (0 if gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0, 0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS, int(fields[1])
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU of `root` and of every live process below it (each one's own and its reaped children's)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parents[int(entry)] = process_cpu_s(int(entry))
+    below, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, (_, parent) in parents.items():
+            if parent == pid and child not in below:
+                below.add(child)
+                frontier.append(child)
+    return sum(parents.get(pid, (0.0, 0))[0] for pid in below)
 
 
 def session_cpu_s(sessions: set[int]) -> float:
@@ -139,7 +171,7 @@ def run_setting(config: Path, node_sessions: set[int]) -> dict:
     if process.returncode != 0 or not lines:
         raise SystemExit(f"{config} failed (exit {process.returncode}):\n{text[-6000:]}")
     row = json.loads(lines[-1][len(MARK):])
-    driver = usage.ru_utime + usage.ru_stime
+    driver = usage.ru_utime + usage.ru_stime + row["pool_cpu_s"]
     return {**row, "cpu_s": round(driver + row["ray_nodes_cpu_s"], 2), "driver_cpu_s": round(driver, 2)}
 
 
@@ -171,6 +203,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each setting; the median is reported")
     parser.add_argument("--workdir", default="/tmp/refinery-scaleout")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[1, 2, 3],
+                        help="Ray cluster sizes to run (none: the local pool only)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -204,7 +238,7 @@ def main() -> None:
     for workers in (1, 2):
         record(f"local pool, {workers} worker(s)",
                lambda tag, w=workers: write_config(work, crawl, f"local{w}{tag}", {"engine": "local"}, w), set())
-    for nodes in (1, 2, 3):
+    for nodes in args.nodes:
         cluster = start_cluster(work / f"ray{nodes}", workers=nodes - 1)
         try:
             execution = {"engine": "ray", "address": cluster.address}

@@ -80,12 +80,14 @@ def _causes(err: BaseException) -> list[BaseException]:
 
 def input_problem(err: BaseException) -> str | None:
     """The message of an input problem behind `err`, however deep a run wrapped it (None: not one):
-    a config problem, a table without its source's column, an S3 data root without credentials."""
+    a config problem, a table without its source's column, a damaged table under the data root, an
+    S3 data root without credentials."""
     from refinery.stages.readers.tables import InputColumnError
+    from refinery.storage.damaged import DamagedTableError
 
     chain = _causes(err)
     for e in chain:
-        if isinstance(e, (ConfigError, InputColumnError)):
+        if isinstance(e, (ConfigError, InputColumnError, DamagedTableError)):
             return str(e)
     for e in chain:
         if type(e).__module__.startswith("botocore") and type(e).__name__ in ("NoCredentialsError",

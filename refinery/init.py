@@ -33,6 +33,7 @@ import yaml
 from refinery.config import ConfigError, LanguageConfig, load_config
 from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
 from refinery.documents.inputs import outside_folder
+from refinery.preflight import not_a_file
 
 # Bytes of clean text per token of the demo's tokenizer (byte-level BPE, vocab 4096, trained on the
 # sample's clean text by the `tokenizer` asset): 3.37 on data/sample's JSONL text.
@@ -45,6 +46,7 @@ SAMPLE_FILES = 3  # per source: the first, middle and last file
 ROOT_BUCKET = "web"
 # How `scan` marks, among the files it does not read, a symlink whose target is outside the scanned folder.
 OUTSIDE_NOTE = " (a symlink out of this folder)"
+UNREADABLE_NOTE = " (not a regular file: {kind})"
 # A language goes into stages.language.languages when at least MIN_LANGUAGE_DOCS sampled documents are in it
 # and it is at least MIN_LANGUAGE_SHARE of the whole sample or SOURCE_LANGUAGE_SHARE of one source's sample.
 # A language a folder or file is largely in is one the user put there, however small that source is
@@ -153,8 +155,11 @@ def bucket_name(folder: str) -> str:
 
 def _size(path: str) -> int:
     if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-    return os.path.getsize(path)
+        return sum(_size(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    try:
+        return os.path.getsize(path)
+    except OSError:  # a symlink loop or dangling link inside a dataset folder: reading it fails later, by name
+        return 0
 
 
 def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found], list[str]]:
@@ -181,6 +186,11 @@ def scan(root: str, exclude: frozenset[str] = frozenset()) -> tuple[list[Found],
             for name in sorted(os.listdir(path)):
                 if not name.startswith("."):
                     visit(os.path.join(path, name), bucket)
+            return
+        # A symlink loop, a dangling link, a FIFO or a device is no input: noted, and its folder still read.
+        kind = None if os.path.isdir(path) else not_a_file(path)
+        if kind is not None:
+            ignored.append(os.path.relpath(path, root) + UNREADABLE_NOTE.format(kind=kind))
             return
         if fmt is None:
             ignored.append(os.path.relpath(path, root))
@@ -563,9 +573,12 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
         if s.skip:
             entry["skip"] = s.skip
         lines.append(f"  {'# ' if s.problem else ''}- {_flow(entry)}")
-    unknown = [i for i in ignored if not i.endswith(OUTSIDE_NOTE)]
+    unreadable_at = UNREADABLE_NOTE.split("{")[0]
+    unreadable = [i.replace(unreadable_at, " (") for i in ignored if unreadable_at in i]
+    unknown = [i for i in ignored if not i.endswith(OUTSIDE_NOTE) and unreadable_at not in i]
     outside = [i.removesuffix(OUTSIDE_NOTE) for i in ignored if i.endswith(OUTSIDE_NOTE)]
-    for names, why in ((unknown, "no format Refinery knows"), (outside, "symlinks out of this folder")):
+    for names, why in ((unknown, "no format Refinery knows"), (outside, "symlinks out of this folder"),
+                       (unreadable, "not regular files; a source whose glob matches one is refused by the run")):
         if names:
             shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
             lines.append(f"  # Not read ({why}): {shown}")

@@ -48,6 +48,7 @@ from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENI
                              shard_index_key, shard_lineage_key)
 from refinery.shard_header import ShardFormatError, locate_token, read_tokens
 from refinery.storage import DataRoot, sha256_file
+from refinery.storage.damaged import reading_table
 from refinery.tasks import RunTasks, in_process
 from refinery.tokenizer_file import TokenizeError, read_decoder
 
@@ -169,7 +170,9 @@ def _read_arrow(root: DataRoot, key: str):
     """The Arrow table in `key`, memory-mapped (zero-copy: only the pages a caller touches are read)."""
     import pyarrow as pa
 
-    return pa.ipc.open_file(pa.memory_map(str(root.local_path(key)))).read_all()
+    path = str(root.local_path(key))
+    with reading_table(path):
+        return pa.ipc.open_file(pa.memory_map(path)).read_all()
 
 
 def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAGE) -> dict[str, Any]:
@@ -397,13 +400,33 @@ def _read_json(root: DataRoot, key: str, missing: str) -> Any:
         raise LineageError(f"{root.display(key)}: {missing}") from None
 
 
-def _check_hash(path: str, want: str) -> str:
-    if sha256_file(path) != want:
-        raise ShardFormatError(
-            f"{path}: content hash does not match the bucket's index.json; the shard changed after it "
-            f"was written; rebuild it (materialize the shard asset again)"
-        )
-    return path
+# Files whose content hash matched the one the index records, by (path, size, mtime_ns, hash): a
+# query hashes each file it reads once per version of it in a process (a shard's three files and its
+# lineage rows: a few hundred KB), and later queries of that file only stat it. Bounded: cleared
+# when full, so a long-lived process hashes again rather than growing.
+_VERIFIED: set[tuple[str, int, int, str]] = set()
+MAX_VERIFIED = 100_000
+
+
+def check_hash(path: str, want: str, recorded_in: str = "the bucket's index.json",
+                fix: str = "rebuild it (materialize the shard asset again)",
+                error: type[ValueError] = ShardFormatError) -> str:
+    """`path`, once its sha256 is `want` (the hash `recorded_in` records); else `error` naming the
+    file, in one line."""
+    st = os.stat(path)
+    seen = (str(path), st.st_size, st.st_mtime_ns, want)
+    if seen not in _VERIFIED:
+        if sha256_file(path) != want:
+            raise error(f"{path}: content hash does not match {recorded_in}; the file changed after it was "
+                        f"written; {fix}")
+        if len(_VERIFIED) >= MAX_VERIFIED:
+            _VERIFIED.clear()
+        _VERIFIED.add(seen)
+    return str(path)
+
+
+def _lineage_file(path: str, want: str, listing: str) -> str:
+    return check_hash(path, want, listing, "materialize lineage_index again", LineageError)
 
 
 class LineageIndex:
@@ -414,6 +437,7 @@ class LineageIndex:
         self.root, self.cfg = root, cfg
         self._decode: Callable[[list[int]], str] | None = None
         self._directories: dict[str, tuple[tuple[int, int] | None, ShardDirectory]] = {}
+        self._listings: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
         self.index = _read_json(root, LINEAGE_INDEX_KEY, "no lineage index; materialize the `lineage_index` asset first")
         if self.index.get("version") != LINEAGE_VERSION:
             raise LineageError(f"{root.display(LINEAGE_INDEX_KEY)}: version {self.index.get('version')}, expected {LINEAGE_VERSION}; rebuild it")
@@ -427,6 +451,34 @@ class LineageIndex:
             cached = (version, read_shard_directory(self.root, stage, bucket, part))
             self._directories[key] = cached
         return cached[1]
+
+    def listing(self, key: str, want: str | None, item: str) -> dict[str, str]:
+        """A listing of lineage files (`key`: a bucket's lineage index.json, or the documents
+        parts' index.json) as {name: sha256}, checked against `want` (its sha256 in
+        lineage/index.json) and parsed once per version of the file; `item` names the field that
+        says which file an entry lists."""
+        version = file_version(self.root, key) if self.root.exists(key) else None
+        if version is None:
+            raise LineageError(f"{self.root.display(key)}: missing, and lineage/index.json lists it; materialize "
+                               f"lineage_index again")
+        cached = self._listings.get(key)
+        if cached is None or cached[0] != version:
+            path = _lineage_file(str(self.root.local_path(key)), want or "", self.root.display(LINEAGE_INDEX_KEY))
+            with open(path, "rb") as f:
+                entries = json.load(f)
+            entries = entries["shards"] if "shards" in entries else list(entries.values())
+            cached = (version, {e[item]: e["sha256"] for e in entries})
+            self._listings[key] = cached
+        return cached[1]
+
+    def _open_part(self, input_key: str) -> tuple[Any, np.ndarray] | None:
+        """`open_documents_part`, once the part's hash matches the documents listing."""
+        listing_key = f"{LINEAGE_DOCUMENTS_PREFIX}/index.json"
+        hashes = self.listing(listing_key, self.index.get("documents_listing_sha256"), "key")
+        key = documents_part_key(input_key)
+        if key in hashes and self.root.exists(key):
+            _lineage_file(str(self.root.local_path(key)), hashes[key], self.root.display(listing_key))
+        return open_documents_part(self.root, input_key)
 
     def entries_of_earlier_files(self, bucket: str, part: str) -> int:
         """Entries of the tokenized series of the bucket's input files before `part`: a bucket's entries
@@ -461,7 +513,7 @@ class LineageIndex:
         column of the index (None where that part has no such column)."""
         import polars as pl
 
-        row = documents_by_id(pl.Series([doc_id], dtype=pl.String), lambda key: open_documents_part(self.root, key)).row(0, named=True)
+        row = documents_by_id(pl.Series([doc_id], dtype=pl.String), self._open_part).row(0, named=True)
         return {c: row.get(c) for c in self.index["columns"]}
 
     def _final_entry(self, bucket: str, bucket_sha: str, prefix: str, entry: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -472,7 +524,10 @@ class LineageIndex:
                 f"the lineage index was built from other {bucket!r} shards than the current ones "
                 f"(shards/final/{bucket}/index.json changed); materialize lineage_index again"
             )
-        row = read_row(self.root.local_path(shard_lineage_key(prefix)), entry)
+        listing_key = bucket_lineage_key(bucket)
+        hashes = self.listing(listing_key, self.index["buckets"][bucket].get("listing_sha256"), "shard")
+        path = str(self.root.local_path(shard_lineage_key(prefix)))
+        row = read_row(_lineage_file(path, hashes.get(prefix, ""), self.root.display(listing_key)), entry)
         side = {c: row.pop(c) for c in ENTRY_COLUMNS}
         return row, side
 
@@ -494,7 +549,7 @@ class LineageIndex:
             local = str(self.root.local_path(prefix + ".idx"))[: -len(".idx")]  # the shard's files sit together
         except FileNotFoundError as err:
             raise ShardFormatError(f"{err}; the shard's bucket index names it, so rebuild the bucket's shards") from None
-        num_tokens, span = locate_token(_check_hash(local + ".idx", ref["sha256"][".idx"]), offset)
+        num_tokens, span = locate_token(check_hash(local + ".idx", ref["sha256"][".idx"]), offset)
         if span is None:
             raise LineageError(f"offset {offset} is outside shard {prefix} ({num_tokens} tokens: 0..{num_tokens - 1})")
         entry, start, end = span.entry, span.start, span.end
@@ -503,12 +558,12 @@ class LineageIndex:
         else:
             import pyarrow.parquet as pq  # only a tokenized shard's entries are read from Parquet
 
-            entries_path = _check_hash(local + ".entries.parquet", ref["sha256"][".entries.parquet"])
+            entries_path = check_hash(local + ".entries.parquet", ref["sha256"][".entries.parquet"])
             sidecar = pq.ParquetFile(entries_path, memory_map=True).read_row_group(0, columns=["doc_id", "window", "n_windows"])
             side = sidecar.slice(entry, 1).to_pylist()[0]
             doc = self.document(side["doc_id"])
         lo, hi = max(start, offset - context), min(end, offset + context + 1)
-        window = read_tokens(local + ".bin", span.code, lo, hi)
+        window = read_tokens(check_hash(local + ".bin", ref["sha256"][".bin"]), span.code, lo, hi)
         token = window[offset - lo]
         return {
             "shard": prefix,

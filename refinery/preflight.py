@@ -11,12 +11,17 @@
   (loading the config runs no user code; this is the one place before a run that does);
 - paths: source globs that match no file, eval sets, `tokenizer.path` and `stages.language.model_path`
   that name no file (read from the YAML even when the schema rejects it, so these come together);
+  a `stages.difficulty.model_path` whose zip directory, array headers or meta are not a reference
+  model's (sizes checked from the headers, no array read);
 - inputs that cannot be read: a glob match that is a directory, FIFO, dangling symlink or symlink
   loop (or, for `hf_dataset`, not a save_to_disk directory), a Parquet or Arrow table without the
   source's text (or id) column (its schema only is read), and a glob that reaches into the data root
   (a match whose symlinks lead out of the source's folder is not opened: ingest counts it as one
   `ingest/outside_source` reject and reads nothing of it);
 - a data root that is a file, or a local one that cannot be written;
+- for a command that sends work to Ray (a graph run, the definitions, `validate`), a cluster that
+  does not answer at `execution.address` within a few seconds (one gRPC call that only a Ray head
+  serves), or `host-cluster` with no cluster registered on this host;
 - what the command needs: the quality classifier's buckets fed by a source, a curriculum to train;
 - the difficulty score's reference buckets: declared buckets, and (unless `stages.difficulty.model_path`
   names a model) fed by a source.
@@ -24,7 +29,7 @@
 `require(path, needs)` raises `PreflightError` listing them all; every `refinery` command and the
 Dagster definitions call it before they start. Nothing here leaves anything under the data root
 (the writability probe makes an empty folder in it, or in its nearest existing parent, and removes
-it at once) and nothing goes to the network: an `s3://` data root is not probed.
+it at once) and the only network call is the Ray probe: an `s3://` data root is not probed.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from pydantic import ValidationError
 
 from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
                              read_yaml)
+from refinery.config.execution import HOST_CLUSTER, resolve_address, unreachable
 from refinery.documents.inputs import outside_folder, source_folder
 
 
@@ -55,19 +61,21 @@ class Needs:
     `eval_sets`: it scans for contamination; `curriculum`: it trains on or checks the curriculum;
     `schedule`: it builds phase manifests, so the curriculum's blocking errors that need no corpus
     (weights, shares, phase names: what `refinery train` refuses) stop it too; `writes`: it writes
-    under the data root."""
+    under the data root; `cluster`: it sends work to the Ray cluster the config names (or checks a
+    config that will), so that cluster must answer."""
 
     sources: bool = False
     eval_sets: bool = False
     curriculum: bool = False
     schedule: bool = False
     writes: bool = False
+    cluster: bool = False
 
 
 # The whole graph: ingest, scans, manifests and training.
-GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, schedule=True, writes=True)
+GRAPH = Needs(sources=True, eval_sets=True, curriculum=True, schedule=True, writes=True, cluster=True)
 # The Dagster definitions: a config without a curriculum loads (the graph just has no phases).
-DEFINITIONS = Needs(sources=True, eval_sets=True, writes=True)
+DEFINITIONS = Needs(sources=True, eval_sets=True, writes=True, cluster=True)
 READ_ONLY = Needs()
 
 
@@ -99,7 +107,7 @@ def _resolve(base_dir: Path, path: str) -> str:
     return os.path.normpath(base_dir / path)
 
 
-def _not_a_file(path: str) -> str | None:
+def not_a_file(path: str) -> str | None:
     """What a glob match is when it is not a readable regular file (None: it is one)."""
     try:
         mode = os.stat(path).st_mode
@@ -120,7 +128,7 @@ def _not_a_file(path: str) -> str | None:
 
 def _hf_dataset_problem(path: str) -> str | None:
     """What an `hf_dataset` match is when it is not a `save_to_disk` directory (None: it is one)."""
-    kind = _not_a_file(path)
+    kind = not_a_file(path)
     if kind is None:
         return "a file (an hf_dataset source matches directories saved with save_to_disk)"
     if kind != "a directory":
@@ -176,7 +184,7 @@ def source_file_problems(src: dict, i: int, matched: list[str], folder: str) -> 
     for path in matched:
         if outside_folder(path, folder) is not None:
             continue
-        kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else _not_a_file(path)
+        kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else not_a_file(path)
         if kind is not None:
             problems.append(f"sources[{i}].path: {path} is {kind}; narrow the glob so it matches only "
                             f"{'save_to_disk directories' if fmt == 'hf_dataset' else 'files'}")
@@ -242,6 +250,7 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                 where = "" if os.path.isabs(path) else f" (relative to the config's folder: {_resolve(base_dir, path)})"
                 problems.append(f"sources[{i}].path: glob {path!r} matches no file{where}")
             problems += source_file_problems(src, i, matched, source_folder(_resolve(base_dir, path)))
+    if needs.sources or needs.writes:  # what a command writes there (validate's schedule plot too) lands in an input folder
         problems += data_root_in_source_problems(data, base_dir)
     if needs.eval_sets:
         for i, es in enumerate(_items(data, "contamination", "eval_sets")):
@@ -258,6 +267,13 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
                                 f"give a local file, or remove {field} for the default)")
+            elif isinstance(path, str) and field == "stages.difficulty.model_path":
+                from refinery.stages.difficulty import DifficultyModelError, check_model_file
+
+                try:
+                    check_model_file(_resolve(base_dir, path))
+                except DifficultyModelError as err:
+                    problems.append(f"{field}: {err}")
     return problems
 
 
@@ -329,9 +345,30 @@ def needs_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
             problems.append(f"{field}: ray, and the `ray` package is not installed here; install it "
                             f"(pip install 'refinery[ray]') or use {field.split('.')[1]}: local")
     if cfg.training.launch == "ray" and cfg.execution.address is None:
-        problems.append("training.launch: ray needs the cluster's address in execution.address (host:port of the "
-                        "head, ray://host:port or auto)")
-    return problems + difficulty_problems(cfg, needs)
+        problems.append(f"training.launch: ray needs the cluster's address in execution.address (host:port of the "
+                        f"head, ray://host:port or {HOST_CLUSTER})")
+    return problems + cluster_problems(cfg, needs) + difficulty_problems(cfg, needs)
+
+
+def cluster_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:
+    """The Ray cluster a command will send work to, when no Ray head answers there (one gRPC call,
+    PROBE_TIMEOUT_S at most: `unreachable`) or `host-cluster` finds none registered here."""
+    address = cfg.execution.address
+    if not needs.cluster or address is None or "ray" not in (cfg.execution.engine, cfg.training.launch):
+        return []
+    if importlib.util.find_spec("grpc") is None:
+        return []  # no Ray here (Ray brings grpc): `needs_problems` says so
+    field = "execution.engine" if cfg.execution.engine == "ray" else "training.launch"
+    try:
+        resolved = resolve_address(address)
+    except ValueError as err:
+        return [f"execution.address: {err} ({field}: ray)"]
+    why = unreachable(resolved)
+    if why is None:
+        return []
+    named = address if resolved == address else f"{address} ({resolved})"
+    return [f"execution.address: no Ray cluster answers at {named}: {why} ({field}: ray); start the head "
+            f"(`ray start --head --port`) or correct the address"]
 
 
 def difficulty_problems(cfg: RefineryConfig, needs: Needs) -> list[str]:

@@ -261,5 +261,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", help="write the schedule PNG here instead of <data_root>/" + SCHEDULE_PLOT_KEY)
     p.add_argument("--inventory", help="JSON of bucket -> tokens to validate against instead of the final shards")
     # Not the sources: a plan is checked with --inventory before the corpus exists. Only the plot
-    # is written to the data root, and --plot puts it elsewhere.
-    p.set_defaults(func=run_validate, needs=lambda args: Needs(eval_sets=True, curriculum=True, writes=args.plot is None))
+    # is written to the data root, and --plot puts it elsewhere. The cluster: the run this config
+    # plans sends its tasks there.
+    p.set_defaults(func=run_validate, needs=lambda args: Needs(eval_sets=True, curriculum=True, writes=args.plot is None,
+                                                               cluster=True))

@@ -25,11 +25,13 @@ import polars as pl
 
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import input_shards
-from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, exclusions_key, kept_documents_key, near_edges_key,
-                             rejects_key, signatures_key)
+from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, exclusions_key, final_index_key, kept_documents_key,
+                             near_edges_key, rejects_key, signatures_key)
+from refinery.lineage import check_hash
 from refinery.preflight import READ_ONLY
 from refinery.stages.attributes import read_stage_documents, stage_columns
 from refinery.storage import DataRoot, open_data_root
+from refinery.storage.damaged import DamagedTableError
 
 DEDUP_FOLDER = "deduped"  # exact and near dedup write one table of kept documents and one rejects table
 TOKENIZE_STAGE = "tokenized_shards"
@@ -126,6 +128,11 @@ class DocumentTrail:
             by_id = None
             if self.root.exists(key):
                 by_id = {}
+                index_key = final_index_key(bucket)  # the table's sha256, recorded when the shards were written
+                if self.root.exists(index_key):
+                    recorded = self.root.read_json(index_key).get("entries_table", {}).get("sha256", "")
+                    check_hash(str(self.root.local_path(key)), recorded, self.root.display(index_key),
+                               "materialize shuffled_shards again", DamagedTableError)
                 table = self.root.read_parquet(key, columns=["doc_id", "shard", "start", "tokens", "window", "n_windows"])
                 for r in table.iter_rows(named=True):
                     by_id.setdefault(r.pop("doc_id"), []).append(r)

@@ -169,6 +169,7 @@ def test_outputs_are_one_row_group_per_batch_and_identical_across_reruns(tmp_pat
     ("batch_bytes", 1 << 40, "stages.extract.batch_bytes: Input should be less than or equal to 4294967296"),
     ("batch_rows", -1, "stages.extract.batch_rows: Input should be greater than or equal to 1"),
     ("batch_rows", 10**9, "stages.extract.batch_rows: Input should be less than or equal to 1000000"),
+    ("max_file_bytes", 1000, "stages.extract.max_file_bytes: Input should be greater than or equal to 1048576"),
 ])
 def test_preflight_refuses_batch_bounds_out_of_range(tmp_path, capsys, field, value, message):
     data = demo_config(tmp_path / "out")
@@ -264,3 +265,35 @@ def test_quality_scores_are_the_same_bytes_whatever_the_batch_bounds():
     # Batches of other document counts may differ in the last bit (torch's vectorized sigmoid and
     # its scalar tail), which is why the scorer keeps its document count.
     assert np.abs(model.score(texts, batch_docs=7) - whole).max() <= 2.0 ** -23
+
+
+# ---- a per-file decompressed-size bound: CPU bounded as well ------------------------------------
+
+MB = 1 << 20
+
+
+@pytest.mark.parametrize(("fmt", "write", "tail"), [
+    ("jsonl", write_jsonl_bomb, b"{broken\n"),  # read on, this line would be an ingest/bad_json
+    ("warc", write_warc_bomb, b"\x1f\x8b\x08\x00broken"),  # and this a bad gzip member
+    ("parquet", write_parquet_bomb, None),
+])
+def test_a_file_inflating_past_max_file_bytes_is_one_reject_and_read_no_further(tmp_path, fmt, write, tail):
+    path = tmp_path / f"bomb.{fmt}"
+    kwargs = {"member_bytes": 2 * MB} if fmt == "jsonl" else {}
+    records, text_bytes = write(path, 24 * MB, **kwargs)
+    if tail is not None:
+        with open(path, "ab") as f:
+            f.write(tail)
+    source = SourceConfig(name="bomb", path=str(path), format=fmt, bucket="web")
+    documents, rejects, stats = batched(path, source, max_file_bytes=4 * MB)
+    kept = sum(d.height for d in documents)
+    assert 0 < kept < records
+    assert kept * text_bytes <= 4 * MB
+    assert dict(stats.dropped) == {"ingest/file_too_large": 1}, "one reject, and nothing read after it"
+    [reject] = pl.concat(rejects).to_dicts()
+    assert reject["rule"] == "ingest/file_too_large" and "max_file_bytes 4194304" in reject["detail"]
+    # The whole file, without the bound: every record, and the damaged tail counted.
+    documents, _, stats = batched(path, source)
+    assert sum(d.height for d in documents) == records
+    assert sum(stats.dropped.values()) == (tail is not None)
+

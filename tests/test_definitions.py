@@ -51,7 +51,7 @@ def test_each_assets_code_version_carries_the_config_it_reads_and_no_other():
     assert {k.to_user_string() for k in graph.materializable_asset_keys} == set(CONFIG_READ)
     data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     base = parse_config(data, str(REPO / "configs"))
-    moved = {**data, "partitions": {"workers": 4}, "execution": {"engine": "ray", "address": "auto"},
+    moved = {**data, "partitions": {"workers": 4}, "execution": {"engine": "ray", "address": "host-cluster"},
              "training": {**data.get("training", {}), "launch": "ray", "ray_cpus": 8}}
     assert parse_config(moved, str(REPO / "configs")).fingerprint() == base.fingerprint()
     edited = parse_config({**moved, "stages": {**data.get("stages", {}), "pii": {"email": False}}}, str(REPO / "configs"))

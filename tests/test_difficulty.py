@@ -227,3 +227,48 @@ def test_preflight_refuses_impossible_difficulty_settings(tmp_path, capsys, diff
 def test_the_demo_config_scores_difficulty():
     cfg = load_config(DEMO)
     assert cfg.stages.difficulty.enabled and dfc.reference_buckets(cfg) == ["books", "wiki"]
+
+
+def test_a_model_file_that_decompresses_to_far_more_than_it_holds_is_refused_from_its_headers(tmp_path):
+    """Issue 38: every member was decompressed before any check (a 2.4 MB file reached 2.45 GB)."""
+    import tracemalloc
+
+    from helpers.bombs import write_difficulty_model_bomb
+
+    bomb = tmp_path / "bomb.npz"
+    write_difficulty_model_bomb(bomb, 256 << 20)
+    assert bomb.stat().st_size < 2 << 20
+    data = bomb.read_bytes()
+    tracemalloc.start()
+    try:
+        with pytest.raises(dfc.DifficultyModelError, match=r"bomb\.npz: not a reference model file \(its members "
+                                                            r"declare 268,43\d,\d+ bytes decompressed, more than"):
+            dfc.ReferenceModel.from_bytes(data, str(bomb))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak:,} bytes allocated before the refusal"
+    with pytest.raises(dfc.DifficultyModelError, match="declare"):
+        dfc.check_model_file(str(bomb))
+
+
+@pytest.mark.parametrize("member, value, message", [
+    ("ngram_counts", np.array([-5], dtype=np.int64), r"ngram_counts_1\.npy holds int64"),
+    ("ngram_counts", np.array([0], dtype=np.uint32), r"ngram_counts_1: not sorted unique keys, counts of at least one"),
+    ("ngram_keys", None, r"ngram_keys_1: not sorted unique keys"),
+    ("context_followers", np.array([10**6], dtype=np.uint32), r"context_followers_0: .* followers within totals"),
+])
+def test_a_model_with_impossible_values_is_refused(tokenizer, model, member, value, message):
+    """Issue 38: a model with negative counts loaded and scored."""
+    import dataclasses
+
+    tables = list(getattr(model, member))
+    first = tables[0] if member != "context_followers" else tables[0].copy()
+    if value is None:
+        first = first[::-1].copy()  # keys out of order
+    else:
+        first = np.concatenate([value, first[1:]]) if member != "context_followers" else value[:len(first)]
+    tables[0] = first
+    damaged = dataclasses.replace(model, **{member: tuple(tables)}).to_bytes()
+    with pytest.raises(dfc.DifficultyModelError, match=message):
+        dfc.ReferenceModel.from_bytes(damaged, "reference.npz")

@@ -211,3 +211,28 @@ def test_init_lists_every_language_it_found_and_says_what_it_left_out(tmp_path, 
                       for s in raw["sources"]]
     config.write_text(yaml.safe_dump(raw))
     assert load_config(config).sources[-1].rules_off == ["c4/curly_bracket"]
+
+
+def test_a_symlink_loop_and_a_fifo_are_rejected_alone(tmp_path, capsys):
+    """Issue 38: a symlink loop crashed init (OSError traceback), and a FIFO beside good files had
+    their whole folder left out as 'does not exist'. Now each bad entry is named and skipped, its
+    folder's files are sampled and used, and the run's preflight names only the bad entries."""
+    import os
+
+    data = tmp_path / "d"
+    write_jsonl_gz(data / "books" / "b.jsonl.gz", [{"text": t, "url": u} for u, t in DOCS[:12]])
+    write_jsonl_gz(data / "web" / "w.jsonl.gz", [{"text": t, "url": u} for u, t in DOCS[12:]])
+    (data / "books" / "loop.jsonl.gz").symlink_to("loop.jsonl.gz")
+    os.mkfifo(data / "web" / "pipe.jsonl.gz")
+    config = tmp_path / "cfg" / "refinery.yaml"
+    assert refinery(["init", str(data), "--config", str(config), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line.strip() for line in err.splitlines()[1:]] == [
+        f"sources[0].path: {data / 'books' / 'loop.jsonl.gz'} is a symlink loop; narrow the glob so it matches only files",
+        f"sources[1].path: {data / 'web' / 'pipe.jsonl.gz'} is a FIFO; narrow the glob so it matches only files",
+    ]
+    text = config.read_text()
+    assert [s["name"] for s in yaml.safe_load(text)["sources"]] == ["books", "web"]
+    assert ("  # Not read (not regular files; a source whose glob matches one is refused by the run): "
+            "books/loop.jsonl.gz (a symlink loop), web/pipe.jsonl.gz (a FIFO)") in text

@@ -388,3 +388,54 @@ def test_lineage_index_older_than_the_shards_is_refused(tmp_path):
     assert lin.resolve_token(c.root, c.cfg, "math/shard-00000", 0)["bucket"] == "math"
     lin.build_lineage_index(c.root, c.cfg)
     assert lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)["bucket"] == "web"
+
+
+def test_answers_from_damaged_files_are_refused_naming_the_file(tmp_path, capsys):
+    """Issue 38: a same-length URL edit in a final shard's lineage rows or an input file's documents
+    part was printed as fact, and a bit flip in a final shard's .bin gave another token, exit 0.
+    Each file is now checked against the hash the index records: one line naming it, exit 2."""
+    c = make_corpus(tmp_path, docs_per_shard={"web/a": 20, "web/b": 10, "math/m": 5})
+    tokenize_all(c)
+    for bucket in c.cfg.buckets:
+        shuffle(c, bucket, c.cfg.seed, 1024, 1)
+    lin.build_lineage_index(c.root, c.cfg)
+    final = lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)
+    tokenized_shard = shard_refs(c, tk.TOKENIZED)[0]["prefix"]
+    tokenized = lin.resolve_token(c.root, c.cfg, tokenized_shard, 3)
+
+    def refused(path: Path, edit, shard: str) -> str:
+        good = path.read_bytes()
+        damaged = edit(bytearray(good))
+        assert len(damaged) == len(good) and damaged != good
+        path.write_bytes(bytes(damaged))
+        try:
+            assert main(["lineage", "--config", str(c.config_path), "--shard", shard, "--offset", "3"]) == 2
+        finally:
+            path.write_bytes(good)
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, err
+        return err
+
+    def url_edited(url: str):
+        return lambda raw: raw.replace(url.encode(), url[:-1].encode() + b"X", 1)
+
+    rows = c.root.local_path(lin.shard_lineage_key("shards/final/web/shard-00000"))
+    err = refused(rows, url_edited(final["url"]), "web/shard-00000")
+    assert err == (f"refinery lineage: {rows}: content hash does not match {c.root.display('lineage/final/web/index.json')}; "
+                   f"the file changed after it was written; materialize lineage_index again\n")
+
+    def flip(raw: bytearray) -> bytearray:
+        raw[2 * 3] ^= 0x10  # token 3 of a uint16 shard
+        return raw
+
+    shard_bin = c.root.local_path("shards/final/web/shard-00000.bin")
+    err = refused(shard_bin, flip, "web/shard-00000")
+    assert err.startswith(f"refinery lineage: {shard_bin}: content hash does not match the bucket's index.json")
+
+    part = c.root.local_path(layout.documents_part_key(tokenized["doc_id"].rsplit("/", 1)[0]))
+    err = refused(part, url_edited(tokenized["url"]), tokenized_shard)
+    assert err.startswith(f"refinery lineage: {part}: content hash does not match "
+                          f"{c.root.display('lineage/documents/index.json')}")
+    # The same files, restored, answer again (the verdict is per version of a file, not sticky).
+    assert lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)["url"] == final["url"]
+    assert lin.resolve_token(c.root, c.cfg, tokenized_shard, 3)["url"] == tokenized["url"]

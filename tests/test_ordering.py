@@ -351,3 +351,33 @@ def test_sigkill_and_elastic_resume_with_ordering_deliver_exactly_once_and_linea
             found = locate_token(cfg, root, step, row, pos, run_dir)
             assert (found["bucket_entry"], found["entry_token"]) == (entry, a)
             pos += b - a
+
+
+def test_a_band_file_changed_since_validation_is_a_refusal_with_its_status(tmp_path, scored, capsys):
+    """Issue 38: a band file whose hash no longer matches its manifest was refused as a traceback
+    (exit 1) and status.json stayed `running`. Now: the trainer's refusal exit code (3), one line
+    naming the file, and status.json `refused` with the reason."""
+    import json
+
+    from training.cli import EXIT_HALTED
+    from training.run_store import run_base
+    from training.status import write_status
+
+    root, _ = scored
+    path = write_config(tmp_path, ordered_config(tmp_path, main_order=EASY))
+    cfg = load_config(path)
+    for phase in ("main", "anneal"):
+        write_manifest(root, build(cfg, root, phase)[1])
+    bands = root.root / "manifests" / "main" / "web-bands.npy"
+    raw = bytearray(bands.read_bytes())
+    raw[-1] ^= 1
+    bands.write_bytes(bytes(raw))
+    run_dir = run_base(cfg)
+    run_dir.mkdir(parents=True)
+    write_status(run_dir, "running", "")  # the run this one continues
+    assert main(["train", "--config", str(path)]) == EXIT_HALTED
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"refinery train: refused: {bands}: content hash ") and "rebuild phase_manifests" in err
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "refused" and status["reason"] == err.strip().removeprefix("refinery train: refused: ")

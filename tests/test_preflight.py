@@ -5,8 +5,10 @@ come together; the demo config passes."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -304,7 +306,9 @@ def test_config_curriculum_and_documents_load_without_the_stages_or_the_layers_a
 @pytest.mark.parametrize("execution, expected", [
     ({"engine": "ray"}, "execution: engine: ray needs `address`"),
     ({"engine": "ray", "address": "head node:6379"}, "execution.address: 'head node:6379' is not a Ray address"),
-    ({"engine": "ray", "address": "auto", "max_retries": -1}, "execution.max_retries"),
+    ({"engine": "ray", "address": "host-cluster", "max_retries": -1}, "execution.max_retries"),
+    ({"engine": "ray", "address": "127.0.0.1:99999"}, "execution.address: '127.0.0.1:99999': port 99999 is not a TCP port"),
+    ({"engine": "ray", "address": "auto"}, "execution.address: auto joins whichever cluster this host registered last"),
     ({"engine": "dask"}, "execution.engine"),
     ({"engine": "local", "launch_trainer_on_ray": True}, "training.launch: ray needs the cluster's address"),
 ])
@@ -325,3 +329,142 @@ def test_the_ray_engine_without_ray_installed_is_refused(tmp_path, capsys, monke
     err = refused(capsys, tmp_path, data)
     assert "execution.engine: ray, and the `ray` package is not installed here" in err
     assert "training.launch: ray, and the `ray` package is not installed here" in err
+
+
+@pytest.mark.parametrize("command, execution, launch", [
+    ("validate", {"engine": "ray", "address": "127.0.0.1:1"}, "local"),
+    ("demo", {"engine": "ray", "address": "127.0.0.1:1"}, "local"),
+    ("demo", {"engine": "local", "address": "ray://127.0.0.1:1"}, "ray"),
+])
+def test_an_unreachable_ray_address_is_refused_before_any_work(tmp_path, capsys, command, execution, launch):
+    """Issue 38: `address: 127.0.0.1:1` passed validate and the preflight, then hung in ray.init."""
+    data = demo_config(tmp_path / "out")
+    data["execution"] = execution
+    data.setdefault("training", {})["launch"] = launch
+    started = time.monotonic()
+    err = refused(capsys, tmp_path, data, command)
+    assert time.monotonic() - started < 30
+    field = "execution.engine" if execution["engine"] == "ray" else "training.launch"
+    assert (f"  execution.address: no Ray cluster answers at {execution['address']}: nothing listens there "
+            f"(Connection refused) ({field}: ray)") in err
+
+
+def test_a_ray_address_that_accepts_but_never_answers_is_refused_within_seconds(tmp_path, capsys):
+    """A port that takes the connection and says nothing (a firewall's tarpit, a wedged head): the
+    probe's deadline, not ray.init's minutes of retries."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        data = demo_config(tmp_path / "out")
+        data["execution"] = {"engine": "ray", "address": address}
+        started = time.monotonic()
+        err = refused(capsys, tmp_path, data, "validate")
+    assert time.monotonic() - started < 30
+    assert f"execution.address: no Ray cluster answers at {address}: no answer within 3s" in err
+
+
+def test_a_server_that_is_not_a_ray_head_is_refused(tmp_path, capsys):
+    """Any gRPC server (here one with no Ray service, as a proxy answering for every address is) is
+    not a head."""
+    import grpc
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        data = demo_config(tmp_path / "out")
+        data["execution"] = {"engine": "ray", "address": f"127.0.0.1:{port}"}
+        err = refused(capsys, tmp_path, data, "validate")
+    finally:
+        server.stop(None)
+    assert f"no Ray cluster answers at 127.0.0.1:{port}: the server there is not a Ray head (UNIMPLEMENTED)" in err
+
+
+def test_host_cluster_with_none_registered_is_refused_naming_where_it_looked(tmp_path, capsys, monkeypatch):
+    """`host-cluster` (Ray's `auto`, asked for by name) finds the cluster this host registered, and
+    none is refused; plain `auto` is refused by the schema (above)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "raytmp"))
+    data = demo_config(tmp_path / "out")
+    data["execution"] = {"engine": "ray", "address": "host-cluster"}
+    err = refused(capsys, tmp_path, data, "validate")
+    assert (f"execution.address: host-cluster: no Ray cluster is registered on this host (RAY_ADDRESS is unset and "
+            f"{tmp_path}/raytmp/ray/ray_current_cluster does not exist)") in err
+    (tmp_path / "raytmp" / "ray").mkdir(parents=True)
+    (tmp_path / "raytmp" / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    err = refused(capsys, tmp_path, data, "validate")
+    assert "execution.address: no Ray cluster answers at host-cluster (127.0.0.1:1): nothing listens there" in err
+
+
+def test_connect_refuses_an_unreachable_head_instead_of_hanging():
+    """The engine's own connect (a cluster gone between the preflight and a step) is bounded too."""
+    from assets.ray_engine import connect
+
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"execution.address: no Ray cluster answers at 127.0.0.1:1: nothing listens"):
+        connect("127.0.0.1:1")
+    assert time.monotonic() - started < 30
+
+
+def test_a_difficulty_model_file_that_is_no_model_is_refused_by_the_preflight(tmp_path, capsys):
+    """Issue 38: the preflight checked only that stages.difficulty.model_path names a file; now its
+    zip directory and headers (no array read): a file that decompresses to 256 MB is refused."""
+    from helpers.bombs import write_difficulty_model_bomb
+
+    bomb = tmp_path / "reference.npz"
+    write_difficulty_model_bomb(bomb, 256 << 20)
+    data = demo_config(tmp_path / "out")
+    data.setdefault("stages", {})["difficulty"] = {"enabled": True, "model_path": str(bomb)}
+    err = refused(capsys, tmp_path, data)
+    assert f"  stages.difficulty.model_path: {bomb}: not a reference model file (its members declare" in err
+    bomb.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+    assert f"stages.difficulty.model_path: {bomb}: not a reference model file (no meta member" in refused(capsys, tmp_path, data)
+
+
+def fake_ray_head():
+    """A gRPC server answering the one call the probe makes of a Ray head (the GCS's cluster id)."""
+    import grpc
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "ray.rpc.NodeInfoGcsService", {"GetClusterId": grpc.unary_unary_rpc_method_handler(lambda request, context: b"")}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_host_cluster_joins_the_registered_address_and_names_it_before_any_task(tmp_path, capsys, monkeypatch):
+    """Issue 38: `auto` joined whatever cluster the host registered, silently. `host-cluster` is
+    resolved to the registered address, passes the preflight when a head answers there, and the
+    engine prints the cluster it joined (address, nodes, CPUs) before it makes any task."""
+    import types
+
+    from assets import ray_engine
+
+    server, address = fake_ray_head()
+    calls: list = []
+    fake_ray = types.SimpleNamespace(
+        is_initialized=lambda: False, shutdown=lambda: None,
+        init=lambda **kw: calls.append(("init", kw["address"])),
+        nodes=lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0}},
+                       {"Alive": False, "Resources": {"CPU": 8.0}}],
+        get_runtime_context=lambda: types.SimpleNamespace(gcs_address=address),
+        remote=lambda f: calls.append(("remote", f.__name__)))
+    monkeypatch.setattr(ray_engine, "_connected_to", None)
+    monkeypatch.setattr(ray_engine, "_remote", None)
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    try:
+        data = demo_config(tmp_path / "out")
+        data["execution"] = {"engine": "ray", "address": "host-cluster"}
+        _, problems = preflight.check(write(tmp_path, data), preflight.GRAPH)
+        assert not [p for p in problems if p.startswith("execution")], problems
+        monkeypatch.setitem(sys.modules, "ray", fake_ray)
+        ray_engine.connect("host-cluster")
+    finally:
+        server.stop(None)
+    assert calls == [("init", address), ("remote", "_run_task")]
+    assert capsys.readouterr().err == (f"refinery: joined the Ray cluster at {address} (execution.address host-cluster): "
+                                       f"2 node(s), 3 CPU(s)\n")

@@ -205,14 +205,16 @@ def test_names_with_control_characters(tmp_path, capsys, where, message):
     assert f"  {message}" in err and "holds the control character" in err
 
 
-def test_data_root_inside_a_source_glob(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["demo", "validate"])
+def test_data_root_inside_a_source_glob(tmp_path, capsys, command):
+    """Issue 38: `validate` wrote schedule.png into the input folder the demo refused to write to."""
     corpus = tmp_path / "corpus"
     (corpus / "a").mkdir(parents=True)
     (corpus / "a" / "part.jsonl").write_text('{"text": "hello"}\n')
     data = demo_config(corpus / "out")
     data["sources"].append(jsonl_source(str(corpus / "*" / "*.jsonl")))
     path = write_text(tmp_path, yaml.safe_dump(data, sort_keys=False))
-    assert main(["demo", "--config", path]) == 2
+    assert main([command, "--config", path]) == 2
     err = capsys.readouterr().err
     assert (f"  sources[5].path: glob {str(corpus / '*' / '*.jsonl')!r} reaches into the data root {corpus / 'out'}, "
             f"so the run's own outputs would be read back as input") in err

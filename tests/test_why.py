@@ -109,3 +109,63 @@ def test_queries_after_the_first_read_no_table_again(trail, monkeypatch):
     monkeypatch.setattr(type(trail.root), "read_parquet", no_reads)
     monkeypatch.setattr(type(trail.root), "read_json", no_reads)
     assert [[lookups.trace(d) for d in lookups.doc_ids(key)] for key in keys] == first
+
+
+def one_line_refusal(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_truncated_attribute_table_is_one_line_naming_it(tmp_path, capsys):
+    """Issue 38: a truncated attribute table gave a pyarrow traceback with no file path, in `why`
+    and `funnel` alike."""
+    from refinery.layout import attributes_key
+
+    t = write_trail_corpus(tmp_path)
+    partition = t.doc_ids["a/0"].rsplit("/", 1)[0]
+    table = t.root.local_path(attributes_key("language_filtered", partition))
+    table.write_bytes(table.read_bytes()[:-40])
+    for argv in (["why", t.doc_ids["a/0"], "--config", str(t.config)],
+                 ["funnel", "--config", str(t.config), "--explain", t.doc_ids["a/0"]]):
+        err = one_line_refusal(capsys, argv)
+        assert err.startswith(f"refinery {argv[0]}: {table}: not a readable table (") and \
+            err.endswith("; it changed after it was written: materialize the asset that writes it again\n"), err
+
+
+def test_a_row_removed_from_an_upstream_table_is_blamed_on_that_table(tmp_path, capsys):
+    """Issue 38: a row removed from a language_filtered table was blamed on heuristic_filtered (the
+    attribute table that narrows it). Each table's rows are checked against what its stage recorded
+    writing (stats docs_out)."""
+    import polars as pl
+
+    from refinery.layout import attributes_key, stats_key
+
+    t = write_trail_corpus(tmp_path)
+    partition = t.doc_ids["a/0"].rsplit("/", 1)[0]
+    key = attributes_key("language_filtered", partition)
+    table = pl.read_parquet(t.root.local_path(key))
+    for stage in ("language_filtered", "heuristic_filtered"):  # what the funnel's steps record
+        rows = pl.read_parquet(t.root.local_path(attributes_key(stage, partition))).height
+        t.root.write_json(stats_key(stage, partition), {"stage": stage, "docs_out": rows})
+    t.root.write_parquet(key, table.filter(pl.col("doc_id") != t.doc_ids["a/3"]))
+    err = one_line_refusal(capsys, ["why", t.doc_ids["a/0"], "--config", str(t.config)])
+    assert err == (f"refinery why: {t.root.local_path(key)}: {table.height - 1} rows, but language_filtered wrote "
+                   f"{table.height} ({t.root.display(stats_key('language_filtered', partition))}); the table changed "
+                   f"after it was written: materialize language_filtered again\n")
+
+
+def test_final_shard_locations_from_a_changed_entry_table_are_refused(tmp_path, capsys):
+    """Issue 38: a `why` answer is checked against the hashes the index records: the bucket's
+    entry table (where a kept document's windows are) against its index.json."""
+    from refinery.layout import bucket_entries_key
+
+    t = write_trail_corpus(tmp_path)
+    table = t.root.local_path(bucket_entries_key("final", "web"))
+    raw = bytearray(table.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    table.write_bytes(bytes(raw))
+    err = one_line_refusal(capsys, ["why", t.doc_ids["a/0"], "--config", str(t.config)])
+    assert err == (f"refinery why: {table}: content hash does not match {t.root.display('shards/final/web/index.json')}; "
+                   f"the file changed after it was written; materialize shuffled_shards again\n")

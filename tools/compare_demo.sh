@@ -4,10 +4,11 @@
 #
 #   tools/compare_demo.sh OLD_COMMIT [NEW_DIR]     # NEW_DIR defaults to this checkout's work tree
 #
-# Uses this checkout's .venv; the two data roots stay in /tmp/refinery-compare/{old,new}.
+# Uses this checkout's .venv (or $PYTHON); the two data roots stay in /tmp/refinery-compare/{old,new}
+# (or $COMPARE_DIR/{old,new}, so that two comparisons on one machine keep apart).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-old=$1; new=${2:-$repo}; work=/tmp/refinery-compare; run_at=$work/checkout; py=$repo/.venv/bin/python
+old=$1; new=${2:-$repo}; work=${COMPARE_DIR:-/tmp/refinery-compare}; run_at=$work/checkout; py=${PYTHON:-$repo/.venv/bin/python}
 mkdir -p "$work"
 demo() {  # demo SOURCE_DIR OUT_DIR LOG: the demo with SOURCE_DIR's code laid at $run_at
   rm -rf "$run_at"; mkdir -p "$run_at"

@@ -88,7 +88,7 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
     from training.checkpoint import DiskFull, ResumeRefused
     from training.run_lock import RunLocked
     from training.run_store import archive_run
-    from training.status import StatusFileError
+    from training.status import StatusFileError, record_refusal
     from training.trainer import RunOptions, Trainer, run_dir_of
 
     # What a relaunch would meet again: a checkpoint or manifests that do not fit, the run directory
@@ -108,6 +108,13 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
     except ManifestError as err:
         print(f"refinery train: {err}", file=sys.stderr)
         return 2
+    except REFUSALS as err:  # found as the data opens: an ordered phase's band file changed since validation
+        reason = " ".join(str(err).split())
+        run_dir = run_dir_of(cfg, options)
+        if not isinstance(err, RunLocked) and run_dir.is_dir():
+            record_refusal(run_dir, reason)
+        print(f"refinery train: refused: {reason}", file=sys.stderr)
+        return EXIT_HALTED
     schedule = trainer.schedule
     names = schedule.phase_names
     if args.stop_after_phase is not None and args.stop_after_phase not in names:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from refinery.storage import atomic_path, dumps_json
 
@@ -36,6 +36,24 @@ def write_status(run_dir: str | Path, state: str, reason: str = "", **fields: An
     with atomic_path(Path(run_dir) / STATUS_FILE) as tmp:
         tmp.write_bytes(dumps_json(status))
     return status
+
+
+def record_refusal(run_dir: str | Path, reason: str,
+                   write: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Record a refusal (`write(reason)`, by default a bare `refused` status), unless the run's status
+    is a halt: that stays on record, and its reason is the refusal's. A damaged status file is left
+    as it is for whoever looks into it, and a full disk leaves the old status: the refusal's exit
+    code and message stand either way."""
+    try:
+        previous = read_status(run_dir) or {}
+    except StatusFileError:
+        return {"state": "refused", "reason": reason}
+    if previous.get("state") == "halted":
+        return previous
+    try:
+        return write(reason) if write is not None else write_status(run_dir, "refused", reason)
+    except OSError:
+        return {"state": "refused", "reason": reason}
 
 
 class StatusFileError(ValueError):

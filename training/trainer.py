@@ -55,7 +55,7 @@ from training.model import GPT, GPTConfig
 from training.run_lock import lock_all_ranks
 from training.run_store import RunMirror, run_base
 from training.sampler import SamplerStateError
-from training.status import RunStatus, StatusFileError, read_status
+from training.status import RunStatus, read_status, record_refusal
 from training.validation import Evaluator
 
 KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
@@ -371,18 +371,9 @@ class Trainer:
         return self._status("completed", reason, finished=self.step >= self.schedule.total_steps)
 
     def refuse(self, reason: str) -> dict[str, Any]:
-        """Record a refusal (what to do is in `reason`), unless the run's status is a halt: that stays
-        on record, and its reason is the refusal's."""
-        try:
-            previous = read_status(self.run_dir) or {}
-        except StatusFileError:  # left as it is for whoever looks into it; the message names it
-            return {"state": "refused", "reason": reason}
-        if previous.get("state") == "halted":
-            return previous
-        try:
-            return self._status("refused", reason)
-        except OSError:  # a full disk may refuse the status file too: the exit code and message stand
-            return {"state": "refused", "reason": reason}
+        """Record a refusal (what to do is in `reason`), unless the run's status is a halt
+        (`record_refusal`)."""
+        return record_refusal(self.run_dir, reason, lambda why: self._status("refused", why))
 
     def _stop_phase_index(self) -> int | None:
         if self.opt.stop_after_phase is None:

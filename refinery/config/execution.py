@@ -5,6 +5,7 @@ there, so the engine only decides which machine does the work."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
 
@@ -12,9 +13,13 @@ from pydantic import Field, field_validator, model_validator
 
 from refinery.config.section import Section
 
-# host:port (a GCS address, `ray start --head --port`), ray://host:port (Ray Client) or `auto`
-# (the cluster this machine's `ray start` joined, or RAY_ADDRESS).
-_RAY_ADDRESS = re.compile(r"^(auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5})\Z")
+# host:port (a GCS address, `ray start --head --port`) or ray://host:port (Ray Client).
+_RAY_ADDRESS = re.compile(r"^(?P<scheme>ray://)?(?P<host>[A-Za-z0-9_.\-\[\]:]+):(?P<port>[0-9]{1,5})\Z")
+# The one value that joins the cluster this host registered (what Ray calls `auto`): written out so
+# that a copied config never joins another job's cluster by accident.
+HOST_CLUSTER = "host-cluster"
+# How long the preflight and the connect wait for the head to answer before refusing.
+PROBE_TIMEOUT_S = 3.0
 
 # A task's reservation besides its records: the interpreter, polars, the stage's model (fastText
 # lid.176 is 1 MB, the quality classifier a few MB), measured at 250-390 MiB a file step
@@ -44,17 +49,83 @@ class ExecutionConfig(Section):
     @field_validator("address")
     @classmethod
     def _ray_address(cls, v: str | None) -> str | None:
-        if v is not None and not _RAY_ADDRESS.match(v):
-            raise ValueError(f"{v!r} is not a Ray address; write host:port (the head's `ray start --head --port`), "
-                             f"ray://host:port (Ray Client) or auto (the cluster this machine joined)")
+        if v is None or v == HOST_CLUSTER:
+            return v
+        if v == "auto":
+            raise ValueError(f"auto joins whichever cluster this host registered last (RAY_ADDRESS, or the last "
+                             f"`ray start` here), which may be another job's; write the head's host:port, or "
+                             f"{HOST_CLUSTER} to join this host's cluster on purpose")
+        problem = address_syntax_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
     def _ray_needs_an_address(self) -> "ExecutionConfig":
         if self.engine == "ray" and self.address is None:
-            raise ValueError("engine: ray needs `address` (host:port of the head, ray://host:port or auto); "
+            raise ValueError(f"engine: ray needs `address` (host:port of the head, ray://host:port or {HOST_CLUSTER}); "
                              "without one every step would start a Ray instance of its own")
         return self
+
+
+def address_syntax_problem(address: str) -> str | None:
+    """Why `address` is not host:port or ray://host:port with a port of 1-65535 (None: it is)."""
+    m = _RAY_ADDRESS.match(address)
+    if m is None:
+        return (f"{address!r} is not a Ray address; write host:port (the head's `ray start --head --port`), "
+                f"ray://host:port (Ray Client) or {HOST_CLUSTER} (the cluster this host's `ray start` joined)")
+    if not 1 <= int(m["port"]) <= 65535:
+        return f"{address!r}: port {int(m['port'])} is not a TCP port (1-65535)"
+    return None
+
+
+def resolve_address(address: str) -> str:
+    """The host:port (or ray://host:port) that `address` names: itself, or for HOST_CLUSTER the
+    cluster this host registered (RAY_ADDRESS, else the address file of the last `ray start`, as Ray
+    reads them). Raises ValueError naming where it looked when there is none or it is malformed."""
+    if address != HOST_CLUSTER:
+        return address
+    found, where = os.environ.get("RAY_ADDRESS", ""), "RAY_ADDRESS"
+    if not found:
+        temp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+        where = os.path.join(temp, "ray", "ray_current_cluster")
+        try:
+            with open(where, encoding="utf-8", errors="replace") as f:
+                found = f.read(1024).strip()
+        except OSError:
+            raise ValueError(f"{HOST_CLUSTER}: no Ray cluster is registered on this host (RAY_ADDRESS is unset and "
+                             f"{where} does not exist); start one with `ray start --head`, or write the head's "
+                             f"host:port") from None
+    problem = address_syntax_problem(found)
+    if problem:
+        raise ValueError(f"{HOST_CLUSTER}: {where} holds {problem}")
+    return found
+
+
+def unreachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why no Ray head answers at `address` (host:port or ray://host:port) within `timeout_s`
+    seconds, or None when one does: one gRPC call of a method only Ray serves (the GCS's cluster id,
+    or the Ray Client server's cluster info), with a deadline. A closed port, a host that drops the
+    packets, another server on that port and a proxy answering for any address are all refused here
+    instead of hanging in `ray.init`. Needs `grpc` (Ray's dependency: only a Ray config calls it)."""
+    import grpc
+
+    m = _RAY_ADDRESS.match(address)
+    method = "/ray.rpc.RayletDriver/ClusterInfo" if m["scheme"] else "/ray.rpc.NodeInfoGcsService/GetClusterId"
+    with grpc.insecure_channel(f"{m['host']}:{m['port']}") as channel:
+        try:
+            channel.unary_unary(method)(b"", timeout=timeout_s)
+        except grpc.RpcError as err:
+            code = err.code()
+            # UNAUTHENTICATED: a Ray head with token authentication answered; ray.init brings the token.
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no answer within {timeout_s:g}s"
+            if code == grpc.StatusCode.UNAVAILABLE:
+                return f"nothing listens there ({(err.details() or '').split(': ')[-1]})"
+            return f"the server there is not a Ray {'client server' if m['scheme'] else 'head'} ({code.name})"
+    return None
 
 
 def task_memory_bytes(execution: ExecutionConfig, batch_bytes: int, max_record_bytes: int) -> int:

@@ -41,6 +41,11 @@ class ExtractConfig(Section):
     # an input file's size or compression ratio; a Parquet or Arrow input is decoded
     # batch_bytes / max_record_bytes rows at a time.
     batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024, le=4 * 1024 * 1024 * 1024)
+    # An input file is read up to this many bytes decompressed (WARC blocks, JSONL lines, table
+    # text); the rest of a file that inflates past it is one `ingest/file_too_large` reject, so a
+    # decompression bomb costs bounded CPU as well as bounded memory. A CommonCrawl WARC file is
+    # about 5 GB decompressed.
+    max_file_bytes: int = Field(default=32 * 1024 * 1024 * 1024, ge=1024 * 1024)
     # Deeper pages are rejected unparsed (extract/too_deep); Blink stops nesting at 512 levels.
     max_tag_depth: int = Field(default=1000, ge=1)
     html_content_types: list[str] = Field(default_factory=lambda: ["text/html", "application/xhtml+xml"])

@@ -29,9 +29,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from refinery.documents import PROVENANCE_COLUMNS
-from refinery.layout import ATTRIBUTE_STAGES, attributes_key, documents_key
+from refinery.layout import ATTRIBUTE_STAGES, attributes_key, documents_key, stats_key
 from refinery.stages.parquet_batches import parquet_batches
 from refinery.storage import DataRoot
+from refinery.storage.damaged import DamagedTableError, named_batches, reading_table
 
 TEXT_EDIT_SCHEMA = {"text_spans": pl.List(pl.Int64), "text_literal": pl.String}
 # Rows of a table read at a time by `read_stage_documents` (the text table's batches when streaming),
@@ -151,7 +152,7 @@ class _Verdicts:
 
     def __init__(self, path: Any, rows: int):
         self.path = path
-        self.batches = parquet_batches(path, rows)
+        self.batches = named_batches(parquet_batches(path, rows), path)
         self.pending = next(self.batches)
         self.done = False
 
@@ -192,10 +193,31 @@ def stage_columns(root: DataRoot, stage: str, partition: str) -> list[str]:
     """The columns of `stage`'s kept documents of one file, read from the tables' schemas alone."""
     names = []
     while stage in ATTRIBUTE_STAGES:
-        names = [c for c in pq.read_schema(root.local_path(attributes_key(stage, partition))).names
+        names = [c for c in _schema(root.local_path(attributes_key(stage, partition))).names
                  if c != "doc_id" and c not in TEXT_EDIT_SCHEMA] + names
         stage = ATTRIBUTE_STAGES[stage]
-    return pq.read_schema(root.local_path(documents_key(stage, partition))).names + names
+    return _schema(root.local_path(documents_key(stage, partition))).names + names
+
+
+def check_row_count(root: DataRoot, stage: str, partition: str, path: Any) -> None:
+    """Raise DamagedTableError when the table at `path` holds another number of rows than `stage`
+    recorded writing (its stats file's `docs_out`; no stats file, no check). Read from the Parquet
+    footer alone: a row removed from one table of a chain is blamed on that table, not on the
+    attribute table that narrows it."""
+    key = stats_key(stage, partition)
+    if not root.exists(key):
+        return
+    with reading_table(path):
+        rows = pq.ParquetFile(path).metadata.num_rows
+    wrote = root.read_json(key).get("docs_out")
+    if isinstance(wrote, int) and rows != wrote:
+        raise DamagedTableError(f"{path}: {rows} rows, but {stage} wrote {wrote} ({root.display(key)}); the table "
+                                f"changed after it was written: materialize {stage} again")
+
+
+def _schema(path: Any):
+    with reading_table(path):
+        return pq.read_schema(path)
 
 
 def stage_batches(root: DataRoot, stage: str, partition: str, rows: int,
@@ -214,10 +236,12 @@ def stage_batches(root: DataRoot, stage: str, partition: str, rows: int,
         stage = ATTRIBUTE_STAGES[stage]
     paths = [root.local_path(attributes_key(s, partition)) for s in reversed(chain)]
     text_path = root.local_path(documents_key(stage, partition))
+    for table_stage, path in [(stage, text_path), *zip(reversed(chain), paths)]:
+        check_row_count(root, table_stage, partition, path)
     if not paths:
-        return parquet_batches(text_path, rows, columns, max_bytes)
-    read = None if columns is None else [c for c in pq.read_schema(text_path).names if c in columns or c == "doc_id"]
-    batches = parquet_batches(text_path, rows, read, max_bytes)
+        return named_batches(parquet_batches(text_path, rows, columns, max_bytes), text_path)
+    read = None if columns is None else [c for c in _schema(text_path).names if c in columns or c == "doc_id"]
+    batches = named_batches(parquet_batches(text_path, rows, read, max_bytes), text_path)
     for path in paths:
         batches = _narrowed(batches, path, rows)
     return _without_empty_frames(batches if columns is None else (b.select(columns) for b in batches))
@@ -244,8 +268,10 @@ def read_stage_documents(root: DataRoot, stage: str, partition: str,
         return root.read_parquet(documents_key(stage, partition), columns=columns)
     if columns is not None:
         path = root.local_path(attributes_key(stage, partition))
-        if set(columns) <= set(pq.read_schema(path).names) - set(TEXT_EDIT_SCHEMA):
-            return pl.read_parquet(path, columns=columns)
+        if set(columns) <= set(_schema(path).names) - set(TEXT_EDIT_SCHEMA):
+            check_row_count(root, stage, partition, path)
+            with reading_table(path):
+                return pl.read_parquet(path, columns=columns)
     frames = list(stage_batches(root, stage, partition, READ_ROWS, columns))
     return pl.concat(frames) if len(frames) > 1 else frames[0]
 

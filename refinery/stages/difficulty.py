@@ -158,29 +158,139 @@ class ReferenceModel:
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str) -> "ReferenceModel":
-        """The model in an .npz written by `to_bytes`; `name` says which file in the error."""
+        """The model in an .npz written by `to_bytes`; `name` says which file in the error. Every
+        member's size and array header is checked (`model_layout`) before any array is read, so a
+        small file that would decompress to gigabytes is refused from its zip directory; the values
+        are checked after (`_checked`): sorted unique keys, counts of at least one."""
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                meta = json.loads(str(npz["meta"]))
-                if meta.get("format") != MODEL_FORMAT:
-                    raise DifficultyModelError(f"{name}: reference model format {meta.get('format')!r}, "
-                                               f"this Refinery reads format {MODEL_FORMAT}")
-                order = int(meta["order"])
-                arrays = {key: npz[key] for key in npz.files}
-            return cls(
-                order=order, vocab_size=int(meta["vocab_size"]), discount=float(meta["discount"]),
-                tokens=int(meta["tokens"]), tokenizer_sha256=str(meta["tokenizer_sha256"]),
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                meta, members = model_layout(archive, len(data), name)
+                arrays = {member[:-len(".npy")]: _read_member(archive, member) for member in members}
+            order = meta["order"]
+            model = cls(
+                order=order, vocab_size=meta["vocab_size"], discount=meta["discount"], tokens=meta["tokens"],
+                tokenizer_sha256=meta["tokenizer_sha256"],
                 ngram_keys=tuple(arrays[f"ngram_keys_{k + 1}"] for k in range(order)),
                 ngram_counts=tuple(arrays[f"ngram_counts_{k + 1}"] for k in range(order)),
                 context_keys=tuple(arrays[f"context_keys_{k}"] for k in range(order)),
                 context_totals=tuple(arrays[f"context_totals_{k}"] for k in range(order)),
                 context_followers=tuple(arrays[f"context_followers_{k}"] for k in range(order)),
             )
+            return _checked(model, name)
         except DifficultyModelError:
             raise
-        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
-            raise DifficultyModelError(f"{name}: not a reference model file ({type(err).__name__}: {err}); "
-                                       f"materialize difficulty_model again, or name a model Refinery wrote") from None
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
+            raise _not_a_model(name, f"{type(err).__name__}: {err}") from None
+
+
+def _not_a_model(name: str, why: str) -> DifficultyModelError:
+    return DifficultyModelError(f"{name}: not a reference model file ({why}); materialize difficulty_model again, "
+                                f"or name a model Refinery wrote")
+
+
+# The members' declared sizes, decompressed, at most this many times the file's (hash keys barely
+# compress; counts do, about 4x; a model Refinery writes stays under 4x), and at most MODEL_BYTES_PER_TOKEN
+# per training token and order (the bound training keeps), plus headers.
+MAX_EXPANSION = 16
+MODEL_BYTES_PER_TOKEN = 28
+META_MAX_BYTES = 64 * 1024
+# Each member's dtype: the keys are 64-bit hashes, the rest counts.
+MEMBER_KINDS = {"ngram_keys": "u8", "ngram_counts": "u", "context_keys": "u8", "context_totals": "u",
+                "context_followers": "u"}
+
+
+def _member_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, header bytes) of the .npy member `info`, reading only its header."""
+    with archive.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                 else np.lib.format.read_array_header_2_0(f))
+        return shape, dtype, f.tell()
+
+
+def _read_member(archive: zipfile.ZipFile, member: str) -> np.ndarray:
+    with archive.open(member) as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def model_layout(archive: zipfile.ZipFile, file_bytes: int, name: str) -> tuple[dict[str, Any], list[str]]:
+    """The model's meta and its array members, checked from the zip directory and the .npy
+    headers alone: the members a model of its order has and no other, a 1-D array of the right
+    dtype in each, the sizes the headers declare adding up to each member's, and all of them
+    within MAX_EXPANSION times the file and MODEL_BYTES_PER_TOKEN per training token and order.
+    Reads the meta member (at most META_MAX_BYTES) and no array."""
+    infos = {info.filename: info for info in archive.infolist()}
+    meta_info = infos.get("meta.npy")
+    if meta_info is None or meta_info.file_size > META_MAX_BYTES:
+        raise _not_a_model(name, "no meta member, or one over 64 KiB")
+    shape, dtype, _ = _member_header(archive, meta_info)
+    if shape != () or dtype.kind != "U":
+        raise _not_a_model(name, f"meta is {dtype} of shape {shape}, not a string")
+    try:
+        meta = json.loads(str(_read_member(archive, "meta.npy")))
+    except ValueError as err:
+        raise _not_a_model(name, f"meta is not JSON: {err}") from None
+    if meta.get("format") != MODEL_FORMAT:
+        raise DifficultyModelError(f"{name}: reference model format {meta.get('format')!r}, "
+                                   f"this Refinery reads format {MODEL_FORMAT}")
+    checks = {"order": lambda v: type(v) is int and 1 <= v <= 8, "vocab_size": lambda v: type(v) is int and v >= 1,
+              "discount": lambda v: type(v) in (int, float) and 0.0 < v < 1.0,
+              "tokens": lambda v: type(v) is int and 0 <= v <= 1 << 40,
+              "tokenizer_sha256": lambda v: isinstance(v, str)}
+    for field, ok in checks.items():
+        if not ok(meta.get(field)):
+            raise _not_a_model(name, f"meta {field} {meta.get(field)!r} is out of range")
+    order, tokens = meta["order"], meta["tokens"]
+    members = [f"{kind}_{k + 1 if kind.startswith('ngram') else k}.npy" for k in range(order) for kind in MEMBER_KINDS]
+    if set(infos) != {"meta.npy", *members}:
+        raise _not_a_model(name, f"members {sorted(set(infos) ^ {'meta.npy', *members})} do not fit a model of "
+                                 f"order {order}")
+    declared = sum(infos[m].file_size for m in members)
+    bound = min(MAX_EXPANSION * file_bytes, MODEL_BYTES_PER_TOKEN * max(tokens, 1) * order) + 1024 * len(members)
+    if declared > bound:
+        raise _not_a_model(name, f"its members declare {declared:,} bytes decompressed, more than {bound:,} for a "
+                                 f"{file_bytes:,}-byte file of {tokens:,} training tokens")
+    for m in members:
+        shape, dtype, header = _member_header(archive, infos[m])
+        kind = MEMBER_KINDS[m.rsplit("_", 1)[0]]
+        if (len(shape) != 1 or dtype.kind != kind[0] or (len(kind) > 1 and dtype.itemsize != int(kind[1:]))
+                or shape[0] > tokens + 1 or header + shape[0] * dtype.itemsize != infos[m].file_size):
+            raise _not_a_model(name, f"{m} holds {dtype} of shape {shape} in {infos[m].file_size:,} bytes")
+    return meta, members
+
+
+def check_model_file(path: str) -> None:
+    """Raise DifficultyModelError unless the file at `path` has a model's layout (`model_layout`:
+    its zip directory, array headers and meta; no array is read), for the preflight."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            model_layout(archive, Path(path).stat().st_size, path)
+    except DifficultyModelError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
+        raise _not_a_model(path, f"{type(err).__name__}: {err}") from None
+
+
+def _checked(model: ReferenceModel, name: str) -> ReferenceModel:
+    """`model`, once its values can be a model's: per order, strictly increasing keys with as many
+    counts, every count at least one, and no context with more distinct followers than uses."""
+    def increasing(keys: np.ndarray) -> bool:
+        return bool(np.all(keys[1:] > keys[:-1]))
+
+    for k in range(model.order):
+        tables = {f"ngram_keys_{k + 1}": model.ngram_keys[k], f"ngram_counts_{k + 1}": model.ngram_counts[k],
+                  f"context_keys_{k}": model.context_keys[k], f"context_totals_{k}": model.context_totals[k],
+                  f"context_followers_{k}": model.context_followers[k]}
+        ngrams, contexts = len(model.ngram_keys[k]), len(model.context_keys[k])
+        wrong = next((n for n, a in tables.items() if len(a) != (ngrams if n.startswith("ngram") else contexts)), None)
+        wrong = wrong or next((n for n, a in tables.items() if "keys" in n and not increasing(a)), None)
+        wrong = wrong or next((n for n, a in tables.items() if "keys" not in n and len(a) and a.min() < 1), None)
+        if wrong is None and np.any(model.context_followers[k] > model.context_totals[k]):
+            wrong = f"context_followers_{k}"
+        if wrong is not None:
+            raise _not_a_model(name, f"{wrong}: not sorted unique keys, counts of at least one and followers within "
+                                     f"totals, as a trained model's are")
+    return model
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ Memory is bounded per record, not per file: every reader streams (JSONL line by 
 by record, gzip decoded as it is read, tables a few rows at a time), and `stream_input_shard` hands
 the rows on in batches of at most `extract.batch_rows` records and `extract.batch_bytes` of text,
 which the asset writes as row groups (a record over `max_record_bytes` is an `ingest/too_large`
-reject, read no further). `read_input_shard` puts the batches of a small file together.
+reject, read no further). CPU is bounded per file: past `extract.max_file_bytes` decompressed, the
+rest of a file is one `ingest/file_too_large` reject and is not read (a decompression bomb).
+`read_input_shard` puts the batches of a small file together.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def stream_input_shard(
         write_documents(documents)
         write_rejects(rejects)
 
-    result = ReadResult(sink=write_batch, batch_rows=extract.batch_rows, batch_bytes=extract.batch_bytes)
+    result = ReadResult(sink=write_batch, batch_rows=extract.batch_rows, batch_bytes=extract.batch_bytes,
+                        max_file_bytes=extract.max_file_bytes)
     outside = outside_folder(shard.path, shard.folder) if shard.folder is not None else None
     name = escaped_name(shard.path)
     if name != shard.path:

@@ -118,7 +118,11 @@ class DataRoot(ABC):
     def read_parquet(self, key: str, columns: list[str] | None = None) -> pl.DataFrame:
         import polars as pl  # here, so that a reader of JSON and shards alone (a lineage query) does not import it
 
-        return pl.read_parquet(self.local_path(key), columns=columns)
+        from refinery.storage.damaged import reading_table
+
+        path = self.local_path(key)
+        with reading_table(path):
+            return pl.read_parquet(path, columns=columns)
 
     def sha256(self, key: str) -> str:
         return sha256_file(self.local_path(key))

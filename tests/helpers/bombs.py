@@ -7,6 +7,8 @@ one through `raw_documents` and reports its peak memory.
   compressed once and repeated.
 - `write_parquet_bomb`: a Parquet file whose one row group holds a gigabyte of text, stored as a
   dictionary of a few distinct values (a few hundred KB on disk).
+- `write_difficulty_model_bomb`: a difficulty reference model (.npz) of order 1 whose one count
+  array is all zeros: a few hundred KB that decompress to `total_bytes`.
 - `peak_rss_of_ingest`: `stream_input_shard` writing raw_documents batch by batch, as the asset
   does, in a fresh Python process; returns what it read and its peak RSS.
 """
@@ -96,6 +98,26 @@ _INGEST_SCRIPT = textwrap.dedent("""
                       "docs_out": stats.docs_out, "bytes_out": stats.bytes_out, "dropped": dict(stats.dropped),
                       "documents_rows": documents.rows, "rejects_rows": rejects.rows}))
 """)
+
+
+def write_difficulty_model_bomb(path: Path, total_bytes: int) -> None:
+    """A reference model file (refinery/stages/difficulty.py's layout, order 1, 1,000 training
+    tokens) whose `ngram_counts_1` member declares `total_bytes` of zeros; everything else fits."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    meta = {"format": 1, "order": 1, "vocab_size": 256, "discount": 0.75, "tokens": 1000, "tokenizer_sha256": ""}
+    arrays = {"meta": np.array(json.dumps(meta)), "ngram_keys_1": np.arange(1, 11, dtype=np.uint64),
+              "ngram_counts_1": np.zeros(total_bytes // 4, dtype=np.uint32),
+              "context_keys_0": np.array([7], dtype=np.uint64), "context_totals_0": np.array([10], dtype=np.uint32),
+              "context_followers_0": np.array([10], dtype=np.uint32)}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, array, allow_pickle=False)
+            archive.writestr(f"{name}.npy", buffer.getvalue())
 
 
 def peak_rss_of_ingest(path: Path, fmt: str, out: Path, extract: dict | None = None) -> dict:

@@ -25,7 +25,7 @@ import polars as pl
 from helpers.configs import write_config
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA, input_shards
-from refinery.layout import ATTRIBUTE_STAGES, bucket_entries_key, documents_key, rejects_key
+from refinery.layout import ATTRIBUTE_STAGES, bucket_entries_key, documents_key, final_index_key, rejects_key
 from refinery.stages import dedup_compute as dc
 from refinery.stages import exact_dedup as ex
 from refinery.stages import near_dedup as nd
@@ -139,7 +139,10 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
         root.write_parquet(rejects_key("pii_redacted", key), pl.DataFrame(schema=REJECTS_SCHEMA))
     entries = [(doc_ids[d], shard, start, tokens, window, len(ws))
                for d, ws in FINAL_WINDOWS.items() for window, (shard, start, tokens) in enumerate(ws)]
-    root.write_parquet(bucket_entries_key("final", "web"), pl.DataFrame(
+    entries_sha = root.write_parquet(bucket_entries_key("final", "web"), pl.DataFrame(
         entries, schema={"doc_id": pl.String, "shard": pl.Int32, "start": pl.Int64, "tokens": pl.Int32,
                          "window": pl.Int32, "n_windows": pl.Int32}, orient="row"))
+    # The part of the bucket's index.json that `why` reads: the entry table's sha256.
+    root.write_json(final_index_key("web"), {"entries_table": {"key": bucket_entries_key("final", "web"),
+                                                                "sha256": entries_sha}})
     return Trail(config, root, doc_ids, urls)

@@ -1,9 +1,15 @@
 """Live processes found by an argument of their command line, read from /proc (no psutil here): the
-tests that kill what a Ray actor started on a node of the local test cluster."""
+tests that kill what a Ray actor started on a node of the local test cluster; and a run that fans
+tasks out to worker processes, for the tests that no worker outlives its run."""
 
 from __future__ import annotations
 
 import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -51,3 +57,43 @@ def ended_within(pid: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def pid_of_worker(refinery, item, cache) -> int:
+    """A fan-out task (assets/fanout.py) that answers with the id of the process that ran it."""
+    return os.getpid()
+
+
+# A run that fans tasks out (`assets.fanout.map_tasks` on the config in argv[1]), prints the ids of
+# every process that ran them (and the local pool's fork server) as one JSON line, then waits to be
+# killed, or leaves at once when argv[2] is "exit".
+RUN_THAT_FANS_OUT = textwrap.dedent("""
+    import json, multiprocessing.forkserver, os, sys, time
+    from assets.fanout import map_tasks
+    from assets.resource import RefineryResource
+    from helpers.processes import pid_of_worker
+
+    refinery = RefineryResource(config_path=sys.argv[1])
+    pids = set()
+    for step in range(3):  # three steps, as a run's assets would fan out one after another
+        pids |= set(map_tasks(refinery, list(range(8)), pid_of_worker))
+    pids.discard(os.getpid())
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    print(json.dumps({"workers": sorted(pids), "fork_server": server}), flush=True)
+    if sys.argv[2] != "exit":
+        time.sleep(600)
+""")
+
+
+def start_run_that_fans_out(config: str, then: str) -> tuple[subprocess.Popen, dict]:
+    """`RUN_THAT_FANS_OUT` in a fresh process (this checkout and tests/ on its path); the process and
+    the ids it printed, once it printed them."""
+    tests = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-c", RUN_THAT_FANS_OUT, config, then], stdout=subprocess.PIPE,
+                               text=True, env=env, cwd=tests.parent)
+    line = process.stdout.readline()
+    if not line:
+        process.wait(timeout=60)
+        raise RuntimeError(f"the run that fans out left without printing (exit {process.returncode})")
+    return process, json.loads(line)

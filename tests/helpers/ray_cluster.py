@@ -127,7 +127,10 @@ def distinct_free_ports(count: int) -> list[int]:
 def cluster_nodes(address: str) -> list[dict]:
     """`ray.nodes()` of the cluster, asked from a short-lived process (this one stays no driver);
     [] while the cluster does not answer (its last words in `LAST_ANSWER`)."""
-    code = "import json, ray; ray.init(address=%r, logging_level='ERROR'); print(json.dumps(ray.nodes()))" % address
+    # log_to_driver off: a raylet's log line (a loaded machine's "Job ... already started") would
+    # land on stdout after the answer.
+    code = ("import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
+            "print(json.dumps(ray.nodes()))" % address)
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=node_env(), timeout=60)
     except subprocess.TimeoutExpired:

@@ -37,9 +37,10 @@ from refinery.stages.stats import Drop
 _JSONL_CHUNK = 1 << 20
 
 
-def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, int]]:
+def _lines(f: IO[bytes], limit: int, stop_after: int) -> Iterator[tuple[int, bytes, int]]:
     """(offset, line, length) per line; a line longer than `limit` comes back as its first
-    `limit + 1` bytes with its full length, and the rest is skipped without being kept."""
+    `limit + 1` bytes with its full length, and the rest is skipped without being kept (and
+    without being read past byte `stop_after` of the stream: its length is then what was read)."""
     offset = 0
     while True:
         line = f.readline(limit + 1)
@@ -50,7 +51,7 @@ def _lines(f: IO[bytes], limit: int) -> Iterator[tuple[int, bytes, int]]:
             while True:
                 rest = f.readline(_JSONL_CHUNK)
                 length += len(rest)
-                if not rest or rest.endswith(b"\n"):
+                if not rest or rest.endswith(b"\n") or offset + length > stop_after:
                     break
         yield offset, line, length
         offset += length
@@ -64,7 +65,9 @@ def read_jsonl(
     reached = 0  # decompressed bytes read through the last whole line
     with open_decompressed(path) as f, record_alarm(budget) as armed:
         try:
-            for offset, line, length in _lines(f, limit):
+            for offset, line, length in _lines(f, limit, result.max_file_bytes):
+                if result.past_file_bound(length, index + 1, offset):
+                    return
                 reached = offset + length
                 if offset == 0 and line.startswith(codecs.BOM_UTF8):
                     line = line[len(codecs.BOM_UTF8) :]  # a byte order mark is no part of the first record

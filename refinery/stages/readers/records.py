@@ -68,6 +68,8 @@ class ReadResult:
     batch_bytes: int = 1 << 62
     read: int = 0  # records added in all, handed on or not
     held_bytes: int = 0  # `RawRecord.held_bytes` of `records`
+    max_file_bytes: int = 1 << 62  # `extract.max_file_bytes`
+    inflated: int = 0  # decompressed bytes of the file read so far (`past_file_bound`)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -78,6 +80,19 @@ class ReadResult:
         self.held_bytes += rec.held_bytes()
         if self.sink is not None and (len(self.records) > self.batch_rows or self.held_bytes > self.batch_bytes):
             self.flush(keep_last=True)
+
+    def past_file_bound(self, size: int, index: int, offset: int) -> bool:
+        """Count `size` decompressed bytes of the record at `offset`, about to be read; once the
+        file's count passes `max_file_bytes`, add the reject of the rest of the file (from this
+        record on) and answer True: the reader stops there."""
+        self.inflated += max(size, 0)
+        if self.inflated <= self.max_file_bytes:
+            return False
+        self.add(RawRecord(index=index, offset=offset, url=None, fetch_time=None, content_type=None, drop=Drop(
+            "ingest/file_too_large", float(self.inflated),
+            f"the file decompresses past max_file_bytes {self.max_file_bytes}: the rest of it, from record "
+            f"{index} at offset {offset}, is not read")))
+        return True
 
     def flush(self, keep_last: bool = False) -> None:
         """Hand the records held to the sink (all but the last one when `keep_last`)."""

@@ -154,6 +154,8 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
                 failed = guarded("ingest", budget, armed, _take_row, rec, obj, source, extract, result)
                 if failed is not None:
                     rec.raw, rec.drop = None, failed
+                if result.past_file_bound(rec.payload_bytes, rec.index, rec.offset):
+                    return
                 result.add(rec)
     if not result.read:
         result.count("empty_file")

@@ -12,7 +12,8 @@ header), `ingest/bad_gzip_member` (a member that does not decompress) or
 `ingest/bad_content_length` (a record that does not end where its Content-Length says; what it
 read belongs to the records after it), and its detail names the byte range skipped. Damage with no
 record after it is one `ingest/truncated_file` with the range lost. A WARC compressed as one gzip
-member has no boundaries to resume at, so damage inside it ends reading there.
+member has no boundaries to resume at, so damage inside it ends reading there. Once the records'
+blocks add up past `extract.max_file_bytes`, the rest of the file is one `ingest/file_too_large`.
 
 `record_offset` is the record's byte offset in the file as stored (for a per-record gzip WARC, the
 offset of its gzip member, so a reader can seek straight to it).
@@ -90,6 +91,7 @@ class _Segment:
     error: str | None = None  # why reading stopped before the end of the file
     cut_at: int | None = None  # a record whose payload ends early, or whose header lines end in LF, starts here
     cut_why: str = "the record's payload ends before its Content-Length"
+    past_bound: bool = False  # the file decompressed past `extract.max_file_bytes`: reading ends
 
 
 def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: SourceConfig,
@@ -119,6 +121,9 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
                     # LF-only header lines: FastWARC read them as one line and may have run on into
                     # the next record's headers and block, so nothing it says past here is trusted.
                     seg.cut_at, seg.cut_why = record.stream_pos, "WARC header lines end in LF, not CRLF"
+                    break
+                if result.past_file_bound(seg.last_length, seg.index, record.stream_pos):
+                    seg.past_bound = True
                     break
                 if not record.record_type & wanted:
                     result.count(f"skipped_{record.record_type}")
@@ -213,6 +218,8 @@ def read_warc(path: str, source: SourceConfig, extract: ExtractConfig, result: R
     while start is not None:
         seg = _warc_segment(path, start, gzipped, index, source, extract, result, budget)
         index = seg.index
+        if seg.past_bound:
+            return
         start, index = _resynchronise(path, gzipped, seg, result)
     if index < 0 and not result.read:
         result.count("empty_file")
