@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/demo.yaml
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+INSTANCES := $(DAGSTER_HOME)
 
 .PHONY: demo test test-fast ui install clean
 
@@ -35,6 +36,8 @@ test-fast: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	$(PYTEST) -m "not slow"
 
+# The UI serves the instance of CONFIG's data root only (orchestration/instance.py).
+ui: override export DAGSTER_HOME = $(shell $(BIN)/python -m orchestration.instance $(CONFIG) $(INSTANCES))
 ui: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	REFINERY_CONFIG=$(CONFIG) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

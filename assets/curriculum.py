@@ -83,6 +83,9 @@ def build_manifest(version: str):
                 "quality_cutoffs": dg.MetadataValue.json(
                     {b: s.quality_cutoff for b, s in manifest.buckets.items() if s.quality_cutoff is not None}
                 ),
+                "quality_languages": dg.MetadataValue.json(
+                    {b: s.languages for b, s in manifest.buckets.items() if s.languages is not None}
+                ),
                 "contract": dg.MetadataValue.md(contract_markdown(report, phase)),
                 "schedule_plot": image_markdown(
                     root.read_bytes(SCHEDULE_PLOT_KEY), "curriculum schedule", f"`{root.display(SCHEDULE_PLOT_KEY)}`"

@@ -78,9 +78,17 @@ def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> Fi
     return FileResult(shard.key, shard.source, combined_stats(exact, near), hashes, _settings(refinery.config), sample)
 
 
+# dedup_signatures' metadata entry of each batch's files' shard ordinals, which every doc_key holds:
+# `refinery demo --changed` plans a batch again when an input added or removed before its files
+# moves them (orchestration/changed.py).
+SHARD_ORDINALS = "shard_ordinals"
+
+
 def signature_counts(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
+    ordinals = dc.shard_ordinals(refinery.config)
     return {"docs": dg.MetadataValue.int(sum(r.stats.docs_in for r in results)),
-            "near_dedup_docs": dg.MetadataValue.int(sum(r.stats.counters["near_dedup_docs"] for r in results))}
+            "near_dedup_docs": dg.MetadataValue.int(sum(r.stats.counters["near_dedup_docs"] for r in results)),
+            SHARD_ORDINALS: dg.MetadataValue.json({s.key: ordinals[s.key] for s in shards})}
 
 
 def _ints(counts: dict[str, Any]) -> dict[str, dg.MetadataValue]:

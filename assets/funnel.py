@@ -17,7 +17,7 @@ from assets.partitions import Partitions
 from assets.provenance import code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import InputShard, input_shards
+from refinery.documents import InputShard, input_file_state, input_shards
 from refinery.layout import stats_key
 from refinery.stages import custom, extract, heuristic, ingest, language, readers
 from refinery.stages.base import Stage
@@ -56,6 +56,15 @@ def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> F
     return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, sample)
 
 
+# raw_documents' metadata entry of each batch's input files (`input_file_state`): what `refinery
+# demo --changed` compares with the files now there (orchestration/changed.py).
+INPUT_STATE = "input_file_state"
+
+
+def input_state_metadata(refinery: RefineryResource, files: list[InputShard], done: list[FileResult]) -> dict:
+    return {INPUT_STATE: dg.MetadataValue.json(input_file_state(files))}
+
+
 def require_input_files(cfg: RefineryConfig) -> None:
     if not input_shards(cfg):
         raise dg.Failure("no input files match any source path in the config; fix sources[].path")
@@ -64,7 +73,7 @@ def require_input_files(cfg: RefineryConfig) -> None:
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     raw_documents = batch_stage_asset(
         ingest.STAGE, ingest_file, parts, version=code_version(ingest, readers), deps=[], text_column="raw",
-        check_input=require_input_files,
+        check_input=require_input_files, extra_metadata=input_state_metadata,
         description="One row per WARC record, JSONL line or table row of each file of the batch, with provenance; "
         "bad records become ingest/* rejects.",
     )

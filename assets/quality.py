@@ -8,6 +8,7 @@ attribute table (refinery/stages/attributes.py); pii_redacted runs the safety fi
 redaction (`refinery.stages.pii`) and stores the final text.
 """
 
+from collections import Counter
 from functools import partial
 
 import dagster as dg
@@ -43,9 +44,13 @@ def train_model(version: str):
                               {"enabled": dg.MetadataValue.bool(False)})
         pointer, report = train_and_publish(cfg, refinery.root)
         context.log.info(
-            f"quality_model {pointer['model_hash']}: accuracy {report.accuracy} on {report.holdout_size} held out"
+            f"quality_model {pointer['model_hash']}: AUC {report.auc}, accuracy {report.accuracy} on "
+            f"{report.holdout_size} held out"
         )
+        for flag in report.metrics["flags"]:
+            context.log.warning(flag)
         seen = report.train_positive + report.train_negative + report.holdout_size
+        check = report.metrics["check"]
         return StepResult(
             Provenance(version, pointer["settings"], {pointer["model_key"]: pointer["sha256"]}, wall_s=report.wall_s,
                        docs_in=seen),
@@ -55,6 +60,17 @@ def train_model(version: str):
                 "holdout_accuracy": _metric(report.accuracy),
                 "holdout_precision": _metric(report.precision),
                 "holdout_recall": _metric(report.recall),
+                "holdout_f1": _metric(report.f1),
+                "holdout_auc": _metric(report.auc),
+                "decision_threshold": dg.MetadataValue.float(report.metrics["decision_threshold"]),
+                "holdout_by_language": dg.MetadataValue.json(report.metrics["holdout_by_language"]),
+                "share_above_threshold": dg.MetadataValue.json(report.metrics["share_above_threshold"]),
+                "check_auc_high_vs_low": _metric(check and check["high_vs_low"]["auc"]),
+                "check_auc_high_vs_spam": _metric(check and check["high_vs_spam"]["auc"]),
+                "labelled_check": dg.MetadataValue.json(check or {}),
+                "source_separation": dg.MetadataValue.text("; ".join(report.metrics["flags"]) or "none"),
+                "train_by_language": dg.MetadataValue.json(report.train_by_language),
+                "untrained_languages": dg.MetadataValue.json(report.untrained_languages),
                 "train_by_bucket": dg.MetadataValue.json(report.train_by_bucket),
                 "holdout_by_bucket": dg.MetadataValue.json(report.holdout_by_bucket),
                 "train_positive": dg.MetadataValue.int(report.train_positive),
@@ -99,6 +115,8 @@ def score_metadata(refinery: RefineryResource, shards: list[InputShard], results
         md["score_quantiles"] = dg.MetadataValue.json(
             {f"p{p}": round(float(scores.quantile(p / 100, "nearest")), 6) for p in (10, 50, 90)}
         )
+    counters = sum((Counter(r.stats.counters) for r in results), Counter())
+    md["share_above_threshold"] = dg.MetadataValue.json(q.shares_above_threshold(counters))
     return md
 
 

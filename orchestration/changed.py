@@ -10,18 +10,32 @@ moved since has changed upstream. Dagster reports only direct causes, so what de
 partition is planned too ("upstream reruns"): after the rerun its input may change. Data versions are
 the hash of what each partition wrote (assets/factory.py), so a rerun that writes the same bytes
 stops the wave there when the plan is made again.
+
+Dagster does not see the input files themselves: raw_documents has no upstream asset. Each batch's
+raw_documents materialization therefore records its files' sizes and modification times
+(`input_file_state`), and a batch whose files differ now (one edited, added or removed) is planned
+as "input files changed", naming them. A batch whose files are all gone is no partition any more:
+the assets that read every batch are planned ("input files removed"), and once the plan has run
+each gone batch is recorded as observed empty, so the instance matches the inputs again. Every
+doc_key holds its file's shard ordinal among all inputs: a batch whose files' ordinals moved (an
+input added or removed before them) has its dedup signatures planned ("input files moved").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dagster import AssetKey
 
 if TYPE_CHECKING:
     import dagster as dg
 
 MISSING, CODE_CHANGED, UPSTREAM_CHANGED, UPSTREAM_RERUNS = (
     "missing", "code or config changed", "upstream data changed", "upstream reruns")
+INPUTS_CHANGED, INPUTS_REMOVED, INPUTS_MOVED = "input files changed", "input files removed", "input files moved"
+NAMED = 10  # input files a plan line names before "and N more"
 
 
 @dataclass
@@ -32,10 +46,12 @@ class PlannedAsset:
     key: dg.AssetKey
     partitions: list[str] | None
     reasons: dict[str, list[str | None]]
+    details: list[str] = field(default_factory=list)  # the input files behind the reasons, named
 
     def line(self) -> str:
         why = "; ".join(f"{reason} ({_partition_count(keys)})" for reason, keys in self.reasons.items())
-        return f"  {self.key.to_user_string()}: {why}"
+        shown = self.details[:NAMED] + ([f"and {len(self.details) - NAMED} more"] if len(self.details) > NAMED else [])
+        return f"  {self.key.to_user_string()}: {why}" + (f": {', '.join(shown)}" if shown else "")
 
 
 def _partition_count(keys: list[str | None]) -> str:
@@ -58,14 +74,18 @@ def _stale_reason(resolver, key: dg.AssetKey, partition: str | None) -> str | No
 
 def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
                selection: list[dg.AssetKey] | None = None) -> list[PlannedAsset]:
-    """Every materializable (selected) asset with a missing or stale partition, or a partition that
-    reads one that will rerun, in dependency order."""
+    """Every materializable (selected) asset with a missing or stale partition, a batch whose input
+    files changed, or a partition that reads one that will rerun, in dependency order."""
     from dagster._core.definitions.data_version import CachingStaleStatusResolver
     from dagster._core.loader import LoadingContextForTest
 
     graph = defs.resolve_asset_graph()
     # The loading context Dagster gives a caller outside a UI request.
     resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
+    changed_inputs = input_changes(defs, instance)
+    moved = moved_ordinals(defs, instance)
+    removed = removed_batches(defs, instance)
+    readers = readers_of_every_batch(graph) if removed else set()
     planned: dict[dg.AssetKey, set[str | None]] = {}
     plan: list[PlannedAsset] = []
     for level in graph.toposorted_asset_keys_by_level:
@@ -76,17 +96,145 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
             keys = node.partitions_def.get_partition_keys(dynamic_partitions_store=instance) \
                 if node.partitions_def else [None]
             reasons: dict[str, list[str | None]] = {}
+            details: list[str] = []
             for partition in keys:
                 reason = _stale_reason(resolver, key, partition)
+                if reason is None and key == RAW_DOCUMENTS and partition in changed_inputs:
+                    reason = INPUTS_CHANGED
+                    details += changed_inputs[partition]
+                if reason is None and key == DEDUP_SIGNATURES and partition in moved:
+                    reason = INPUTS_MOVED
+                    details += moved[partition]
+                if reason is None and key in readers:
+                    reason = INPUTS_REMOVED
                 if reason is None and _reads_planned(graph, planned, key, partition):
                     reason = UPSTREAM_RERUNS
                 if reason is not None:
                     reasons.setdefault(reason, []).append(partition)
+            if INPUTS_REMOVED in reasons:
+                details += [f"{batch} gone" for batch in removed]
             if reasons:
                 chosen = [p for p in keys if any(p in ps for ps in reasons.values())]
                 planned[key] = set(chosen)
-                plan.append(PlannedAsset(key, None if chosen == [None] else chosen, reasons))
+                plan.append(PlannedAsset(key, None if chosen == [None] else chosen, reasons, details))
+    restarts = training_restarts(defs.resources["refinery"].config, plan)
+    for planned in plan:
+        if planned.key == TRAINING_RUN:
+            planned.details += [f"{phase} starts a new run: its checkpoints in {run_dir} were trained on phase manifests "
+                                f"this plan rebuilds, and move to {run_dir}.archived-<UTC time>"
+                                for phase, run_dir in restarts.items()]
     return plan
+
+
+RAW_DOCUMENTS, PHASE_MANIFESTS, TRAINING_RUN = AssetKey("raw_documents"), AssetKey("phase_manifests"), AssetKey("training_run")
+DEDUP_SIGNATURES = AssetKey("dedup_signatures")
+
+
+def latest_entry(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str, entry: str):
+    """The value of metadata `entry` of the partition's latest materialization (None: none, or
+    recorded before the entry was)."""
+    import dagster as dg
+
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
+    value = records[0].asset_materialization.metadata.get(entry) if records else None
+    return None if value is None else value.value
+
+
+def training_restarts(cfg, plan: list[PlannedAsset]) -> dict[str, Path]:
+    """Phase -> its run directory, for each planned training_run phase holding checkpoints that a
+    planned phase_manifests rebuild invalidates: those of a phase at or before it (the trainer
+    refuses to resume across changed manifests; `refinery train` says so after the data work)."""
+    from training.phase_runs import checkpoints, phase_names, phase_run_dir
+
+    partitions = {p.key: p.partitions or [] for p in plan}
+    if TRAINING_RUN not in partitions or PHASE_MANIFESTS not in partitions:
+        return {}
+    names = phase_names(cfg)
+    first = min(names.index(p) for p in partitions[PHASE_MANIFESTS])
+    return {phase: phase_run_dir(cfg, phase) for phase in partitions[TRAINING_RUN]
+            if names.index(phase) >= first and checkpoints(phase_run_dir(cfg, phase)).complete()}
+
+
+def input_changes(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str, list[str]]:
+    """Batch -> its input files that differ from those its latest raw_documents recorded
+    (`<file key> edited|added|removed`); batches never materialized, or recorded before the input
+    state was, are left to Dagster's own status."""
+    from assets.funnel import INPUT_STATE
+    from refinery.documents import input_batches, input_file_state
+
+    out = {}
+    for batch in input_batches(defs.resources["refinery"].config):
+        then = latest_entry(instance, RAW_DOCUMENTS, batch.key, INPUT_STATE)
+        if then is None:
+            continue
+        now = input_file_state(list(batch.shards))
+        named = [f"{k} {'added' if k not in then else 'removed' if k not in now else 'edited'}"
+                 for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+        if named:
+            out[batch.key] = named
+    return out
+
+
+def moved_ordinals(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str, list[str]]:
+    """Batch -> its files whose shard ordinal (in every doc_key its signatures hold) moved since its
+    dedup_signatures were computed, because an input before them was added or removed
+    (`<file key> <then>-><now>`)."""
+    from assets.dedup import SHARD_ORDINALS
+    from refinery.documents import input_batches
+    from refinery.stages.dedup_compute import shard_ordinals
+
+    cfg = defs.resources["refinery"].config
+    ordinals = shard_ordinals(cfg)
+    out = {}
+    for batch in input_batches(cfg):
+        then = latest_entry(instance, DEDUP_SIGNATURES, batch.key, SHARD_ORDINALS)
+        named = [f"{s.key} {then[s.key]}->{ordinals[s.key]}" for s in batch.shards
+                 if then is not None and s.key in then and then[s.key] != ordinals[s.key]]
+        if named:
+            out[batch.key] = named
+    return out
+
+
+def removed_batches(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[str]:
+    """Batches raw_documents was materialized for whose input files are all gone, and that no plan
+    has run for since (`record_removed_batches`)."""
+    import dagster as dg
+
+    from refinery.documents import input_batches
+
+    current = {b.key for b in input_batches(defs.resources["refinery"].config)}
+    out = []
+    for batch in sorted(set(instance.get_materialized_partitions(RAW_DOCUMENTS)) - current):
+        records = dg.AssetRecordsFilter(asset_key=RAW_DOCUMENTS, asset_partitions=[batch])
+        made = instance.fetch_materializations(records, limit=1).records
+        seen = instance.fetch_observations(records, limit=1).records
+        if not (seen and made and seen[0].timestamp > made[0].timestamp):
+            out.append(batch)
+    return out
+
+
+def readers_of_every_batch(graph) -> set[dg.AssetKey]:
+    """The assets not partitioned by input batch that read a per-batch asset: each reads every
+    batch, so a batch gone changes what it reads."""
+    batches = graph.get(RAW_DOCUMENTS).partitions_def
+    return {key for key in graph.materializable_asset_keys
+            if graph.get(key).partitions_def != batches
+            and any(graph.get(p).partitions_def == batches for p in graph.get(key).parent_keys)}
+
+
+def record_removed_batches(instance: dg.DagsterInstance, removed: list[str]) -> None:
+    """Once the plan that stopped reading them has run, record each gone batch as observed empty
+    (Dagster's SQLite storage cannot wipe one partition), so the next plan sees no removal; a batch
+    whose files come back is materialized again and seen anew."""
+    import dagster as dg
+
+    from assets.funnel import INPUT_STATE
+
+    for batch in removed:
+        instance.report_runless_asset_event(dg.AssetObservation(
+            asset_key=RAW_DOCUMENTS, partition=batch,
+            metadata={INPUT_STATE: dg.MetadataValue.json({}), "removed": "every input file of this batch is gone"}))
 
 
 def _reads_planned(graph, planned: dict, key: dg.AssetKey, partition: str | None) -> bool:

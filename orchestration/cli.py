@@ -45,7 +45,8 @@ examples:
   refinery validate --config my.yaml                 # the curriculum contract, before training
 
 `refinery COMMAND --help` describes each command. Exit status: 0 success, 1 a failed check,
-2 a config or input problem (nothing was run), 3 training halted."""
+2 a config or input problem (nothing was run), 3 training halted, 4 a step of the graph failed or
+found its pool slot held past the wait (`refinery demo`: one line per failed step, naming its log)."""
 
 
 def build_parser(names: list[str] | None = None) -> argparse.ArgumentParser:

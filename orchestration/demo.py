@@ -14,7 +14,6 @@ cheapest orchestration. The in-process executor is used on purpose: the multipro
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -72,7 +71,10 @@ def execution_plan(defs: dg.Definitions, selection: list[dg.AssetKey] | None = N
     return steps
 
 
-QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# Dagster's console prints nothing: a failed step is one summary line (orchestration/runs.py) with
+# its tracebacks in a log file, and a step's warnings are echoed one line each after its run
+# (`run_warnings`). `--verbose` runs with Dagster's console at its default level instead.
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
@@ -82,12 +84,17 @@ def materialize_step(
     step: PlanStep,
     run_config: dict | None = None,
     only: set[str] | None = None,
+    log: Callable[[str], None] = print,
 ) -> tuple[int, int]:
-    """Materialize one plan step over all its partitions (or those in `only`), raising on the first
-    failure; returns the partition keys it covered and the Dagster runs it took. A step whose assets
-    take many partitions per run gets one run per partition range, tagged as a backfill's ranged
-    run is; a range is contiguous, so partitions left out of `only` split it."""
+    """Materialize one plan step over all its partitions (or those in `only`), raising StepsFailed
+    (orchestration/runs.py: a line per failed step) on the first failed run; returns the partition
+    keys it covered and the Dagster runs it took. A step whose assets take many partitions per run
+    gets one run per partition range, tagged as a backfill's ranged run is; a range is contiguous,
+    so partitions left out of `only` split it. A step whose assets need a pool slot waits for one
+    first, boundedly (`wait_for_pools`)."""
     import dagster as dg
+
+    from orchestration.runs import record_failure, run_tags, run_warnings, wait_for_pools
 
     assets = list(defs.assets or []) + list(defs.asset_checks or [])
     every = step.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if step.partitions_def else []
@@ -95,16 +102,22 @@ def materialize_step(
     keys = [k for span in spans for k in span]
     per_run = step.per_run or max(len(keys), 1)
     chunks = [span[i : i + per_run] for span in spans for i in range(0, len(span), per_run)] or [[]]
+    graph = defs.resolve_asset_graph()
+    pools = {pool for key in step.keys for pool in graph.get(key).pools or ()}
     for chunk in chunks:
+        if pools:
+            wait_for_pools(instance, pools, log)
         single = chunk[0] if len(chunk) == 1 else None
-        tags = {RANGE_START: chunk[0], RANGE_END: chunk[-1]} if len(chunk) > 1 else None
+        tags = {**run_tags(), **({RANGE_START: chunk[0], RANGE_END: chunk[-1]} if len(chunk) > 1 else {})}
         result = dg.materialize(
             assets, selection=step.keys, partition_key=single, instance=instance, resources=defs.resources or {},
-            run_config=run_config, tags=tags, raise_on_error=True,
+            run_config=run_config, tags=tags, raise_on_error=False,
         )
+        if run_config == QUIET_RUN_CONFIG:
+            for line in run_warnings(instance, result.run_id):
+                log(line)
         if not result.success:
-            names = ", ".join(k.to_user_string() for k in step.keys)
-            raise RuntimeError(f"materializing {names} [{chunk[0]}..{chunk[-1]}] failed")
+            raise record_failure(instance, result, single or (f"{chunk[0]}..{chunk[-1]}" if chunk else ""))
     return len(keys) or 1, len(chunks)
 
 
@@ -133,7 +146,7 @@ def materialize_graph(
     runs = 0
     for step in execution_plan(defs, selection):
         start = time.perf_counter()
-        partitions, step_runs = materialize_step(defs, instance, step, run_config)
+        partitions, step_runs = materialize_step(defs, instance, step, run_config, log=log)
         runs += step_runs
         names = ", ".join(k.to_user_string() for k in step.keys)
         log(f"  {names}: {partitions} partition(s) in {step_runs} run(s), {time.perf_counter() - start:.1f}s")
@@ -143,9 +156,14 @@ def materialize_graph(
 def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callable[[str], None] = print,
                 run_config: dict | None = None) -> list:
     """Print the plan, then materialize it step by step (orchestration/demo.py's steps, limited to
-    the planned assets and partitions); returns the plan."""
-    from orchestration.changed import stale_plan
+    the planned assets and partitions); returns the plan. A training phase whose checkpoints the
+    plan's manifests invalidate has its run directory archived right before training starts
+    (`training_restarts`), and input batches that are gone are recorded as gone once the plan has run."""
+    from orchestration.changed import (TRAINING_RUN, record_removed_batches, removed_batches, stale_plan,
+                                       training_restarts)
+    from training.run_store import archive_run
 
+    cfg = defs.resources["refinery"].config
     plan = stale_plan(defs, instance)
     if not plan:
         log("Nothing to run: every asset and partition is materialized and up to date.")
@@ -153,11 +171,17 @@ def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callabl
     log(f"Will materialize {len(plan)} asset(s), missing or stale:")
     for planned in plan:
         log(planned.line())
+    removed = removed_batches(defs, instance)
+    restarts = training_restarts(cfg, plan)
     partitions = {p.key: p.partitions for p in plan}
     for step in execution_plan(defs, list(partitions)):
+        if TRAINING_RUN in step.keys:
+            for phase, run_dir in restarts.items():
+                log(f"  training_run[{phase}]: the old run is kept at {archive_run(cfg, run_dir)}")
         wanted = {k for key in step.keys for k in (partitions[key] or [])}
-        materialize_step(defs, instance, step, run_config, wanted or None)
+        materialize_step(defs, instance, step, run_config, wanted or None, log)
         log(f"  ran {', '.join(k.to_user_string() for k in step.keys)}")
+    record_removed_batches(instance, removed)
     return plan
 
 
@@ -205,7 +229,12 @@ def demo_summary(config_path: str) -> str:
     return "\n".join(out)
 
 
+# `refinery demo`'s exit status when a step of the graph failed (cli.py lists every status).
+STEP_FAILED = 4
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    import sys
     import warnings
 
     import dagster as dg
@@ -213,31 +242,42 @@ def run_demo(args: argparse.Namespace) -> int:
     from assets.partitions import register_input_batches
     from assets.training import POOL
     from orchestration.definitions import build_definitions
+    from orchestration.instance import prepare_instance_dir
+    from orchestration.runs import PoolBusy, StepsFailed, release_dead_runs
     from refinery.config import load_config
 
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-    home = os.environ.setdefault("DAGSTER_HOME", os.path.abspath(".dagster_home"))
-    os.makedirs(home, exist_ok=True)
-    instance_yaml = os.path.join(home, "dagster.yaml")
-    if not os.path.exists(instance_yaml):  # a fresh demo instance: local storage, no telemetry banner
-        with open(instance_yaml, "w") as f:
-            f.write("telemetry:\n  enabled: false\n")
-    defs = build_definitions(args.config)
-    instance = dg.DagsterInstance.get()
-    # The UI then shows the pool that keeps two training runs off one accelerator.
-    instance.event_log_storage.set_concurrency_slots(POOL, 1)
-    print(f"Materializing the asset graph from {args.config} into the Dagster instance at {instance.root_directory}")
     cfg = load_config(args.config)
-    if cfg.partitions.dynamic:
-        print(f"Registered {register_input_batches(cfg, instance)} new input batch(es)")
-    start = time.perf_counter()
-    run_config = None if args.verbose else QUIET_RUN_CONFIG
-    if args.changed:
-        run_changed(defs, instance, run_config=run_config)
-        print(f"Missing and stale assets materialized in {time.perf_counter() - start:.0f}s\n")
-    else:
-        runs = materialize_graph(defs, instance, run_config=run_config)
-        print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
+    # One instance per data root (orchestration/instance.py): this config sees only its own history.
+    home = str(prepare_instance_dir(cfg))
+    defs = build_definitions(args.config)
+    with dg.DagsterInstance.from_config(home) as instance:
+        # The UI then shows the pool that keeps two training runs off one accelerator.
+        instance.event_log_storage.set_concurrency_slots(POOL, 1)
+        print(f"Materializing the asset graph from {args.config} into the Dagster instance at {home}")
+        release_dead_runs(instance)
+        if cfg.partitions.dynamic:
+            print(f"Registered {register_input_batches(cfg, instance)} new input batch(es)")
+        start = time.perf_counter()
+        run_config = None if args.verbose else QUIET_RUN_CONFIG
+        try:
+            if args.changed:
+                run_changed(defs, instance, run_config=run_config)
+                print(f"Missing and stale assets materialized in {time.perf_counter() - start:.0f}s\n")
+            else:
+                runs = materialize_graph(defs, instance, run_config=run_config)
+                print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
+        except StepsFailed as failed:
+            for line in failed.lines:
+                print(line, file=sys.stderr)
+            if args.verbose:
+                print(failed.log_file.read_text(), file=sys.stderr)
+            print(f"Run {failed.run_id} failed: the errors in full are in {failed.log_file} (--verbose prints them), "
+                  f"and its events in the UI (`make ui CONFIG={args.config}`, Runs)", file=sys.stderr)
+            return 2 if failed.input_problem else STEP_FAILED
+        except PoolBusy as busy:
+            print(f"refinery demo: {busy}", file=sys.stderr)
+            return STEP_FAILED
     print(demo_summary(args.config))
     print("\nOpen the UI on these runs with `make ui` (http://127.0.0.1:3000).")
     return 0
@@ -249,8 +289,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo", help="materialize the whole graph on a config (the bundled sample by default)",
         description="Materialize every asset of the graph (funnel, dedup, quality, tokens, curriculum, contamination "
-                    "scans and training, phase by phase) on the config's sources into the Dagster instance at "
-                    "$DAGSTER_HOME (default .dagster_home), in dependency order, then print the funnel, the "
+                    "scans and training, phase by phase) on the config's sources into the Dagster instance of its "
+                    "data root, a folder under $DAGSTER_HOME (default .dagster_home), in dependency order, then print the funnel, the "
                     "curriculum contract, the scans and the training summary. It is how a config of your own "
                     "data runs end to end; `make ui` then shows every run.",
         epilog="examples:\n  refinery demo                       # configs/demo.yaml on data/sample/\n"
@@ -262,5 +302,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--changed", action="store_true",
                    help="materialize only the assets and partitions that are missing or stale (new code version, "
                         "changed upstream data, or reading one that reruns), printing each and why first")
-    p.add_argument("--verbose", action="store_true", help="print every Dagster event, not only warnings")
+    p.add_argument("--verbose", action="store_true",
+                   help="print every Dagster event and a failed step's tracebacks (otherwise one line per failed "
+                        "step, naming the log file that holds them)")
     p.set_defaults(func=run_demo, needs=GRAPH)

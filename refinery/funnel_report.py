@@ -501,8 +501,52 @@ def run(args: argparse.Namespace) -> int:
         return 1
     report = build_report(totals, target_tokens(cfg, args.target_tokens), args.bytes_per_token)
     report["languages"] = language_retention(root)
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    report["quality"] = quality_classifier_report(root, totals)
+    text = format_report(report) + ("" if report["quality"] is None else "\n\n" + format_quality(report["quality"]))
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else text)
     return 0
+
+
+def quality_classifier_report(root: DataRoot, totals: dict[str, StageTotals]) -> dict[str, Any] | None:
+    """The published quality model's figures against labels (`quality_model`'s latest.json:
+    held-out AUC, precision/recall/F1 at the decision threshold, per language, the labelled check,
+    source-separation flags) and, once quality_scored ran, each language's share of the scored
+    documents above the threshold. None before a model is published."""
+    from refinery.stages import quality as q
+
+    if not root.exists(q.LATEST_KEY):
+        return None
+    pointer = root.read_json(q.LATEST_KEY)
+    metrics = pointer.get("metrics") or {}
+    scored = totals.get(q.QualityScorer.name)
+    return {"model_hash": pointer.get("model_hash"), **metrics,
+            "corpus_share_above_threshold": None if scored is None else q.shares_above_threshold(scored.stats.counters)}
+
+
+def _figure(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def format_quality(report: dict[str, Any]) -> str:
+    """The quality classifier's figures as text: one row per language (held out and labelled check)."""
+    threshold = report.get("decision_threshold")
+    check = report.get("check") or {}
+    lines = [f"Quality classifier {report['model_hash']} at threshold {threshold} (AUC, then precision/recall/F1)"]
+    rows = [["held out (corpus)", *(_figure(report.get("holdout", {}).get(k)) for k in ("auc", "precision", "recall", "f1"))]]
+    rows += [[f"  {lang}", *(_figure(m.get(k)) for k in ("auc", "precision", "recall", "f1"))]
+             for lang, m in report.get("holdout_by_language", {}).items()]
+    for name in ("high_vs_low", "high_vs_spam"):
+        if name in check:
+            m = check[name]
+            rows.append([f"labelled check {name.replace('_', ' ')}", *(_figure(m.get(k)) for k in ("auc", "precision", "recall", "f1"))])
+            rows += [[f"  {lang}", *(_figure(v.get(k)) for k in ("auc", "precision", "recall", "f1"))]
+                     for lang, v in m.get("by_language", {}).items()]
+    lines.append(_table(["set", "AUC", "precision", "recall", "F1"], rows))
+    shares = report.get("corpus_share_above_threshold") or report.get("share_above_threshold") or {}
+    if shares:
+        lines.append("share above the threshold, per language: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
+    lines += [f"warning: {flag}" for flag in report.get("flags", [])]
+    return "\n".join(lines)
 
 
 def _positive(kind):

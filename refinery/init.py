@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from refinery.config import ConfigError, LanguageConfig, load_config
 from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
 from refinery.documents.inputs import outside_folder
 from refinery.preflight import not_a_file
+from refinery.storage import create_temporary
 
 # Bytes of clean text per token of the demo's tokenizer (byte-level BPE, vocab 4096, trained on the
 # sample's clean text by the `tokenizer` asset): 3.37 on data/sample's JSONL text.
@@ -703,7 +703,7 @@ def write_config(root: str, config_path: str, data_root: str | None = None, forc
     text = render(root, config_dir, os.path.relpath(config_path), os.path.relpath(out, config_dir), sources, ignored,
                   choice, bucket_tokens, plan, quality)
     os.makedirs(config_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=config_dir, prefix=".refinery-init-", suffix=".yaml")
+    fd, tmp = create_temporary(config_dir, ".refinery-init-", ".yaml")
     with os.fdopen(fd, "w") as f:
         f.write(text)
     try:

@@ -262,7 +262,8 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
     if needs.sources:
         for field, keys in (("tokenizer.path", ("tokenizer", "path")),
                             ("stages.language.model_path", ("stages", "language", "model_path")),
-                            ("stages.difficulty.model_path", ("stages", "difficulty", "model_path"))):
+                            ("stages.difficulty.model_path", ("stages", "difficulty", "model_path")),
+                            ("stages.quality.labelled_set", ("stages", "quality", "labelled_set"))):
             path = _value(data, *keys)
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "

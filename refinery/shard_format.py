@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from refinery.shard_header import HEADER, MAGIC, TOKEN_TYPES, VERSION, ShardFormatError, parse_header
-from refinery.storage import atomic_path, sha256_file, write_parquet_file
+from refinery.storage import atomic_path, create_temporary, sha256_file, write_parquet_file
 
 if TYPE_CHECKING:
     import polars as pl
@@ -130,8 +129,8 @@ class ShardWriter:
         if self._bin is None:
             final = shard_files(self.prefix)[".bin"]
             final.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-            self._bin, self._bin_tmp = os.fdopen(fd, "wb"), Path(tmp)
+            fd, self._bin_tmp = create_temporary(final.parent, f".{final.name}.")
+            self._bin = os.fdopen(fd, "wb")
         return self._bin
 
     def add(self, tokens: np.ndarray, doc_id: str, overlap: int = 0, window: int = 0, n_windows: int = 1) -> None:

@@ -100,6 +100,20 @@ def order_lines(contract: dict[str, Any]) -> list[str]:
     return lines
 
 
+def quality_cut_lines(contract: dict[str, Any]) -> list[str]:
+    """Per phase with a quality cut, per bucket: each language's share of the bucket's documents and
+    of the documents the cut kept."""
+    lines = []
+    for phase, cut in contract.get("quality_cut", {}).items():
+        lines += ["", f"quality cut of {phase} ({cut['cut'].replace('_', ' ')}): each language's share of the "
+                      "bucket's documents -> of those kept (kept/documents)"]
+        for bucket, languages in cut["buckets"].items():
+            shares = ", ".join(f"{lang} {v['share_of_bucket']:.1%} -> {v['share_of_selection']:.1%} "
+                               f"({v['kept']}/{v['documents']})" for lang, v in (languages or {}).items())
+            lines.append(f"  {bucket}: {shares or 'no documents'}")
+    return lines
+
+
 def render_text(report: ValidationReport) -> str:
     lines: list[str] = []
     c = report.contract
@@ -109,7 +123,7 @@ def render_text(report: ValidationReport) -> str:
             f"(total_tokens {c['total_tokens']:,}, temperature {c['temperature']:g})"
         )
         lines += ["", *text_table(*phase_rows(c)), "", *text_table(*bucket_rows(c)), "", *summary_lines(c),
-                  *order_lines(c)]
+                  *order_lines(c), *quality_cut_lines(c)]
     for w in report.warnings:
         lines.append(f"warning: {w}")
     for e in report.errors:

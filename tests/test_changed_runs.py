@@ -5,6 +5,7 @@ it, not ingest, extraction or language ID, and a pinned tokenizer keeps its byte
 value reruns the assets that read it."""
 
 import json
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import yaml
 from dagster._core.definitions.data_version import StaleStatus
 
-from orchestration.changed import CODE_CHANGED, MISSING, UPSTREAM_RERUNS, stale_plan
+from orchestration.changed import CODE_CHANGED, INPUTS_MOVED, INPUTS_REMOVED, MISSING, UPSTREAM_RERUNS, stale_plan
 from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph, run_changed
 from refinery.config import load_config
@@ -140,3 +141,18 @@ def test_an_edited_custom_filter_reruns_what_reads_it_and_keeps_the_pinned_token
                      if dg.AssetKey("pii_redacted") in graph.get_ancestor_asset_keys(k)}
         assert {p.key.to_user_string() for p in planned} == {"pii_redacted"} | after_pii
         assert planned[0].key == dg.AssetKey("pii_redacted") and list(planned[0].reasons) == [CODE_CHANGED]
+
+        # Every file of one batch deleted: its partition is gone, so the assets that read every batch
+        # rerun, and once they have, the instance records the batch as gone and plans nothing.
+        gone = input_batches(load_config(config))[0]
+        for shard in gone.shards:
+            Path(shard.path).unlink()
+        defs = build_definitions(str(config))
+        planned = {p.key.to_user_string(): p for p in stale_plan(defs, instance)}
+        assert INPUTS_REMOVED in planned["exact_deduped"].reasons and f"{gone.key} gone" in planned["exact_deduped"].line()
+        assert "raw_documents" not in planned
+        # The files after the gone ones have new shard ordinals, which every doc_key holds.
+        assert list(planned["dedup_signatures"].reasons) == [INPUTS_MOVED]
+        assert re.search(r"web-f\d \d->\d", planned["dedup_signatures"].line())
+        run_changed(defs, instance, lines.append, QUIET_RUN_CONFIG)
+        assert stale_plan(build_definitions(str(config)), instance) == []

@@ -1,12 +1,20 @@
 """Checkpoints: atomic, verified by their sidecar, corrupt or partial ones skipped, retention."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from refinery.config import load_config
+from refinery.testing.curriculum import tiny_run
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
+from training.trainer import RunOptions, Trainer
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def state(step):
@@ -57,3 +65,42 @@ def test_checkpoints_load_with_weights_only_and_restore_rng(tmp_path):
 def test_missing_checkpoint_path_says_where_to_look(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoints"):
         load_checkpoint(tmp_path / "nope.pt")
+
+
+# A trainer whose checkpoint write of step 8 is SIGKILLed after its temporary received bytes.
+DIES_WRITING_STEP_8 = """
+import os, runpy, signal, sys, torch
+save = torch.save
+def dying(state, f):
+    if state["train"]["step"] == 8:
+        f.write(b"partial"); f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+    save(state, f)
+torch.save = dying
+sys.argv = ["training", *sys.argv[1:]]
+runpy.run_module("training", run_name="__main__")
+"""
+
+
+def test_a_save_killed_mid_write_leaves_no_temporary_once_the_run_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFINERY_VERIFIED_DIR", str(tmp_path / "verified"))
+    config = tiny_run(tmp_path, training={"checkpoint_interval": 4})
+    run_dir = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", DIES_WRITING_STEP_8, "--config", str(config), "--run-dir",
+                             str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    ckpt = run_dir / "checkpoints"
+    assert [p.name.split(".")[1] for p in ckpt.glob(".*.tmp")] == ["step-00000008"], "the killed write's temporary"
+    status = Trainer(load_config(config), RunOptions(run_dir=str(run_dir))).train()
+    assert status["state"] == "completed" and status["step"] > 8
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_save_removes_the_temporaries_of_killed_saves(tmp_path):
+    ckpt = CheckpointManager(tmp_path, keep_last=2)
+    ckpt.save(1, state(1))
+    for name in (".step-00000002.pt.k3j2x9.tmp", ".step-00000002.json.a8c1e0.tmp"):
+        (tmp_path / name).write_bytes(b"partial")
+    (tmp_path / "notes.tmp").write_text("someone else's")
+    ckpt.save(2, state(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.tmp", "step-00000001.json", "step-00000001.pt", "step-00000002.json", "step-00000002.pt"]

@@ -82,13 +82,14 @@ def test_each_pass_runs_a_task_per_final_shard(tmp_path, monkeypatch):
     monkeypatch.setattr(bands_mod, "slice_batches", spy)
     counted = CountedTasks(in_process(root))
     inventory = validate_data_root(cfg, root, counted)[1]
-    # validation alone: the anneal's quality cutoff (a histogram and a bracket per bucket), then the
-    # bands of both ordered phases (two histograms a shard, a count per batch of 65,536 rows)
-    per_bucket = {b: 2 * n + 2 * (2 * n + 1) for b, n in shards.items()}
+    # validation alone: the anneal's per-language quality cutoff (a census of the languages, then a
+    # histogram and a bracket per language: one language here), then the bands of both ordered
+    # phases (two histograms a shard, a count per batch of 65,536 rows)
+    per_bucket = {b: 3 * n + 2 * (2 * n + 1) for b, n in shards.items()}
     assert counted.tasks == sum(per_bucket.values())
     web = [(first, rows, to_end) for bucket, first, rows, to_end in read if bucket == "web"]
     shard_slices = [(PER_SHARD * k, PER_SHARD, k == 5) for k in range(6)]
-    assert web[:12] == shard_slices * 2  # the cutoff's histogram and bracket: each shard's rows, the last to the end
+    assert web[:18] == shard_slices * 3  # census, histogram and bracket: each shard's rows, the last to the end
     assert (0, inventory["web"].entries, True) in web  # the bands' count: one batch, the whole table
 
 

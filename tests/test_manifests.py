@@ -434,8 +434,8 @@ def test_manifest_memory_does_not_grow_with_the_bucket(tmp_path, monkeypatch):
     largest = []
     reader = inv_mod.entry_batches
 
-    def spy(root, inv):
-        for batch in reader(root, inv):
+    def spy(root, inv, **kwargs):
+        for batch in reader(root, inv, **kwargs):
             largest.append(len(batch.tokens))
             yield batch
 

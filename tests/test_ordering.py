@@ -12,25 +12,26 @@ import pytest
 
 from orchestration.cli import main
 from refinery.config import parse_config, load_config
-from refinery.curriculum import CurriculumMismatch, build_phase_manifest, read_selection, refuse_mismatch, validate_data_root, write_manifest
+from refinery.curriculum.bands import served_difficulty
+from refinery.curriculum import CurriculumMismatch, build_schedule, build_phase_manifest, read_selection, refuse_mismatch, validate_data_root, write_manifest
 from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import TINY_PHASES, SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
 from training.pass_order import BandedOrder, PassOrder
-from training.sampler import EntrySet
+from training.sampler import EntrySet, SamplerStateError
 
 from helpers.configs import write_config
 from helpers.exactly_once import assert_exactly_once_under_sigkill, pieces as consumed_pieces
 from helpers.final_shards import DOCS_PER_BUCKET, config_dict, sample_difficulty, sample_docs, write_final_shards
-from helpers.served import served_pieces
+from helpers.served import assert_each_pass_reads_each_entry_once, served_pieces
 
 EASY = {"by": "difficulty", "direction": "easy_first", "bands": 4}
 HARD = {"by": "difficulty", "direction": "hard_first", "bands": 3}
 
 # The tiny curriculum with its main phase easy_first and its anneal (a quality selection of web)
-# hard_first, over a web bucket small enough that main reads it 1.5 times and the anneal twice; one
-# web document in nine has no difficulty score.
-ORDERED_BUCKETS = {"web": SyntheticBucket(docs=40, mean_len=30, max_epochs=3, unscored_every=9),
+# hard_first, over a web bucket small enough that warmup and main read it 3.6 times (main going on
+# with warmup's pass) and the anneal twice; one web document in nine has no difficulty score.
+ORDERED_BUCKETS = {"web": SyntheticBucket(docs=40, mean_len=30, max_epochs=4, unscored_every=9),
                    "math": SyntheticBucket(docs=40, mean_len=40, max_epochs=4)}
 ORDERED_PHASES = [
     TINY_PHASES[0],
@@ -38,6 +39,9 @@ ORDERED_PHASES = [
     SyntheticPhase("anneal", 2048, {"web": 0.5, "math": 0.5}, seq_len=64, lr_scale=0.5, interpolation=0.05,
                    top_fraction={"web": 0.4}, order=HARD),
 ]
+# Uniform, then ordered, then uniform again over the same entries (math; web's anneal reads a
+# quality selection): each phase switch hands a pass under way to another order.
+SWITCHING_PHASES = [ORDERED_PHASES[0], ORDERED_PHASES[1], TINY_PHASES[2]]
 
 
 # ---- config -------------------------------------------------------------------------------------
@@ -178,6 +182,19 @@ def test_validate_prints_each_phase_order_and_the_difficulty_it_serves(tmp_path,
     assert (tmp_path / "root" / "curriculum" / "schedule.png").exists()
 
 
+def test_served_difficulty_goes_on_with_the_pass_a_uniform_phase_began(tmp_path):
+    """warmup reads half of web's pass uniformly, so main (easy_first) finds half of each band left:
+    band 1 begins 256 tokens into main, not 512, and the next pass begins 1024 tokens in."""
+    phases = [{"name": "warmup", "share": 0.25, "weights": {"web": 1.0}, "seq_len": 128},
+              {"name": "main", "share": 0.75, "weights": {"web": 1.0}, "seq_len": 128, "order": EASY}]
+    cfg = parse_config({**config_dict(tmp_path), "curriculum": {"total_tokens": 4096, "phases": phases}})
+    schedule = build_schedule(cfg)
+    bands = {"main": {"web": {"tokens": [512, 512, 512, 512], "mean_difficulty": [1.0, 2.0, 3.0, 4.0]}}}
+    start = schedule.phases[1].start
+    served = served_difficulty(cfg, schedule, bands, start + np.array([100, 300, 600, 900, 1100, 1600]))
+    assert served.tolist() == [1.0, 2.0, 3.0, 4.0, 1.0, 2.0]
+
+
 def test_validate_without_shards_prints_the_order_and_unknown_difficulty(tmp_path, capsys):
     path = write_config(tmp_path, ordered_config(tmp_path, anneal_order=HARD))
     assert main(["validate", "--config", str(path)]) == 0
@@ -197,6 +214,7 @@ def test_banded_order_reads_band_after_band_fresh_within_each_per_pass():
         n = sum(sizes)
         positions = order.positions(np.arange(n))
         assert sorted(positions.tolist()) == list(range(n))
+        assert order.ordinals(positions).tolist() == list(range(n)), "ordinals invert positions"
         band = np.searchsorted(starts, positions, side="right") - 1
         assert (np.diff(band) >= 0).all(), "band by band"
         slot, offset = order.slot_of(np.arange(n))
@@ -211,6 +229,8 @@ def test_banded_order_reads_band_after_band_fresh_within_each_per_pass():
     assert (np.searchsorted(starts, a, side="right") == np.searchsorted(starts, b, side="right")).all(), \
         "and keeps the band order"
     plain = PassOrder(1000, 3, "k", 0)
+    shuffled = PassOrder(200_000, 3, "k", 0).positions(np.arange(200_000))  # four blocks, the last short
+    assert PassOrder(200_000, 3, "k", 0).ordinals(shuffled).tolist() == list(range(200_000))
     assert BandedOrder([1000], 3, "k", 0).n == plain.n  # one band: the same bijection shape, its own key
 
 
@@ -249,47 +269,52 @@ def plan_all(data, chunk=1):
 def test_ordered_sets_have_their_own_keys_and_skip_held_out_entries(ordered):
     _, data = ordered
     warm, main_, anneal = (data.sets_by_phase[j]["web"] for j in range(3))
-    assert len({warm.key, main_.key, anneal.key}) == 3, "another order never continues a cursor mid-pass"
+    assert len({warm.key, main_.key, anneal.key}) == 3, "each order is keyed by its own set"
+    assert warm.group == main_.group != anneal.group, "the same entries in another order share one pass"
     assert main_.band_sizes is not None and sum(main_.band_sizes) == main_.size
     held = set(data.heldout["web"].tolist())
     assert held and not held & set(main_.ids.tolist())
     assert set(main_.ids.tolist()) | held == set(range(main_.index.total_entries))
 
 
+def group_reads(data, pieces):
+    """The pieces as (group, pass, entry, a, b), the members of each group and their lengths, for
+    `assert_each_pass_reads_each_entry_once`."""
+    sets = {es.key: es for phase in data.sets_by_phase for es in phase.values()}
+    by_group = {es.group: es for es in sets.values()}
+    reads = [(sets[k].group, e, entry, a, b) for _, k, e, entry, a, b in pieces]
+    return (reads, {g: es.ids.tolist() for g, es in by_group.items()},
+            lambda g, entry: int(by_group[g].index.lengths(np.array([entry]))[0]))
+
+
 def test_every_pass_serves_each_entry_once_band_by_band_with_rising_difficulty(ordered):
     cfg, data = ordered
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     pieces = served_pieces(data, plan_all(data, chunk=7)[1])
-    tokens = defaultdict(list)
-    first_seen: dict[tuple, list[int]] = defaultdict(list)  # (key, epoch) -> entries in the order first read
-    for _, key, epoch, entry, a, b in pieces:
-        if not tokens[(key, epoch, entry)]:
-            first_seen[(key, epoch)].append(entry)
-        tokens[(key, epoch, entry)].append((a, b))
-    sets = {es.key: es for phase in data.sets_by_phase for es in phase.values()}
-    for (key, epoch, entry), ranges in tokens.items():
-        ranges.sort()
-        assert ranges[0][0] == 0 and all(r0[1] == r1[0] for r0, r1 in zip(ranges, ranges[1:])), "no entry twice in a pass"
+    first = assert_each_pass_reads_each_entry_once(*group_reads(data, pieces))
+    group = {es.key: es.group for phase in data.sets_by_phase for es in phase.values()}
+    began = {(ph, group[k], e, entry) for ph, k, e, entry, a, _ in pieces if a == 0}  # the phase that read its first token
+    second_passes = 0
     for phase, direction in ((1, 1), (2, -1)):
         for bucket, es in data.sets_by_phase[phase].items():
-            epochs = sorted(e for k, e in first_seen if k == es.key)
-            for epoch in epochs[:-1]:
-                assert sorted(first_seen[(es.key, epoch)]) == sorted(es.ids.tolist()), "every entry once per pass"
-            order = first_seen[(es.key, epochs[0])]
             bands = np.repeat(np.arange(len(es.band_sizes)), es.band_sizes)
             band_of = dict(zip(es.ids.tolist(), bands.tolist()))
-            read = [band_of[e] for e in order]
-            assert read == sorted(read), f"{bucket} in phase {phase}: bands read in order"
+            passes = [[e for e in entries if (phase, g, p, e) in began]
+                      for (g, p), entries in sorted(first.items()) if g == es.group]
+            passes = [order for order in passes if order]
+            for order in passes:
+                read = [band_of[e] for e in order]
+                assert read == sorted(read), f"{bucket} in phase {phase}: bands read in order"
+            order = max(passes, key=len)
             score = entry_difficulty(root, bucket)
-            means = [np.nanmean(score[[e for e in order if band_of[e] == k]]) for k in sorted(set(read))
+            means = [np.nanmean(score[[e for e in order if band_of[e] == k]]) for k in sorted(set(band_of[e] for e in order))
                      if not np.isnan(score[[e for e in order if band_of[e] == k]]).all()]
             assert len(means) >= 2 and (direction * np.diff(means) > 0).all(), f"{bucket}: {means}"
-            if len(epochs) > 1:  # a later pass repeats the band order with a fresh shuffle inside each band
-                later = first_seen[(es.key, epochs[1])]
-                assert later != order[: len(later)]
-                assert [band_of[e] for e in later] == sorted(band_of[e] for e in later)
-    assert any(len([e for k, e in first_seen if k == es.key]) > 1 for es in sets.values() if es.band_sizes), \
-        "an ordered set started a second pass"
+            for a, b in zip(passes, passes[1:]):  # a later pass repeats the band order with a fresh shuffle in each band
+                both = set(a) & set(b)
+                assert [e for e in a if e in both] != [e for e in b if e in both]
+                second_passes += 1
+    assert second_passes, "an ordered set started a second pass"
 
 
 def test_ordered_mixture_is_exact_within_one_row_at_every_step(ordered):
@@ -325,21 +350,106 @@ def test_prefetch_spans_cover_what_the_ordered_set_reads_next(ordered):
     while sampler.schedule.phase_at(sampler.step) < 1:
         sampler.plan_next()
     spans = sampler.upcoming_entries()["web"]
-    chunk = sampler.plan_steps(4)
+    # One step: past warmup's handover the entries it took thin each band's block, so that a few
+    # steps of this tiny set reach past the two blocks prefetched.
+    chunk = sampler.plan_steps(1)
     es = data.sets_by_phase[1]["web"]
     read = served_pieces(data, [chunk])
     assert all(any(lo <= entry < hi for lo, hi in spans) for _, key, _, entry, _, _ in read if key == es.key)
 
 
+def test_an_ordered_phase_continues_the_pass_a_uniform_phase_began(ordered):
+    """Issue 38: main (easy_first) restarted web's pass, reading again at its start documents that
+    warmup had read in the same pass. Now main leaves them out and serves the rest band by band."""
+    _, data = ordered
+    pieces = served_pieces(data, plan_all(data, chunk=5)[1])
+    web = [(ph, e, entry, a, b) for ph, key, e, entry, a, b in pieces if ph < 2 and key.startswith("web:")]
+    warmup = {(e, entry, t) for ph, e, entry, a, b in web if ph == 0 for t in range(a, b)}
+    main_ = [(e, entry, t) for ph, e, entry, a, b in web if ph == 1 for t in range(a, b)]
+    assert warmup and main_ and not warmup & set(main_), "no token of a pass read twice"
+    es = data.sets_by_phase[1]["web"]
+    switch = next(e for ph, e, _, _, _ in web if ph == 1)  # warmup read web 1.7 times: main begins in its pass 1
+    assert {entry for _, e, entry, _, _ in web if e == switch} == set(es.ids.tolist()), \
+        "warmup and main read every entry of the pass between them"
+    began_in_warmup = {entry for ph, e, entry, a, _ in web if ph == 0 and e == switch and a == 0}
+    main_order = [entry for ph, e, entry, a, _ in web if ph == 1 and e == switch and a == 0]
+    assert began_in_warmup and main_order and not began_in_warmup & set(main_order)
+    band_of = dict(zip(es.ids.tolist(), np.repeat(np.arange(len(es.band_sizes)), es.band_sizes).tolist()))
+    assert [band_of[e] for e in main_order] == sorted(band_of[e] for e in main_order), "the rest in band order"
+
+
+@pytest.fixture(scope="module")
+def switching(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("switching")
+    cfg = load_config(tiny_run(tmp, phases=SWITCHING_PHASES, buckets=ORDERED_BUCKETS))
+    return CurriculumData.open(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), 4)
+
+
+def test_a_uniform_phase_after_an_ordered_one_continues_its_pass(switching):
+    data = switching
+    pieces = served_pieces(data, plan_all(data, chunk=3)[1])
+    first = assert_each_pass_reads_each_entry_once(*group_reads(data, pieces))
+    math = data.sets_by_phase[2]["math"]
+    assert math.group == data.sets_by_phase[1]["math"].group and math.band_sizes is None
+    shared = {e for ph, key, e, _, _, _ in pieces if ph == 1 and key.startswith("math:")} & \
+        {e for ph, key, e, _, _, _ in pieces if ph == 2 and key.startswith("math:")}
+    assert shared and all(first[(math.group, e)] for e in shared), "anneal finished a pass main had begun"
+
+
+def test_handovers_resume_at_any_step_around_the_switches(switching):
+    data = switching
+    whole = served_pieces(data, plan_all(data, chunk=4)[1])
+    for at in sorted({s + d for s in data.schedule.phase_starts[1:3] for d in (-1, 0, 1, 2)}):
+        first = data.sampler(False)
+        part = [first.plan_steps(1) for _ in range(at)]
+        resumed = data.sampler(False)
+        resumed.load_state_dict(first.state_dict(1), world_size=2)
+        assert resumed.state_dict(1) == first.state_dict(1)
+        rest = []
+        while not resumed.done():
+            rest.append(resumed.plan_steps(5))
+        assert served_pieces(data, part) + served_pieces(data, rest) == whole, f"resumed after step {at}"
+    chunked, stepwise = data.sampler(False), data.sampler(False)
+    while not chunked.done():  # the per-step states a loader checkpoints are those of planning step by step
+        for state in chunked.states_after(chunked.plan_steps(4), 1):
+            stepwise.plan_steps(1)
+            assert state == stepwise.state_dict(1), f"step {stepwise.step}"
+
+
+def test_a_version_3_state_resumes_unless_it_holds_an_ordered_sets_cursor(switching):
+    data = switching
+    warm, main_ = data.sets_by_phase[0]["web"], data.sets_by_phase[1]["web"]
+    sampler = data.sampler(False)
+    sampler.plan_steps(data.schedule.phase_starts[1] - 2)  # inside warmup: nothing handed over yet
+    state = {**sampler.state_dict(1), "version": 3}
+    state.pop("handovers")
+    resumed = data.sampler(False)
+    resumed.load_state_dict(state, 1)
+    assert resumed.state_dict(1) == sampler.state_dict(1)
+    old = {**state, "cursors": {**state["cursors"], main_.key: [0, 0, 0, 0]}}  # that trainer's own cursor for main
+    with pytest.raises(SamplerStateError, match=f"version 3: that trainer gave the ordered sets {main_.key} cursors"):
+        data.sampler(False).load_state_dict(old, 1)
+    assert warm.key == warm.group
+
+
 @pytest.mark.slow
 def test_sigkill_and_elastic_resume_with_ordering_deliver_exactly_once_and_lineage_resolves(tmp_path):
-    config = tiny_run(tmp_path, phases=ORDERED_PHASES, buckets=ORDERED_BUCKETS,
+    config = tiny_run(tmp_path, phases=SWITCHING_PHASES, buckets=ORDERED_BUCKETS,
                       training={"record_consumption": True, "checkpoint_interval": 3})
-    _, run_dir = assert_exactly_once_under_sigkill(tmp_path, config)
+    reference, run_dir = assert_exactly_once_under_sigkill(tmp_path, config)
     from training.token_lineage import locate_token
 
     cfg = load_config(config)
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
+    # Every pass of every group read each entry once, across the handovers of both switches.
+    data = CurriculumData.open(cfg, root, reference.schedule.global_batch)
+    sampler = data.sampler(False)
+    steps = reference.schedule
+    group = {(step, bucket): sampler.set_for(steps.phase_at(step - 1), bucket).group
+             for step, _, bucket, _, _, _, _ in consumed_pieces(tmp_path / "reference")}
+    reads = [(group[(step, bucket)], epoch, entry, a, b) for step, _, bucket, epoch, entry, a, b in consumed_pieces(run_dir)]
+    _, members, length_of = group_reads(data, [])
+    assert_each_pass_reads_each_entry_once(reads, members, length_of)
     by_row = defaultdict(list)
     for step, row, bucket, epoch, entry, a, b in consumed_pieces(run_dir):
         by_row[(step, row)].append((entry, a, b))

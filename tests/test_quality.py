@@ -44,29 +44,40 @@ def trained():
 # ---- features ------------------------------------------------------------------------------------
 
 
+K = q.SHAPE_SIGNALS
+
+
+def ngrams(feats, doc: int) -> list[int]:
+    """Document `doc`'s n-gram buckets: its features after its SHAPE_SIGNALS shape rows."""
+    return feats.indices[feats.indptr[doc] + K : feats.indptr[doc + 1]].tolist()
+
+
 def test_features_count_unigrams_and_bigrams_per_document():
     feats = q.hash_features(pl.Series(["One two three", "", None, "four"]), 1 << 16, 2, 1000)
-    assert feats.indptr.tolist() == [0, 5, 5, 5, 6]  # 3 unigrams + 2 bigrams; nothing; nothing; 1
-    assert feats.indices.min() >= 0 and feats.indices.max() < 1 << 16
+    # each document: its shape rows, then 3 unigrams + 2 bigrams; nothing; nothing; 1
+    assert np.diff(feats.indptr).tolist() == [K + 5, K, K, K + 1]
+    assert all(0 <= i < 1 << 16 for d in range(4) for i in ngrams(feats, d))
+    shape = feats.indices[(feats.indptr[:-1, None] + np.arange(K)).ravel()]
+    assert shape.min() >= 1 << 16 and shape.max() < (1 << 16) + q.SHAPE_ROWS
 
 
 def test_features_are_case_insensitive_and_stable_across_calls():
     a = q.hash_features(pl.Series(["Hello World"]), 1 << 20, 2, 1000)
     b = q.hash_features(pl.Series(["other text first", "hello world"]), 1 << 20, 2, 1000)
     assert a.indices.tolist() == b.indices[b.indptr[1] :].tolist()
-    assert len(set(a.indices.tolist())) == 3  # hello, world, "hello world" land in different buckets
+    assert len(set(ngrams(a, 0))) == 3  # hello, world, "hello world" land in different buckets
 
 
 def test_bigrams_never_cross_document_boundaries():
     joined = q.hash_features(pl.Series(["alpha beta"]), 1 << 20, 2, 1000)
     split = q.hash_features(pl.Series(["alpha", "beta"]), 1 << 20, 2, 1000)
-    assert split.indptr.tolist() == [0, 1, 2]
-    assert set(split.indices.tolist()) < set(joined.indices.tolist())
+    assert split.indptr.tolist() == [0, K + 1, 2 * K + 2]
+    assert set(ngrams(split, 0) + ngrams(split, 1)) < set(ngrams(joined, 0))
 
 
 def test_features_read_only_the_first_max_chars():
     feats = q.hash_features(pl.Series(["aa bb " + "cc " * 1000]), 1 << 16, 1, 5)
-    assert feats.indptr.tolist() == [0, 2]
+    assert feats.indptr.tolist() == [0, K + 2]
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -79,8 +90,12 @@ def test_training_separates_curated_from_web_on_held_out_documents(trained):
     held = report.holdout_by_bucket
     assert (held["books"] + held["wiki"], held["web"]) == (24, 24)  # 20% of each class, by doc_id hash
     assert report.train_positive == 96 and report.train_negative == 96
-    scores = model.score(pl.Series([" ".join(CURATED), " ".join(SPAM)]))
-    assert scores[0] > 0.9 and scores[1] < 0.1
+    # unseen documents made as the training ones are (so their shape signals, such as length and
+    # distinct words, are those the model learned on)
+    fresh = synthetic_corpus(8, seed=99)
+    scores = model.score(fresh["text"])
+    curated = fresh["bucket"].is_in(["books", "wiki"]).to_numpy()
+    assert scores[curated].min() > 0.75 and scores[~curated].max() < 0.25
 
 
 def test_training_is_byte_identical_and_independent_of_row_order(trained):

@@ -65,7 +65,10 @@ def deduped_table(shard_key: str, bucket: str, n: int, rng: random.Random) -> pl
     urls = [f"https://{'blocked.example' if bucket == 'web' and i == 1 else 'site.example'}/{shard_key}/{i}"
             for i in range(n)]
     if bucket == "web":
-        texts[2] = "forbiddenword " + " ".join(CURATED)  # curated-looking, so it survives quality, then safety drops it
+        # curated-looking, in words and in shape (50 words of the curated vocabulary, like the curated
+        # documents), so it survives quality, then safety drops it
+        curated = random.Random(len(shard_key))
+        texts[2] = "forbiddenword " + " ".join(curated.choice(CURATED) for _ in range(50))
     cols = {
         "doc_id": [make_doc_id(shard_key, i) for i in range(n)],
         "url": urls,
@@ -143,7 +146,10 @@ def test_quality_scored_keeps_the_score_and_drops_web_below_threshold(run):
             assert set(rejects["rule"]) == {"quality/below_threshold"} and rejects["value"].max() < 0.5
         elif shard.bucket == "code":  # spam-like, but its source skips quality
             assert docs.height == 40 and md["threshold_enforced"] is False and "never dropped" in md["note"]
-            assert stats["counters"]["quality/below_threshold_kept_by_skip"] == 40
+            # every document below the threshold kept and counted (the spam-like ones without planted
+            # emails and IPs, whose digits the curated wiki shares)
+            below = int((docs["quality_score"] < 0.5).sum())
+            assert below >= 20 and stats["counters"]["quality/below_threshold_kept_by_skip"] == below
         else:
             assert docs.height == 40 and md["threshold_enforced"] is True
 

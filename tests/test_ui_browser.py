@@ -1,6 +1,6 @@
 """The Dagster UI, looked at as a person would: dagster-webserver on 127.0.0.1 and headless Chromium.
 
-It uses the demo instance (.dagster_home after `make demo`) when that holds a `funnel_report`
+It uses the demo instance (its folder in .dagster_home after `make demo`) when that holds a `funnel_report`
 materialization and contamination check evaluations with their phase; otherwise it materializes
 everything up to `funnel_report` and `contamination_scan` into a temporary instance first.
 Screenshots land in $REFINERY_ARTIFACTS (default: the test's tmp dir); docs/img/ holds committed
@@ -54,6 +54,14 @@ def has_what_the_tests_show(home: Path) -> bool:
             records[0].event.dagster_event.event_specific_data.partition is not None
 
 
+def demo_instance_dir() -> Path:
+    """The instance folder `make demo` records into (orchestration/instance.py)."""
+    from orchestration.instance import instance_dir
+    from refinery.config import load_config
+
+    return instance_dir(load_config(REPO / "configs" / "demo.yaml"), str(REPO / ".dagster_home"))
+
+
 def populate_instance(tmp_path: Path) -> tuple[Path, str]:
     """A fresh instance and local data root holding every partition of the assets up to
     funnel_report and contamination_scan (everything but the trainer and the lineage index)."""
@@ -92,7 +100,7 @@ def wait_for_server(url: str, process: subprocess.Popen, log: Path) -> None:
 def webserver(tmp_path_factory):
     """One server (and at most one instance to populate) for every test of this module."""
     tmp_path = tmp_path_factory.mktemp("ui")
-    demo_home = REPO / ".dagster_home"
+    demo_home = demo_instance_dir()
     if has_what_the_tests_show(demo_home):
         home, config = demo_home, str(REPO / "configs" / "demo.yaml")
     else:

@@ -3,7 +3,8 @@
 `CheckpointManager` keeps the files: one `step-XXXXXXXX.pt` per save, written to a temp name,
 fsynced and renamed, then a `.json` sidecar holding its sha256. The sidecar is the completion
 marker: a checkpoint without one, or whose bytes no longer match it, is skipped in favour of the
-newest good one. Only tensors and primitives are stored, so loading uses
+newest good one. What a save killed mid-write left under a temporary name is removed at the next
+save and when rank 0 resumes. Only tensors and primitives are stored, so loading uses
 `torch.load(weights_only=True)`. Retention keeps the last `keep_last` plus every phase-boundary one.
 
 `Checkpointer` fills them from the parts under constant keys (torchtitan's shape): the model, its
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from refinery.storage import atomic_path, dumps_json, sha256_file
+from refinery.storage.base import TEMPORARY_SUFFIX
 from refinery.layout import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
@@ -162,6 +164,7 @@ class CheckpointManager:
         """Write checkpoint `step`; `boundary` names the phase it closes (kept forever)."""
         path = self.path_for(step)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.remove_leftovers()
         try:
             with atomic_path(path) as tmp:
                 with open(tmp, "wb") as f:
@@ -181,6 +184,16 @@ class CheckpointManager:
         _fsync_dir(self.dir)
         self.prune()
         return path
+
+    def remove_leftovers(self) -> int:
+        """Delete the temporaries (`.step-XXXXXXXX.pt.<random>.tmp`, and a sidecar's) of saves killed
+        mid-write, which never reached their own cleanup; returns how many. Only the process that
+        writes this directory calls it (the run lock keeps it to one)."""
+        removed = 0
+        for tmp in self.dir.glob(f".step-*{TEMPORARY_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+            removed += 1
+        return removed
 
     def complete(self) -> list[dict[str, Any]]:
         """Sidecars of checkpoints whose files exist, oldest first (bytes not yet verified)."""
@@ -290,6 +303,8 @@ class Checkpointer(CheckpointManager):
                 )
         else:
             path = Path(how)
+        if self.rank == 0 and self.dir.is_dir():
+            self.remove_leftovers()
         if path is not None:
             self.load(path)
         return path

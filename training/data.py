@@ -41,9 +41,10 @@ from training.heldout import heldout_entries  # e-run-safety
 
 
 def entry_set_key(bucket: BucketSlice, bands: dict[str, Any] | None = None) -> str:
-    """One key per distinct (bucket, shards, selection, order): phases with the same key share a
-    cursor. An ordered set's key adds its band file's sha256, so a phase with another order (or
-    none) never continues its cursor mid-pass; an unordered set's key is what it always was."""
+    """One key per distinct (bucket, shards, selection, order): phases with the same key read the
+    same order. An ordered set's key adds its band file's sha256 (its order is keyed by it); without
+    `bands` the key is the set's group, shared by every order of the same entries, whose phases
+    share one cursor and its passes (`training.sampler.Handover`)."""
     ident = "|".join(sorted(s.sha256.get(".idx", s.prefix) for s in bucket.shards)) + f"|{bucket.selection_sha256}"
     if bands is not None:
         ident += f"|bands:{bands['sha256']}"
@@ -212,7 +213,8 @@ class CurriculumData:
                 if key not in sets:
                     selection = selection_of(root, bslice, record) if bands is None else band_file
                     sets[key] = EntrySet(key, name, buckets[name], bslice.tokens, bslice.max_epochs, cfg.seed,
-                                         selection, heldout[name], None if bands is None else bands["entries"])
+                                         selection, heldout[name], None if bands is None else bands["entries"],
+                                         entry_set_key(bslice))
                 phase_sets[name] = sets[key]
             sets_by_phase.append(phase_sets)
         return cls(schedule, buckets, sets_by_phase, cfg.seed, pool, heldout)

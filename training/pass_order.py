@@ -26,6 +26,7 @@ alike; an unbanded set keeps the plain `PassOrder`.
 from __future__ import annotations
 
 import hashlib
+from typing import Callable
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class PassOrder:
         self._short_at = int(np.flatnonzero(self.block_order == last)[0]) if n else 0
         self._short = n - last * block if n else 0
         self._inner: dict[int, np.ndarray] = {}
+        self._slot_of_block: np.ndarray | None = None  # block -> its slot, built when `ordinals` is first asked
 
     def block_size(self, b: int) -> int:
         return self._short if b == self.blocks - 1 else self.block
@@ -102,6 +104,26 @@ class PassOrder:
             out[m] = b * self.block + self.inner(b)[offset[m]]
         return out
 
+    def ordinals(self, positions: np.ndarray) -> np.ndarray:
+        """The ordinals (int64) at which this pass reads `positions`: the inverse of `positions`,
+        one inner permutation inverted per block the positions fall in."""
+        p = np.asarray(positions, dtype=np.int64)
+        if len(p) and (p.min() < 0 or p.max() >= self.n):
+            raise IndexError(f"positions outside the pass of {self.n} positions")
+        if self._slot_of_block is None:
+            self._slot_of_block = np.argsort(self.block_order)
+        blocks = p // self.block
+        slot = self._slot_of_block[blocks]
+        B, q, r = self.block, self._short_at, self._short
+        out = np.where(slot <= q, slot * B, q * B + r + (slot - q - 1) * B)
+        for b in np.unique(blocks).tolist():
+            perm = self.inner(b)
+            inverse = np.empty(len(perm), dtype=np.int64)
+            inverse[perm] = np.arange(len(perm), dtype=np.int64)
+            m = blocks == b
+            out[m] += inverse[p[m] - b * B]
+        return out
+
     def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
         """The position ranges [lo, hi) of the blocks the pass reads from `ordinal` on, `count` of
         them (for prefetching)."""
@@ -147,16 +169,25 @@ class BandedOrder:
         k = self._band_of_slot(slot)
         return int(self.origin[k]) + self.bands[k].slot_positions(slot - int(self.first_slot[k]))
 
-    def positions(self, ordinals: np.ndarray) -> np.ndarray:
-        o = np.asarray(ordinals, dtype=np.int64)
-        if len(o) and (o.min() < 0 or o.max() >= self.n):
-            raise IndexError(f"ordinals outside the pass of {self.n} positions")
-        band = self._band_of_ordinals(o)
-        out = np.empty(len(o), dtype=np.int64)
+    def _per_band(self, values: np.ndarray, in_band: Callable[[PassOrder, np.ndarray], np.ndarray],
+                  what: str) -> np.ndarray:
+        """`in_band` of each value's band, on values (ordinals or positions) relative to the band's
+        origin: a band's positions and its ordinals start at the same one."""
+        v = np.asarray(values, dtype=np.int64)
+        if len(v) and (v.min() < 0 or v.max() >= self.n):
+            raise IndexError(f"{what} outside the pass of {self.n} positions")
+        band = self._band_of_ordinals(v)
+        out = np.empty(len(v), dtype=np.int64)
         for k in np.unique(band).tolist():
             m = band == k
-            out[m] = self.origin[k] + self.bands[k].positions(o[m] - self.origin[k])
+            out[m] = self.origin[k] + in_band(self.bands[k], v[m] - self.origin[k])
         return out
+
+    def positions(self, ordinals: np.ndarray) -> np.ndarray:
+        return self._per_band(ordinals, PassOrder.positions, "ordinals")
+
+    def ordinals(self, positions: np.ndarray) -> np.ndarray:
+        return self._per_band(positions, PassOrder.ordinals, "positions")
 
     def spans_from(self, ordinal: int, count: int) -> list[tuple[int, int]]:
         """As PassOrder.spans_from, continuing into the next bands."""

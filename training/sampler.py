@@ -16,17 +16,20 @@ How a row is chosen (OLMo-core's "global order plus a consumed count", made phas
 - Within a step, the rows' slots are shuffled by a counter-based PRNG (splitmix64 of (seed, row)), so
   every rank's slice carries the mixture too.
 - Each bucket is read through an *entry set*: the bucket's entries (all of them, or a phase's
-  quality selection), less the held-out ones. An entry set owns one cursor in its token stream: pass
-  0's order of the set's entries, then pass 1's, and so on up to `max_epochs` passes. A pass's order
-  is computed, not stored (`training.pass_order`: a keyed block permutation), so the cursor is
-  (stream position, pass, ordinal in the pass, tokens into that entry), and lengths are read only for
-  the entries a chunk consumes. A row of seq_len L takes the next L tokens of its set's stream, so an
-  entry longer than L continues in the set's next row, and entries are packed back to back.
-- Cursors belong to entry sets, not phases: a bucket served in phase 1 continues in phase 2 from
-  where it stopped (gpt-simple restarted it). A phase with a quality selection reads a different
-  entry set with its own cursor, so the anneal slice gets its own passes; two phases with the same
-  selection share one cursor. So does a phase with an `order` (difficulty bands, read band by band:
-  `training.pass_order.BandedOrder`), whose set is keyed by its band file too.
+  quality selection), less the held-out ones, in an order (uniform, or difficulty bands read band by
+  band: `training.pass_order.BandedOrder`). The sets holding the same entries in any order form a
+  *group*, which owns one cursor in its token stream: pass 0's entries, then pass 1's, and so on up
+  to `max_epochs` passes. A pass's order is computed, not stored (`training.pass_order`: a keyed
+  block permutation), so the cursor is (stream position, pass, ordinal in the reading set's order,
+  tokens into that entry), and lengths are read only for the entries a chunk consumes. A row of
+  seq_len L takes the next L tokens of its group's stream, so an entry longer than L continues in
+  the next row, and entries are packed back to back.
+- Cursors belong to groups, not phases: a bucket served in phase 1 continues in phase 2 from where
+  it stopped (gpt-simple restarted it). A phase with a quality selection reads a different group
+  with its own cursor, so the anneal slice gets its own passes; two phases with the same selection
+  share one cursor, whatever their orders. A phase that reads the group in another order than the
+  phase before goes on with the pass under way (`Handover`): the entries the pass took are left out
+  of the new order, computed from their ordinals in the earlier orders, nothing stored per entry.
 - A step that would run a set past its allowed passes raises `BucketExhausted` before anything is
   consumed; with exhaustion allowed, the bucket is dropped from that step on, the remaining weights
   renormalized, and the allocation restarts from the rows served so far.
@@ -54,10 +57,12 @@ from training.pass_order import BandedOrder, PassOrder
 from training.schedule import StepSchedule
 from training.shard_pool import BucketIndex
 
-# Version 3: pass orders are computed block by block and cursors are (position, pass, ordinal,
-# offset); the allocation continues from per-bucket rows and plan offsets. Version 2 held each pass
-# as a full permutation, version 1 drew each row's bucket at random.
-SAMPLER_STATE_VERSION = 3
+# Version 4: cursors belong to groups of entry sets (one per bucket and selection, whatever the
+# order), and `handovers` says what a pass begun in another order took. Version 3 (cursors per set)
+# is read when it holds no ordered set's cursor: there the two mean the same. Version 3 computed
+# pass orders block by block, version 2 held each pass as a full permutation, version 1 drew each
+# row's bucket at random.
+SAMPLER_STATE_VERSION = 4
 # Plans count rows in units of 2^-32 of a row: exact integers, so "within one row" holds exactly.
 PLAN_SCALE = 1 << 32
 # Steps of the mixture read past a chunk's end for the allocation's deadlines; a deadline further
@@ -218,6 +223,46 @@ class Cursor:
         return [self.position, self.epoch, self.ordinal, self.offset]
 
 
+@dataclass(frozen=True)
+class Handover:
+    """Which set's order a group's stream follows (`reader`), and, when the pass under way was begun
+    in other orders, what they took of it: `taken` holds (set key, n) for each set that read the
+    first n ordinals of its order in pass `epoch` (the entries it skipped as taken are taken too), so
+    whether an entry was read in the pass is computed from its ordinal in each of those orders, never
+    stored. `carry` is the entry the last handover left mid-way (-1: none): the reader finishes it
+    first, while its cursor's ordinal is `carry_at` (one before the reader's first ordinal not
+    known taken). A group whose stream follows its own unordered set, with nothing taken, has none."""
+
+    reader: str
+    epoch: int
+    taken: tuple[tuple[str, int], ...] = ()
+    carry: int = -1
+    carry_at: int = -1
+
+    def in_carry(self, cursor: Cursor) -> bool:
+        return self.carry >= 0 and cursor.epoch == self.epoch and cursor.ordinal == self.carry_at
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reader": self.reader, "epoch": self.epoch, "taken": dict(self.taken), "carry": [self.carry, self.carry_at]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Handover":
+        return cls(str(d["reader"]), int(d["epoch"]), tuple(sorted((str(k), int(n)) for k, n in d["taken"].items())),
+                   int(d["carry"][0]), int(d["carry"][1]))
+
+
+def settle(group: str, handover: Handover | None, cursor: Cursor) -> Handover | None:
+    """`handover` as it stands with the group's cursor at `cursor`: what it says of a pass the cursor
+    has left is dropped, and so is the handover once it says nothing (the group's own set reads)."""
+    if handover is None:
+        return None
+    if cursor.epoch != handover.epoch:
+        handover = Handover(handover.reader, cursor.epoch)
+    if handover.reader == group and not handover.taken and handover.carry < 0:
+        return None
+    return handover
+
+
 @dataclass
 class StreamWindow:
     """Consecutive entries of an entry set's stream: those a chunk reads, the first perhaps begun
@@ -271,19 +316,22 @@ class ChunkStates:
 
     first_step: int  # the chunk's first step, 0-based: state(i) is the state after step first_step + i
     shared: dict[str, Any]  # what every step's state holds alike
-    keys: list[str]  # entry set keys, sorted
+    keys: list[str]  # group keys, sorted
     cursors: np.ndarray  # int64 (steps, keys, 4)
     phase: str
     buckets: list[str]
     served: np.ndarray  # int64 (steps, buckets): rows served in the chunk's phase
     plan_offset: np.ndarray  # int64 (steps, buckets)
+    handovers: dict[str, Handover]  # of the groups the chunk did not read, and of those it read as at its start
 
     def __len__(self) -> int:
         return len(self.cursors)
 
     def state(self, i: int) -> dict[str, Any]:
-        return {**self.shared, "step": self.first_step + i + 1,
-                "cursors": dict(zip(self.keys, self.cursors[i].tolist())),
+        cursors = dict(zip(self.keys, self.cursors[i].tolist()))
+        handovers = {g: settle(g, h, Cursor(*cursors[g])) for g, h in self.handovers.items()}
+        return {**self.shared, "step": self.first_step + i + 1, "cursors": cursors,
+                "handovers": {g: h.to_dict() for g, h in sorted(handovers.items()) if h is not None},
                 "served": {**self.shared["served"], self.phase: dict(zip(self.buckets, self.served[i].tolist()))},
                 "plan_offset": dict(zip(self.buckets, self.plan_offset[i].tolist())),
                 "dropped": [list(d) for d in self.shared["dropped"]]}
@@ -291,10 +339,12 @@ class ChunkStates:
 
 @dataclass
 class BlockTable:
-    """One block of one pass, in the pass's order: each entry's id, shard location and length, and
-    the cumulative token count (len + 1) from the block's first entry."""
+    """One block of one pass, in the pass's order, less the entries earlier readers of the pass took
+    (see `Handover`): each entry's ordinal, id, shard location and length, and the cumulative token
+    count (len + 1) from the block's first entry."""
 
-    first_ordinal: int
+    end_ordinal: int  # the ordinal after the block's last, kept or not
+    ordinal: np.ndarray  # int64, ascending
     ids: np.ndarray  # int64 global entry ids
     shard: np.ndarray  # int32 shard position in the bucket
     start: np.ndarray  # int64 first token within the shard
@@ -310,12 +360,17 @@ class EntrySet:
 
     An ordered set (a phase with `order`) is given its band file as the selection and the bands'
     sizes: the file is sorted within each band only, set positions run band by band, and each pass
-    reads the bands in order, shuffled within each (`training.pass_order.BandedOrder`)."""
+    reads the bands in order, shuffled within each (`training.pass_order.BandedOrder`).
+
+    Sets of one `group` hold the same entries in other orders (the bucket's entries, or one quality
+    selection, read uniformly or by difficulty): they share one stream and its passes, so a pass
+    begun in one order is finished in another (`Handover`)."""
 
     def __init__(self, key: str, bucket: str, index: BucketIndex, pass_tokens: int, max_epochs: float, seed: int,
                  selection: np.ndarray | None = None, heldout: np.ndarray | None = None,
-                 band_sizes: list[int] | None = None):
+                 band_sizes: list[int] | None = None, group: str | None = None):
         self.key, self.bucket, self.index = key, bucket, index
+        self.group = key if group is None else group
         self.selection = selection
         self.max_epochs, self.seed = max_epochs, seed
         held = np.zeros(0, dtype=np.int64) if heldout is None else np.asarray(heldout, dtype=np.int64)
@@ -336,7 +391,9 @@ class EntrySet:
             if band_sizes is not None:
                 self.band_sizes = per_band
         else:
-            removed, base = held, index.total_entries
+            bounds, removed, base = [0, index.total_entries], held, index.total_entries
+        self._bounds = bounds  # where each band starts in the file (one band: the whole selection)
+        self._removed = removed
         # Set position p is base position p + #{j : removed_j - j <= p}: the removed ones skipped.
         self._skip = removed - np.arange(len(removed), dtype=np.int64)
         self.size = base - len(removed)
@@ -349,6 +406,28 @@ class EntrySet:
         """Global entry ids (int64) at set positions."""
         base = np.asarray(positions, dtype=np.int64) + np.searchsorted(self._skip, positions, side="right")
         return base if self.selection is None else np.asarray(self.selection[base], dtype=np.int64)
+
+    def positions_of(self, ids: np.ndarray) -> np.ndarray:
+        """Set positions (int64) of global entry ids of the set: the inverse of `ids_at`, a binary
+        search per band of the memory-mapped file (none without a selection)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.selection is None:
+            base = ids
+        else:
+            base = np.full(len(ids), -1, dtype=np.int64)
+            needles = ids.astype(self.selection.dtype)
+            for lo, hi in zip(self._bounds[:-1], self._bounds[1:]):
+                at = np.searchsorted(self.selection[lo:hi], needles)
+                inside = at < hi - lo
+                inside[inside] = np.asarray(self.selection[lo + at[inside]]) == ids[inside]
+                base[inside] = lo + at[inside]
+            if (base < 0).any():
+                raise KeyError(f"entry set {self.key}: entries {ids[base < 0][:5].tolist()} are not in it")
+        return base - np.searchsorted(self._removed, base)
+
+    def ordinals_of(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """The ordinals at which pass `epoch` of this set's order reads global entry ids `ids`."""
+        return self.order(epoch).ordinals(self.positions_of(ids))
 
     @property
     def ids(self) -> np.ndarray:
@@ -367,56 +446,74 @@ class EntrySet:
             self._orders[epoch] = got
         return got
 
-    def block(self, epoch: int, slot: int) -> "BlockTable":
+    def block(self, epoch: int, slot: int, taken: tuple[tuple["EntrySet", int], ...] = ()) -> "BlockTable":
         """The entries pass `epoch` reads from the block at `slot` of its block order, with their
-        shard locations and lengths, looked up once for the whole block (4 most recent kept)."""
-        key = (epoch, slot)
+        shard locations and lengths, looked up once for the whole block (4 most recent kept). With
+        `taken` ((set, n): set read the first n ordinals of its order in this pass), the entries
+        those read are left out: a set's n-th ordinal is computed per entry, nothing is stored."""
+        key = (epoch, slot, tuple((es.key, n) for es, n in taken))
         got = self._blocks.get(key)
         if got is None:
             order = self.order(epoch)
             ids = self.ids_at(order.slot_positions(slot))
+            first = order.slot_start(slot)
+            ordinal = first + np.arange(len(ids), dtype=np.int64)
+            if taken:
+                gone = np.zeros(len(ids), dtype=bool)
+                for es, n in taken:
+                    gone |= (ordinal if es is self else es.ordinals_of(epoch, ids)) < n
+                ids, ordinal = ids[~gone], ordinal[~gone]
             shard, start, length, overlap = self.index.table(ids)
             cum = np.zeros(len(ids) + 1, dtype=np.int64)
             np.cumsum(length, out=cum[1:])
-            got = BlockTable(order.slot_start(slot), ids, shard.astype(np.int32), start, length.astype(np.int32),
-                             overlap.astype(np.int32), cum)
+            got = BlockTable(first + len(gone) if taken else first + len(ids), ordinal, ids, shard.astype(np.int32),
+                             start, length.astype(np.int32), overlap.astype(np.int32), cum)
             if len(self._blocks) >= 4:
                 self._blocks.pop(next(iter(self._blocks)))
             self._blocks[key] = got
         return got
 
-    def window(self, cursor: Cursor, tokens: int) -> StreamWindow:
-        """The entries the stream reads from `cursor` for `tokens` tokens, block by block."""
+    def window(self, cursor: Cursor, tokens: int, taken: tuple[tuple["EntrySet", int], ...] = (),
+               carry: int | None = None) -> StreamWindow:
+        """The entries the stream reads from `cursor` for `tokens` tokens, block by block. `taken`
+        (see `block`) applies to the cursor's pass; `carry` is the entry the cursor is inside when a
+        handover left it mid-way (read to its end first, under the cursor's ordinal)."""
         end = cursor.position + tokens
         epoch, ordinal, start = cursor.epoch, cursor.ordinal, cursor.position - cursor.offset
         parts: list[tuple[np.ndarray, ...]] = []
-        while True:
+        if carry is not None:
+            shard, first, length, overlap = self.index.table(np.array([carry], dtype=np.int64))
+            parts.append((np.array([carry]), np.array([epoch]), np.array([ordinal]), np.array([start]), length, shard,
+                          first, overlap))
+            start, ordinal = start + int(length[0]), ordinal + 1
+        while not parts or start < end:
             if ordinal >= self.size:
                 if start != (epoch + 1) * self.pass_tokens:
                     raise ValueError(
                         f"entry set {self.key}: pass {epoch} holds {start - epoch * self.pass_tokens} tokens, the "
                         f"manifest says {self.pass_tokens}; rebuild phase_manifests"
                     )
-                epoch, ordinal = epoch + 1, 0
-            slot, offset = (int(x[0]) for x in self.order(epoch).slot_of(np.array([ordinal])))
-            blk = self.block(epoch, slot)
+                epoch, ordinal, taken = epoch + 1, 0, ()
+            slot = int(self.order(epoch).slot_of(np.array([ordinal]))[0][0])
+            blk = self.block(epoch, slot, taken)
+            offset = int(np.searchsorted(blk.ordinal, ordinal))  # the first entry left at or after `ordinal`
             base = start - int(blk.cum[offset])  # stream position of the block's first token
             # entries through the first one that reaches `end` (or to the block's end)
             last = min(int(np.searchsorted(blk.cum, end - base, side="left")), len(blk.ids))
-            sel = slice(offset, max(last, offset + 1) if end > start else offset)
+            sel = slice(offset, min(max(last, offset + 1), len(blk.ids)) if end > start else offset)
             n = sel.stop - sel.start
-            parts.append((blk.ids[sel], np.full(n, epoch), np.arange(ordinal, ordinal + n, dtype=np.int64),
-                          base + blk.cum[sel], blk.length[sel].astype(np.int64), blk.shard[sel].astype(np.int64),
-                          blk.start[sel], blk.overlap[sel].astype(np.int64)))
+            parts.append((blk.ids[sel], np.full(n, epoch), blk.ordinal[sel], base + blk.cum[sel],
+                          blk.length[sel].astype(np.int64), blk.shard[sel].astype(np.int64), blk.start[sel],
+                          blk.overlap[sel].astype(np.int64)))
             if last < len(blk.ids) or base + int(blk.cum[-1]) >= end:
                 break
-            start, ordinal = base + int(blk.cum[-1]), ordinal + n
+            start, ordinal = base + int(blk.cum[-1]), blk.end_ordinal
         return StreamWindow(*(np.concatenate(column) for column in zip(*parts)))
 
     def upcoming_entries(self, cursor: Cursor, blocks: int = 2) -> list[tuple[int, int]]:
         """Global id ranges of the next `blocks` blocks the stream reads (to prefetch their shards)."""
         spans = []
-        for lo, hi in self.order(cursor.epoch).spans_from(cursor.ordinal, blocks):
+        for lo, hi in self.order(cursor.epoch).spans_from(max(cursor.ordinal, 0), blocks):
             # a block's ids ascend (a band's file segment is sorted), so its first and last bound it
             first, last = self.ids_at(np.array([lo, hi - 1]))
             spans.append((int(first), int(last) + 1))
@@ -447,7 +544,8 @@ class ChunkPlan:
     sets: list[EntrySet]
     windows: list[StreamWindow]  # per set: the entries its rows read
     cursors: np.ndarray  # int64 (steps, len(sets)): each set's stream position after each step
-    cursors_before: dict[str, Cursor]  # every set's cursor before the first step
+    cursors_before: dict[str, Cursor]  # every group's cursor before the first step
+    handovers: dict[str, Handover]  # every group's, the chunk's sets' as they read from its first step
     served: np.ndarray  # int64 (steps, buckets): rows served in the phase after each step
     plan_offset: np.ndarray  # int64 (steps, buckets): the plan minus those rows, 1/PLAN_SCALE units
     dropped: list[str]  # buckets dropped for exhaustion at the first step
@@ -502,8 +600,19 @@ class CurriculumSampler:
         self.seed = seed
         self.allow_exhaustion = allow_exhaustion
         self.buckets = list(schedule.tokens.buckets)
+        self.set_by_key = {es.key: es for phase in sets_by_phase for es in phase.values()}
+        by_group: dict[str, EntrySet] = {}
+        for es in self.set_by_key.values():
+            first = by_group.setdefault(es.group, es)
+            if (es.size, es.pass_tokens, es.limit) != (first.size, first.pass_tokens, first.limit):
+                raise ValueError(
+                    f"entry sets {first.key} and {es.key} of bucket {es.bucket!r} read the same entries in other "
+                    f"orders but hold {first.size:,} and {es.size:,} entries ({first.pass_tokens:,} and "
+                    f"{es.pass_tokens:,} tokens a pass); rebuild phase_manifests"
+                )
         self.step = 0
-        self.cursors: dict[str, Cursor] = {}
+        self.cursors: dict[str, Cursor] = {}  # group -> its stream's cursor
+        self.handovers: dict[str, Handover] = {}  # group -> who reads it and what its pass's earlier readers took
         self.dropped: list[tuple[str, int]] = []  # (bucket, first step without it)
         self.served: dict[int, np.ndarray] = {}  # phase -> rows served per bucket
         self.plan_offset = np.zeros(len(self.buckets), dtype=np.int64)  # of the phase of step - 1
@@ -517,6 +626,41 @@ class CurriculumSampler:
             if bucket in self.sets_by_phase[j]:
                 return self.sets_by_phase[j][bucket]
         raise KeyError(f"phase {self.schedule.phase_names[phase]!r} weights bucket {bucket!r}, which no manifest lists")
+
+    def reading(self, es: EntrySet) -> tuple[Cursor, Handover | None]:
+        """The cursor and handover of `es`'s group once `es` reads it. When another set of the group
+        read it last, the pass goes on in `es`'s order: the other's ordinals read so far join what
+        the pass took, an entry it stopped inside is finished first, and `es` starts at its first
+        ordinal not known taken (the pass's end when the other read its whole order)."""
+        cursor = self.cursors.get(es.group, Cursor())
+        h = self.handovers.get(es.group)
+        previous = h.reader if h is not None else es.group
+        if previous == es.key:
+            return cursor, h
+        current = h if h is not None and h.epoch == cursor.epoch else None
+        taken = dict(current.taken) if current is not None else {}
+        if current is not None and current.in_carry(cursor):
+            partial = current.carry
+        elif cursor.offset > 0:
+            other = self.set_by_key[previous]
+            partial = int(other.ids_at(other.order(cursor.epoch).positions(np.array([cursor.ordinal])))[0])
+        else:
+            partial = -1
+        n = cursor.ordinal + (cursor.offset > 0)
+        if n > 0:
+            taken[previous] = max(taken.get(previous, 0), n)
+        start = es.size if previous in self.set_by_key and n >= self.set_by_key[previous].size else taken.get(es.key, 0)
+        if partial >= 0:
+            cursor = Cursor(cursor.position, cursor.epoch, start - 1, cursor.offset)
+        else:
+            cursor = Cursor(cursor.position, cursor.epoch, start, 0)
+        handover = Handover(es.key, cursor.epoch, tuple(sorted(taken.items())), partial, start - 1 if partial >= 0 else -1)
+        return cursor, settle(es.group, handover, cursor)
+
+    def _taken(self, handover: Handover | None, cursor: Cursor) -> tuple[tuple[EntrySet, int], ...]:
+        if handover is None or handover.epoch != cursor.epoch:
+            return ()
+        return tuple((self.set_by_key[k], n) for k, n in handover.taken)
 
     # ---- the allocation ------------------------------------------------------------------------------
 
@@ -607,7 +751,8 @@ class CurriculumSampler:
             quota, counts = self._allocate(phase, lo, hi, self.plan_offset, self.dropped)
             used = np.flatnonzero(counts.any(axis=0))
             sets = [self.set_for(phase, self.buckets[b]) for b in used]
-            base = np.array([self.cursors.get(es.key, Cursor()).position for es in sets], dtype=np.int64)
+            reading = [self.reading(es) for es in sets]
+            base = np.array([cursor.position for cursor, _ in reading], dtype=np.int64)
             cursors = base + np.cumsum(counts[:, used], axis=0) * L
             over = cursors > np.array([es.limit for es in sets], dtype=np.int64)
             if not over[0].any():
@@ -633,15 +778,22 @@ class CurriculumSampler:
             rows = np.flatnonzero(flat_set == si)
             flat_start[rows] = base[si] + np.arange(len(rows), dtype=np.int64) * L
         before = dict(self.cursors)
-        windows = [es.window(before.get(es.key, Cursor()), int(cursors[-1, i] - base[i])) for i, es in enumerate(sets)]
+        handovers = {**self.handovers, **{es.group: h for es, (_, h) in zip(sets, reading)}}
+        handovers = {g: h for g, h in handovers.items() if h is not None}
+        windows = [es.window(cursor, int(cursors[-1, i] - base[i]), self._taken(h, cursor),
+                             h.carry if h is not None and h.in_carry(cursor) else None)
+                   for i, (es, (cursor, h)) in enumerate(zip(sets, reading))]
         served_after = served + np.cumsum(counts, axis=0)
         offset_after = self.plan_offset + np.cumsum(quota, axis=0) - np.cumsum(counts, axis=0) * PLAN_SCALE
+        after: dict[str, Handover | None] = {**self.handovers}
         for es, window, c in zip(sets, windows, cursors[-1].tolist()):
-            self.cursors[es.key] = window.cursor_at(c)
+            self.cursors[es.group] = window.cursor_at(c)
+            after[es.group] = settle(es.group, handovers.get(es.group), self.cursors[es.group])
+        self.handovers = {g: h for g, h in after.items() if h is not None}
         self.served[phase] = served_after[-1]
         self.plan_offset = offset_after[-1]
         self.step += n
-        return ChunkPlan(step, phase, L, row_set, row_start, sets, windows, cursors, before, served_after,
+        return ChunkPlan(step, phase, L, row_set, row_start, sets, windows, cursors, before, handovers, served_after,
                          offset_after, dropped_now)
 
     def plan_next(self) -> StepPlan:
@@ -656,7 +808,9 @@ class CurriculumSampler:
         out: dict[str, list[tuple[int, int]]] = {}
         for name in self.sets_by_phase[phase]:
             es = self.set_for(phase, name)
-            cursor = self.cursors.get(es.key, Cursor())
+            cursor, handover = self.reading(es)
+            if handover is not None and handover.in_carry(cursor):
+                out.setdefault(es.bucket, []).append((handover.carry, handover.carry + 1))
             if es.size and cursor.ordinal < es.size:
                 out.setdefault(es.bucket, []).extend(es.upcoming_entries(cursor))
         return out
@@ -696,7 +850,7 @@ class CurriculumSampler:
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         return self._state(self.step, {k: c.to_list() for k, c in sorted(self.cursors.items())},
-                           {j: r for j, r in self.served.items()}, self.plan_offset, world_size)
+                           {j: r for j, r in self.served.items()}, self.plan_offset, world_size, self.handovers)
 
     def state_after(self, chunk: ChunkPlan, i: int, world_size: int) -> dict[str, Any]:
         """The state after step `i` of `chunk` (planned by this sampler)."""
@@ -711,24 +865,25 @@ class CurriculumSampler:
         """The states after every step of `chunk` in one pass: each set's cursors from its stream
         window, the rest shared (every step of a chunk reads one phase, and drops happen only at a
         chunk's first step, so the fingerprint and drops are those of the state after its first)."""
-        own = {es.key: window.cursor_table(chunk.cursors[:, k]) for k, (es, window) in enumerate(zip(chunk.sets, chunk.windows))}
+        own = {es.group: window.cursor_table(chunk.cursors[:, k]) for k, (es, window) in enumerate(zip(chunk.sets, chunk.windows))}
         keys = sorted({*chunk.cursors_before, *own})
         cursors = np.empty((chunk.steps, len(keys), 4), dtype=np.int64)
         for j, key in enumerate(keys):
             cursors[:, j] = own[key] if key in own else chunk.cursors_before[key].to_list()
         earlier = {j: r for j, r in self.served.items() if j < chunk.phase}
-        shared = self._state(chunk.step + 1, {}, earlier, chunk.plan_offset[0], world_size)
+        shared = self._state(chunk.step + 1, {}, earlier, chunk.plan_offset[0], world_size, {})
         return ChunkStates(chunk.step, shared, keys, cursors, self.schedule.phase_names[chunk.phase], self.buckets,
-                           chunk.served, chunk.plan_offset)
+                           chunk.served, chunk.plan_offset, chunk.handovers)
 
     def _state(self, step: int, cursors: dict[str, list[int]], served: dict[int, np.ndarray], offset: np.ndarray,
-               world_size: int) -> dict[str, Any]:
+               world_size: int, handovers: dict[str, Handover]) -> dict[str, Any]:
         names = self.schedule.phase_names
         return {
             "version": SAMPLER_STATE_VERSION,
             "world_size": world_size,
             "step": step,
             "cursors": cursors,
+            "handovers": {g: h.to_dict() for g, h in sorted(handovers.items())},
             "served": {names[j]: dict(zip(self.buckets, r.tolist())) for j, r in sorted(served.items())},
             "plan_offset": dict(zip(self.buckets, np.asarray(offset).tolist())),
             "dropped": [[b, s] for b, s in self.dropped if s < step],
@@ -741,11 +896,14 @@ class CurriculumSampler:
     def load_state_dict(self, state: dict[str, Any], world_size: int) -> list[str]:
         """Restore; returns notes on what changed that is safe (e.g. the world size)."""
         version = state.get("version")
-        if version != SAMPLER_STATE_VERSION:
+        ordered = [k for k in state.get("cursors", {}) if k in self.set_by_key and self.set_by_key[k].group != k]
+        if version != SAMPLER_STATE_VERSION and not (version == 3 and not ordered):
             why = {
                 1: "that trainer drew each row's bucket at random, this one allocates rows to buckets exactly per step",
                 2: "that trainer held each pass's order as a full permutation of the set, this one computes it block by "
                    "block (training/pass_order.py), so the same cursor names another entry",
+                3: f"that trainer gave the ordered sets {', '.join(ordered)} cursors of their own, restarting their "
+                   "buckets' passes, where this one continues each pass across orders",
             }.get(version, f"this trainer reads {SAMPLER_STATE_VERSION}")
             raise SamplerStateError(
                 f"sampler state version {version}: {why} (version {SAMPLER_STATE_VERSION}); the run's global order "
@@ -770,6 +928,7 @@ class CurriculumSampler:
             )
         self.step = int(state["step"])
         self.cursors = {k: Cursor(*(int(x) for x in v)) for k, v in state["cursors"].items()}
+        self.handovers = {g: Handover.from_dict(h) for g, h in state.get("handovers", {}).items()}
         self.dropped = [(str(b), int(s)) for b, s in state["dropped"]]
         index = {name: j for j, name in enumerate(self.schedule.phase_names)}
         self.served = {index[p]: np.array([int(rows.get(b, 0)) for b in self.buckets], dtype=np.int64)

@@ -77,6 +77,22 @@ def fetch_debs(packages: list[str], dest: Path) -> None:
     subprocess.run(["apt-get", "download", *packages], cwd=dest, check=True, capture_output=True)
 
 
+def unpacked(packages: list[str], debs: Path | None, tmp: Path) -> tuple[Path, dict[str, str]]:
+    """`packages` unpacked under `tmp`/root, from the .debs in `debs` (None: apt-get download them
+    into `tmp`/debs); returns that root and package -> version. Exits naming any .deb missing."""
+    if debs is None:
+        debs = tmp / "debs"
+        debs.mkdir()
+        fetch_debs(packages, debs)
+    root = tmp / "root"
+    root.mkdir()
+    versions = unpack(debs, root)
+    missing = [p for p in packages if p not in versions]
+    if missing:
+        raise SystemExit(f"missing .debs for {missing}; apt-get download them into {debs}")
+    return root, versions
+
+
 def unpack(debs: Path, out: Path) -> dict[str, str]:
     """Unpack every .deb; returns package -> version."""
     versions = {}
@@ -248,17 +264,7 @@ def main() -> int:
     args = parser.parse_args()
     packages = ["gnome-user-docs", *(p for p, _, _ in MAN_TRANSLATIONS), *MAN_ORIGINALS]
     with tempfile.TemporaryDirectory() as tmp:
-        debs = args.debs
-        if debs is None:
-            debs = Path(tmp) / "debs"
-            debs.mkdir()
-            fetch_debs(packages, debs)
-        root = Path(tmp) / "root"
-        root.mkdir()
-        versions = unpack(debs, root)
-        missing = [p for p in packages if p not in versions]
-        if missing:
-            raise SystemExit(f"missing .debs for {missing}; apt-get download them into {debs}")
+        root, versions = unpacked(packages, args.debs, Path(tmp))
         model = LanguageModel()
         clean = gnome_pages(root, model) + man_pages(root, model)
     spam = spam_pages(clean)

@@ -64,6 +64,9 @@ pass) serves each bucket's entries in difficulty bands (OrderConfig)."""
     seq_len: int = Field(gt=0)
     lr_scale: float = Field(default=1.0, gt=0.0)
     quality_top_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
+    # How the quality cut ranks a bucket: within each language (each keeps its share of the
+    # bucket; the entry table's language column), or the whole bucket as one.
+    quality_cut: Literal["per_language", "global"] = "per_language"
     interpolation: float = Field(default=0.0, ge=0.0, lt=0.5)  # fraction of the schedule blended at its start
     rope_scaling: RopeScalingConfig | Literal["auto", "none"] | None = None
     order: OrderConfig | None = None

@@ -184,6 +184,11 @@ class QualityConfig(Section):
     # n-gram); the rest wait in a temporary file and each epoch visits them a chunk at a time, in
     # a seeded order. One chunk holds the whole training set of a small corpus.
     train_chunk_mb: int = Field(default=64, ge=1)
+    # A labelled JSONL(.gz) of pages {"url", "text", "lang", "label": high|low|spam}, relative to
+    # the config file (data/labelled/labelled.jsonl.gz is one, built from Debian packages): its
+    # pages join training (high positive, low and spam negative) and its held-out pages are the
+    # check set the model is measured on (docs/quality.md). None: the buckets alone.
+    labelled_set: str | None = None
 
 
 class DifficultyConfig(Section):

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from refinery.curriculum.inventory import ENTRY_BATCH_ROWS, TableSlice, run_chunked, score_keys, slice_batches
+from refinery.curriculum.inventory import (ENTRY_BATCH_ROWS, EntryBatch, QualityCut, TableSlice, batch_languages, has_language,
+                                          run_chunked, score_keys, slice_batches)
 from refinery.curriculum.schedule import CurriculumError
 from refinery.tasks import RunTasks, in_process
 
@@ -67,10 +68,10 @@ def npy_header(dtype: np.dtype, count: int) -> bytes:
 class Served:
     """Which entries of a bucket a phase serves: those of `selection` (the key of a manifest's sorted
     global ids, already checked against its sha256), or the entries whose quality_score is at least
-    `quality_cutoff` (validation, before any selection is written), or every entry."""
+    `quality_cut` keeps (validation, before any selection is written), or every entry."""
 
     selection: str | None = None
-    quality_cutoff: float | None = None
+    quality_cut: QualityCut | None = None
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,19 @@ def batch_slices(parts: list[TableSlice]) -> list[TableSlice]:
 def served_batches(root: "DataRoot", part: TableSlice, served: Served) -> Iterator[ServedBatch]:
     """The served entries' tokens and difficulty in the slice, `ENTRY_BATCH_ROWS` table rows at a time."""
     ids = None if served.selection is None else np.load(root.local_path(served.selection), mmap_mode="r")
-    columns = ["tokens", DIFFICULTY_COLUMN] + (["quality_score"] if served.quality_cutoff is not None else [])
+    cut = served.quality_cut
+    columns = ["tokens", DIFFICULTY_COLUMN] + (["quality_score"] if cut is not None else [])
+    if cut is not None and cut.needs_languages and has_language(root, part.table):
+        columns.append("language")
     for first, batch in slice_batches(root, part, columns):
         n = batch.num_rows
         if ids is not None:
             lo, hi = np.searchsorted(ids, [first, first + n])
             local = np.asarray(ids[lo:hi], dtype=np.int64) - first
-        elif served.quality_cutoff is not None:
+        elif cut is not None:
             quality = batch.column("quality_score").to_numpy(zero_copy_only=False).astype(np.float64)
-            local = np.flatnonzero(quality >= served.quality_cutoff).astype(np.int64)
+            languages = batch_languages(batch, n) if cut.needs_languages else None
+            local = np.flatnonzero(cut.keeps(EntryBatch(first, np.zeros(0), np.zeros(0), quality, languages))).astype(np.int64)
         else:
             local = np.arange(n, dtype=np.int64)
         scores = batch.column(DIFFICULTY_COLUMN).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
@@ -289,17 +294,23 @@ def served_difficulty(cfg: "RefineryConfig", schedule: "Schedule", bands: dict[s
     """The mean difficulty served at each token position in `points`: in an ordered phase, the
     mixture-weighted mean of the band each weighted bucket is reading there; NaN in a uniform phase
     or where no weighted bucket has a scored band. `bands` is phase -> bucket -> BucketBands.to_json()
-    (None: the bucket has no scores). A bucket's ordered set is read from its first band at the
-    phase's first token, unless an earlier phase read the same set (the same bucket, quality
-    cutoff and order: the trainer's cursor carries on), and wraps to band 0 after a pass."""
+    (None: the bucket has no scores).
+
+    As the trainer reads them, the phases that read the same entries of a bucket (the same bucket
+    and quality cutoff, in any order) share one stream and its passes. An ordered phase goes on
+    with the pass under way: the part of it already read is taken to be spread evenly over the
+    bands (exact after a uniform phase), so each band has that fraction fewer tokens left; a phase
+    with the same order as the one before it on the stream continues its band; later passes read
+    every band whole, from band 0."""
     assert cfg.curriculum is not None
     points = np.asarray(points, dtype=np.float64)
     out = np.full(len(points), np.nan)
-    cursors: dict[tuple, float] = {}  # (bucket, quality cutoff, order) -> tokens of the set read so far
+    # (bucket, quality cutoff) -> (tokens of the stream read so far, the order reading it, where that order began)
+    streams: dict[tuple, tuple[float, str | None, float]] = {}
     for span, phase in zip(schedule.phases, cfg.curriculum.phases):
-        if phase.order is None or span.tokens == 0:
+        if span.tokens == 0:
             continue
-        order = phase.order.model_dump_json()
+        order = None if phase.order is None else phase.order.model_dump_json()
         cells = min(PROGRESS_CELLS, span.tokens)
         width = span.tokens / cells
         weights = np.stack([schedule.weights_at(int(span.start + (i + 0.5) * width)) for i in range(cells)])
@@ -307,20 +318,31 @@ def served_difficulty(cfg: "RefineryConfig", schedule: "Schedule", bands: dict[s
         cell = np.minimum(((points[inside] - span.start) / width).astype(np.int64), cells - 1)
         num, den = np.zeros(inside.sum()), np.zeros(inside.sum())
         for b, bucket in enumerate(schedule.buckets):
-            banded = bands.get(span.name, {}).get(bucket)
-            if banded is None or not weights[:, b].any():
+            if not weights[:, b].any():
                 continue
-            key = (bucket, phase.quality_top_fraction, order)
-            read = cursors.get(key, 0.0) + np.cumsum(weights[:, b] * width) - weights[:, b] * width / 2
-            cursors[key] = cursors.get(key, 0.0) + float(weights[:, b].sum() * width)
-            ends = np.cumsum(banded["tokens"])
-            band = np.minimum(np.searchsorted(ends, read % ends[-1], side="right"), len(ends) - 1)[cell]
+            key = (bucket, phase.quality_top_fraction)
+            before, reader, began = streams.get(key, (0.0, None, 0.0))
+            if reader != order:
+                began = before  # the pass under way is handed to this phase's order here
+            streams[key] = (before + float(weights[:, b].sum() * width), order, began)
+            banded = bands.get(span.name, {}).get(bucket) if order is not None else None
+            if banded is None:
+                continue
+            read = before + np.cumsum(weights[:, b] * width) - weights[:, b] * width / 2
+            tokens = np.asarray(banded["tokens"], dtype=np.float64)
+            whole = tokens.sum()
+            pass_end = began - began % whole + whole
+            left = np.cumsum(tokens * (1.0 - (began % whole) / whole))  # what the handover's pass left of each band
+            band = np.where(read < pass_end, np.searchsorted(left, read - began, side="right"),
+                            np.searchsorted(np.cumsum(tokens), (read - pass_end) % whole, side="right"))
+            band = np.minimum(band, len(tokens) - 1)[cell]
             means = np.array([np.nan if m is None else m for m in banded["mean_difficulty"]])[band]
             w = np.where(np.isnan(means), 0.0, weights[cell, b])
             num += w * np.nan_to_num(means)
             den += w
-        with np.errstate(invalid="ignore"):
-            out[inside] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        if order is not None:
+            with np.errstate(invalid="ignore"):
+                out[inside] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
     return out
 
 

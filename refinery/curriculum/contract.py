@@ -333,7 +333,7 @@ def phase_bands(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, Buck
             if not inv.entries or inv.entries_table is None:
                 continue
             sel = selections.get(p.name, {}).get(b)
-            served = Served(quality_cutoff=None if sel is None else sel.cutoff)
+            served = Served(quality_cut=None if sel is None else sel.cut)
             found = bucket_bands(root, inventory_slices(inv), served, p.order.bands, descending, run_tasks)
             out[p.name][b] = None if found is None else found.to_json()
     return out
@@ -353,7 +353,18 @@ def validate_data_root(cfg: RefineryConfig, root: "DataRoot", run_tasks: "RunTas
         {ph: {b: s.tokens for b, s in sel.items()} for ph, sel in selections.items()},
         phase_bands(cfg, root, inventory, selections, run_tasks),
     )
+    if report.contract is not None and selections:
+        report.contract["quality_cut"] = quality_cut_shares(cfg, selections)
     return report, inventory, selections
+
+
+def quality_cut_shares(cfg: RefineryConfig, selections: dict[str, dict[str, QualitySelection]]) -> dict[str, Any]:
+    """For each phase with a quality cut: how it ranks (per_language or global) and, per bucket and
+    language, the bucket's documents, those kept and the language's share of each."""
+    assert cfg.curriculum is not None
+    kinds = {p.name: p.quality_cut for p in cfg.curriculum.phases}
+    return {phase: {"cut": kinds[phase], "buckets": {b: s.languages for b, s in sel.items()}}
+            for phase, sel in selections.items()}
 
 
 def structure_findings(cfg: RefineryConfig) -> list[Finding]:

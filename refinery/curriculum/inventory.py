@@ -13,6 +13,14 @@ histograms of the scores' leading bits, 16 bits a pass, narrow the cutoff to one
 holds at most `BRACKET_ENTRIES` entries their scores are read and the cutoff found exactly. The
 cutoff, kept documents, entries and tokens are exactly those of ranking every document at once.
 
+A phase's cut is per language by default (`curriculum.phases[].quality_cut: per_language`): the
+entry table's `language` column (language_filtered's, null read as "unknown") splits the bucket, and
+each language keeps its own top fraction, so each keeps its share of the bucket whatever its scores
+(FineWeb-2 keeps every filter per language). One census pass counts each language's documents; then
+each language's cutoff is found as above over its own entries: 1 + 2 x languages passes of the
+columns tokens, window, quality_score and language, the state of one language's histogram at a time
+(`quality_cut: global` ranks the bucket as one, then counts what each language kept in one pass).
+
 Each pass runs as tasks (`refinery.tasks`: in this process, or fanned out over `partitions.workers`
 processes by phase_manifests), one per final shard: a task reads its shard's rows of the entry table
 (`TableSlice`) and returns that shard's counts, 64-bit token totals and score histogram; the step
@@ -177,11 +185,38 @@ class EntryBatch:
     tokens: np.ndarray  # int64
     first_window: np.ndarray  # bool: the entry is its document's first window (one per document)
     scores: np.ndarray  # float64, NaN where the document has no score
+    languages: np.ndarray | None = None  # str objects (UNKNOWN_LANGUAGE for null), when asked for
 
 
-def entry_batches(root: "DataRoot", part: TableSlice) -> Iterator[EntryBatch]:
-    """The slice's rows of the entry table, `ENTRY_BATCH_ROWS` entries at a time."""
-    for first, batch in slice_batches(root, part, ["tokens", "window", "quality_score"]):
+UNKNOWN_LANGUAGE = "unknown"
+
+
+def has_language(root: "DataRoot", table_key: str) -> bool:
+    """Whether the entry table has a `language` column (tables written before it have none: one
+    stratum, UNKNOWN_LANGUAGE)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return "language" in pq.ParquetFile(root.local_path(table_key)).schema_arrow.names
+    except (OSError, pa.ArrowException):
+        return False  # the read that follows refuses the table by name (slice_batches)
+
+
+def batch_languages(batch: Any, n: int) -> np.ndarray:
+    """The `language` column of a record batch as str objects, UNKNOWN_LANGUAGE for null or absent."""
+    if "language" not in batch.schema.names:
+        return np.full(n, UNKNOWN_LANGUAGE, dtype=object)
+    values = batch.column("language").to_numpy(zero_copy_only=False).astype(object)
+    values[np.equal(values, None)] = UNKNOWN_LANGUAGE
+    return values
+
+
+def entry_batches(root: "DataRoot", part: TableSlice, languages: bool = False) -> Iterator[EntryBatch]:
+    """The slice's rows of the entry table, `ENTRY_BATCH_ROWS` entries at a time; with `languages`,
+    their language too."""
+    columns = ["tokens", "window", "quality_score"] + (["language"] if languages and has_language(root, part.table) else [])
+    for first, batch in slice_batches(root, part, columns):
         scores = batch.column("quality_score").to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
         yield EntryBatch(
             first=first,
@@ -189,7 +224,40 @@ def entry_batches(root: "DataRoot", part: TableSlice) -> Iterator[EntryBatch]:
             tokens=batch.column("tokens").to_numpy(zero_copy_only=False).astype(np.int64),
             first_window=batch.column("window").to_numpy(zero_copy_only=False) == 0,
             scores=scores + 0.0,  # -0.0 becomes 0.0, which it equals
+            languages=batch_languages(batch, batch.num_rows) if languages else None,
         )
+
+
+def in_language(batch: EntryBatch, language: str | None) -> EntryBatch:
+    """The batch's entries of `language` (all of them for None); `first` is kept, so only callers
+    that need no entry ids use it."""
+    if language is None:
+        return batch
+    mine = batch.languages == language
+    return EntryBatch(batch.first, batch.tokens[mine], batch.first_window[mine], batch.scores[mine], batch.languages[mine])
+
+
+@dataclass(frozen=True)
+class QualityCut:
+    """What a phase's quality cut keeps of a bucket: the entries scoring at least `cutoff` (a global
+    cut), or at least their language's cutoff in `by_language` (a language not listed keeps nothing)."""
+
+    cutoff: float | None = None
+    by_language: dict[str, float] | None = None
+
+    def keeps(self, batch: EntryBatch) -> np.ndarray:
+        if self.by_language is None:
+            return batch.scores >= self.cutoff
+        lowest = np.array([self.by_language.get(lang, math.inf) for lang in batch.languages.tolist()], dtype=np.float64)
+        return batch.scores >= lowest
+
+    @property
+    def needs_languages(self) -> bool:
+        return self.by_language is not None
+
+
+def as_cut(cut: "float | QualityCut") -> QualityCut:
+    return cut if isinstance(cut, QualityCut) else QualityCut(cutoff=cut)
 
 
 def score_keys(scores: np.ndarray) -> np.ndarray:
@@ -241,14 +309,16 @@ class SliceHistogram:
     table: Kept
 
 
-def slice_histogram_task(root: "DataRoot", item: tuple[TableSlice, int, int], cache: dict) -> SliceHistogram:
-    """One slice's histogram of the keys whose leading `fixed` bits are `prefix` (a task)."""
-    part, prefix, fixed = item
+def slice_histogram_task(root: "DataRoot", item: tuple[TableSlice, int, int, str | None], cache: dict) -> SliceHistogram:
+    """One slice's histogram of the keys whose leading `fixed` bits are `prefix`, over the entries
+    of one language (all of them for None) (a task)."""
+    part, prefix, fixed, language = item
     bins = 1 << LEVEL_BITS
     entries, documents, tokens = (np.zeros(bins, dtype=np.int64) for _ in range(3))
     table = Kept()
     shift = np.uint64(KEY_BITS - fixed - LEVEL_BITS)
-    for batch in entry_batches(root, part):
+    for batch in entry_batches(root, part, languages=language is not None):
+        batch = in_language(batch, language)
         table.entries += len(batch.tokens)
         table.tokens += int(batch.tokens.sum())
         table.documents += int(batch.first_window.sum())
@@ -264,13 +334,14 @@ def slice_histogram_task(root: "DataRoot", item: tuple[TableSlice, int, int], ca
     return SliceHistogram(reached, entries[reached], documents[reached], tokens[reached], table)
 
 
-def score_histogram(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int) -> ScoreHistogram:
+def score_histogram(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int,
+                    language: str | None = None) -> ScoreHistogram:
     """One pass over the entry table, a task per slice: the histogram of the keys whose leading
-    `fixed` bits are `prefix`."""
+    `fixed` bits are `prefix`, over one language's entries (all of them for None)."""
     bins = 1 << LEVEL_BITS
     entries, documents, tokens = (np.zeros(bins, dtype=np.int64) for _ in range(3))
     table = Kept()
-    for found in run_chunked(run_tasks, slice_histogram_task, [(part, prefix, fixed) for part in parts]):
+    for found in run_chunked(run_tasks, slice_histogram_task, [(part, prefix, fixed, language) for part in parts]):
         entries[found.bins] += found.entries
         documents[found.bins] += found.documents
         tokens[found.bins] += found.tokens
@@ -290,12 +361,13 @@ def check_table(root: "DataRoot", inv: BucketInventory, table: Kept) -> None:
         )
 
 
-def bracket_task(root: "DataRoot", item: tuple[TableSlice, int, int], cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One slice's (keys, tokens, first-window flags) of the scored entries whose key starts with
-    `prefix` (a task)."""
-    part, prefix, fixed = item
+def bracket_task(root: "DataRoot", item: tuple[TableSlice, int, int, str | None], cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One slice's (keys, tokens, first-window flags) of the scored entries of one language (all for
+    None) whose key starts with `prefix` (a task)."""
+    part, prefix, fixed, language = item
     keys, tokens, first_window = [np.zeros(0, dtype=np.uint64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=bool)]
-    for batch in entry_batches(root, part):
+    for batch in entry_batches(root, part, languages=language is not None):
+        batch = in_language(batch, language)
         scored = ~np.isnan(batch.scores)
         batch_keys = score_keys(batch.scores[scored])
         inside = batch_keys >> np.uint64(KEY_BITS - fixed) == np.uint64(prefix)
@@ -305,10 +377,13 @@ def bracket_task(root: "DataRoot", item: tuple[TableSlice, int, int], cache: dic
     return np.concatenate(keys), np.concatenate(tokens), np.concatenate(first_window)
 
 
-def bracket_cutoff(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int, rank: int, kept: Kept) -> int:
-    """The key of the `rank`-th best document among the entries whose key starts with `prefix`
-    (at most BRACKET_ENTRIES of them, read in one pass); adds what it keeps of them to `kept`."""
-    keys, tokens, first_window = zip(*run_chunked(run_tasks, bracket_task, [(part, prefix, fixed) for part in parts]))
+def bracket_cutoff(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int, rank: int, kept: Kept,
+                   language: str | None = None) -> int:
+    """The key of the `rank`-th best document among the entries (of `language`; all for None) whose
+    key starts with `prefix` (at most BRACKET_ENTRIES of them, read in one pass); adds what it keeps
+    of them to `kept`."""
+    keys, tokens, first_window = zip(*run_chunked(run_tasks, bracket_task,
+                                                  [(part, prefix, fixed, language) for part in parts]))
     all_keys, all_tokens, all_first = np.concatenate(keys), np.concatenate(tokens), np.concatenate(first_window)
     cutoff = int(np.sort(all_keys[all_first])[::-1][rank - 1])
     kept_here = all_keys >= np.uint64(cutoff)
@@ -320,32 +395,31 @@ def bracket_cutoff(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fi
 
 @dataclass(frozen=True)
 class QualitySelection:
-    """What a phase keeps of a bucket under its quality cutoff: the entries of the documents scoring
-    at least `cutoff` (`kept_entry_ids` lists them)."""
+    """What a phase keeps of a bucket under its quality cut: the entries `cut` keeps
+    (`kept_entry_ids` lists them), and per language the documents of the bucket and those kept."""
 
-    cutoff: float  # the lowest kept document score
+    cutoff: float  # the lowest kept document score (of any language)
     documents: int
     entries: int
     tokens: int
+    cut: QualityCut | None = None
+    # language -> {documents, kept, kept_tokens, share_of_bucket, share_of_selection}
+    languages: dict[str, dict[str, float]] | None = None
 
 
-def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: float,
-                       run_tasks: RunTasks | None = None) -> QualitySelection:
-    """Keep the documents whose quality_score is at or above the score of the document ranked
-    ceil(top_fraction x documents), best first, with every window of a kept document. Ties at
-    the cutoff are all kept; a document without a score (empty text) is never kept. Reads the entry
-    table once per histogram level and once for the last bracket, a task per final shard (run by
-    `run_tasks`; default: in this process), never all of it at once."""
-    run_tasks = run_tasks or in_process(root)
-    parts = inventory_slices(inv)
+def _top_documents(run_tasks: RunTasks, parts: list[TableSlice], top_fraction: float, documents: int | None,
+                   language: str | None) -> tuple[int | None, Kept, Kept]:
+    """The key of the cutoff keeping the top `top_fraction` of `documents` (None: the table's own
+    count) among one language's entries (all for None), what it keeps, and what the pass counted
+    of the whole table; key None when nothing there is scored."""
     kept = Kept()
     prefix = fixed = 0
-    hist = score_histogram(run_tasks, parts, prefix, fixed)
-    check_table(root, inv, hist.table)
+    hist = score_histogram(run_tasks, parts, prefix, fixed, language)
+    table = hist.table
     scored = int(hist.documents.sum())
     if scored == 0:
-        return QualitySelection(cutoff=math.inf, documents=0, entries=0, tokens=0)
-    rank = min(max(1, math.ceil(top_fraction * hist.table.documents)), scored)
+        return None, kept, table
+    rank = top_fraction_rank(top_fraction, table.documents if documents is None else documents, scored)
     while True:
         # the highest bin whose documents, with those of every bin above it, reach `rank`
         above = np.cumsum(hist.documents[::-1])
@@ -355,30 +429,97 @@ def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: flo
         prefix, fixed = (prefix << LEVEL_BITS) | chosen, fixed + LEVEL_BITS
         if fixed == KEY_BITS:  # every entry of the bin has the cutoff's score
             kept.add_bins(hist, slice(chosen, chosen + 1))
-            cutoff = prefix
-            break
+            return prefix, kept, table
         if hist.entries[chosen] <= BRACKET_ENTRIES:
-            cutoff = bracket_cutoff(run_tasks, parts, prefix, fixed, rank, kept)
-            break
-        hist = score_histogram(run_tasks, parts, prefix, fixed)
-    return QualitySelection(cutoff=key_score(cutoff), documents=kept.documents, entries=kept.entries, tokens=kept.tokens)
+            return bracket_cutoff(run_tasks, parts, prefix, fixed, rank, kept, language), kept, table
+        hist = score_histogram(run_tasks, parts, prefix, fixed, language)
 
 
-def kept_ids_task(root: "DataRoot", item: tuple[TableSlice, float], cache: dict) -> np.ndarray:
-    """The global ids of one slice's entries scoring at least `cutoff`, ascending (a task)."""
-    part, cutoff = item
+def census_task(root: "DataRoot", item: tuple[TableSlice, QualityCut | None], cache: dict) -> dict[str, list[int]]:
+    """One slice's [entries, tokens, documents, kept documents, kept tokens] per language, kept
+    under `cut` (none: nothing kept) (a task)."""
+    part, cut = item
+    out: dict[str, list[int]] = {}
+    for batch in entry_batches(root, part, languages=True):
+        keeps = cut.keeps(batch) if cut is not None else np.zeros(len(batch.scores), dtype=bool)
+        for lang in np.unique(batch.languages).tolist():
+            mine = batch.languages == lang
+            row = out.setdefault(lang, [0, 0, 0, 0, 0])
+            row[0] += int(mine.sum())
+            row[1] += int(batch.tokens[mine].sum())
+            row[2] += int((batch.first_window & mine).sum())
+            row[3] += int((batch.first_window & mine & keeps).sum())
+            row[4] += int(batch.tokens[mine & keeps].sum())
+    return out
+
+
+def language_census(run_tasks: RunTasks, parts: list[TableSlice], cut: QualityCut | None) -> dict[str, list[int]]:
+    """`census_task` over the table, summed per language (one entry per language: bounded by the
+    number of languages, never by the corpus)."""
+    total: dict[str, list[int]] = {}
+    for found in run_chunked(run_tasks, census_task, [(part, cut) for part in parts]):
+        for lang, row in found.items():
+            total[lang] = [a + b for a, b in zip(total.get(lang, [0] * 5), row)]
+    return dict(sorted(total.items()))
+
+
+def language_shares(census: dict[str, list[int]]) -> dict[str, dict[str, float]]:
+    documents = sum(r[2] for r in census.values()) or 1
+    kept = sum(r[3] for r in census.values()) or 1
+    return {lang: {"documents": r[2], "kept": r[3], "kept_tokens": r[4], "share_of_bucket": round(r[2] / documents, 6),
+                   "share_of_selection": round(r[3] / kept, 6)} for lang, r in census.items()}
+
+
+def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: float,
+                       run_tasks: RunTasks | None = None, per_language: bool = True) -> QualitySelection:
+    """Keep the documents whose quality_score is at or above the score of the document ranked
+    ceil(top_fraction x documents), best first, with every window of a kept document; with
+    `per_language` (the default), within each language of the bucket, counting that language's
+    documents. Ties at a cutoff are all kept; a document without a score (empty text) is never
+    kept. Reads the entry table once per histogram level and once for the last bracket (per
+    language), plus one census pass, a task per final shard (run by `run_tasks`; default: in this
+    process), never all of it at once."""
+    run_tasks = run_tasks or in_process(root)
+    parts = inventory_slices(inv)
+    if not per_language:
+        key, kept, table = _top_documents(run_tasks, parts, top_fraction, None, None)
+        check_table(root, inv, table)
+        if key is None:
+            return QualitySelection(cutoff=math.inf, documents=0, entries=0, tokens=0, cut=QualityCut(cutoff=math.inf))
+        cut = QualityCut(cutoff=key_score(key))
+        return QualitySelection(cutoff=cut.cutoff, documents=kept.documents, entries=kept.entries, tokens=kept.tokens,
+                                cut=cut, languages=language_shares(language_census(run_tasks, parts, cut)))
+    census = language_census(run_tasks, parts, None)
+    check_table(root, inv, Kept(sum(r[0] for r in census.values()), sum(r[1] for r in census.values()),
+                                sum(r[2] for r in census.values())))
+    cutoffs, total = {}, Kept()
+    for lang, row in census.items():
+        key, kept, _ = _top_documents(run_tasks, parts, top_fraction, row[2], lang)
+        cutoffs[lang] = math.inf if key is None else key_score(key)
+        row[3], row[4] = kept.documents, kept.tokens
+        total.entries += kept.entries
+        total.tokens += kept.tokens
+        total.documents += kept.documents
+    cut = QualityCut(by_language=cutoffs)
+    return QualitySelection(cutoff=min(cutoffs.values(), default=math.inf), documents=total.documents,
+                            entries=total.entries, tokens=total.tokens, cut=cut, languages=language_shares(census))
+
+
+def kept_ids_task(root: "DataRoot", item: tuple[TableSlice, QualityCut], cache: dict) -> np.ndarray:
+    """The global ids of one slice's entries the cut keeps, ascending (a task)."""
+    part, cut = item
     found = [np.zeros(0, dtype=np.int64)]
-    for batch in entry_batches(root, part):
-        found.append(batch.first + np.flatnonzero(batch.scores >= cutoff).astype(np.int64))
+    for batch in entry_batches(root, part, languages=cut.needs_languages):
+        found.append(batch.first + np.flatnonzero(cut.keeps(batch)).astype(np.int64))
     return np.concatenate(found)
 
 
-def kept_entry_ids(root: "DataRoot", inv: BucketInventory, cutoff: float,
+def kept_entry_ids(root: "DataRoot", inv: BucketInventory, cut: "float | QualityCut",
                    run_tasks: RunTasks | None = None) -> Iterator[np.ndarray]:
-    """The global ids of the entries scoring at least `cutoff`, ascending, one array per final shard
-    (a task each, run by `run_tasks`; default: in this process)."""
+    """The global ids of the entries the cut keeps (a float: those scoring at least it), ascending,
+    one array per final shard (a task each, run by `run_tasks`; default: in this process)."""
     yield from run_chunked(run_tasks or in_process(root), kept_ids_task,
-                           [(part, cutoff) for part in inventory_slices(inv)])
+                           [(part, as_cut(cut)) for part in inventory_slices(inv)])
 
 
 def phase_selections(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory],
@@ -386,7 +527,27 @@ def phase_selections(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str,
     """For each phase with a quality cutoff: what it keeps of each non-empty bucket."""
     assert cfg.curriculum is not None
     return {
-        p.name: {b: select_top_quality(root, inv, p.quality_top_fraction, run_tasks) for b, inv in inventory.items() if inv.entries}
+        p.name: {b: select_top_quality(root, inv, p.quality_top_fraction, run_tasks, p.quality_cut == "per_language")
+                 for b, inv in inventory.items() if inv.entries}
         for p in cfg.curriculum.phases
         if p.quality_top_fraction is not None
     }
+
+
+def top_fraction_rank(top_fraction: float, documents: int, scored: int) -> int:
+    """How many documents a top-`top_fraction` cut of `documents` keeps (ties aside): ceil of the
+    fraction, at least one, at most the `scored` ones."""
+    return min(max(1, math.ceil(top_fraction * documents)), scored)
+
+
+def top_fraction_cutoff(scores: np.ndarray, top_fraction: float) -> float:
+    """The cutoff `select_top_quality` finds, over documents' scores held in memory (NaN: unscored)."""
+    scored = np.sort(scores[~np.isnan(scores)])[::-1]
+    if len(scored) == 0:
+        return math.inf
+    return float(scored[top_fraction_rank(top_fraction, len(scores), len(scored)) - 1])
+
+
+def stratified_cutoffs(scores_by_language: dict[str, np.ndarray], top_fraction: float) -> dict[str, float]:
+    """`top_fraction_cutoff` within each language: what `select_top_quality` finds per language."""
+    return {lang: top_fraction_cutoff(s, top_fraction) for lang, s in sorted(scores_by_language.items())}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from refinery.storage import DataRoot
 
 MANIFEST_VERSION = 1
+# Fields of a bucket's slice a quality cut adds; left out of the JSON where None.
+BUCKET_CUT_FIELDS = ("quality_cutoffs", "languages")
 # Fields added within version 1, with the value a manifest written before them means.
 ADDED_FIELDS: dict[str, Any] = {"rope_scaling": None, "order": None}
 
@@ -59,6 +62,12 @@ class BucketSlice:
     selection: str | None = None  # key of the .npy of kept global entry ids; None = every entry
     selection_sha256: str | None = None
     quality_cutoff: float | None = None  # the phase's quality cutoff kept documents scoring at least this
+    # A per-language cut: each language's cutoff (null: none of its documents is scored); absent for
+    # a global cut.
+    quality_cutoffs: dict[str, float | None] | None = None
+    # Under a quality cut, per language: the bucket's documents, those kept, their tokens, and the
+    # language's share of the bucket and of the selection.
+    languages: dict[str, dict[str, float]] | None = None
 
     @property
     def total_entries(self) -> int:
@@ -91,6 +100,10 @@ class PhaseManifest:
         out = asdict(self)
         if out["order"] is None:
             del out["order"]
+        for bucket in out["buckets"].values():  # a bucket without a quality cut reads as before the cut had languages
+            for key in BUCKET_CUT_FIELDS:
+                if bucket[key] is None:
+                    del bucket[key]
         return out
 
     def identity(self) -> dict[str, Any]:
@@ -331,7 +344,7 @@ def build_phase_manifest(
             continue
         key = selection_key(phase, b)
         with write_selection(root, key, sel.entries) as out:
-            for ids in kept_entry_ids(root, inv, sel.cutoff, run_tasks):
+            for ids in kept_entry_ids(root, inv, sel.cut, run_tasks):
                 out.append(ids)
         buckets[b] = BucketSlice(
             bucket=b,
@@ -342,6 +355,9 @@ def build_phase_manifest(
             selection=key,
             selection_sha256=out.sha256,
             quality_cutoff=sel.cutoff,
+            quality_cutoffs=None if sel.cut.by_language is None else
+            {lang: (None if math.isinf(c) else c) for lang, c in sel.cut.by_language.items()},
+            languages=sel.languages,
         )
     manifest = PhaseManifest(
         phase=phase,

@@ -187,3 +187,17 @@ def batch_shards(cfg: RefineryConfig, keys: list[str]) -> list[InputShard]:
         raise KeyError(f"no input batch {unknown[0]!r} (partitions.by: {cfg.partitions.by}); "
                        f"known: {sorted(known)[:10]}")
     return [s for b in input_batches(cfg) if b.key in wanted for s in b.shards]
+
+
+def input_file_state(shards: list[InputShard]) -> dict[str, str]:
+    """What `refinery demo --changed` compares to see an input edited, added or removed: each file's
+    key -> `<size>:<mtime_ns>` (a directory's own, for `hf_dataset`); a file gone is left out. One
+    short entry per file of a batch, recorded with the batch's raw_documents."""
+    out = {}
+    for shard in shards:
+        try:
+            st = os.stat(shard.path)
+        except FileNotFoundError:
+            continue
+        out[shard.key] = f"{st.st_size}:{st.st_mtime_ns}"
+    return out

@@ -1,10 +1,18 @@
-"""The quality classifier: hashed word n-grams into a logistic regression, trained in the pipeline.
+"""The quality classifier: hashed word n-grams and text-shape signals into a logistic regression,
+trained in the pipeline (docs/quality.md).
 
 The fastText / DCLM idea with the smallest model that carries it: lower-cased `\\w+` words, their
-unigrams and bigrams (up to `ngram`), each hashed into one of `num_features` buckets; a document
-is the mean of its buckets' weights plus a bias, squashed by a sigmoid. Curated buckets (books,
-wiki) are the positive class, raw web the negative one, so the score reads "how much does this look
-like curated text".
+unigrams and bigrams (up to `ngram`), each hashed into one of `num_features` buckets, plus
+SHAPE_SIGNALS signals of the text's shape that do not depend on its language or script (words a
+line, lines ending a sentence, repeated lines, distinct words, the commonest word's share, letters,
+digits, length, short lines, broken characters), each binned into one of SHAPE_BINS rows after the
+n-gram buckets. A document's logit is the mean of its n-gram weights plus the sum of its shape
+weights plus a bias, squashed by a sigmoid. Curated buckets (books, wiki) are the positive class,
+raw web the negative one; each language weighs its two classes equally and a language with one
+class only does not train (`class_weights`), so neither language nor source can be the signal.
+
+Broken text (U+FFFD replacement characters or UTF-8 read as Latin-1, at least BROKEN_RULE of
+the text's characters) scores 0 whatever the model says: a rule before the classifier.
 
 Hashing is our own (blake2b of each distinct word, then a fixed 64-bit mix for n-grams), never
 Python's salted `hash()` or a library hash that may change between versions, so a saved model
@@ -42,15 +50,33 @@ import polars as pl
 
 from refinery.config import QualityConfig
 from refinery.stages.base import Outcome, RecordStage, StageOutput
+from refinery.stages import quality_metrics as qm
 from refinery.stages.parquet_batches import batch_spans
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
 from refinery.layout import QUALITY_MODEL_DIR
 from refinery.storage import DataRoot
 
-MODEL_FORMAT = 1
+MODEL_FORMAT = 2
 LATEST_KEY = f"{QUALITY_MODEL_DIR}/latest.json"
 WORD_PATTERN = r"\w+"
+# The shape signals count a Han, Hiragana or Katakana character as a word (those scripts write no
+# spaces), any other run of word characters as one word, so words a line mean the same in any script.
+SHAPE_WORD = r"[\p{Han}\p{Hiragana}\p{Katakana}]|\w+"
+# A line ending a sentence, in Latin, Cyrillic, Greek and CJK punctuation (closing quotes allowed).
+SENTENCE_END = r"[.!?;:\u3002\uff01\uff1f\uff1b\uff1a\u2026][\"'\u201d\u2019\u00bb)\]\u300d\u300f\uff09]*$"
+# A replacement character, or a UTF-8 sequence read as Latin-1 / cp1252 ("Ã©", "Â ", "â€™").
+BROKEN_CHARS = ("\ufffd|\u00c3[\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u2013-\u203a"
+                "\u20ac\u2122]|\u00c2[\u00a0-\u00bf]|\u00e2\u20ac")
+SHAPE_SIGNALS = 10
+SHAPE_BINS = 8
+SHAPE_ROWS = SHAPE_SIGNALS * SHAPE_BINS
+BROKEN_SIGNAL = 9  # the signal holding the broken-character share
+# The rule before the classifier: a text whose broken characters are at least 0.2% of its
+# non-space characters scores 0. Clean text has none; UTF-8 read as Latin-1 turns every accented
+# letter into a pair (German prose: about 1% of its characters); one stray U+FFFD in a page stays
+# under it.
+BROKEN_RULE = 0.002
 SCORE_BATCH_DOCS = 2048
 # Bytes of text (each document's first `max_chars` characters) featurized at once when scoring: the
 # hashed features and EmbeddingBag's int64 work arrays are a few times these, whatever the documents.
@@ -90,13 +116,24 @@ class Features:
     def num_docs(self) -> int:
         return len(self.indptr) - 1
 
-    def rows(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The `(indices, offsets)` an EmbeddingBag takes, for the documents `docs` in that order."""
+    def rows(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The `(indices, offsets, per_sample_weights)` a sum-mode EmbeddingBag takes, for the
+        documents `docs` in that order: each document's SHAPE_SIGNALS shape rows weigh 1, its n-grams
+        1/n each (their mean)."""
         starts, ends = self.indptr[docs], self.indptr[docs + 1]
-        offsets = np.concatenate([[0], np.cumsum(ends - starts)[:-1]]).astype(np.int64)
+        lengths = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         parts = [self.indices[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
         indices = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return indices.astype(np.int64, copy=False), offsets
+        position = np.arange(len(indices), dtype=np.int64) - np.repeat(offsets, lengths)
+        grams = np.repeat(np.maximum(lengths - SHAPE_SIGNALS, 1), lengths).astype(np.float32)
+        weights = np.where(position < SHAPE_SIGNALS, np.float32(1.0), np.float32(1.0) / grams)
+        return indices.astype(np.int64, copy=False), offsets, weights.astype(np.float32, copy=False)
+
+    def broken(self) -> np.ndarray:
+        """True for documents over the broken-text rule, read from their broken-character shape row."""
+        row = self.indices[self.indptr[:-1] + BROKEN_SIGNAL].astype(np.int64)
+        return row % SHAPE_BINS >= BROKEN_RULE_BIN
 
 
 def _word_hashes(words: pl.Series) -> np.ndarray:
@@ -112,9 +149,62 @@ def _word_hashes(words: pl.Series) -> np.ndarray:
     return table[ids]
 
 
+def _bins(values: np.ndarray, edges: list[float]) -> np.ndarray:
+    return np.searchsorted(np.asarray(edges, dtype=np.float64), values, side="right").astype(np.int64)
+
+
+# Bin edges of each shape signal (SHAPE_BINS - 1 edges each; signal BROKEN_SIGNAL's bin 3 starts
+# at BROKEN_RULE).
+_FRACTION_EDGES = [0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95]
+_SHAPE_EDGES = [
+    [1.5, 2.5, 4, 6, 9, 14, 22],  # words a line
+    _FRACTION_EDGES,  # share of lines ending a sentence
+    [0.001, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7],  # share of lines repeating an earlier line
+    [0.1, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8],  # distinct words / words
+    [0.02, 0.04, 0.07, 0.1, 0.15, 0.25, 0.4],  # the commonest word's share of words
+    [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95],  # letters / non-space characters
+    [0.01, 0.03, 0.06, 0.1, 0.15, 0.25, 0.4],  # digits / non-space characters
+    [20, 50, 100, 200, 400, 800, 1600],  # words
+    _FRACTION_EDGES,  # share of lines of at most three words
+    [1e-9, 0.001, BROKEN_RULE, 0.01, 0.03, 0.1, 0.3],  # broken characters / non-space characters
+]
+BROKEN_RULE_BIN = 3
+
+
+def shape_rows(texts: pl.Series, num_features: int, max_chars: int) -> np.ndarray:
+    """[documents, SHAPE_SIGNALS] feature rows (after the `num_features` n-gram buckets) of the
+    binned shape signals of each text's first `max_chars` characters."""
+    text = texts.cast(pl.String).fill_null("").str.slice(0, max_chars)
+    lines = text.str.split("\n").list.eval(pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != ""))
+    words = text.str.to_lowercase().str.extract_all(SHAPE_WORD)
+    columns = {
+        "n_lines": lines.list.len(),
+        "ends": lines.list.eval(pl.element().str.contains(SENTENCE_END)).list.sum(),
+        "repeats": lines.list.eval(pl.element().is_first_distinct().not_()).list.sum(),
+        "short": lines.list.eval(pl.element().str.count_matches(SHAPE_WORD) <= 3).list.sum(),
+        "n_words": words.list.len(),
+        "distinct": words.list.n_unique(),
+        "top": words.list.eval(pl.element().value_counts().struct.field("count").max()).list.first(),
+        # Letters and non-space characters are most of a text: counted as what is left once the
+        # rest is removed, or by subtraction, not match by match (2-3x less CPU).
+        "letters": text.str.replace_all(r"[^\p{L}]+", "").str.len_chars(),
+        "digits": text.str.count_matches(r"\d"),
+        "nonspace": text.str.len_chars() - text.str.count_matches(r"\s"),
+        "broken": text.str.count_matches(BROKEN_CHARS),
+    }
+    f = {c: v.fill_null(0).to_numpy().astype(np.float64) for c, v in columns.items()}
+    lines_n, words_n, chars_n = np.maximum(f["n_lines"], 1), np.maximum(f["n_words"], 1), np.maximum(f["nonspace"], 1)
+    signals = [f["n_words"] / lines_n, f["ends"] / lines_n, f["repeats"] / lines_n, f["distinct"] / words_n,
+               f["top"] / words_n, f["letters"] / chars_n, f["digits"] / chars_n, f["n_words"],
+               f["short"] / lines_n, f["broken"] / chars_n]
+    rows = np.stack([num_features + k * SHAPE_BINS + _bins(v, _SHAPE_EDGES[k]) for k, v in enumerate(signals)], axis=1)
+    return rows.reshape(len(texts), SHAPE_SIGNALS)
+
+
 def hash_features(texts: pl.Series, num_features: int, ngram: int, max_chars: int) -> Features:
-    """Word 1..ngram-grams of every text (null counts as empty, only the first `max_chars`
-    characters are read), hashed into `num_features` buckets."""
+    """Each text's SHAPE_SIGNALS shape rows (`shape_rows`), then its word 1..ngram-grams (null
+    counts as empty, only the first `max_chars` characters are read) hashed into `num_features`
+    buckets."""
     words_per_doc = (
         texts.cast(pl.String).fill_null("").str.slice(0, max_chars).str.to_lowercase().str.extract_all(WORD_PATTERN)
     )
@@ -142,9 +232,11 @@ def hash_features(texts: pl.Series, num_features: int, ngram: int, max_chars: in
     # same document (unigrams, then bigrams, ...) instead of sorting the concatenation.
     part_counts = [np.bincount(d, minlength=num_docs) for d in docs_parts]
     counts = np.sum(part_counts, axis=0) if part_counts else np.zeros(num_docs, dtype=np.int64)
-    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    indptr = np.concatenate([[0], np.cumsum(counts + SHAPE_SIGNALS)]).astype(np.int64)
     indices = np.empty(int(indptr[-1]), dtype=np.int64)
-    filled = indptr[:-1].copy()
+    shape_at = indptr[:-1, None] + np.arange(SHAPE_SIGNALS)
+    indices[shape_at.ravel()] = shape_rows(texts, num_features, max_chars).ravel()
+    filled = indptr[:-1] + SHAPE_SIGNALS
     for doc_ids, buckets, part in zip(docs_parts, bucket_parts, part_counts):
         first_in_part = np.cumsum(part) - part
         indices[filled[doc_ids] + np.arange(len(doc_ids)) - first_in_part[doc_ids]] = buckets
@@ -182,9 +274,10 @@ def reproducible_torch() -> Iterator[None]:
 
 @dataclass
 class QualityModel:
-    """Hashed-n-gram logistic regression. `weight` has one value per feature bucket."""
+    """Hashed-n-gram and shape logistic regression. `weight` has one value per n-gram bucket, then
+    one per shape row."""
 
-    weight: Any  # torch.Tensor [num_features]
+    weight: Any  # torch.Tensor [num_features + SHAPE_ROWS]
     bias: Any  # torch.Tensor [] (a scalar)
     num_features: int
     ngram: int
@@ -193,7 +286,7 @@ class QualityModel:
     def _bag(self):
         import torch
 
-        bag = torch.nn.EmbeddingBag(self.num_features, 1, mode="mean")
+        bag = torch.nn.EmbeddingBag(self.num_features + SHAPE_ROWS, 1, mode="sum")
         with torch.no_grad():
             bag.weight.copy_(self.weight.view(-1, 1))
         return bag
@@ -213,12 +306,12 @@ class QualityModel:
         with torch.no_grad(), reproducible_torch():
             for start in range(0, len(texts), batch_docs):
                 count = min(batch_docs, len(texts) - start)
-                logits = torch.cat([torch.zeros(0)] + [
-                    self._logits(bag, hash_features(texts.slice(start + first, n), self.num_features, self.ngram,
-                                                    self.max_chars))
-                    for first, n in batch_spans(read[start:start + count].astype(np.int64), count, batch_bytes)
-                ])
-                out[start : start + count] = torch.sigmoid(logits).double().numpy()
+                pieces = [hash_features(texts.slice(start + first, n), self.num_features, self.ngram, self.max_chars)
+                          for first, n in batch_spans(read[start:start + count].astype(np.int64), count, batch_bytes)]
+                logits = torch.cat([torch.zeros(0)] + [self._logits(bag, feats) for feats in pieces])
+                broken = np.concatenate([np.zeros(0, dtype=bool)] + [feats.broken() for feats in pieces])
+                # The rule before the classifier: broken text scores 0.
+                out[start : start + count] = np.where(broken, 0.0, torch.sigmoid(logits).double().numpy())
         return out
 
     def score_features(self, feats: Features, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
@@ -237,16 +330,17 @@ class QualityModel:
     def _probabilities(self, bag, feats: Features, docs: np.ndarray) -> np.ndarray:
         import torch
 
-        indices, offsets = feats.rows(docs)
-        logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
-        return torch.sigmoid(logits).double().numpy()
+        indices, offsets, weights = feats.rows(docs)
+        logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets), torch.from_numpy(weights)).view(-1) + self.bias
+        # The rule before the classifier: broken text scores 0.
+        return np.where(feats.broken()[docs], 0.0, torch.sigmoid(logits).double().numpy())
 
     def _logits(self, bag, feats: Features):
         """Every featurized document's logit (float32 tensor), before the sigmoid."""
         import torch
 
-        indices, offsets = feats.rows(np.arange(feats.num_docs))
-        return bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + self.bias
+        indices, offsets, weights = feats.rows(np.arange(feats.num_docs))
+        return bag(torch.from_numpy(indices), torch.from_numpy(offsets), torch.from_numpy(weights)).view(-1) + self.bias
 
     # ---- file format --------------------------------------------------------------------------
 
@@ -312,11 +406,18 @@ def split_holdout(labels: np.ndarray, keys: np.ndarray, fraction: float) -> np.n
 
 @dataclass
 class TrainingReport:
+    """What training chose and how the model did on held-out documents (`quality_metrics.evaluate`)."""
+
     accuracy: float | None
     precision: float | None
     recall: float | None
+    f1: float | None
+    auc: float | None
+    metrics: dict[str, Any]  # quality_metrics.evaluate: per language, shares, the labelled check, flags
     train_by_bucket: dict[str, int]
     holdout_by_bucket: dict[str, int]
+    train_by_language: dict[str, dict[str, int]]  # language -> {"positive": n, "negative": n}
+    untrained_languages: list[str]  # languages with one class only: they carry no training weight
     train_positive: int
     train_negative: int
     holdout_size: int
@@ -326,22 +427,29 @@ class TrainingReport:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in vars(self).items()}
 
 
-def _binary_metrics(scores: np.ndarray, labels: np.ndarray) -> tuple[float | None, float | None, float | None]:
-    if len(labels) == 0:
-        return None, None, None
-    pred = scores >= 0.5
-    truth = labels == 1
-    tp = int(np.sum(pred & truth))
-    accuracy = float(np.mean(pred == truth))
-    precision = tp / int(pred.sum()) if pred.any() else None
-    recall = tp / int(truth.sum()) if truth.any() else None
-    return accuracy, precision, recall
+def class_weights(languages: pl.Series, labels: np.ndarray) -> tuple[np.ndarray, dict[str, dict[str, int]], list[str]]:
+    """A loss weight per training document such that, within each language, the two classes weigh
+    the same (each as much as the smaller one's count) and a language with one class weighs nothing:
+    a language seen only as web, or only as curated, cannot become the signal. Weights average 1
+    over the weighted documents. Also returns each language's class counts and the untrained ones."""
+    frame = pl.DataFrame({"language": languages.fill_null(qm.UNKNOWN_LANGUAGE), "label": labels})
+    counts = frame.group_by("language").agg(positive=(pl.col("label") == 1).sum(), negative=(pl.col("label") != 1).sum())
+    per_language = {lang: {"positive": int(pos), "negative": int(neg)} for lang, pos, neg in counts.sort("language").iter_rows()}
+    weights = frame.join(counts, on="language", how="left", maintain_order="left").select(
+        pl.min_horizontal("positive", "negative") / pl.when(pl.col("label") == 1).then("positive").otherwise("negative")
+    ).to_series().to_numpy().astype(np.float64)
+    if weights.sum() > 0:
+        weights *= np.count_nonzero(weights) / weights.sum()
+    untrained = [lang for lang, c in per_language.items() if min(c.values()) == 0]
+    return weights.astype(np.float32), per_language, untrained
 
 
 def _labelled(index: pl.DataFrame, positive: list[str], negative: list[str], seed: int) -> pl.DataFrame:
     """The rows of a text index (doc_id, bucket, chars) that can train: with text, in a positive
     (label 1) or negative (label 0) bucket; adds `label` and `_key` (the doc_id hash)."""
     labelled = index.filter(pl.col("bucket").is_in(positive + negative) & (pl.col("chars") > 0))
+    if "language" not in labelled.columns:
+        labelled = labelled.with_columns(language=pl.lit(None, dtype=pl.String))
     return labelled.with_columns(label=pl.col("bucket").is_in(positive).cast(pl.Int8),
                                  _key=pl.Series(doc_hash_fraction(labelled["doc_id"], seed), dtype=pl.Float64))
 
@@ -377,8 +485,10 @@ def training_set(
 
 
 def text_index(docs: pl.DataFrame) -> pl.DataFrame:
-    """doc_id, bucket and chars of a document table: what `training_set` chooses from."""
-    return docs.select("doc_id", "bucket", chars=pl.col("text").str.len_chars().fill_null(0))
+    """doc_id, bucket, language (null when the table has none) and chars of a document table: what
+    `training_set` chooses from."""
+    language = pl.col("language").cast(pl.String) if "language" in docs.columns else pl.lit(None, dtype=pl.String)
+    return docs.select("doc_id", "bucket", language=language, chars=pl.col("text").str.len_chars().fill_null(0))
 
 
 def _bounded(batches: Iterable[pl.DataFrame]) -> Iterator[pl.DataFrame]:
@@ -392,7 +502,8 @@ def streamed_training_set(
 ) -> pl.DataFrame:
     """`training_set` over one pass of `read`, holding the chosen rows so far plus at most about as
     many candidates: memory grows with `max_docs_per_class`, never with the corpus."""
-    chosen = _labelled(pl.DataFrame(schema={"doc_id": pl.String, "bucket": pl.String, "chars": pl.UInt32}),
+    chosen = _labelled(pl.DataFrame(schema={"doc_id": pl.String, "bucket": pl.String, "language": pl.String,
+                                            "chars": pl.UInt32}),
                        positive, negative, seed)
     pending: list[pl.DataFrame] = []
     pending_rows = 0
@@ -467,11 +578,14 @@ def train_quality_model(
     max_docs_per_class: int,
     seed: int,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    threshold: float = 0.5,
 ) -> tuple[QualityModel, TrainingReport]:
     """Fit the classifier on `docs` (columns doc_id, bucket, text: one table, or a function that
     starts a fresh pass over tables each call) and measure it on a held-out slice chosen by doc_id
     hash. Each class keeps at most `max_docs_per_class` documents, the ones with the smallest
-    doc_id hashes.
+    doc_id hashes. Within each language the two classes weigh the same in the loss, and a language
+    with one class does not train (`class_weights`; a table without a language column is one
+    language). The held-out documents are measured at `threshold` (`quality_metrics.evaluate`).
 
     Memory is bounded, not proportional to the corpus: pass 1 reads the documents FEATURIZE_DOCS
     at a time and keeps only the chosen doc_ids (`streamed_training_set`); pass 2 reads them again,
@@ -498,6 +612,8 @@ def train_quality_model(
     targets = torch.from_numpy(train_plan["label"].to_numpy().astype(np.float32))
     n_pos = int(train_plan["label"].sum())
     n_neg = train_plan.height - n_pos
+    weights, per_language, untrained = class_weights(train_plan["language"], train_plan["label"].to_numpy())
+    sample_weights = torch.from_numpy(weights)
 
     with tempfile.TemporaryDirectory(prefix="quality-features-") as spill_dir:
         spill = FeatureSpill(spill_dir)
@@ -520,14 +636,14 @@ def train_quality_model(
             with reproducible_torch(), torch.sparse.check_sparse_tensor_invariants(enable=False):
                 generator = torch.Generator().manual_seed(seed)
                 # Sparse gradients: each step touches only the buckets of its batch's documents.
-                bag = torch.nn.EmbeddingBag(num_features, 1, mode="mean", sparse=True)
+                bag = torch.nn.EmbeddingBag(num_features + SHAPE_ROWS, 1, mode="sum", sparse=True)
                 bias = torch.nn.Parameter(torch.zeros(()))
                 with torch.no_grad():
                     bag.weight.zero_()
                 optimizer = torch.optim.Adagrad([bag.weight, bias], lr=learning_rate)
-                # Weight the positives so each class carries the same total loss: curated buckets
-                # are usually much smaller than web.
-                loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(n_neg / max(n_pos, 1)))
+                # Per-document weights (class_weights): curated buckets are usually much smaller
+                # than web, and languages differ in what each class holds.
+                loss_fn = torch.nn.BCEWithLogitsLoss(reduction="none")
                 chunks = chunk_bounds(lengths[False], chunk_bytes)
                 for _ in range(epochs):
                     for c in torch.randperm(len(chunks), generator=generator).tolist():
@@ -536,9 +652,11 @@ def train_quality_model(
                         order = torch.randperm(hi - lo, generator=generator).numpy()
                         for b in range(0, len(order), TRAIN_BATCH_DOCS):
                             batch = order[b : b + TRAIN_BATCH_DOCS]
-                            indices, offsets = feats.rows(batch)
-                            logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets)).view(-1) + bias
-                            loss = loss_fn(logits, targets[torch.from_numpy(batch + lo)])
+                            indices, offsets, per_sample = feats.rows(batch)
+                            logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets),
+                                         torch.from_numpy(per_sample)).view(-1) + bias
+                            rows = torch.from_numpy(batch + lo)
+                            loss = (loss_fn(logits, targets[rows]) * sample_weights[rows]).sum() / len(batch)
                             optimizer.zero_grad()
                             loss.backward()
                             optimizer.step()
@@ -551,17 +669,24 @@ def train_quality_model(
             ])
         finally:
             spill.close()
-    accuracy, precision, recall = _binary_metrics(held_scores, held_plan["label"].to_numpy())
+    metrics = qm.evaluate(held_plan.select("bucket", "language", "label").with_columns(score=pl.Series(held_scores)),
+                          threshold)
+    holdout = metrics["holdout"]
 
     def by_bucket(part: pl.DataFrame) -> dict[str, int]:
         return dict(part.group_by("bucket").len().sort("bucket").iter_rows())
 
     report = TrainingReport(
-        accuracy=accuracy,
-        precision=precision,
-        recall=recall,
+        accuracy=holdout["accuracy"],
+        precision=holdout["precision"],
+        recall=holdout["recall"],
+        f1=holdout["f1"],
+        auc=holdout["auc"],
+        metrics=metrics,
         train_by_bucket=by_bucket(train_plan),
         holdout_by_bucket=by_bucket(held_plan),
+        train_by_language=per_language,
+        untrained_languages=untrained,
         train_positive=n_pos,
         train_negative=n_neg,
         holdout_size=held_plan.height,
@@ -620,6 +745,17 @@ def unscored(docs: pl.DataFrame) -> StageOutput:
     return StageOutput(out, rejects_frame(docs, QualityScorer.name, {}), stats)
 
 
+SCORED_PREFIX = "quality/scored_by_language/"
+ABOVE_PREFIX = "quality/above_threshold_by_language/"
+
+
+def shares_above_threshold(counters: dict[str, int]) -> dict[str, float]:
+    """Per language, the share of its scored documents at or above the decision threshold, from the
+    scorer's counters (summed over files)."""
+    return {k[len(SCORED_PREFIX):]: round(counters.get(ABOVE_PREFIX + k[len(SCORED_PREFIX):], 0) / v, 6)
+            for k, v in sorted(counters.items()) if k.startswith(SCORED_PREFIX) and v}
+
+
 class QualityScorer(RecordStage):
     """Adds `quality_score` to every document and drops those below `threshold`, unless
     `enforce_threshold` is off. A source that skips "quality" gets the scores without the drops."""
@@ -636,6 +772,7 @@ class QualityScorer(RecordStage):
     def __init__(self, model: QualityModel, threshold: float, enforce_threshold: bool = True, model_id: str = ""):
         self.model = model
         self.threshold = threshold
+        self.decision_threshold = qm.decision_threshold(threshold)
         self.enforce_threshold = enforce_threshold
         self.model_id = model_id
 
@@ -648,10 +785,14 @@ class QualityScorer(RecordStage):
             "ngram": self.model.ngram,
         }
 
-    def judge(self, text: str | None, score: float, counters: Counter) -> Outcome:
+    def judge(self, text: str | None, score: float, counters: Counter, language: str | None = None) -> Outcome:
         if not text:
             return Drop("quality/empty_text", None, "no text to score")
         counters["quality/scored"] += 1
+        # Per language: scored, and at or above the decision threshold (shares_above_threshold).
+        lang = language or qm.UNKNOWN_LANGUAGE
+        counters[f"{SCORED_PREFIX}{lang}"] += 1
+        counters[f"{ABOVE_PREFIX}{lang}"] += score >= self.decision_threshold
         if score < self.threshold:
             if self.enforce_threshold:
                 return Drop("quality/below_threshold", score, f"threshold {self.threshold}")
@@ -661,12 +802,14 @@ class QualityScorer(RecordStage):
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
         text = record["text"]
         score = float(self.model.score(pl.Series([text], dtype=pl.String))[0]) if text else float("nan")
-        return self.judge(text, score, counters)
+        return self.judge(text, score, counters, record.get("language"))
 
     def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
         # One featurization and one EmbeddingBag call for the whole batch.
         scores = self.model.score(batch["text"]).tolist()
-        return [self.judge(text, score, counters) for text, score in zip(batch["text"].to_list(), scores)]
+        languages = batch["language"].to_list() if "language" in batch.columns else [None] * batch.height
+        return [self.judge(text, score, counters, lang)
+                for text, score, lang in zip(batch["text"].to_list(), scores, languages)]
 
     def skipped(self, docs: pl.DataFrame) -> StageOutput:
         return QualityScorer(self.model, self.threshold, False, self.model_id).run(docs)

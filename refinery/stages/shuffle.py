@@ -56,6 +56,7 @@ RECORD = np.dtype(
         ("n_windows", "<i4"),
         ("quality", "<f8"),
         ("difficulty", "<f8"),
+        ("language", "S8"),  # lid.176 codes are 2-3 ASCII letters; b"" for none
     ]
 )
 # A key range's expected size is this fraction of the buffer, so random variation in range sizes
@@ -203,6 +204,7 @@ def scatter_file(root: DataRoot, task: ScatterTask, cache: dict) -> dict[str, in
             records["n_windows"] = entries["n_windows"].to_numpy()
             records["quality"] = entries["quality_score"].fill_null(np.nan).to_numpy()
             records["difficulty"] = entries["difficulty"].fill_null(np.nan).to_numpy()
+            records["language"] = np.array(entries["language"].fill_null("").to_list(), dtype="S8")
             doc_ids = entries["doc_id"].to_list()
             offsets = reader.offsets
             order = np.argsort(owner, kind="stable")
@@ -267,7 +269,7 @@ def gather_range(root: DataRoot, task: GatherTask, cache: dict) -> RangeResult:
             quality = None if np.isnan(rec["quality"]) else float(rec["quality"])
             difficulty = None if np.isnan(rec["difficulty"]) else float(rec["difficulty"])
             series.add(tokens[starts[i] : starts[i + 1]], ids[i], int(rec["overlap"]), int(rec["window"]),
-                       int(rec["n_windows"]), quality, difficulty)
+                       int(rec["n_windows"]), quality, difficulty, rec["language"].decode() or None)
         index = series.finish()
     shutil.rmtree(tmp / ".staging", ignore_errors=True)
     shutil.rmtree(folder, ignore_errors=True)

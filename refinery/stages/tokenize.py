@@ -74,6 +74,7 @@ ENTRY_TABLE_SCHEMA: dict[str, pl.DataType] = {
     "n_windows": pl.Int32(),
     "quality_score": pl.Float64(),
     "difficulty": pl.Float64(),  # the document's mean token loss under the reference model (refinery/stages/difficulty.py)
+    "language": pl.String(),  # language_filtered's language (null where a source skips it): a phase's quality cut is per language
 }
 
 
@@ -317,7 +318,7 @@ class ShardSeries:
 
     def add(
         self, tokens: np.ndarray, doc_id: str, overlap: int, window: int, n_windows: int, quality: float | None,
-        difficulty: float | None = None,
+        difficulty: float | None = None, language: str | None = None,
     ) -> None:
         n = len(tokens)
         if self._writer is not None and self._writer.num_entries and self._writer.num_tokens + n > self.shard_tokens:
@@ -336,6 +337,7 @@ class ShardSeries:
         rows["n_windows"].append(n_windows)
         rows["quality_score"].append(quality)
         rows["difficulty"].append(difficulty)
+        rows["language"].append(language)
         self._writer.add(tokens, doc_id, overlap=overlap, window=window, n_windows=n_windows)
         self.entries += 1
         self.tokens += n
@@ -464,12 +466,13 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
             batch, keep, encoded, difficulties = pending.pop().result()
             pending = [pool.submit(encode, nxt) for nxt in itertools.islice(batches, 1)]
             ids, qualities = batch["doc_id"].to_list(), batch["quality_score"].to_list()
+            languages = batch["language"].to_list() if "language" in batch.columns else [None] * batch.height
             for i, doc_tokens, difficulty in zip(keep, encoded, difficulties):
                 doc_tokens = np.concatenate([doc_tokens, eod])
                 cuts = split_windows(len(doc_tokens), window, overlap)
                 windowed += len(cuts) > 1
                 for w, (a, b, ov) in enumerate(cuts):
-                    series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i], difficulty)
+                    series.add(doc_tokens[a:b], ids[i], ov, w, len(cuts), qualities[i], difficulty, languages[i])
             kept = set(keep)
             drops = {i: Drop("tokenize/empty_text", 0.0, "no text to tokenize") for i in range(batch.height) if i not in kept}
             batch_bytes = int(text_bytes(batch).sum())  # Int64: len_bytes is UInt32 and polars sums it in UInt32

@@ -12,6 +12,7 @@ from refinery.storage.base import (
     PARQUET_COMPRESSION,
     DataRoot,
     atomic_path,
+    create_temporary,
     dumps_json,
     sha256_file,
     write_parquet_file,
@@ -19,7 +20,7 @@ from refinery.storage.base import (
 from refinery.storage.local import LocalDataRoot
 
 __all__ = [
-    "PARQUET_COMPRESSION", "DataRoot", "LocalDataRoot", "atomic_path", "dumps_json", "open_data_root",
+    "PARQUET_COMPRESSION", "DataRoot", "LocalDataRoot", "atomic_path", "create_temporary", "dumps_json", "open_data_root",
     "sha256_file", "write_parquet_file",
 ]
 

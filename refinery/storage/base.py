@@ -1,7 +1,8 @@
 """The data root's contract, and the atomic-write and hashing helpers every writer shares.
 
 Every write goes to a temporary name and is renamed (or uploaded) into place only when complete, so
-a crash never leaves a partial file under a final name. Keys are POSIX-style paths relative to the
+a crash never leaves a partial file under a final name. A temporary is created with mode 0666 less
+the umask (`create_temporary`), so a published file has the mode a plain open() would give it. Keys are POSIX-style paths relative to the
 root (`documents/raw_documents/web-cc0.parquet`); refinery/layout.py names every key.
 """
 
@@ -11,7 +12,7 @@ import hashlib
 import io
 import json
 import os
-import tempfile
+import secrets
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,14 +44,28 @@ def write_parquet_file(df: pl.DataFrame, path: str | os.PathLike) -> None:
     df.write_parquet(path, compression=PARQUET_COMPRESSION, statistics=True, row_group_size=max(1, df.height))
 
 
+def create_temporary(folder: str | os.PathLike, prefix: str, suffix: str = TEMPORARY_SUFFIX) -> tuple[int, Path]:
+    """A new file `<prefix><random><suffix>` in `folder`, created exclusively; returns its open
+    descriptor (read-write) and path. Created with mode 0666 less the process's umask, as open()
+    creates files, because the rename keeps the temporary's mode: tempfile.mkstemp's 0600 would
+    publish every file readable by its owner only."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = Path(folder) / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{folder}: no free temporary name {prefix}*{suffix} after 100 tries")
+
+
 @contextmanager
 def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `final`; rename it into place only if the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=TEMPORARY_SUFFIX, dir=final.parent)
+    fd, tmp_path = create_temporary(final.parent, f".{final.name}.")
     os.close(fd)
-    tmp_path = Path(tmp)
     try:
         yield tmp_path
         os.replace(tmp_path, final)

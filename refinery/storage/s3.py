@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from refinery.storage.base import DataRoot
+from refinery.storage.base import DataRoot, create_temporary
 
 ENDPOINT_ENV_VARS = ("REFINERY_S3_ENDPOINT", "AWS_ENDPOINT_URL")
 CACHE_DIR_ENV = "REFINERY_CACHE_DIR"
@@ -226,9 +226,8 @@ class S3DataRoot(DataRoot):
     def writer(self, key: str) -> Iterator[Path]:
         object_key = self._object_key(key)
         self._staging.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=self._staging)
+        fd, tmp_path = create_temporary(self._staging, ".")
         os.close(fd)
-        tmp_path = Path(tmp)
         try:
             yield tmp_path
             self._call("upload", key, lambda: self.client.upload_file(str(tmp_path), self.bucket, object_key))
@@ -248,9 +247,8 @@ class S3DataRoot(DataRoot):
             return cached
         object_key = self._object_key(key)
         self._staging.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".part", dir=self._staging)
+        fd, tmp_path = create_temporary(self._staging, ".", ".part")
         os.close(fd)
-        tmp_path = Path(tmp)
         try:
             self._call(
                 "download", key, lambda: self.client.download_file(self.bucket, object_key, str(tmp_path))

@@ -95,6 +95,7 @@ def write_entry_table(root: LocalDataRoot, name: str, entries: list[tuple[int, i
         "n_windows": pl.Series([e[3] for e in entries], dtype=pl.Int32),
         "quality_score": pl.Series([None] * len(entries), dtype=pl.Float64),
         "difficulty": pl.Series([None if np.isnan(x) else float(x) for x in scores.tolist()], dtype=pl.Float64),
+        "language": pl.Series([None] * len(entries), dtype=pl.String),
     })
     root.write_parquet(bucket_entries_key("final", name), table)
 

@@ -30,12 +30,14 @@ def read_demo() -> dict:
 
 
 def demo_config(data_root: Path | str) -> dict:
-    """configs/demo.yaml with its data root at `data_root` and every input path (sources and eval
-    sets) made absolute."""
+    """configs/demo.yaml with its data root at `data_root` and every input path (sources, eval
+    sets, the quality classifier's labelled set) made absolute."""
     data = read_demo()
     data["data_root"] = str(data_root)
     for entry in [*data["sources"], *data["contamination"]["eval_sets"]]:
         entry["path"] = str((DEMO.parent / entry["path"]).resolve())
+    quality = data["stages"]["quality"]
+    quality["labelled_set"] = str((DEMO.parent / quality["labelled_set"]).resolve())
     return data
 
 

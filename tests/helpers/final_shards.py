@@ -29,15 +29,19 @@ def document_entries(docs: list[tuple[str, int, float | None]]) -> list[tuple[st
 
 
 def write_entry_table_and_index(root: LocalDataRoot, bucket: str, shards: list[dict], entries: list[tuple],
-                                difficulty: dict[str, float | None] | None = None) -> None:
+                                difficulty: dict[str, float | None] | None = None,
+                                language: dict[str, str | None] | None = None) -> None:
     """The bucket's entries.parquet (tokens Int32, as shuffled_shards writes it) and index.json; with
-    `difficulty` (doc_id -> score, None = unscored) the table carries the `difficulty` column too."""
+    `difficulty` (doc_id -> score, None = unscored) the table carries the `difficulty` column too,
+    with `language` (doc_id -> language) the `language` column."""
     rows = [{"entry": i, "doc_id": doc_id, "tokens": n, "window": window, "n_windows": n_windows, "quality_score": score,
-             **({"difficulty": difficulty.get(doc_id)} if difficulty is not None else {})}
+             **({"difficulty": difficulty.get(doc_id)} if difficulty is not None else {}),
+             **({"language": language.get(doc_id)} if language is not None else {})}
             for i, (doc_id, n, window, n_windows, score) in enumerate(entries)]
     table_key = f"shards/final/{bucket}/entries.parquet"
     schema = {"entry": pl.Int64, "doc_id": pl.String, "tokens": pl.Int32, "window": pl.Int32, "n_windows": pl.Int32,
-              "quality_score": pl.Float64, **({"difficulty": pl.Float64} if difficulty is not None else {})}
+              "quality_score": pl.Float64, **({"difficulty": pl.Float64} if difficulty is not None else {}),
+              **({"language": pl.String} if language is not None else {})}
     table = pl.DataFrame(rows, schema=schema)
     digest = root.write_parquet(table_key, table)
     root.write_json(final_index_key(bucket), {"bucket": bucket, "shards": shards, "entries_table": {"key": table_key, "sha256": digest}})

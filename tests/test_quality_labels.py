@@ -1,0 +1,200 @@
+"""The quality score measures quality (issue 36): a phase's cut keeps every language's share, the
+reported AUC is the AUC, broken text scores low, and a classifier whose positives are all one
+language still ranks spam below clean pages of another (real pages: data/multilingual, data/labelled)."""
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from refinery.curriculum.inventory import (QualityCut, kept_entry_ids, read_bucket_inventory, select_top_quality,
+                                           stratified_cutoffs)
+from refinery.stages import quality as q
+from refinery.stages import quality_metrics as qm
+from refinery.stages.quality_training import LabelledSetError, labelled_batches
+from refinery.storage import LocalDataRoot
+
+from helpers.final_shards import write_entry_table_and_index
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SETTINGS = dict(num_features=1 << 16, ngram=2, epochs=5, learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000,
+                max_docs_per_class=10_000, seed=5)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+# ---- the per-language cut ------------------------------------------------------------------------
+
+
+def two_language_bucket(root: LocalDataRoot) -> tuple[list[tuple], dict[str, str]]:
+    """60 English documents scoring 0.5-1.0 and 40 German ones scoring 0-0.5 (two windows each for
+    every fifth), in two final shards, languages interleaved."""
+    rng = np.random.default_rng(0)
+    entries, language = [], {}
+    for d in range(100):
+        lang = "en" if d % 5 < 3 else "de"
+        score = float(rng.uniform(0.5, 1.0) if lang == "en" else rng.uniform(0.0, 0.5))
+        doc = f"d{d:03d}"
+        language[doc] = lang
+        windows = 2 if d % 5 == 0 else 1
+        entries += [(doc, 10 + w, w, windows, score) for w in range(windows)]
+    half = len(entries) // 2
+    shards = [{"prefix": f"shards/final/web/shard-{k:05d}", "tokens": sum(e[1] for e in part), "entries": len(part),
+               "sha256": {}} for k, part in enumerate((entries[:half], entries[half:]))]
+    write_entry_table_and_index(root, "web", shards, entries, language=language)
+    return entries, language
+
+
+def test_stratified_cut_keeps_each_language_share_within_one_entry(tmp_path):
+    root = LocalDataRoot(tmp_path / "root")
+    entries, language = two_language_bucket(root)
+    inv = read_bucket_inventory(root, "web")
+    sel = select_top_quality(root, inv, 0.25)  # per language: the default
+    docs = {lang: sum(1 for lang_of in language.values() if lang_of == lang) for lang in ("de", "en")}
+    assert docs == {"de": 40, "en": 60}
+    assert {lang: v["kept"] for lang, v in sel.languages.items()} == {"de": 10, "en": 15}  # ceil(0.25 x each)
+    for lang, v in sel.languages.items():
+        assert abs(v["kept"] - v["share_of_bucket"] * sel.documents) <= 1
+        assert v["share_of_bucket"] == docs[lang] / 100
+    # the cutoffs are those of ranking each language on its own, and the ids kept are exactly the
+    # entries scoring at least their language's cutoff
+    scores = {lang: np.array([s for doc, _, w, _, s in entries if w == 0 and language[doc] == lang]) for lang in docs}
+    assert sel.cut.by_language == stratified_cutoffs(scores, 0.25)
+    kept = np.concatenate(list(kept_entry_ids(root, inv, sel.cut))).tolist()
+    assert kept == [i for i, (doc, _, _, _, s) in enumerate(entries) if s >= sel.cut.by_language[language[doc]]]
+    assert (sel.entries, sel.tokens) == (len(kept), sum(entries[i][1] for i in kept))
+
+    # the global cut, by name, ranks the bucket as one: German's lower scores keep none of it
+    whole = select_top_quality(root, inv, 0.25, per_language=False)
+    assert whole.cut == QualityCut(cutoff=whole.cutoff) and whole.documents == 25
+    assert {lang: v["kept"] for lang, v in whole.languages.items()} == {"de": 0, "en": 25}
+
+
+def test_a_table_without_languages_is_one_stratum_as_before(tmp_path):
+    root = LocalDataRoot(tmp_path / "root")
+    entries = [(f"d{i}", 10, 0, 1, i / 10) for i in range(10)]
+    write_entry_table_and_index(root, "web", [{"prefix": "shards/final/web/shard-00000", "tokens": 100, "entries": 10,
+                                               "sha256": {}}], entries)
+    inv = read_bucket_inventory(root, "web")
+    per_language, whole = select_top_quality(root, inv, 0.3), select_top_quality(root, inv, 0.3, per_language=False)
+    assert per_language.cut.by_language == {"unknown": 0.7} and whole.cutoff == 0.7
+    assert (per_language.documents, per_language.entries, per_language.tokens) == (whole.documents, whole.entries, whole.tokens)
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+
+
+def test_reported_auc_matches_a_toy_set_with_known_auc():
+    # 4 pairs of (positive, negative): 0.35 > 0.1, 0.35 < 0.4, 0.8 > 0.1, 0.8 > 0.4: AUC 3/4
+    assert qm.roc_auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == 0.75
+    # a tie counts one half: 1 win + 1 tie of 2 pairs
+    assert qm.roc_auc(np.array([0.5, 0.5, 0.9]), np.array([0, 1, 1])) == 0.75
+    assert qm.roc_auc(np.array([0.2, 0.3]), np.array([1, 1])) is None
+    m = qm.at_threshold(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]), 0.38)
+    # predicted positive: 0.4 and 0.8; one of them is positive; one of two positives found
+    assert (m["precision"], m["recall"], m["f1"], m["accuracy"]) == (0.5, 0.5, 0.5, 0.5)
+
+
+def test_evaluate_reports_per_language_and_flags_perfect_source_separation():
+    n = qm.MIN_LANGUAGE_DOCS
+    held = pl.DataFrame({
+        "bucket": ["books"] * 2 * n + ["web"] * 2 * n,
+        "language": (["en"] * n + ["de"] * n) * 2,
+        "label": [1] * 2 * n + [0] * 2 * n,
+        "score": np.r_[np.linspace(0.6, 0.9, 2 * n), np.linspace(0.1, 0.4, 2 * n)],
+    })
+    out = qm.evaluate(held, 0.5)
+    assert out["holdout"]["auc"] == 1.0 and out["holdout"]["f1"] == 1.0
+    assert set(out["holdout_by_language"]) == {"de", "en"}
+    assert out["share_above_threshold"] == {"de": 0.5, "en": 0.5}
+    assert out["flags"] and "'books' and 'web'" in out["flags"][0] and "separates these sources" in out["flags"][0]
+    assert out["check"] is None
+    mixed = held.with_columns(score=pl.Series(np.tile([0.3, 0.7], 2 * n)))
+    assert qm.evaluate(mixed, 0.5)["flags"] == []
+
+
+def test_a_labelled_row_without_a_known_label_is_refused(tmp_path):
+    path = tmp_path / "labelled.jsonl"
+    path.write_text(json.dumps({"url": "u", "text": "t", "lang": "en", "label": "great"}) + "\n")
+    with pytest.raises(LabelledSetError, match=r"labelled.jsonl:1: a labelled page needs text and a label"):
+        list(labelled_batches(str(path)))
+
+
+def test_the_committed_labelled_set_is_real_and_documented():
+    pages = read_jsonl(DATA / "labelled" / "labelled.jsonl.gz")
+    assert all(set(p) == {"url", "text", "lang", "label", "kind", "package", "synthetic"} for p in pages)
+    assert {p["label"] for p in pages} == {"high", "low", "spam"}
+    assert all(p["synthetic"] == (p["label"] == "spam") for p in pages)
+    assert {p["kind"] for p in pages if p["label"] == "low"} >= {"licence", "changelog", "catalogue", "wordlist",
+                                                                 "navigation", "templated", "copyright"}
+    assert len({p["lang"] for p in pages if p["label"] == "high"}) >= 8
+
+
+# ---- the classifier on real text ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def english_only_positives():
+    """Positives: English documentation. Negatives ("web"): English spam and real low-value pages,
+    plus every German and French page, clean or not: what a curated bucket of one language against
+    a multilingual web teaches when the language is the signal."""
+    clean = read_jsonl(DATA / "multilingual" / "clean.jsonl.gz")
+    spam = read_jsonl(DATA / "multilingual" / "spam.jsonl.gz")
+    low = [p for p in read_jsonl(DATA / "labelled" / "labelled.jsonl.gz") if p["label"] == "low" and p["lang"] == "en"]
+    rows = [{"doc_id": p["url"], "bucket": "books", "language": "en", "text": p["text"]}
+            for p in clean if p["lang"] == "en"][:40]
+    rows += [{"doc_id": p["url"], "bucket": "web", "language": "en", "text": p["text"]}
+             for p in spam if p["lang"] == "en"] + [{"doc_id": p["url"], "bucket": "web", "language": "en", "text": p["text"]}
+                                                     for p in low[:40]]
+    rows += [{"doc_id": p["url"], "bucket": "web", "language": p["lang"], "text": p["text"]}
+             for p in clean + spam if p["lang"] in ("de", "fr")]
+    model, report = q.train_quality_model(pl.DataFrame(rows), ["books"], ["web"], **SETTINGS)
+    return model, report, clean, spam
+
+
+def test_positives_of_one_language_still_rank_spam_below_clean_pages_of_another(english_only_positives):
+    model, report, clean, spam = english_only_positives
+    assert report.untrained_languages == ["de", "fr"]  # one class only: no weight, so no "German is bad"
+    for lang in ("de", "fr", "ja", "ru"):
+        good = model.score(pl.Series([p["text"] for p in clean if p["lang"] == lang]))
+        bad = model.score(pl.Series([p["text"] for p in spam if p["lang"] == lang]))
+        auc = qm.roc_auc(np.r_[good, bad], np.r_[np.ones(len(good)), np.zeros(len(bad))])
+        assert auc >= 0.9, (lang, auc)
+        assert np.median(bad) < np.median(good), lang
+
+
+def mojibake(text: str) -> str:
+    return text.encode("utf-8").decode("latin-1")
+
+
+def test_broken_utf8_pages_score_below_the_clean_median(english_only_positives):
+    model, _, clean, _ = english_only_positives
+    pages = [p["text"] for p in clean if p["lang"] in ("de", "fr", "en")][:60]
+    scores = model.score(pl.Series(pages))
+    german, french = (next(p["text"] for p in clean if p["lang"] == lang) for lang in ("de", "fr"))
+    replaced = bytes(range(128, 256)).decode("utf-8", errors="replace") * 20 + "\n" + pages[0]
+    broken = model.score(pl.Series([mojibake(german), mojibake(french), replaced, "\ufffd" * 500]))
+    assert broken.max() < np.median(scores), (broken, np.median(scores))
+    # the rule before the classifier: over 1% broken characters is a score of 0
+    assert broken.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert model.score(pl.Series([pages[0].replace("a", "\ufffd", 1)]))[0] > 0  # one stray character is not broken text
+
+
+def test_the_labelled_check_set_is_measured_on_held_out_labelled_pages():
+    pages = [p for p in read_jsonl(DATA / "labelled" / "labelled.jsonl.gz") if p["lang"] in ("en", "de")]
+    docs = pl.DataFrame([{"doc_id": f"labelled:{p['url']}", "bucket": qm.LABELLED_BUCKETS[p["label"]],
+                          "language": p["lang"], "text": p["text"]} for p in pages])
+    _, report = q.train_quality_model(docs, [qm.LABELLED_BUCKETS["high"]],
+                                      [qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]], **SETTINGS)
+    check = report.metrics["check"]
+    held = report.holdout_by_bucket
+    assert check["high_vs_low"]["positives"] == held[qm.LABELLED_BUCKETS["high"]]
+    assert check["high_vs_low"]["negatives"] == held[qm.LABELLED_BUCKETS["low"]]
+    assert check["high_vs_spam"]["negatives"] == held[qm.LABELLED_BUCKETS["spam"]]
+    assert check["high_vs_low"]["auc"] >= 0.85 and check["high_vs_spam"]["auc"] >= 0.95
