@@ -64,7 +64,7 @@ def scan_tables(context: dg.AssetExecutionContext, refinery: RefineryResource, p
     cfg, root = refinery.config, refinery.root
     if cont.unscannable(cfg.contamination, cont.EvalIndex.build(cfg)) is not None:
         return []
-    partitions = cont.phase_partitions(cont.phase_doc_ids(root, read_manifest(root, phase)))
+    partitions = cont.phase_partitions(root, read_manifest(root, phase))
     runs = map_tasks(refinery, partitions, scan_table_task)
     for run in runs:
         if run.damaged:

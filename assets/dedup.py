@@ -24,7 +24,7 @@ import polars as pl
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
 from assets.fanout import FileResult, map_tasks
 from assets.partitions import Partitions
-from assets.provenance import SAMPLE_ROWS, Provenance, code_version
+from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
@@ -51,10 +51,10 @@ def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dic
     """A file's signatures, written to the data root; `near_dedup_docs` counts the documents of
     sources that near dedup applies to."""
     start = time.perf_counter()
-    table, digest = compute_signatures(refinery.config, refinery.root, shard.key)
-    stats = StageStats(stage="dedup_signatures", docs_in=table.height, docs_out=table.height,
+    counts, digest = compute_signatures(refinery.config, refinery.root, shard.key)
+    stats = StageStats(stage="dedup_signatures", docs_in=counts.docs, docs_out=counts.docs,
                        wall_s=time.perf_counter() - start)
-    stats.counters["near_dedup_docs"] = int(table["near"].sum() or 0)
+    stats.counters["near_dedup_docs"] = counts.near
     return FileResult(shard.key, shard.source, stats, {signatures_key(shard.key): digest},
                       _settings(refinery.config))
 
@@ -74,9 +74,8 @@ def combined_stats(exact: StageStats, near: StageStats) -> StageStats:
 
 def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
     """A file's dedup decisions applied: exact and near stats as one, hashes and a few sample rows."""
-    exact_out, near_out, hashes = apply_to_shard(refinery.config, refinery.root, shard.key)
-    return FileResult(shard.key, shard.source, combined_stats(exact_out.stats, near_out.stats), hashes,
-                      _settings(refinery.config), near_out.documents.head(SAMPLE_ROWS))
+    exact, near, hashes, sample = apply_to_shard(refinery.config, refinery.root, shard.key)
+    return FileResult(shard.key, shard.source, combined_stats(exact, near), hashes, _settings(refinery.config), sample)
 
 
 # dedup_signatures' metadata entry of each batch's files' shard ordinals, which every doc_key holds:

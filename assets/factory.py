@@ -16,7 +16,6 @@ asset functions defined below and rejects it as a string.
 import json
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
@@ -30,10 +29,11 @@ from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_d
 from assets.ray_engine import node_summary, recording_nodes
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery.documents import REJECTS_SCHEMA, InputShard, batch_shards, input_batches
-from refinery.layout import ATTRIBUTE_STAGES, kept_documents_key, rejects_key, stats_key
-from refinery.stages.attributes import attribute_rows, stage_batches
-from refinery.stages.parquet_batches import ParquetBatchWriter
+from refinery.documents import InputShard, batch_shards, input_batches
+from refinery.layout import stats_key
+from refinery.stages.attributes import stage_batches
+from refinery.stages.base import StageOutput
+from refinery.stages.stage_tables import stage_tables
 from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
 
@@ -79,68 +79,36 @@ def batch_provenance(stage: str, results: list[FileResult], version: str, text_c
     return provenance
 
 
-class StageTables:
-    """One file's kept documents and rejects of one stage, being written a batch at a time (each
-    batch one row group), and its first SAMPLE_ROWS documents as the sample. The kept documents of a
-    stage of `ATTRIBUTE_STAGES` are written as its attribute table (refinery/stages/attributes.py),
-    the rest as a documents table."""
-
-    def __init__(self, stage: str, partition: str, documents: ParquetBatchWriter, rejects: ParquetBatchWriter):
-        self.stage = stage
-        self.keys = (kept_documents_key(stage, partition), rejects_key(stage, partition))
-        self.documents, self.rejects = documents, rejects
-        self.sample: Optional[pl.DataFrame] = None
-
-    def write_documents(self, batch: pl.DataFrame, upstream: Optional[pl.DataFrame] = None) -> None:
-        """Write the kept documents `batch`; an attribute stage also passes the `upstream` batch
-        they were kept from."""
-        if self.sample is None:
-            self.sample = batch.head(SAMPLE_ROWS)
-        elif self.sample.height < SAMPLE_ROWS:
-            self.sample = pl.concat([self.sample, batch.head(SAMPLE_ROWS - self.sample.height)])
-        self.documents.write(attribute_rows(self.stage, upstream, batch) if self.stage in ATTRIBUTE_STAGES else batch)
-
-    def write_rejects(self, batch: pl.DataFrame) -> None:
-        self.rejects.write(batch)
-
-    def hashes(self) -> dict[str, str]:
-        """The sha256 of each table, once both are written whole."""
-        return {self.keys[0]: self.documents.sha256, self.keys[1]: self.rejects.sha256}
-
-
-@contextmanager
-def stage_tables(root: DataRoot, stage: str, partition: str,
-                 documents_schema: Optional[dict[str, pl.DataType]] = None) -> Iterator[StageTables]:
-    """`StageTables` for one file, each table published atomically when the block ends cleanly
-    (without `documents_schema`, the first documents batch sets it)."""
-    with (root.writer(kept_documents_key(stage, partition)) as documents_path,
-          root.writer(rejects_key(stage, partition)) as rejects_path,
-          ParquetBatchWriter(documents_path, documents_schema) as documents,
-          ParquetBatchWriter(rejects_path, REJECTS_SCHEMA) as rejects):
-        yield StageTables(stage, partition, documents, rejects)
-
-
-def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
-                         shard: InputShard, cache: dict) -> FileResult:
+def stream_stage_file(name: str, upstream: str, refinery: RefineryResource, shard: InputShard,
+                      run: Callable[[pl.DataFrame], StageOutput], settings: dict[str, Any]) -> FileResult:
     """One file through one per-document stage, a record batch at a time: `upstream`'s kept
-    documents read in slices of at most `extract.batch_rows` rows (`stage_batches`: through the
-    attribute tables when upstream stores no text), each slice run through the stage and its kept
-    documents (or attributes) and rejects written as row groups, the stats merged. A file's memory
-    is one slice's, whatever its size."""
+    documents read in slices of at most `extract.batch_rows` rows and `extract.batch_bytes` bytes
+    (`stage_batches`: through the attribute tables when upstream stores no text), each slice through
+    `run` and its kept documents (or attributes) and rejects written as row groups, the stats
+    merged. A file's memory is one slice's, whatever its size."""
     cfg, root = refinery.config, refinery.root
-    stage = built_stage(cfg, name, shard.source, build)
+    extract = cfg.stages.extract
     stats: Optional[StageStats] = None
-    batches = stage_batches(root, upstream, shard.key, cfg.stages.extract.batch_rows)  # raises before anything is written
+    batches = stage_batches(root, upstream, shard.key, extract.batch_rows, max_bytes=extract.batch_bytes)  # raises before anything is written
     with stage_tables(root, name, shard.key) as tables:
         for batch in batches:
-            out = run_stage(stage, cfg, shard, batch)
+            out = run(batch)
             # One batch's stats as they are (a sum would drop counters of zero).
             stats = out.stats if stats is None else stats + out.stats
             tables.write_documents(out.documents, batch)
             tables.write_rejects(out.rejects)
     root.write_json(stats_key(name, shard.key), stats.to_dict())
-    return FileResult(shard.key, shard.source, stats, tables.hashes(), stage_config_summary(stage, cfg, shard),
-                      tables.sample)
+    return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, tables.sample)
+
+
+def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
+                         shard: InputShard, cache: dict) -> FileResult:
+    """`stream_stage_file` with the stage `build(cfg, source)` returns (built once per source in a
+    worker, `built_stage`), its source's `skip:` and record time budget applied."""
+    cfg = refinery.config
+    stage = built_stage(cfg, name, shard.source, build)
+    return stream_stage_file(name, upstream, refinery, shard, partial(run_stage, stage, cfg, shard),
+                             stage_config_summary(stage, cfg, shard))
 
 
 def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:

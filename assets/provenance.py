@@ -24,10 +24,10 @@ import dagster as dg
 import polars as pl
 
 from refinery.config.training import LAUNCH_FIELDS
+from refinery.stages.stage_tables import SAMPLE_ROWS
 from refinery.stages.stats import StageStats
 from refinery.storage.base import atomic_path
 
-SAMPLE_ROWS = 3
 SAMPLE_CHARS = 160
 TOP_REASONS = 10
 # The asset page draws a markdown value in place below this length (dagster-webserver's MetadataEntry).

@@ -9,24 +9,24 @@ redaction (`refinery.stages.pii`) and stores the final text.
 """
 
 from collections import Counter
+from functools import partial
 
 import dagster as dg
 import polars as pl
 
-from assets.factory import StepResult, batch_stage_asset, global_step_asset, stage_file_task
+from assets.factory import StepResult, batch_stage_asset, global_step_asset, stage_file_task, stream_stage_file
 from assets.fanout import FileResult, run_stage
 from assets.partitions import Partitions
-from assets.provenance import SAMPLE_ROWS, Provenance, code_version, image_markdown
+from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
-from refinery.layout import rejects_key, stats_key
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
 from refinery.stages import quality as q
-from refinery.stages.attributes import publish_attributes, read_stage_documents
+from refinery.stages.attributes import read_stage_documents
 from refinery.stages.quality_training import quality_settings, train_and_publish
-from refinery.stages.base import StageOutput, skips
+from refinery.stages.base import skips
 from refinery.stages.dedup_compute import STAGE as UPSTREAM
 from refinery.storage import DataRoot
 
@@ -80,33 +80,20 @@ def train_model(version: str):
     return step
 
 
-def publish_scores(root: DataRoot, partition: str, docs: pl.DataFrame, out: StageOutput) -> dict[str, str]:
-    """Write one file's quality_scored attribute table (doc_id and quality_score of the kept
-    documents), its rejects and stats; return content hashes by key."""
-    name = q.QualityScorer.name
-    kept_key, kept_hash = publish_attributes(root, name, partition, docs, out.documents)
-    hashes = {kept_key: kept_hash, rejects_key(name, partition): root.write_parquet(rejects_key(name, partition), out.rejects)}
-    root.write_json(stats_key(name, partition), out.stats.to_dict())
-    return hashes
-
-
 def score_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One file's deduped documents scored (and, unless its source skips quality, thresholded)."""
-    cfg, root = refinery.config, refinery.root
-    docs = read_stage_documents(root, UPSTREAM, shard.key)
+    """One file's deduped documents scored (and, unless its source skips quality, thresholded), a
+    record batch at a time (`stream_stage_file`)."""
+    cfg = refinery.config
+    name = q.QualityScorer.name
     if not cfg.stages.quality.enabled:
-        out = q.unscored(docs)
-        hashes = publish_scores(root, shard.key, docs, out)
-        return FileResult(shard.key, shard.source, out.stats, hashes, {"enabled": False}, out.documents.head(SAMPLE_ROWS))
+        return stream_stage_file(name, UPSTREAM, refinery, shard, q.unscored, {"enabled": False})
     if "model" not in cache:
-        cache["model"] = q.load_published_model(root)
+        cache["model"] = q.load_published_model(refinery.root)
     model, pointer = cache["model"]
     stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
     enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
-    out = run_stage(stage, cfg, shard, docs)
-    hashes = publish_scores(root, shard.key, docs, out)
     settings = {**stage.config_summary(), "threshold_enforced": enforce}
-    return FileResult(shard.key, shard.source, out.stats, hashes, settings, out.documents.head(SAMPLE_ROWS))
+    return stream_stage_file(name, UPSTREAM, refinery, shard, partial(run_stage, stage, cfg, shard), settings)
 
 
 def score_metadata(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:

@@ -17,7 +17,10 @@ eval sets (`index_digest`), so a changed table or eval set never meets a stale p
 one is scanned again, never combined. A phase's report is the reduction of its tables' partials
 (`reduce_phase`): the same report and hits a one-process scan of its documents gives. A task holds
 one table and the eval index: at most 16 bytes per eval n-gram (hash, item, bitmap; the bitmap
-capped at 128 MiB) and the eval items' text. The reduction holds the phase's doc ids and one partial.
+capped at 128 MiB) and the eval items' text, and reads its table a record batch at a time. The
+reduction never holds the phase's doc ids: they are streamed a final shard at a time into spill
+files grouped by input file (`spilled_phase_ids`, about REDUCE_ID_BYTES a group), and it holds one
+group and one partial at a time.
 
 A phase with nothing to check against (no eval sets, or none with an item of `ngram` words) is
 "not scanned", never "passed": the report says why and how many documents went unchecked, and
@@ -27,9 +30,10 @@ A phase with nothing to check against (no eval sets, or none with an item of `ng
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
@@ -39,9 +43,11 @@ import polars as pl
 
 from refinery.config import ContaminationConfig, RefineryConfig
 from refinery.curriculum import PhaseManifest, read_manifest, read_selection
+from refinery.curriculum.manifests import shard_selection
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key, manifest_key, scan_report_key
 from refinery.progress import track
+from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 
 if TYPE_CHECKING:
     from refinery.storage import DataRoot
@@ -246,6 +252,24 @@ def unscannable(ccfg: ContaminationConfig, index: "EvalIndex") -> str | None:
 
 
 SCAN_BATCH_DOCS = 2048  # documents split, hashed and looked up together: one Polars and numpy pass per batch
+SCAN_BATCH_BYTES = 16 << 20  # and at most this many bytes of their text (a larger document alone)
+# Rows of a clean table a scan task reads at a time (and at most SCAN_BATCH_BYTES of text).
+SCAN_READ_ROWS = 10_000
+
+
+def _scan_batches(docs: Iterable[tuple[str, str | None, str, str]]) -> Iterator[list[tuple[str, str | None, str, str]]]:
+    """`docs` in lists of at most SCAN_BATCH_DOCS documents and SCAN_BATCH_BYTES bytes of text."""
+    batch: list[tuple[str, str | None, str, str]] = []
+    held = 0
+    for doc in docs:
+        size = len(doc[3].encode()) if doc[3] else 0
+        if batch and (len(batch) == SCAN_BATCH_DOCS or held + size > SCAN_BATCH_BYTES):
+            yield batch
+            batch, held = [], 0
+        batch.append(doc)
+        held += size
+    if batch:
+        yield batch
 
 
 def _in_index(index: EvalIndex, grams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -265,8 +289,7 @@ def scan_documents(
     if len(index) == 0:
         return
     n = index.n
-    it = iter(docs)
-    while batch := list(itertools.islice(it, SCAN_BATCH_DOCS)):
+    for batch in _scan_batches(docs):
         flat, lengths = word_hashes([text for _, _, _, text in batch])
         ends = np.cumsum(lengths)
         starts = ends - lengths
@@ -327,18 +350,74 @@ class _Counted:
             yield x
 
 
-def phase_doc_ids(root: "DataRoot", manifest: PhaseManifest) -> dict[str, set[str]]:
-    """The documents a phase may draw, per bucket: entries of its shards, after its selection."""
-    out: dict[str, set[str]] = {}
-    for bucket, sl in manifest.buckets.items():
-        ids: list[str] = []
+def phase_entry_ids(root: "DataRoot", manifest: PhaseManifest) -> Iterator[tuple[str, pl.Series]]:
+    """(bucket, doc ids) of the entries a phase may draw, one final shard at a time, after its
+    selection (a document cut into windows repeats once per window)."""
+    for bucket, sl in sorted(manifest.buckets.items()):
+        selection, first = read_selection(root, sl), 0
         for ref in sl.shards:
-            ids.extend(root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"].to_list())
-        selection = read_selection(root, sl)
-        if selection is not None:
-            ids = [ids[i] for i in selection]
-        out[bucket] = set(ids)
+            ids = root.read_parquet(ref.prefix + ".entries.parquet", columns=["doc_id"])["doc_id"]
+            if selection is not None:
+                ids = ids.gather(shard_selection(selection, first, ref.entries) - first)
+            first += ref.entries
+            yield bucket, ids
+
+
+def phase_doc_ids(root: "DataRoot", manifest: PhaseManifest) -> dict[str, set[str]]:
+    """The documents a phase may draw, per bucket, as sets: for tests and small phases (the scan
+    itself never holds them, `spilled_phase_ids`)."""
+    out: dict[str, set[str]] = {bucket: set() for bucket in manifest.buckets}
+    for bucket, ids in phase_entry_ids(root, manifest):
+        out[bucket].update(ids.to_list())
     return out
+
+
+def phase_partitions(root: "DataRoot", manifest: PhaseManifest) -> list[str]:
+    """The input files whose clean tables hold a phase's documents (a doc_id starts with its
+    file), read a final shard at a time."""
+    found: set[str] = set()
+    for _, ids in phase_entry_ids(root, manifest):
+        found.update(ids.str.replace(r"/[^/]*$", "").unique().to_list())
+    return sorted(found)
+
+
+# Bytes of a phase's doc ids the reduction holds at once: they are spilled to files grouped by a
+# hash of their input file, a group's file about this size (estimated at ID_ROW_BYTES an entry),
+# and read back one group at a time.
+REDUCE_ID_BYTES = 64 << 20
+ID_ROW_BYTES = 64
+SPILL_SCHEMA = {"bucket": pl.String, "doc_id": pl.String}
+
+
+@contextmanager
+def spilled_phase_ids(root: "DataRoot", manifest: PhaseManifest) -> Iterator[list[Path]]:
+    """A phase's (bucket, doc_id) entries streamed, a final shard at a time, into temporary files,
+    one per group of input files (every doc id of one file in one group): the group files' paths,
+    deleted when the block ends. A group holds about REDUCE_ID_BYTES of ids."""
+    entries = sum(sl.entries for sl in manifest.buckets.values())
+    groups = max(1, -(-entries * ID_ROW_BYTES // REDUCE_ID_BYTES))
+    with tempfile.TemporaryDirectory(prefix="refinery-scan-ids-") as work:
+        paths = [Path(work) / f"group-{g:05d}.parquet" for g in range(groups)]
+        with ExitStack() as stack:
+            writers = [stack.enter_context(ParquetBatchWriter(path, SPILL_SCHEMA)) for path in paths]
+            for bucket, ids in phase_entry_ids(root, manifest):
+                frame = pl.DataFrame({"bucket": pl.Series([bucket] * len(ids), dtype=pl.String), "doc_id": ids})
+                group = pl.col("doc_id").str.replace(r"/[^/]*$", "").hash(seed=0) % groups
+                for (g,), rows in frame.with_columns(_group=group).partition_by("_group", as_dict=True).items():
+                    writers[g].write(rows.drop("_group"))
+        yield paths
+
+
+def _phase_id_groups(paths: list[Path]) -> Iterator[pl.DataFrame]:
+    """Each group's distinct (bucket, doc_id, partition) rows, one group at a time."""
+    for path in paths:
+        yield (pl.read_parquet(path).unique()
+               .with_columns(partition=pl.col("doc_id").str.replace(r"/[^/]*$", "")).sort("partition", "doc_id"))
+
+
+def count_phase_docs(paths: list[Path]) -> int:
+    """How many documents (distinct per bucket) the spilled phase ids name."""
+    return sum(group.height for group in _phase_id_groups(paths))
 
 
 # ---- the scan as tasks: one per clean table, shared by every phase, then a reduction per phase ----
@@ -402,15 +481,21 @@ def scan_task(root: "DataRoot", index: EvalIndex, partition: str, digest: str | 
 
 def scan_table(root: "DataRoot", index: EvalIndex, partition: str) -> pl.DataFrame:
     """Every document of `partition`'s clean table, in doc_id order, with its hit (eval item,
-    matched n-gram, distinct matches; null when clean): a partial. Memory: the table and the index."""
-    table = root.read_parquet(documents_key(CLEAN_STAGE, partition), columns=["doc_id", "url", "text"]).sort("doc_id")
-    hits = {h.doc_id: h for h in scan_documents(index, ((d, u, "", t) for d, u, t in table.iter_rows()))}
-    found = [hits.get(doc_id) for doc_id in table["doc_id"].to_list()]
-    return pl.DataFrame({
-        "doc_id": table["doc_id"], "url": table["url"],
-        "eval_set": [h.eval_set if h else None for h in found], "eval_id": [h.eval_id if h else None for h in found],
-        "ngram": [h.ngram if h else None for h in found], "matched_ngrams": [h.matched_ngrams if h else None for h in found],
-    }, schema=PARTIAL_SCHEMA)
+    matched n-gram, distinct matches; null when clean): a partial. The table is read a record batch
+    at a time (SCAN_READ_ROWS rows, SCAN_BATCH_BYTES of text); memory is one batch, the index and
+    the partial, whose rows hold no text."""
+    parts = []
+    for batch in parquet_batches(root.local_path(documents_key(CLEAN_STAGE, partition)), SCAN_READ_ROWS,
+                                 ["doc_id", "url", "text"], SCAN_BATCH_BYTES):
+        hits = {h.doc_id: h for h in scan_documents(index, ((d, u, "", t) for d, u, t in batch.iter_rows()))}
+        found = [hits.get(doc_id) for doc_id in batch["doc_id"].to_list()]
+        parts.append(pl.DataFrame({
+            "doc_id": batch["doc_id"], "url": batch["url"],
+            "eval_set": [h.eval_set if h else None for h in found], "eval_id": [h.eval_id if h else None for h in found],
+            "ngram": [h.ngram if h else None for h in found],
+            "matched_ngrams": [h.matched_ngrams if h else None for h in found],
+        }, schema=PARTIAL_SCHEMA))
+    return pl.concat(parts).sort("doc_id")
 
 
 def read_partial(root: "DataRoot", task: ScanTask) -> pl.DataFrame:
@@ -449,34 +534,35 @@ def ensure_partial(root: "DataRoot", index: EvalIndex, partition: str, digest: s
     return PartialRun(partition, task.key, scanned=True, damaged=damaged)
 
 
-def phase_partitions(wanted: dict[str, set[str]]) -> list[str]:
-    """The input files whose clean tables hold a phase's documents (a doc_id starts with its file)."""
-    return sorted({doc_id.rsplit("/", 1)[0] for ids in wanted.values() for doc_id in ids})
-
-
-def reduce_phase(phase: str, wanted: dict[str, set[str]], tasks: dict[str, ScanTask],
-                 partial: Callable[[ScanTask], pl.DataFrame], log: Callable[[str], None] | None = None) -> list[Hit]:
-    """The hits of a phase's documents, in doc_id order, from its tables' partials: each table's
-    rows of the phase, every one of which must be in the partial. Holds one partial at a time."""
-    pairs: list[tuple[str, str, list[str]]] = []
-    for bucket in sorted(wanted):
-        by_partition: dict[str, list[str]] = {}
-        for doc_id in wanted[bucket]:
-            by_partition.setdefault(doc_id.rsplit("/", 1)[0], []).append(doc_id)
-        pairs += [(bucket, partition, by_partition[partition]) for partition in sorted(by_partition)]
+def reduce_phase(phase: str, id_groups: list[Path], tasks: dict[str, ScanTask],
+                 partial: Callable[[ScanTask], pl.DataFrame], log: Callable[[str], None] | None = None) -> tuple[list[Hit], int]:
+    """The hits of a phase's documents, in doc_id order, and how many documents it holds (distinct
+    per bucket), from its tables' partials: each table's rows of the phase, every one of which must
+    be in the partial. Reads the spilled ids (`spilled_phase_ids`) a group at a time and holds one
+    group and one partial at a time."""
     hits: list[Hit] = []
-    for bucket, partition, ids in track(pairs, desc=f"scan {phase}", unit="table", log=log):
-        rows = partial(tasks[partition]).filter(pl.col("doc_id").is_in(ids))
-        if rows.height != len(ids):
-            missing = sorted(set(ids) - set(rows["doc_id"].to_list()))[:3]
+    docs = [0]
+
+    def tables() -> Iterator[tuple[str, pl.DataFrame]]:
+        for group in _phase_id_groups(id_groups):
+            docs[0] += group.height
+            for (partition,), wanted in group.partition_by("partition", as_dict=True, maintain_order=True).items():
+                yield partition, wanted
+
+    for partition, wanted in track(tables(), total=len(tasks), desc=f"scan {phase}", unit="table", log=log):
+        rows = partial(tasks[partition]).join(wanted.select("doc_id", "bucket"), on="doc_id", how="inner")
+        if rows.height != wanted.height:
+            missing = sorted(set(wanted["doc_id"].to_list()) - set(rows["doc_id"].to_list()))[:3]
             raise ContaminationError(
                 f"{documents_key(CLEAN_STAGE, partition)}: documents {missing} named by the {phase!r} manifest "
                 f"are missing; the clean tables changed after the manifest was built, rebuild phase_manifests"
             )
-        for doc_id, url, eval_set, eval_id, ngram, matched in rows.filter(pl.col("eval_set").is_not_null()).iter_rows():
+        found = rows.filter(pl.col("eval_set").is_not_null())
+        for doc_id, url, bucket, eval_set, eval_id, ngram, matched in found.select(
+                "doc_id", "url", "bucket", "eval_set", "eval_id", "ngram", "matched_ngrams").iter_rows():
             hits.append(Hit(doc_id, url, bucket, eval_set, eval_id, ngram, matched))
     hits.sort(key=lambda h: h.doc_id)
-    return hits
+    return hits, docs[0]
 
 
 def current_fingerprint(root: "DataRoot", phase: str, index: EvalIndex) -> dict[str, str]:
@@ -494,24 +580,24 @@ def scan_phase(cfg: RefineryConfig, root: "DataRoot", phase: str, index: EvalInd
     start = time.perf_counter()
     index = index or EvalIndex.build(cfg)
     manifest = read_manifest(root, phase)
-    wanted = phase_doc_ids(root, manifest)
-    total = sum(map(len, wanted.values()))
     fingerprint = current_fingerprint(root, phase, index)
     why = unscannable(cfg.contamination, index)
-    if why is not None:
-        return ScanReport(phase, index.n, docs_scanned=0, contaminated_docs=0,
-                          max_contaminated_docs=cfg.contamination.max_contaminated_docs, fingerprint=fingerprint,
-                          not_scanned=why, docs_unscanned=total)
-    digest = index_digest(index)
-    tasks = {p: scan_task(root, index, p, digest) for p in phase_partitions(wanted)}
+    with spilled_phase_ids(root, manifest) as id_groups:
+        if why is not None:
+            return ScanReport(phase, index.n, docs_scanned=0, contaminated_docs=0,
+                              max_contaminated_docs=cfg.contamination.max_contaminated_docs, fingerprint=fingerprint,
+                              not_scanned=why, docs_unscanned=count_phase_docs(id_groups))
+        digest = index_digest(index)
+        partitions = sorted({p for group in _phase_id_groups(id_groups) for p in group["partition"].unique().to_list()})
+        tasks = {p: scan_task(root, index, p, digest) for p in partitions}
 
-    def partial(task: ScanTask) -> pl.DataFrame:
-        stored, damaged = stored_partial(root, task)
-        if damaged and log:
-            log(damaged)
-        return stored if stored is not None else scan_table(root, index, task.partition)
+        def partial(task: ScanTask) -> pl.DataFrame:
+            stored, damaged = stored_partial(root, task)
+            if damaged and log:
+                log(damaged)
+            return stored if stored is not None else scan_table(root, index, task.partition)
 
-    hits = reduce_phase(phase, wanted, tasks, partial, log)
+        hits, total = reduce_phase(phase, id_groups, tasks, partial, log)
     return ScanReport(phase=phase, ngram=index.n, docs_scanned=total, contaminated_docs=len(hits),
                       max_contaminated_docs=cfg.contamination.max_contaminated_docs, hits=hits,
                       wall_s=time.perf_counter() - start, fingerprint=fingerprint)

@@ -179,14 +179,17 @@ def language_retention(root: DataRoot) -> dict[str, dict[str, Any]]:
 
     from refinery.why import LANGUAGE_RULES_WITH_LANGUAGE, STEPS
 
-    from refinery.stages.attributes import read_stage_documents
+    from refinery.stages.attributes import READ_BYTES, READ_ROWS, read_stage_documents, stage_batches
 
     steps = STEPS[[s.stage for s in STEPS].index(LANGUAGE_STAGE):]
     partitions = stage_partitions(root, LANGUAGE_STAGE)
 
     def sizes(folder: str, partition: str) -> pl.DataFrame:
-        table = read_stage_documents(root, folder, partition, columns=["doc_id", "text"])
-        return table.select("doc_id", pl.col("text").str.len_bytes().fill_null(0).cast(pl.Int64).alias("bytes"))
+        """Each document's text bytes, the text read a record batch at a time."""
+        return pl.concat([
+            batch.select("doc_id", pl.col("text").str.len_bytes().fill_null(0).cast(pl.Int64).alias("bytes"))
+            for batch in stage_batches(root, folder, partition, READ_ROWS, ["doc_id", "text"], READ_BYTES)
+        ])
 
     def removed(folder: str, stage: str, partition: str) -> pl.DataFrame:
         key = rejects_key(folder, partition)

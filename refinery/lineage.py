@@ -182,15 +182,14 @@ def write_documents_part(root: DataRoot, input_key: str, stage: str = CLEAN_STAG
     that stores none of its own text). Returns rows, bytes, sha256 and the schema."""
     import polars as pl
 
-    from refinery.stages.attributes import scan_stage_documents, stage_columns
+    from refinery.stages.attributes import READ_BYTES, READ_ROWS, stage_batches, stage_columns
 
     names = stage_columns(root, stage, input_key)
-    docs = (
-        scan_stage_documents(root, stage, input_key)
-        .select([c for c in names if c != "text"] + [pl.col("text").str.len_bytes().alias("text_bytes")])
-        .sort("record_index")
-        .collect()
-    )
+    # A record batch of the text at a time; what is held is the file's rows without their text.
+    docs = pl.concat([
+        batch.select([c for c in names if c != "text"] + [pl.col("text").str.len_bytes().alias("text_bytes")])
+        for batch in stage_batches(root, stage, input_key, READ_ROWS, max_bytes=READ_BYTES)
+    ]).sort("record_index")
     origin = docs.select(pl.col("doc_id").str.extract(_DOC_ID, 1).alias("key"),
                          pl.col("doc_id").str.extract(_DOC_ID, 2).cast(pl.Int64, strict=False).alias("record"))
     wrong = ((origin["key"] != input_key) | (origin["record"] != docs["record_index"])).fill_null(True)

@@ -1,7 +1,8 @@
 """Issue 26, memory bounded per record: raw_documents reads every format as a stream and hands its
 rows on in batches bounded by `extract.batch_rows` and `extract.batch_bytes`, written as row groups.
 
-The fast tests check the batching itself: batches and row groups within their bounds, the same rows,
+The fast tests check the batching itself (and a per-file stage's peak on a file 8x another's, in a
+child process): batches and row groups within their bounds, the same rows,
 rejects and stats as one whole read (a lying WARC Content-Length found after its record was read
 included), byte-identical outputs across reruns, tables read back by row group in bounded slices
 (how per-document stages read their input), and the preflight's refusal of bad bounds. The slow
@@ -33,6 +34,7 @@ from refinery.testing.crawl import gzip_member, http_response, warc_record
 
 from helpers.bombs import peak_rss_of_ingest, write_jsonl_bomb, write_parquet_bomb, write_warc_bomb
 from helpers.configs import demo_config
+from helpers.stage_memory import peak_of_signatures
 
 # What a raw_documents worker may reach reading any bomb below with the default batch bounds
 # (64 MiB, 10,000 rows; 8 MiB records): Python with polars, pyarrow and FastWARC loaded is about
@@ -213,6 +215,56 @@ def test_parquet_batches_follow_row_groups_and_keep_an_empty_tables_schema(tmp_p
     with ParquetBatchWriter(empty) as writer:
         writer.write(frame.head(0))
     assert [(b.height, b.schema) for b in parquet_batches(empty, rows=4)] == [(0, frame.schema)]
+
+
+# ---- a per-file stage's memory follows its batches, not its file ----------------------------------
+
+
+def test_a_per_file_stage_on_a_file_8x_larger_peaks_within_1_2x(tmp_path):
+    # dedup_signatures' file task, read and written a record batch at a time (1 MiB of text): 300
+    # and 2,400 documents of about 12 KB, 3.4 and 27.3 MiB of text. Read whole, as before, the larger
+    # file's task peaked at 1.5x the smaller's (238 -> 359 MiB at 400 and 3,200 documents).
+    small = peak_of_signatures(tmp_path / "small", 300)
+    large = peak_of_signatures(tmp_path / "large", 2400)
+    assert (small["docs"], large["docs"]) == (300, 2400)
+    assert large["peak_rss_bytes"] <= 1.2 * small["peak_rss_bytes"], (small, large)
+
+
+def test_parquet_batches_cut_by_bytes_within_a_row_group(tmp_path):
+    sizes = [300, 300, 300, 2000, 10, 10, 10, 10, 10, 700]
+    frame = pl.DataFrame({"doc_id": [f"d{i}" for i in range(len(sizes))], "text": ["x" * n for n in sizes]})
+    path = tmp_path / "t.parquet"
+    with ParquetBatchWriter(path) as writer:
+        writer.write(frame)  # one row group
+    batches = list(parquet_batches(path, rows=4, max_bytes=1000))
+    # At most 4 rows and 1,000 bytes of strings (doc_id included), a larger row alone.
+    assert [b["doc_id"].to_list() for b in batches] == [
+        ["d0", "d1", "d2"], ["d3"], ["d4", "d5", "d6", "d7"], ["d8", "d9"]]
+    assert pl.concat(batches).equals(frame)
+    # Without a byte bound the cuts are every 4 rows, as by rows alone.
+    assert [b.height for b in parquet_batches(path, rows=4)] == [4, 4, 2]
+
+
+def test_quality_scores_are_the_same_bytes_whatever_the_batch_bounds():
+    import numpy as np
+    import torch
+
+    from refinery.stages import quality as q
+
+    generator = torch.Generator().manual_seed(0)
+    model = q.QualityModel(weight=torch.randn((1 << 12) + q.SHAPE_ROWS, generator=generator), bias=torch.tensor(0.25),
+                           num_features=1 << 12, ngram=2, max_chars=2000)
+    rng = random.Random(5)
+    words = ["river", "stone", "casino", "bonus", "harvest", "letters", "cheap", "council"]
+    texts = pl.Series([" ".join(rng.choice(words) for _ in range(rng.randint(0, 900))) for _ in range(300)] + [None])
+    whole = model.score(texts)
+    # The byte bound cuts the featurization only: the same bytes at any bound.
+    for max_bytes in (1 << 30, 5000, 1):
+        assert model.score(texts, batch_bytes=max_bytes).tobytes() == whole.tobytes()
+    assert np.isfinite(whole).all()
+    # Batches of other document counts may differ in the last bit (torch's vectorized sigmoid and
+    # its scalar tail), which is why the scorer keeps its document count.
+    assert np.abs(model.score(texts, batch_docs=7) - whole).max() <= 2.0 ** -23
 
 
 # ---- a per-file decompressed-size bound: CPU bounded as well ------------------------------------

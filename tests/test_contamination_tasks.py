@@ -45,7 +45,7 @@ def open_corpus(tmp_path, workers: int = 1):
 
 def run_tasks(config, cfg, root, phase: str) -> list[cont.PartialRun]:
     """What the asset's step fans out before its reduction: one task per table of the phase."""
-    partitions = cont.phase_partitions(cont.phase_doc_ids(root, read_manifest(root, phase)))
+    partitions = cont.phase_partitions(root, read_manifest(root, phase))
     return map_tasks(RefineryResource(config_path=str(config)), partitions, scan_table_task)
 
 

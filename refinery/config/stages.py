@@ -33,11 +33,13 @@ class ExtractConfig(Section):
     min_text_chars: int = Field(default=1, ge=0)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     # Ingest hands records on, and writes raw_documents (one row group each), in batches of at
-    # most this many records.
+    # most this many records; every later per-file stage reads its input in batches of at most
+    # this many documents too.
     batch_rows: int = Field(default=10_000, ge=1, le=1_000_000)
-    # An ingest batch also holds at most this many bytes of text (and at least one record). With
-    # max_record_bytes, what bounds a worker's memory whatever an input file's size or compression
-    # ratio; a Parquet or Arrow table is decoded batch_bytes / max_record_bytes rows at a time.
+    # A batch also holds at most this many bytes of text (and at least one record), at ingest and
+    # in every later per-file stage. With max_record_bytes, what bounds a worker's memory whatever
+    # an input file's size or compression ratio; a Parquet or Arrow input is decoded
+    # batch_bytes / max_record_bytes rows at a time.
     batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024, le=4 * 1024 * 1024 * 1024)
     # An input file is read up to this many bytes decompressed (WARC blocks, JSONL lines, table
     # text); the rest of a file that inflates past it is one `ingest/file_too_large` reject, so a

@@ -34,6 +34,10 @@ class TokenizerConfig(Section):
     vocab_size: int = Field(default=8192, ge=260)
     _vocab_bound = field_validator("vocab_size")(check_vocab_size)
     train_docs: int = Field(default=20_000, ge=1)
+    # The training sample's texts (each cut to 100k characters) add up to at most this many bytes:
+    # of the train_docs documents chosen, those first in seeded hash order that fit. It bounds the
+    # sample's memory whatever the documents' sizes.
+    train_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024, le=64 * 1024 * 1024 * 1024)
     eod_token: str = "<|endoftext|>"
 
 

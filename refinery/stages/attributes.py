@@ -35,8 +35,10 @@ from refinery.storage import DataRoot
 from refinery.storage.damaged import DamagedTableError, named_batches, reading_table
 
 TEXT_EDIT_SCHEMA = {"text_spans": pl.List(pl.Int64), "text_literal": pl.String}
-# Rows of a table read at a time by `read_stage_documents` (the text table's batches when streaming).
+# Rows of a table read at a time by `read_stage_documents` (the text table's batches when streaming),
+# and the bytes of strings a reader that streams a file's text holds at once (`parquet_batches`).
 READ_ROWS = 10_000
+READ_BYTES = 64 << 20
 
 
 class AttributeTableError(ValueError):
@@ -219,9 +221,10 @@ def _schema(path: Any):
 
 
 def stage_batches(root: DataRoot, stage: str, partition: str, rows: int,
-                  columns: list[str] | None = None) -> Iterator[pl.DataFrame]:
-    """The kept documents of `stage` for one input file, in frames of at most `rows` rows: the rows,
-    columns and dtypes the stage produced. A text stage's table is read as it is; an attribute
+                  columns: list[str] | None = None, max_bytes: int | None = None) -> Iterator[pl.DataFrame]:
+    """The kept documents of `stage` for one input file, in frames of at most `rows` rows (and, with
+    `max_bytes`, cut from text-table frames of at most that many bytes of strings, `parquet_batches`):
+    the rows, columns and dtypes the stage produced. A text stage's table is read as it is; an attribute
     stage's is its text table's record batches, each narrowed by every attribute table from there to
     `stage`, so memory is a batch's, never a file's. Frames without rows are skipped (a file without
     kept documents: one empty frame with the schema). With `columns`, only those (in that order),
@@ -236,9 +239,9 @@ def stage_batches(root: DataRoot, stage: str, partition: str, rows: int,
     for table_stage, path in [(stage, text_path), *zip(reversed(chain), paths)]:
         check_row_count(root, table_stage, partition, path)
     if not paths:
-        return named_batches(parquet_batches(text_path, rows, columns), text_path)
+        return named_batches(parquet_batches(text_path, rows, columns, max_bytes), text_path)
     read = None if columns is None else [c for c in _schema(text_path).names if c in columns or c == "doc_id"]
-    batches = named_batches(parquet_batches(text_path, rows, read), text_path)
+    batches = named_batches(parquet_batches(text_path, rows, read, max_bytes), text_path)
     for path in paths:
         batches = _narrowed(batches, path, rows)
     return _without_empty_frames(batches if columns is None else (b.select(columns) for b in batches))
@@ -271,14 +274,6 @@ def read_stage_documents(root: DataRoot, stage: str, partition: str,
                 return pl.read_parquet(path, columns=columns)
     frames = list(stage_batches(root, stage, partition, READ_ROWS, columns))
     return pl.concat(frames) if len(frames) > 1 else frames[0]
-
-
-def scan_stage_documents(root: DataRoot, stage: str, partition: str) -> pl.LazyFrame:
-    """`stage`'s kept documents of one file as a lazy frame: a text stage's table scanned (so a
-    query reads only the columns it uses), an attribute stage's as `read_stage_documents` gives it."""
-    if stage not in ATTRIBUTE_STAGES:
-        return pl.scan_parquet(root.local_path(documents_key(stage, partition)))
-    return read_stage_documents(root, stage, partition).lazy()
 
 
 def write_stage_documents(root: DataRoot, stage: str, partition: str, docs: pl.DataFrame) -> None:

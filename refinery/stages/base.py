@@ -2,11 +2,11 @@
 
 A stage takes one document table and returns the documents it keeps, the rejects (one row per
 removed document, with the rule that removed it and a value), and `StageStats`. `RecordStage` is the
-one loop every per-document stage runs on (the datatrove `BaseFilter` idea): it batches the table,
-times the stage, calls the stage's `process` once per document, counts, writes reject rows, applies
-the source's `skip:` and isolates every record, so that a document whose processing raises or runs
-past `record_timeout_s` becomes one reject (`<family>/error`, `<family>/timeout`) and the rest of
-the table goes on. A stage writes only its own logic:
+one loop every per-document stage runs on (the datatrove `BaseFilter` idea): it batches the table
+(by documents and by bytes), times the stage, calls the stage's `process` once per document,
+counts, writes reject rows, applies the source's `skip:` and isolates every record, so that a
+document whose processing raises or runs past `record_timeout_s` becomes one reject
+(`<family>/error`, `<family>/timeout`) and the rest of the table goes on. A stage writes only its own logic:
 
     class Shouting(RecordStage):
         name = "shout_filtered"        # the table it writes; stats and rejects use this name
@@ -41,6 +41,7 @@ import polars as pl
 
 from refinery.documents import empty_rejects
 from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S, guarded, record_alarm
+from refinery.stages.parquet_batches import bounded_batches
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 
 
@@ -132,7 +133,10 @@ class RecordStage(Stage):
     consumes: ClassVar[tuple[str, ...]] = ()
     # The column whose bytes count as bytes in, and whose start is a reject's excerpt.
     bytes_in_column: ClassVar[str] = "text"
+    # `process_batch` sees at most this many documents and, unless one document is larger, this
+    # many bytes of strings: a model's work arrays follow a batch, whatever its documents' sizes.
     batch_size: ClassVar[int] = 1024
+    batch_bytes: ClassVar[int | None] = 16 << 20
 
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
         raise NotImplementedError(f"{type(self).__name__} implements neither process nor process_batch")
@@ -153,8 +157,7 @@ class RecordStage(Stage):
         start = time.perf_counter()
         stats = StageStats(stage=self.name)
         outcomes: list[Outcome] = []
-        for offset in range(0, docs.height, self.batch_size):
-            batch = docs.slice(offset, self.batch_size)
+        for batch in bounded_batches(docs, self.batch_size, self.batch_bytes):
             try:
                 outcomes += self.process_batch(batch, stats.counters)
             except Exception:  # noqa: BLE001 - redo the batch record by record to find the culprit

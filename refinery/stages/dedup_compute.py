@@ -5,15 +5,21 @@ asset; docs/dedup.md describes the files they read and write.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Iterator
+
 import polars as pl
 
 from refinery.stages import exact_dedup as ex
 from refinery.stages import near_dedup as nd
-from refinery.stages.base import StageOutput, skips
+from refinery.stages.base import skips
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
 from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, rejects_key, signatures_key, stats_key
-from refinery.stages.attributes import publish_attributes, read_stage_documents
+from refinery.stages.attributes import stage_batches
+from refinery.stages.parquet_batches import ParquetBatchWriter
+from refinery.stages.stage_tables import stage_tables
+from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
 
 UPSTREAM = "heuristic_filtered"
@@ -69,12 +75,38 @@ def lookup_doc_ids(signatures: pl.LazyFrame, keys: pl.Series) -> pl.DataFrame:
 # ---- the steps, callable without Dagster -----------------------------------------------------------
 
 
-def compute_signatures(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[pl.DataFrame, str]:
-    docs = read_stage_documents(root, UPSTREAM, shard)
+@dataclass(frozen=True)
+class SignatureCounts:
+    """What one file's signature table holds: its rows (documents with text) and, of them, those
+    that take part in near dedup."""
+
+    docs: int
+    near: int
+
+
+def upstream_batches(cfg: RefineryConfig, root: DataRoot, shard: str) -> Iterator[tuple[int, pl.DataFrame]]:
+    """`UPSTREAM`'s kept documents of one file, a record batch at a time (`extract.batch_rows` rows,
+    `extract.batch_bytes` bytes), each with the row of the file it starts at (its doc_keys' rows)."""
+    extract, first = cfg.stages.extract, 0
+    for batch in stage_batches(root, UPSTREAM, shard, extract.batch_rows, max_bytes=extract.batch_bytes):
+        yield first, batch
+        first += batch.height
+
+
+def compute_signatures(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[SignatureCounts, str]:
+    """Write one file's signature table, a record batch of its documents at a time (a row group
+    each); returns its counts and sha256."""
     source = next(s for s in input_shards(cfg) if s.key == shard).source
     near_enabled = not skips(cfg.source(source).skip, nd.NEAR_SKIP_KEY)
-    table = nd.signature_table(docs, _shard_ordinal(cfg, shard), nd.DedupSettings.from_config(cfg), near_enabled)
-    return table, root.write_parquet(signatures_key(shard), table)
+    ordinal, settings = _shard_ordinal(cfg, shard), nd.DedupSettings.from_config(cfg)
+    docs = near = 0
+    batches = upstream_batches(cfg, root, shard)
+    with root.writer(signatures_key(shard)) as path, ParquetBatchWriter(path) as writer:
+        for first, batch in batches:
+            table = nd.signature_table(batch, ordinal, settings, near_enabled, first)
+            writer.write(table)
+            docs, near = docs + table.height, near + int(table["near"].sum() or 0)
+    return SignatureCounts(docs, near), writer.sha256
 
 
 def compute_exact_range(cfg: RefineryConfig, root: DataRoot, hash_range: str) -> tuple[pl.DataFrame, int, str]:
@@ -138,18 +170,25 @@ def compute_clusters(cfg: RefineryConfig, root: DataRoot) -> tuple[pl.DataFrame,
     return table, root.write_parquet(NEAR_CLUSTERS_KEY, table)
 
 
-def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[StageOutput, StageOutput, dict[str, str]]:
+def apply_to_shard(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[StageStats, StageStats, dict[str, str], pl.DataFrame]:
     """Write `attributes/deduped/<shard>` (the kept doc ids with dup_cluster and dup_cluster_size),
-    its rejects, and the exact and near stats files."""
+    its rejects, and the exact and near stats files, a record batch of the file at a time (the
+    file's drops and cluster rows, a few columns of its duplicates, are held whole). Returns the
+    exact and near stats, content hashes by key and the first kept documents."""
     ordinal = _shard_ordinal(cfg, shard)
-    docs = read_stage_documents(root, UPSTREAM, shard)
     on_shard = ex.shard_of(pl.col("doc_key")) == ordinal
+    batches = upstream_batches(cfg, root, shard)  # raises before anything is written
     exact_drops = scan_exact_drops(cfg, root).filter(on_shard).collect()
     clusters = pl.scan_parquet(str(root.local_path(NEAR_CLUSTERS_KEY))).filter(on_shard).collect()
-    exact_out, near_out = nd.apply_decisions(docs, ordinal, exact_drops, clusters)
-    rejects = pl.concat([exact_out.rejects, near_out.rejects])
-    kept_key, kept_hash = publish_attributes(root, STAGE, shard, docs, near_out.documents)
-    hashes = {kept_key: kept_hash, rejects_key(STAGE, shard): root.write_parquet(rejects_key(STAGE, shard), rejects)}
-    root.write_json(stats_key(exact_out.stats.stage, shard), exact_out.stats.to_dict())
-    root.write_json(stats_key(near_out.stats.stage, shard), near_out.stats.to_dict())
-    return exact_out, near_out, hashes
+    exact_stats = near_stats = None
+    with stage_tables(root, STAGE, shard) as tables:
+        for first, batch in batches:
+            exact_out, near_out = nd.apply_decisions(batch, ordinal, exact_drops, clusters, first)
+            # One batch's stats as they are (a sum would drop counters of zero).
+            exact_stats = exact_out.stats if exact_stats is None else exact_stats + exact_out.stats
+            near_stats = near_out.stats if near_stats is None else near_stats + near_out.stats
+            tables.write_rejects(pl.concat([exact_out.rejects, near_out.rejects]))
+            tables.write_documents(near_out.documents, batch)
+    root.write_json(stats_key(exact_stats.stage, shard), exact_stats.to_dict())
+    root.write_json(stats_key(near_stats.stage, shard), near_stats.to_dict())
+    return exact_stats, near_stats, tables.hashes(), tables.sample

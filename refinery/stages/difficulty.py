@@ -58,8 +58,9 @@ SCORE_BATCH_TOKENS = 1 << 18
 # A document's first 100k tokens place its difficulty as well as all of it would, and bound the
 # scorer's memory (about 100 bytes per scored token) on a 50 MB single-line record.
 SCORE_MAX_TOKENS = 100_000
-# Documents the reference model's training encodes at once.
+# Documents the reference model's training encodes at once, and at most this many bytes of their text.
 ENCODE_BATCH_DOCS = 256
+ENCODE_BATCH_BYTES = 16 << 20
 
 
 class DifficultyModelError(ValueError):
@@ -441,16 +442,17 @@ def difficulty_settings(cfg: RefineryConfig) -> dict[str, Any]:
 
 def reference_documents(root: DataRoot, cfg: RefineryConfig, tokenizer) -> Iterator[np.ndarray]:
     """The token ids of the reference buckets' clean documents, file by file in input order,
-    encoded ENCODE_BATCH_DOCS documents at a time (a consumer that stops early stops the reading)."""
-    import pyarrow.parquet as pq
+    encoded ENCODE_BATCH_DOCS documents and at most ENCODE_BATCH_BYTES of text at a time (a
+    consumer that stops early stops the reading)."""
+    from refinery.stages.parquet_batches import parquet_batches
 
     wanted = set(reference_buckets(cfg))
     for shard in input_shards(cfg):
         if shard.bucket not in wanted:
             continue
-        table = pq.ParquetFile(root.local_path(documents_key(CLEAN_STAGE, shard.key)))
-        for batch in table.iter_batches(batch_size=ENCODE_BATCH_DOCS, columns=["text"]):
-            texts = [t for t in batch.column("text").to_pylist() if t]
+        path = root.local_path(documents_key(CLEAN_STAGE, shard.key))
+        for batch in parquet_batches(path, ENCODE_BATCH_DOCS, ["text"], ENCODE_BATCH_BYTES):
+            texts = [t for t in batch["text"].to_list() if t]
             for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False):
                 yield np.asarray(encoding.ids, dtype=np.uint32)
 

@@ -34,13 +34,14 @@ DROPS_SCHEMA = {
 }
 
 
-def doc_keys(shard_ordinal: int, rows: int) -> np.ndarray:
-    """The `doc_key` of each row of a shard's table (see the module docstring)."""
+def doc_keys(shard_ordinal: int, rows: int, first: int = 0) -> np.ndarray:
+    """The `doc_key` of each row of a shard's table (see the module docstring), for the `rows` rows
+    from row `first` on (a record batch of the table)."""
     if not 0 <= shard_ordinal < MAX_SHARDS:
         raise ValueError(f"shard ordinal {shard_ordinal} does not fit the doc_key's {64 - ROW_BITS} bits")
-    if rows > MAX_ROWS:
-        raise ValueError(f"{rows} rows in one shard exceed the doc_key's {ROW_BITS}-bit row field; split the input file")
-    return (np.uint64(shard_ordinal) << np.uint64(ROW_BITS)) | np.arange(rows, dtype=np.uint64)
+    if first + rows > MAX_ROWS:
+        raise ValueError(f"{first + rows} rows in one shard exceed the doc_key's {ROW_BITS}-bit row field; split the input file")
+    return (np.uint64(shard_ordinal) << np.uint64(ROW_BITS)) | np.arange(first, first + rows, dtype=np.uint64)
 
 
 def shard_of(keys: pl.Expr) -> pl.Expr:

@@ -300,14 +300,16 @@ class DedupSettings:
         }
 
 
-def signature_table(docs: pl.DataFrame, shard_ordinal: int, settings: DedupSettings, near_enabled: bool) -> pl.DataFrame:
+def signature_table(docs: pl.DataFrame, shard_ordinal: int, settings: DedupSettings, near_enabled: bool,
+                    first_row: int = 0) -> pl.DataFrame:
     """One row per document with text: doc_key, doc_id, the exact hash, whether it takes part in
     near dedup (its source does not skip it and it has at least one word), the MinHash signature
-    its band hashes and bottom-k sketch. Documents with null text get no row; `apply_decisions` rejects them."""
+    its band hashes and bottom-k sketch. Documents with null text get no row; `apply_decisions` rejects them.
+    `docs` may be a record batch of the shard's table that starts at row `first_row`."""
     if "text" not in docs.columns:
         raise ValueError(f"the document table has no `text` column (columns: {docs.columns})")
     has_text = docs["text"].is_not_null()
-    keys = ex.doc_keys(shard_ordinal, docs.height)[has_text.to_numpy()]
+    keys = ex.doc_keys(shard_ordinal, docs.height, first_row)[has_text.to_numpy()]
     texts = docs.filter(has_text)["text"].to_list()
     hi, lo = ex.text_hashes(texts)
     sigs, bottoms = settings.hasher().sketch(texts, settings.bottom_k)
@@ -329,15 +331,17 @@ def signature_table(docs: pl.DataFrame, shard_ordinal: int, settings: DedupSetti
 
 
 def apply_decisions(
-    docs: pl.DataFrame, shard_ordinal: int, exact_drops: pl.DataFrame, near_clusters: pl.DataFrame
+    docs: pl.DataFrame, shard_ordinal: int, exact_drops: pl.DataFrame, near_clusters: pl.DataFrame,
+    first_row: int = 0,
 ) -> tuple[StageOutput, StageOutput]:
-    """Apply the global decisions to one shard: (exact dedup output, near dedup output).
+    """Apply the global decisions to one shard, or to a record batch of it that starts at row
+    `first_row`: (exact dedup output, near dedup output).
 
     `exact_drops`: rows of `ex.DROPS_SCHEMA` (any shard; others are ignored). `near_clusters`:
     doc_key, keeper_key, keeper_doc_id, cluster_size for cluster members. Kept documents gain
     `dup_cluster` (the keeper's doc_id, null outside clusters) and `dup_cluster_size` (1 outside)."""
     start = time.perf_counter()
-    keyed = docs.with_columns(pl.Series("_key", ex.doc_keys(shard_ordinal, docs.height), dtype=pl.UInt64))
+    keyed = docs.with_columns(pl.Series("_key", ex.doc_keys(shard_ordinal, docs.height, first_row), dtype=pl.UInt64))
     exact = keyed.join(exact_drops.rename({"doc_key": "_key"}), on="_key", how="left", maintain_order="left")
     drops: dict[int, Drop] = {}
     for i, (text_null, kept_id, size) in enumerate(

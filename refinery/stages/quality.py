@@ -51,6 +51,7 @@ import polars as pl
 from refinery.config import QualityConfig
 from refinery.stages.base import Outcome, RecordStage, StageOutput
 from refinery.stages import quality_metrics as qm
+from refinery.stages.parquet_batches import batch_spans
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
 from refinery.layout import QUALITY_MODEL_DIR
@@ -77,6 +78,9 @@ BROKEN_SIGNAL = 9  # the signal holding the broken-character share
 # under it.
 BROKEN_RULE = 0.002
 SCORE_BATCH_DOCS = 2048
+# Bytes of text (each document's first `max_chars` characters) featurized at once when scoring: the
+# hashed features and EmbeddingBag's int64 work arrays are a few times these, whatever the documents.
+SCORE_BATCH_BYTES = 8 << 20
 TRAIN_BATCH_DOCS = 32
 # Training reads and featurizes at most this many documents at once: with `max_chars` 100k, a
 # slice's text and word table stay within tens of MB however large the corpus.
@@ -287,16 +291,27 @@ class QualityModel:
             bag.weight.copy_(self.weight.view(-1, 1))
         return bag
 
-    def score(self, texts: pl.Series, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
-        """Probability of the positive (curated) class for every text, as float64."""
+    def score(self, texts: pl.Series, batch_docs: int = SCORE_BATCH_DOCS,
+              batch_bytes: int = SCORE_BATCH_BYTES) -> np.ndarray:
+        """Probability of the positive (curated) class for every text, as float64, in batches of
+        `batch_docs` documents. A batch is featurized and bagged in pieces of at most `batch_bytes`
+        bytes of what is read of its texts (their first `max_chars` characters), then squashed as
+        one vector: a score depends on its batch of documents (torch's vectorized sigmoid and its
+        scalar tail differ in the last bit), never on the byte bound."""
         import torch
 
         bag = self._bag()
         out = np.empty(len(texts), dtype=np.float64)
+        read = np.minimum(texts.cast(pl.String).str.len_bytes().fill_null(0).to_numpy(), 4 * self.max_chars)
         with torch.no_grad(), reproducible_torch():
             for start in range(0, len(texts), batch_docs):
-                feats = hash_features(texts.slice(start, batch_docs), self.num_features, self.ngram, self.max_chars)
-                out[start : start + feats.num_docs] = self._probabilities(bag, feats, np.arange(feats.num_docs))
+                count = min(batch_docs, len(texts) - start)
+                pieces = [hash_features(texts.slice(start + first, n), self.num_features, self.ngram, self.max_chars)
+                          for first, n in batch_spans(read[start:start + count].astype(np.int64), count, batch_bytes)]
+                logits = torch.cat([torch.zeros(0)] + [self._logits(bag, feats) for feats in pieces])
+                broken = np.concatenate([np.zeros(0, dtype=bool)] + [feats.broken() for feats in pieces])
+                # The rule before the classifier: broken text scores 0.
+                out[start : start + count] = np.where(broken, 0.0, torch.sigmoid(logits).double().numpy())
         return out
 
     def score_features(self, feats: Features, batch_docs: int = SCORE_BATCH_DOCS) -> np.ndarray:
@@ -319,6 +334,13 @@ class QualityModel:
         logits = bag(torch.from_numpy(indices), torch.from_numpy(offsets), torch.from_numpy(weights)).view(-1) + self.bias
         # The rule before the classifier: broken text scores 0.
         return np.where(feats.broken()[docs], 0.0, torch.sigmoid(logits).double().numpy())
+
+    def _logits(self, bag, feats: Features):
+        """Every featurized document's logit (float32 tensor), before the sigmoid."""
+        import torch
+
+        indices, offsets, weights = feats.rows(np.arange(feats.num_docs))
+        return bag(torch.from_numpy(indices), torch.from_numpy(offsets), torch.from_numpy(weights)).view(-1) + self.bias
 
     # ---- file format --------------------------------------------------------------------------
 
@@ -743,6 +765,9 @@ class QualityScorer(RecordStage):
     skip_key = "quality"
     writes = {"quality_score": pl.Float64()}
     batch_size = SCORE_BATCH_DOCS
+    # No byte cut here: `QualityModel.score` bounds the featurization by bytes, and a score depends
+    # on its batch of documents (see there), so batches stay SCORE_BATCH_DOCS documents.
+    batch_bytes = None
 
     def __init__(self, model: QualityModel, threshold: float, enforce_threshold: bool = True, model_id: str = ""):
         self.model = model

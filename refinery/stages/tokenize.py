@@ -22,6 +22,7 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import polars as pl
@@ -41,7 +42,7 @@ from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_sha
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix,
                              shard_index_key, shard_key)
 from refinery.stages import difficulty as dfc
-from refinery.stages.attributes import read_stage_documents, stage_batches
+from refinery.stages.attributes import stage_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
 # The tokenizer.json file's functions live in a module without polars (a lineage query reads the file
@@ -54,6 +55,10 @@ INDEX_VERSION = 1
 # A 50 MB single-line record would dominate BPE training; the first 100k characters of a document
 # already show its byte-pair statistics.
 TRAIN_MAX_CHARS = 100_000
+# Rows of a clean table read at a time when sampling for the tokenizer (doc ids, then texts).
+SAMPLE_READ_ROWS = 10_000
+# Bytes of text one encoding batch holds at most (and `shards.encode_batch_docs` documents).
+ENCODE_BATCH_BYTES = 16 << 20
 # Row groups of the bucket entry table: small enough that a reader can stream it in bounded memory.
 ENTRY_ROW_GROUP = 65_536
 
@@ -109,24 +114,26 @@ def bucket_shards(cfg: RefineryConfig, bucket: str) -> list[InputShard]:
 
 
 def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAGE) -> tuple[list[str], dict[str, Any]]:
-    """The `train_docs` clean documents with the smallest seeded hash of doc_id, in that hash order.
+    """The clean documents with the smallest seeded hash of doc_id, in that hash order: at most
+    `tokenizer.train_docs` of them, and of those the first whose texts (each cut to TRAIN_MAX_CHARS
+    characters) add up to at most `tokenizer.train_bytes` bytes.
 
-    Only doc ids are held for the whole corpus; texts are read for the chosen documents only.
+    Memory: `train_docs` keys (the doc ids are streamed past a bounded heap, never held for the
+    corpus) and the chosen texts, which never hold more than `train_bytes` plus one text: while
+    they are read, file by file, the text latest in hash order is let go whenever they pass the
+    bound, and with it every text after it (`_capped_texts`).
     """
-    keyed: list[tuple[bytes, str, str]] = []
-    for shard in input_shards(cfg):
-        ids = read_stage_documents(root, stage, shard.key, columns=["doc_id"])["doc_id"]
-        keyed.extend((_sample_key(cfg.seed, d), shard.key, d) for d in ids)
-    keyed.sort()
-    chosen = keyed[: cfg.tokenizer.train_docs]
-    by_shard: dict[str, set[str]] = {}
-    for _, shard_name, doc_id in chosen:
-        by_shard.setdefault(shard_name, set()).add(doc_id)
-    texts: dict[str, str] = {}
-    for shard_name, ids in sorted(by_shard.items()):
-        df = read_stage_documents(root, stage, shard_name, columns=["doc_id", "text"])
-        df = df.filter(pl.col("doc_id").is_in(list(ids)) & (pl.col("text").str.len_bytes() > 0))
-        texts.update(zip(df["doc_id"].to_list(), df["text"].str.slice(0, TRAIN_MAX_CHARS).to_list()))
+    counted = [0]
+
+    def keyed() -> Iterator[tuple[bytes, str, str]]:
+        for shard in input_shards(cfg):
+            for batch in stage_batches(root, stage, shard.key, SAMPLE_READ_ROWS, columns=["doc_id"]):
+                counted[0] += batch.height
+                yield from ((_sample_key(cfg.seed, d), shard.key, d) for d in batch["doc_id"].to_list())
+
+    # heapq.nsmallest is sorted(...)[:n] in a heap of n.
+    chosen = heapq.nsmallest(cfg.tokenizer.train_docs, keyed())
+    texts = _capped_texts(root, cfg, stage, chosen)
     used = [(shard_name, d) for _, shard_name, d in chosen if d in texts]
     sample = [texts[d] for _, d in used]
     per_shard = Counter(shard_name for shard_name, _ in used)
@@ -134,10 +141,45 @@ def training_sample(root: DataRoot, cfg: RefineryConfig, stage: str = CLEAN_STAG
         "docs": len(sample),
         "bytes": sum(len(t.encode()) for t in sample),
         "shards": dict(sorted(per_shard.items())),
-        "corpus_docs": len(keyed),
+        "corpus_docs": counted[0],
         "seed": cfg.seed,
     }
     return sample, info
+
+
+def _capped_texts(root: DataRoot, cfg: RefineryConfig, stage: str,
+                  chosen: list[tuple[bytes, str, str]]) -> dict[str, str]:
+    """doc_id -> text (its first TRAIN_MAX_CHARS characters) of the longest prefix of `chosen` (in
+    hash order; documents without text left out) whose texts add up to at most `train_bytes`.
+
+    Texts are read file by file, not in hash order. Whenever those held pass the bound, the one
+    latest in hash order cannot be in the prefix (the texts before it already pass the bound), nor
+    can any after it: it is let go, and later ones at or past its rank are never held."""
+    rank = {d: i for i, (_, _, d) in enumerate(chosen)}
+    by_shard: dict[str, set[str]] = {}
+    for _, shard_name, doc_id in chosen:
+        by_shard.setdefault(shard_name, set()).add(doc_id)
+    cap, ceiling, held = cfg.tokenizer.train_bytes, len(chosen), 0
+    texts: dict[str, str] = {}
+    latest: list[tuple[int, str, int]] = []  # (-rank, doc_id, bytes) of the texts held: a max-heap by rank
+    for shard_name, ids in sorted(by_shard.items()):
+        wanted = pl.Series(sorted(ids), dtype=pl.String).implode()
+        for batch in stage_batches(root, stage, shard_name, SAMPLE_READ_ROWS, columns=["doc_id", "text"],
+                                   max_bytes=cfg.stages.extract.batch_bytes):
+            batch = batch.filter(pl.col("doc_id").is_in(wanted) & (pl.col("text").str.len_bytes() > 0))
+            cut = batch["text"].str.slice(0, TRAIN_MAX_CHARS)
+            for doc_id, text, size in zip(batch["doc_id"].to_list(), cut.to_list(), cut.str.len_bytes().to_list()):
+                if rank[doc_id] >= ceiling:
+                    continue
+                texts[doc_id] = text
+                held += size
+                heapq.heappush(latest, (-rank[doc_id], doc_id, size))
+                while held > cap:
+                    minus_rank, dropped, dropped_size = heapq.heappop(latest)
+                    del texts[dropped]
+                    held -= dropped_size
+                    ceiling = -minus_rank
+    return texts
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, eod_token: str):
@@ -385,7 +427,8 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
                   stage: str = CLEAN_STAGE, reference: tuple[dfc.ReferenceModel, str] | None = None) -> TokenizeResult:
     """Encode the clean documents of one input file (rows in table order), append EOD, window, and
     pack them into `shards/tokenized/<bucket>/<file key>/`. The table is read `encode_batch_docs`
-    rows at a time, so memory is one batch's, whatever the file's size; a file is the unit of work,
+    rows and at most ENCODE_BATCH_BYTES of text at a time, so memory is two batches' (one encoding
+    while the last is packed), whatever the file's or its documents' sizes; a file is the unit of work,
     so tokenization fans out like the funnel (the shuffle then reads a bucket's files in order).
 
     With `stages.difficulty.enabled`, documents are scored by `reference` (the model and its file's
@@ -414,7 +457,7 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
         scores = dfc.score_documents(model, encoded)
         return batch, keep, encoded, [None if np.isnan(v) else float(v) for v in scores]
 
-    batches = stage_batches(root, stage, shard.key, cfg.shards.encode_batch_docs)
+    batches = stage_batches(root, stage, shard.key, cfg.shards.encode_batch_docs, max_bytes=ENCODE_BATCH_BYTES)
     # The Rust encoder releases the GIL, so the next batch encodes while this thread packs the last.
     with ShardSeries(root, TOKENIZED, shard.bucket, dtype, cfg.shards.shard_tokens, extra, part=shard.key) as series, \
             ThreadPoolExecutor(max_workers=1) as pool:
