@@ -47,6 +47,7 @@ from refinery.curriculum.manifests import shard_selection
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key, manifest_key, scan_report_key
 from refinery.progress import track
+from refinery.storage.damaged import DamagedTableError
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 
 if TYPE_CHECKING:
@@ -502,6 +503,9 @@ def read_partial(root: "DataRoot", task: ScanTask) -> pl.DataFrame:
     """The stored partial of `task`; DamagedPartial, naming it, when it cannot be read as one."""
     try:
         frame = root.read_parquet(task.key)
+    except DamagedTableError as err:  # the data root's reader: "<file>: not a readable table (...)..."
+        found = str(err).split(": ", 1)[-1]
+        raise DamagedPartial(f"{root.display(task.key)}: damaged scan partial ({found})") from None
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DamagedPartial(f"{root.display(task.key)}: damaged scan partial ({type(err).__name__}: {err})") from None
     if dict(frame.schema) != PARTIAL_SCHEMA:

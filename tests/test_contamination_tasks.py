@@ -128,7 +128,7 @@ def test_a_damaged_partial_is_refused_by_name_and_scanned_again(tmp_path):
     path = root.local_path(task.key)
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(cont.DamagedPartial, match=rf"{task.key}: damaged scan partial \(ComputeError"):
+    with pytest.raises(cont.DamagedPartial, match=rf"{task.key}: damaged scan partial \(not a readable table"):
         cont.read_partial(root, task)
 
     # `refinery scan`'s path (read-only): it says which partial it refused and scans the table itself.
@@ -136,7 +136,7 @@ def test_a_damaged_partial_is_refused_by_name_and_scanned_again(tmp_path):
     reduced = cont.scan_phase(cfg, root, "main", log=said.append)
     assert report_bytes(reduced) == report_bytes(one_process_scan(config, "main"))
     refused = [line for line in said if "damaged" in line]
-    assert len(refused) == 1 and refused[0].startswith(f"{root.display(task.key)}: damaged scan partial (ComputeError")
+    assert len(refused) == 1 and refused[0].startswith(f"{root.display(task.key)}: damaged scan partial (not a readable table")
     assert refused[0].endswith("; scanning web-0 again")
     assert path.read_bytes() == whole[: len(whole) // 2], "the read-only scan writes nothing"
 
