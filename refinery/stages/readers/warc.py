@@ -236,12 +236,13 @@ def _warc_row(record, headers: dict[str, str], index: int, checks: _FileChecks, 
         codings = (fields.get("transfer-encoding"), fields.get("content-encoding"))
         if not any(codings):
             codings = None
-    text = plain_utf8(payload, charset) if codings is None else None
-    if text is None:
-        done = guarded("ingest", budget, armed, _decoded, rec, payload, codings, charset, limit, result)
-        if isinstance(done, Drop):
-            return done
-        text = done
+    chars = plain_utf8(payload, charset) if codings is None else None
+    if chars is not None:
+        rec.raw, rec.raw_chars = payload, chars
+        return rec
+    text = guarded("ingest", budget, armed, _decoded, rec, payload, codings, charset, limit, result)
+    if isinstance(text, Drop):
+        return text
     rec.raw = text
     return rec
 
