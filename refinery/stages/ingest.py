@@ -10,7 +10,9 @@ file, and a table without the source's text (or id) column, raise. A file whose 
 outside its source's folder is not read: it is one `ingest/outside_source` reject, without an
 excerpt; so is a file whose name is not valid UTF-8 (`ingest/bad_file_name`, named with `\\xNN`
 escapes). Handling one record (decoding, parsing) that raises or runs past `record_timeout_s` is that record's reject, `ingest/error` or
-`ingest/timeout` (refinery/stages/isolation.py).
+`ingest/timeout` (refinery/stages/isolation.py). For a WARC record the time budget covers its
+decoding work (content and transfer codings, a charset other than UTF-8, charset detection); a
+payload that is UTF-8 as it came costs one decode in C, bounded by `max_record_bytes`, and no timer.
 
 `record_offset` locates the record in its file: a byte offset for WARC (in the file as stored) and
 JSONL (in the decompressed stream), a row number for tables.
