@@ -15,6 +15,11 @@ record after it is one `ingest/truncated_file` with the range lost. A WARC compr
 member has no boundaries to resume at, so damage inside it ends reading there. Once the records'
 blocks add up past `extract.max_file_bytes`, the rest of the file is one `ingest/file_too_large`.
 
+The HTTP status, content type and charset are FastWARC's own parsing of the HTTP headers. A
+payload that is UTF-8 as it came (no codings, no BOM, declared UTF-8 or not at all) is checked and
+kept as its bytes, which the table takes as they are (`RawRecord.raw`); only a payload that needs
+decoding work goes through `decode_payload`, under the record's time budget.
+
 `record_offset` is the record's byte offset in the file as stored (for a per-record gzip WARC, the
 offset of its gzip member, so a reader can seek straight to it).
 """
