@@ -334,3 +334,33 @@ def test_warc_record_whose_handling_raises_is_one_reject(tmp_path, monkeypatch):
     assert out.rejects.select("doc_id", "url", "rule", "detail").rows() == [
         (make_doc_id("s-f", 2), "https://ok.example/2", "ingest/error", "RuntimeError: charset sniffing fell over")
     ]
+
+
+def test_warc_payload_whose_decoding_overruns_is_one_timeout(tmp_path, monkeypatch):
+    """UTF-8 text as it came is taken without a timer; a payload that needs decoding work (here a
+    Latin-1 page) is decoded under the record's budget, and an overrun there is its reject."""
+    from refinery.stages.readers import warc as ingest
+
+    decode = ingest.decode_payload
+
+    def slow_decode(rec, payload, charset, result):
+        deadline = time.perf_counter() + 30
+        while time.perf_counter() < deadline:
+            pass
+        return decode(rec, payload, charset, result)
+
+    monkeypatch.setattr(ingest, "decode_payload", slow_decode)
+    latin = http_response("<p>Grüße aus Köln</p>".encode("latin-1"), "text/html; charset=iso-8859-1", random.Random(9))
+    records = [valid(0), warc_record("response", "https://latin.example/", latin, random.Random(9),
+                                     "application/http; msgtype=response"), valid(2)]
+    path = tmp_path / "odd.warc"
+    write_warc(path, records, compress=True)
+    start = time.perf_counter()
+    out = read_input_shard(InputShard("s-f", "s", "web", str(path)),
+                           SourceConfig(name="s", path="in/*", format="warc", bucket="web"), ExtractConfig(),
+                           record_timeout_s=0.5)
+    assert time.perf_counter() - start < 10
+    assert out.documents["url"].to_list() == ["https://ok.example/0", "https://ok.example/2"]
+    assert out.rejects.select("doc_id", "url", "rule").rows() == [
+        (make_doc_id("s-f", 1), "https://latin.example/", "ingest/timeout")
+    ]

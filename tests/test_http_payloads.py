@@ -1,6 +1,7 @@
 """WARC payloads as a browser reads them (issue 26, item 2; refinery/stages/readers/http.py): each
 case is its reject reason or its correct text, and every valid record around it comes out."""
 
+import codecs
 import gzip
 import random
 import zlib
@@ -183,3 +184,18 @@ def test_a_declared_charset_the_bytes_do_not_fit_is_detected(tmp_path):
     out = around(tmp_path, response("https://j.example/", text.encode("shift_jis"), head))
     assert text_of(out, "https://j.example/") == text
     assert out.stats.counters["ingest/charset_mismatch"] == 1
+
+
+def test_plain_utf8_answers_only_for_text_that_needs_no_decoding_work():
+    """The fast path's test: a length for UTF-8 text declared UTF-8 or not at all; None (so that
+    `decode_payload` reads it) for a BOM, a NUL byte, another declared charset, or bytes not UTF-8."""
+    from refinery.stages.readers.http import plain_utf8
+
+    assert plain_utf8(PAGE.encode(), "utf-8") == len(PAGE)
+    assert plain_utf8(PAGE.encode(), None) == len(PAGE)
+    assert plain_utf8(b"ascii only", None) == 10
+    assert plain_utf8(codecs.BOM_UTF8 + PAGE.encode(), "utf-8") is None
+    assert plain_utf8(PAGE.encode() + b"\x00", "utf-8") is None
+    assert plain_utf8(PAGE.encode(), "iso-8859-1") is None
+    assert plain_utf8(b"<meta charset='windows-1252'>" + PAGE.encode(), None) is None
+    assert plain_utf8(PAGE.encode("latin-1"), "utf-8") is None

@@ -167,6 +167,24 @@ def _detected(payload: bytes) -> tuple[str, str] | None:
     return None if best is None else (best.encoding, str(best))
 
 
+_BOM_STARTS = tuple(bom for bom, _ in _BOMS)
+
+
+def plain_utf8(payload: bytes, header_charset: str | None) -> int | None:
+    """The payload's length in characters when it is text that needs no decoding work: no BOM, no
+    NUL byte, declared UTF-8 or nothing, and valid UTF-8 (so `decode_payload` would answer its
+    UTF-8 decoding, with no other effect). None for every other payload, which `decode_payload` reads."""
+    if payload.startswith(_BOM_STARTS) or b"\x00" in payload:
+        return None
+    declared = declared_charset(payload, header_charset)
+    if declared is not None and declared != "utf-8":
+        return None
+    if payload.isascii():
+        return len(payload)
+    text = _strict(payload, "utf-8")
+    return None if text is None else len(text)
+
+
 def decode_payload(rec: RawRecord, payload: bytes, header_charset: str | None, result: ReadResult) -> str | None:
     """The payload's text, or None with `rec.drop` set. Declared UTF-8 is trusted over detection:
     a detector reading damaged UTF-8 names some single-byte codec (charset-normalizer names cp775

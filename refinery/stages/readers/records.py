@@ -40,14 +40,18 @@ class RawRecord:
     url: str | None
     fetch_time: str | None
     content_type: str | None
-    raw: str | None = None
+    # The document's text; or its bytes, already checked to be UTF-8, which the table takes as they
+    # are (a Python str of them would only be encoded back), with `raw_chars` its length in characters.
+    raw: str | bytes | None = None
     drop: Drop | None = None
     excerpt: str | None = None
     payload_bytes: int = 0
+    raw_chars: int = 0
 
     def held_bytes(self) -> int:
         """About how much memory the record holds (its text, excerpt and URL, in characters)."""
-        return len(self.raw or "") + len(self.excerpt or "") + len(self.url or "") + 200
+        text = self.raw_chars if isinstance(self.raw, bytes) else len(self.raw or "")
+        return text + len(self.excerpt or "") + len(self.url or "") + 200
 
 
 # A batch of records as the sink receives them, in the order they were read.

@@ -15,6 +15,11 @@ record after it is one `ingest/truncated_file` with the range lost. A WARC compr
 member has no boundaries to resume at, so damage inside it ends reading there. Once the records'
 blocks add up past `extract.max_file_bytes`, the rest of the file is one `ingest/file_too_large`.
 
+The HTTP status, content type and charset are FastWARC's own parsing of the HTTP headers. A
+payload that is UTF-8 as it came (no codings, no BOM, declared UTF-8 or not at all) is checked and
+kept as its bytes, which the table takes as they are (`RawRecord.raw`); only a payload that needs
+decoding work goes through `decode_payload`, under the record's time budget.
+
 `record_offset` is the record's byte offset in the file as stored (for a per-record gzip WARC, the
 offset of its gzip member, so a reader can seek straight to it).
 """
@@ -28,8 +33,8 @@ from dataclasses import dataclass
 
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import EXCERPT_CHARS
-from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
-from refinery.stages.readers.http import Rejected, decode_payload, http_body
+from refinery.stages.isolation import ERROR_DETAIL_CHARS, error_drop, guarded, record_alarm
+from refinery.stages.readers.http import Rejected, decode_payload, http_body, plain_utf8
 from refinery.stages.readers.records import (
     GZIP_MAGIC,
     RawRecord,
@@ -103,6 +108,7 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
 
     wanted = WarcRecordType.response | WarcRecordType.resource
     seg = _Segment(start=start, index=index)
+    checks = _FileChecks(source, extract)
     # Given a bare path, FastWARC picks the codec by suffix and fails on a plain WARC named .gz, so
     # the codec is chosen here by content. A resumed pass reads through a Python file object (slower,
     # but only after damage), whose positions FastWARC reports as absolute file offsets.
@@ -117,7 +123,7 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
                 seg.last_pos, seg.last_row = record.stream_pos, None
                 headers = header_fields(record.headers)
                 seg.last_length = _warc_content_length(headers)
-                if any("\n" in value for value in headers.values()):
+                if "\n" in "".join(headers.values()):
                     # LF-only header lines: FastWARC read them as one line and may have run on into
                     # the next record's headers and block, so nothing it says past here is trusted.
                     seg.cut_at, seg.cut_why = record.stream_pos, "WARC header lines end in LF, not CRLF"
@@ -128,7 +134,10 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
                 if not record.record_type & wanted:
                     result.count(f"skipped_{record.record_type}")
                     continue
-                rec = guarded("ingest", budget, armed, _warc_row, record, headers, seg.index, source, extract, result)
+                try:
+                    rec = _warc_row(record, headers, seg.index, checks, result, budget, armed)
+                except Exception as err:  # noqa: BLE001 - any failure of one record is that record's reject
+                    rec = error_drop("ingest", err)
                 if isinstance(rec, Drop):  # this record's own handling failed: a reject of its own
                     rec = RawRecord(seg.index, record.stream_pos, headers.get("warc-target-uri"),
                                     headers.get("warc-date"), None, drop=rec)
@@ -149,11 +158,38 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
 
 def header_fields(header_map) -> dict[str, str]:
     """A FastWARC header map as a dict by lower-case name, the first of repeated names winning (as
-    its `get` answers); one pass over it costs less than two of its `get` calls."""
-    fields: dict[str, str] = {}
-    for name, value in header_map.items():
-        fields.setdefault(name.lower(), value)
-    return fields
+    its `get` answers); one `astuples` costs less than one of its `get` calls."""
+    return {name.lower(): value for name, value in reversed(header_map.astuples())}
+
+
+class _FileChecks:
+    """The source's and extract config's answers for one file, memoized: which HTTP statuses are
+    kept (the 500 there are), and which content types are text (at most `_CONTENT_TYPES_HELD`
+    remembered, so a file of made-up types costs its checks, not memory)."""
+
+    def __init__(self, source: SourceConfig, extract: ExtractConfig):
+        self.source, self.extract = source, extract
+        self._statuses: dict[int, bool] = {}
+        self._textual: dict[str, bool] = {}
+
+    def keeps_status(self, status: int) -> bool:
+        kept = self._statuses.get(status)
+        if kept is None:
+            kept = self.source.keeps_http_status(status)
+            if 100 <= status <= 599:
+                self._statuses[status] = kept
+        return kept
+
+    def is_textual(self, content_type: str) -> bool:
+        textual = self._textual.get(content_type)
+        if textual is None:
+            textual = is_textual(content_type, self.extract)
+            if len(self._textual) < _CONTENT_TYPES_HELD:
+                self._textual[content_type] = textual
+        return textual
+
+
+_CONTENT_TYPES_HELD = 256
 
 
 def _warc_content_length(headers: dict[str, str]) -> int:
@@ -165,20 +201,19 @@ def _warc_content_length(headers: dict[str, str]) -> int:
         return -1
 
 
-def _warc_row(record, headers: dict[str, str], index: int, source: SourceConfig, extract: ExtractConfig,
-              result: ReadResult) -> RawRecord | None:
+def _warc_row(record, headers: dict[str, str], index: int, checks: _FileChecks, result: ReadResult,
+              budget: float | None, armed: bool) -> RawRecord | Drop | None:
     """The row of one response/resource record (`headers`: its WARC headers, `header_fields`), or
-    None when its payload ends before its declared length (the file is cut short there)."""
-    content_type = record.http_content_type if record.is_http else headers.get("content-type")
+    None when its payload ends before its declared length (the file is cut short there). A payload
+    that needs decoding work (content or transfer codings, a BOM, a charset other than UTF-8, bytes
+    that are not UTF-8) is decoded under the record's time budget, and an overrun or failure there is
+    the Drop returned; UTF-8 text as it came is taken without one (a bounded decode in C, which an
+    alarm could not interrupt anyway)."""
+    is_http = record.is_http
+    content_type = record.http_content_type if is_http else headers.get("content-type")
     content_type = (content_type or "application/octet-stream").split(";")[0].strip().lower()
-    rec = RawRecord(
-        index=index,
-        offset=record.stream_pos,
-        url=headers.get("warc-target-uri"),
-        fetch_time=headers.get("warc-date"),
-        content_type=content_type,
-    )
-    declared, limit = record.content_length, extract.max_record_bytes
+    rec = RawRecord(index, record.stream_pos, headers.get("warc-target-uri"), headers.get("warc-date"), content_type)
+    declared, limit = record.content_length, checks.extract.max_record_bytes
     rec.payload_bytes = declared
     if declared > limit:
         rec.excerpt = excerpt_of(record.reader.read(EXCERPT_CHARS))
@@ -187,24 +222,47 @@ def _warc_row(record, headers: dict[str, str], index: int, source: SourceConfig,
     payload = record.reader.read(declared + 1)
     if len(payload) < declared:
         return None
-    status = record.http_headers.status_code if record.is_http else None
-    if record.is_http and (status is None or not source.keeps_http_status(status)):
-        rec.excerpt = excerpt_of(payload)
-        rec.drop = Drop("ingest/http_status", None if status is None else float(status),
-                        f"HTTP {status or 'status unreadable'}; kept: {', '.join(map(str, source.http_status_kept))}")
-        return rec
-    if not is_textual(content_type, extract):
+    if is_http:
+        http = record.http_headers
+        status = http.status_code
+        if status is None or not checks.keeps_status(status):
+            rec.excerpt = excerpt_of(payload)
+            rec.drop = Drop("ingest/http_status", None if status is None else float(status),
+                            f"HTTP {status or 'status unreadable'}; kept: "
+                            f"{', '.join(map(str, checks.source.http_status_kept))}")
+            return rec
+    if not checks.is_textual(content_type):
         rec.drop = Drop("ingest/binary_payload", None, f"content type {content_type}")
         return rec
-    if record.is_http:
-        http = header_fields(record.http_headers)
+    codings = charset = None
+    if is_http:
+        charset = record.http_charset
+        fields = header_fields(http)
+        codings = (fields.get("transfer-encoding"), fields.get("content-encoding"))
+        if not any(codings):
+            codings = None
+    chars = plain_utf8(payload, charset) if codings is None else None
+    if chars is not None:
+        rec.raw, rec.raw_chars = payload, chars
+        return rec
+    text = guarded("ingest", budget, armed, _decoded, rec, payload, codings, charset, limit, result)
+    if isinstance(text, Drop):
+        return text
+    rec.raw = text
+    return rec
+
+
+def _decoded(rec: RawRecord, payload: bytes, codings: tuple[str | None, str | None] | None, charset: str | None,
+             limit: int, result: ReadResult) -> str | None:
+    """The payload's text after its codings are undone and its charset worked out (`rec.drop` set
+    and None when it cannot be text)."""
+    if codings is not None:
         try:
-            payload = http_body(payload, http.get("transfer-encoding"), http.get("content-encoding"), limit)
+            payload = http_body(payload, codings[0], codings[1], limit)
         except Rejected as err:
             rec.drop, rec.excerpt = err.drop, excerpt_of(payload)
-            return rec
-    rec.raw = decode_payload(rec, payload, record.http_charset if record.is_http else None, result)
-    return rec
+            return None
+    return decode_payload(rec, payload, charset, result)
 
 
 def read_warc(path: str, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
