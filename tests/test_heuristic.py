@@ -148,7 +148,7 @@ def test_ngram_arithmetic_matches_a_plain_reference(seed):
     vocab = [rng.choice("abcdefgh") * rng.randint(1, 4) for _ in range(rng.randint(2, 9))]
     words = [rng.choice(vocab) for _ in range(rng.randint(10, 300))]
     grams = NGrams(words)
-    for n in (2, 3, 4, 5, 7, 10):
+    for n in (1, 2, 3, 4, 5, 7, 10):
         # limit -1 forces the exact values; the bounds are never below them
         assert top_ngram_chars(grams, n, -1) == _reference_top(words, n)
         assert grams.top_bound(n) >= _reference_top(words, n)

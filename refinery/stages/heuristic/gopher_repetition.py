@@ -51,17 +51,34 @@ class NGrams:
         self.char_cumsum = np.concatenate(([0], np.cumsum(lengths)))
         self._levels: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._repeat_bounds: dict[int, int] = {}
+        self._repeated_bigrams: np.ndarray | None = None  # prefix counts of bigrams that repeat
 
     def level(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For every n-gram position: its id; and per id, its first position and its count."""
+        """For every n-gram position: its id; and per id, its first position and its count.
+
+        Words already carry ids numbered in order of first occurrence. An n-gram can occur twice
+        only if the (n-1)-grams at its start and one word later both do, so only those positions
+        are grouped (sorted); every other n-gram occurs once and gets an id of its own. Ids are
+        labels: the rules compare them, count them and read first positions, never their values."""
         if n not in self._levels:
             if n == 1:
-                key = self.words
+                words = self.words
+                seen = np.maximum.accumulate(words[:-1]) if len(words) > 1 else words[:0]
+                first = np.flatnonzero(np.concatenate((words[:1] >= 0, words[1:] > seen)))
+                self._levels[1] = (words, first, np.bincount(words, minlength=len(first)))
             else:
-                prev = self.level(n - 1)[0]
-                key = prev[:-1] * self.vocab + self.words[n - 1 :]
-            _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-            self._levels[n] = (inverse, first, counts)
+                prev, _, prev_counts = self.level(n - 1)
+                repeats = prev_counts[prev] > 1
+                maybe = np.flatnonzero(repeats[:-1] & repeats[1:])
+                once = np.flatnonzero(~(repeats[:-1] & repeats[1:]))
+                key = prev[maybe] * self.vocab + self.words[maybe + (n - 1)]
+                _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True,
+                                                      return_counts=True)
+                ids = np.empty(len(prev) - 1, dtype=np.int64)
+                ids[maybe] = inverse.reshape(-1)
+                ids[once] = np.arange(len(counts), len(counts) + len(once))
+                self._levels[n] = (ids, np.concatenate((maybe[first], once)),
+                                   np.concatenate((counts, np.ones(len(once), dtype=counts.dtype))))
         return self._levels[n]
 
     def chars(self, positions: np.ndarray | int, n: int) -> np.ndarray | int:
@@ -82,8 +99,10 @@ class NGrams:
         never grows with n: a window whose n bigrams all repeat holds two windows of n-1."""
         if n not in self._repeat_bounds:
             m = len(self.words) - n + 1
-            ids, _, counts = self.level(2)
-            repeated_bigram = np.concatenate(([0], np.cumsum(counts[ids] > 1)))
+            if self._repeated_bigrams is None:
+                ids, _, counts = self.level(2)
+                self._repeated_bigrams = np.concatenate(([0], np.cumsum(counts[ids] > 1)))
+            repeated_bigram = self._repeated_bigrams
             candidate = (repeated_bigram[n - 1 : n - 1 + m] - repeated_bigram[:m]) == n - 1
             self._repeat_bounds[n] = self.covered_chars(candidate, n)
         return self._repeat_bounds[n]
@@ -93,9 +112,12 @@ class NGrams:
         if not starts.any():
             return 0
         m = len(starts)
-        csum = np.concatenate(([0], np.cumsum(starts)))
-        pos = np.arange(m + n - 1)
-        covered = csum[np.minimum(pos + 1, m)] - csum[np.maximum(pos - n + 1, 0)] > 0
+        # Each window adds one from its first word and takes it back after its last: a word is
+        # covered where the running sum is positive.
+        edges = np.zeros(m + n, dtype=np.int32)
+        edges[:m] += starts
+        edges[n:] -= starts
+        covered = np.cumsum(edges[: m + n - 1]) > 0
         return int(self.lengths[covered].sum())
 
 
@@ -124,22 +146,25 @@ def duplicate_ngram_chars(grams: NGrams, n: int, limit: float) -> int:
     bound = grams.repeat_bound(n)
     if bound <= limit:
         return bound
-    ids, first, _ = grams.level(n)
+    ids, first, counts = grams.level(n)
     m = len(ids)
     bound = grams.covered_chars(first[ids] < np.arange(m), n)
     if bound <= limit:
         return bound
+    # An n-gram that occurs once is never a repeat, and stepping over it changes nothing else, so
+    # the scan visits only the positions of n-grams that occur more than once.
+    maybe = np.flatnonzero(counts[ids] > 1)
+    cum = grams.char_cumsum.tolist()
     seen: set[int] = set()
     idx, chars = 0, 0
-    id_list = ids.tolist()
-    while idx < m:
-        g = id_list[idx]
+    for pos, g in zip(maybe.tolist(), ids[maybe].tolist()):
+        if pos < idx:
+            continue  # inside the repeat just counted
         if g in seen:
-            chars += int(grams.chars(idx, n))
-            idx += n
+            chars += cum[pos + n] - cum[pos]
+            idx = pos + n
         else:
             seen.add(g)
-            idx += 1
     return chars
 
 
