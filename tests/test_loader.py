@@ -133,7 +133,10 @@ def test_the_in_process_ring_waits_for_the_consumer_without_polling():
     ring.consumer_started(2)
     thread.join(5)
     assert got == [ring.slots[0]]
-    assert switches[0] <= 5, f"the waiting thread woke {switches[0]} times in 0.25 s"
+    # Polling every half millisecond wakes the thread about 500 times in these 0.25 s; waiting on the
+    # condition wakes it for the two notifications, plus a few GIL handoffs when other threads of the
+    # test process (a run pool's, a prefetcher's left by an earlier test) hold the GIL as it wakes.
+    assert switches[0] <= 25, f"the waiting thread woke {switches[0]} times in 0.25 s"
 
 
 def test_a_worker_error_or_death_reaches_the_consumer_and_no_worker_outlives_the_loader(tiny, monkeypatch):
