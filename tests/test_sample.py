@@ -2,12 +2,12 @@
 
 import html
 import json
-import re
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from helpers.generated_pages import article_text
 
 from refinery.stages.ingest import read_input_shard
 from refinery.config import ExtractConfig, SourceConfig, load_config
@@ -47,13 +47,6 @@ def documents_by_url() -> dict[str, dict]:
                 assert row["url"] not in docs, f"URL twice in the sample: {row['url']}"
                 docs[row["url"]] = {**row, "sample_file": file}
     return docs
-
-
-def article_text(page: str) -> str:
-    """The title and paragraphs of a generated page, as the generator joined them."""
-    article = page.split("<article>", 1)[1].split("</article>", 1)[0]
-    parts = re.findall(r"<h1>(.*?)</h1>|<p>(.*?)</p>", article, re.S)
-    return "\n\n".join(html.unescape(a or b) for a, b in parts)
 
 
 def test_generator_reproduces_the_checked_in_sample(tmp_path):

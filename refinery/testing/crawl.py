@@ -442,10 +442,12 @@ class SampleBuilder:
 
     # ---- shared planting ------------------------------------------------------------------------
 
-    def plant_duplicates(self, docs: list[Doc], bucket: str, exact: int, near: list[tuple[float, float]]) -> list[tuple[Doc, Doc]]:
-        """Exact copies (new URL, same text) and near copies at a Jaccard band, from clean English docs."""
+    def plant_duplicates(self, docs: list[Doc], bucket: str, exact: int, near: list[tuple[float, float]],
+                         languages: tuple[str, ...] = ("en",)) -> list[tuple[Doc, Doc]]:
+        """Exact copies (new URL, same text) and near copies at a Jaccard band, from clean docs in
+        `languages` (whose words are separated by spaces: a near copy replaces whole words)."""
         rng = self.rng(f"{bucket}-dups")
-        pool = [d for d in docs if d.kind == "clean" and d.lang == "en" and len(d.paragraphs) >= 3]
+        pool = [d for d in docs if d.kind == "clean" and d.lang in languages and len(d.paragraphs) >= 3]
         chosen = rng.sample(pool, exact + len(near))
         vocab = _vocab(docs)
         planted = []
