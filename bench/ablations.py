@@ -1,0 +1,173 @@
+"""Proxy-model ablations on a crawl of real text (issue 37, item 6): the whole graph of
+configs/ablations.yaml, the ablations included, from an empty data root, then the table of
+`refinery ablations` and what every asset cost.
+
+    python bench/ablations.py [--config configs/ablations.yaml] [--workdir /tmp/refinery-bench-ablations]
+                              [--seeds N] [--variants raw,funnel,...] [--json PATH]
+
+1. The crawl: data/ablations/build_crawl.py into `<workdir>/crawl` (documentation, real low-value
+   pages and spam in a `web` bucket with planted exact and near copies; the curated `docs` bucket).
+2. The config with its data root at `<workdir>/root`, its sources at that crawl and its other
+   relative paths made absolute (`--seeds` and `--variants` narrow its `ablations` section, for a
+   shorter run), written to `<workdir>/ablations.yaml`; the data root and the Dagster instance
+   (`<workdir>/dagster`) start empty.
+3. Every asset, in `refinery demo`'s order, one plan step per asset (so each asset's figures are its
+   own), in this process: wall seconds and CPU seconds (this process and the child processes it
+   waited for: the trainer launches) per asset, with its partitions and Dagster runs.
+4. Printed: `refinery ablations` on that config (its table: bits per byte per variant and domain,
+   mean and spread over seeds, tokens, documents, share of raw bytes kept, the verdict against
+   `funnel`), then the timings. `--json` writes the timings and the command's `--json` output.
+"""
+
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_crawl(out: Path) -> dict:
+    spec = importlib.util.spec_from_file_location("build_crawl", REPO / "data" / "ablations" / "build_crawl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_crawl(out)
+
+
+def crawl_folder(config: Path) -> Path:
+    """The folder the config's sources read: the one build_crawl.py writes (out/ablations-crawl)."""
+    data = yaml.safe_load(config.read_text())
+    base = config.resolve().parent
+    return Path(os.path.commonpath([(base / src["path"]).parent for src in data["sources"]]))
+
+
+def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None) -> Path:
+    """`config` with its data root and sources in `workdir`, relative paths absolute; returns its path."""
+    data = copy.deepcopy(yaml.safe_load(config.read_text()))
+    base = config.resolve().parent
+    data["data_root"] = str(workdir / "root")
+    crawl = crawl_folder(config)
+    for src in data["sources"]:
+        src["path"] = str(workdir / "crawl" / (base / src["path"]).relative_to(crawl))
+    for ev in data.get("contamination", {}).get("eval_sets", []):
+        ev["path"] = str(base / ev["path"])
+    stages = data.get("stages", {})
+    for section, key in (("quality", "labelled_set"), ("language", "model_path")):
+        if stages.get(section, {}).get(key):
+            stages[section][key] = str(base / stages[section][key])
+    ablations = data["ablations"]
+    ablations["eval_sets"] = [str(base / p) for p in ablations.get("eval_sets", [])]
+    if seeds is not None:
+        ablations["seeds"] = seeds
+    if variants is not None:
+        unknown = set(variants) - set(ablations["variants"])
+        if unknown:
+            raise SystemExit(f"--variants: {sorted(unknown)} not in {config}'s ablations.variants")
+        ablations["variants"] = {k: v for k, v in ablations["variants"].items() if k in variants}
+    path = workdir / "ablations.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_graph(config: Path) -> list[dict]:
+    """Every asset of the config's graph, one plan step each, timed; returns a row per asset."""
+    import warnings
+
+    import dagster as dg
+
+    from assets.training import POOL
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import QUIET_RUN_CONFIG, PlanStep, execution_plan, materialize_step
+    from orchestration.instance import prepare_instance_dir
+    from refinery.config import load_config
+
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    defs = build_definitions(str(config))
+    graph = defs.resolve_asset_graph()
+    rows = []
+    with dg.DagsterInstance.from_config(str(prepare_instance_dir(load_config(config)))) as instance:
+        instance.event_log_storage.set_concurrency_slots(POOL, 1)
+        for step in execution_plan(defs):
+            for key in step.keys:
+                partitions_def = graph.get(key).partitions_def
+                one = PlanStep([key], partitions_def, step.per_run if partitions_def else None)
+                wall, cpu = time.perf_counter(), cpu_seconds()
+                partitions, runs = materialize_step(defs, instance, one, QUIET_RUN_CONFIG)
+                row = {"asset": key.to_user_string(), "partitions": partitions, "runs": runs,
+                       "wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(cpu_seconds() - cpu, 1)}
+                print(f"  {row['asset']}: {partitions} partition(s) in {runs} run(s), {row['wall_s']}s wall, "
+                      f"{row['cpu_s']} CPU-s", flush=True)
+                rows.append(row)
+    return rows
+
+
+def timings_table(rows: list[dict], crawl_s: float) -> str:
+    lines = [f"{'asset':<28} {'parts':>5} {'runs':>4} {'wall s':>8} {'CPU s':>8}",
+             f"{'(build the crawl)':<28} {'':>5} {'':>4} {crawl_s:>8.1f} {'':>8}"]
+    lines += [f"{r['asset']:<28} {r['partitions']:>5} {r['runs']:>4} {r['wall_s']:>8.1f} {r['cpu_s']:>8.1f}" for r in rows]
+    ablation = [r for r in rows if r["asset"].startswith("ablation")]
+    lines.append(f"{'graph before the ablations':<28} {'':>5} {'':>4} {sum(r['wall_s'] for r in rows if r not in ablation):>8.1f} "
+                 f"{sum(r['cpu_s'] for r in rows if r not in ablation):>8.1f}")
+    lines.append(f"{'the ablations':<28} {'':>5} {'':>4} {sum(r['wall_s'] for r in ablation):>8.1f} "
+                 f"{sum(r['cpu_s'] for r in ablation):>8.1f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", type=Path, default=REPO / "configs" / "ablations.yaml")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/refinery-bench-ablations"))
+    ap.add_argument("--seeds", type=int, help="proxy runs per variant (default: the config's ablations.seeds)")
+    ap.add_argument("--variants", help="comma-separated variants to run (default: every one of the config's)")
+    ap.add_argument("--json", type=Path, help="write the timings and the table's JSON here")
+    args = ap.parse_args()
+
+    for sub in ("root", "dagster", "crawl"):
+        shutil.rmtree(args.workdir / sub, ignore_errors=True)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(args.workdir / "dagster")
+    start = time.perf_counter()
+    truth = build_crawl(args.workdir / "crawl")
+    crawl_s = time.perf_counter() - start
+    summary = truth["summary"]
+    langs = sorted({lang for row in summary.values() for lang in row["languages"]})
+    print(f"crawl: {summary['web']['documents'] + summary['docs']['documents']} documents, "
+          f"{(summary['web']['bytes'] + summary['docs']['bytes']) / 1e6:.2f} MB of text, {len(langs)} languages "
+          f"({' '.join(langs)}), built in {crawl_s:.1f}s")
+    config = write_config(args.config, args.workdir, args.seeds, args.variants.split(",") if args.variants else None)
+    print(f"config: {config}")
+    rows = run_graph(config)
+    print(f"graph and ablations: {time.perf_counter() - start:.0f}s wall\n")
+
+    refinery = [sys.executable, "-m", "orchestration.cli", "ablations", "--config", str(config)]
+    table = subprocess.run(refinery, capture_output=True, text=True, cwd=REPO)
+    print(table.stdout + table.stderr)
+    print("== What each asset cost (wall; CPU of this process and the trainers it waited for)")
+    print(timings_table(rows, crawl_s))
+    if args.json:
+        report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+        args.json.write_text(json.dumps({"assets": rows, "crawl_s": round(crawl_s, 1), "crawl": summary,
+                                         "ablations": json.loads(report.stdout)}, indent=1) + "\n")
+    return table.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
