@@ -150,7 +150,7 @@ def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, An
     order = list(variants) + sorted({r["variant"] for r in results} - set(variants))
     return {
         "baseline": BASELINE, "alpha": ALPHA,
-        "test": "two-sided Welch t-test over seeds; spread = sample standard deviation over seeds",
+        "test": "two-sided Welch t-test over seeds", "spread": "sample standard deviation over seeds",
         "variants": {name: {**variants.get(name, {}), "seeds": sorted(int(r["seed"]) for r in results
                                                                         if r["variant"] == name)} for name in order},
         "domains": _rows(seed_figures(results, "domain"), order, "domain"),
@@ -175,8 +175,8 @@ def format_report(report: dict[str, Any]) -> str:
     variants = report["variants"]
     head = (f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  "
             f"{'verdict':<26} {'tokens':>12} {'documents':>10} {'raw kept':>8}")
-    lines = [f"Bits per byte on the evaluation set (lower is better); verdicts: {report['test']}, "
-             f"alpha {report['alpha']}", "", head]
+    lines = [f"Bits per byte on the evaluation set (lower is better). Spread: {report['spread']}. Verdict against "
+             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}.", "", head]
     for row in report["domains"]:
         counts = variants.get(row["variant"], {})
         first = row["domain"] == "all"
@@ -208,8 +208,9 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def report_png(report: dict[str, Any]) -> bytes:
-    """Bits per byte per domain, one bar per variant (the mean over seeds, the spread as an error
-    bar, each seed as a dot), as PNG bytes."""
+    """Two panels, as PNG bytes: bits per byte per domain, one bar per variant (the mean over seeds,
+    the spread as an error bar, each seed as a dot); below, each variant's difference to funnel per
+    domain, labelled with its verdict."""
     import io
 
     import matplotlib
@@ -221,7 +222,8 @@ def report_png(report: dict[str, Any]) -> bytes:
     variants = list(report["variants"])
     domains = sorted({r["domain"] for r in rows}, key=lambda g: (g != "all", g))
     width = 0.8 / max(1, len(variants))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(domains) * max(1, len(variants)) * 0.45 + 2), 4.2))
+    fig, (ax, diff_ax) = plt.subplots(2, 1, figsize=(max(7.0, 0.5 * len(domains) * max(1, len(variants)) + 2), 7.5),
+                                      height_ratios=[3, 2], sharex=True)
     for v, name in enumerate(variants):
         for d, domain in enumerate(domains):
             row = next((r for r in rows if r["variant"] == name and r["domain"] == domain), None)
@@ -231,17 +233,25 @@ def report_png(report: dict[str, Any]) -> bytes:
             ax.bar(x, row["bpb"], width, color=f"C{v}", label=name if d == 0 else None,
                    yerr=row["spread"] or 0.0, capsize=2)
             ax.plot([x] * len(row["bpb_by_seed"]), list(row["bpb_by_seed"].values()), "k.", markersize=3)
+            if row["diff"] is not None:
+                diff_ax.bar(x, row["diff"], width, color=f"C{v}")
+                diff_ax.annotate(row["verdict"].replace("within noise", "noise").replace(ONE_SEED, "1 seed"),
+                                 (x, row["diff"]), ha="center", va="bottom" if row["diff"] >= 0 else "top",
+                                 fontsize=6, rotation=90)
     values = [r["bpb"] for r in rows]
     if values:
         spread = max(values) - min(values)
         ax.set_ylim(max(0.0, min(values) - max(spread, 0.05 * min(values))), max(values) + max(spread, 0.02) * 0.5)
-    ax.set_xticks(range(len(domains)), domains)
+    diff_ax.axhline(0.0, color="black", linewidth=0.8)
+    diff_ax.margins(y=0.35)  # room for the verdicts
+    diff_ax.set_xticks(range(len(domains)), domains)
     ax.set_ylabel("bits per byte (lower is better)")
+    diff_ax.set_ylabel(f"minus {BASELINE} (< 0: better)")
     ax.set_title("proxy models per variant: mean over seeds, spread as error bar, seeds as dots", fontsize=9)
     ax.legend(fontsize=8, ncol=min(len(variants), 3))
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
     return buf.getvalue()
 
@@ -249,3 +259,16 @@ def report_png(report: dict[str, Any]) -> bytes:
 def overall(cells_json: list[dict]) -> Tally:
     """A run's whole-set tally from its stored cells."""
     return totals_by(cells_from_json(cells_json), "all").get("all", Tally())
+
+
+def variant_counts_key(variant: str) -> str:
+    """Where the `ablation_variants` asset stores a variant's counts (documents, tokens, share of the raw bytes)."""
+    return f"ablations/variants/{variant}/counts.json"
+
+
+def load_stored(root, variants: list[str], seeds: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The stored results of every run of `variants` x range(`seeds`) that has finished, and each
+    variant's counts ({} before `ablation_variants` ran for it)."""
+    results = [root.read_json(results_key(v, s)) for v in variants for s in range(seeds) if root.exists(results_key(v, s))]
+    counts = {v: (root.read_json(variant_counts_key(v)) if root.exists(variant_counts_key(v)) else {}) for v in variants}
+    return results, counts
