@@ -8,7 +8,7 @@ PORT ?= 3000
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 INSTANCES := $(DAGSTER_HOME)
 
-.PHONY: demo test test-fast ui install clean
+.PHONY: demo ablations test test-fast ui install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "make: installing Refinery and its dependencies into $(VENV) (torch CPU, Dagster, Ray, polars; about 3 minutes on a fresh machine, once)"
@@ -23,6 +23,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/refinery demo --config $(CONFIG)
+
+# The proxy-model ablations (docs/ablations.md) on a crawl of real text built from data/labelled and
+# data/multilingual: the graph, five variants x three seeds, then the table of bits per byte.
+ablations: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/python data/ablations/build_crawl.py --out out/ablations-crawl
+	$(BIN)/refinery demo --config configs/ablations.yaml
+	$(BIN)/refinery ablations --config configs/ablations.yaml
 
 # Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on processes they
 # start (Dagster runs, trainers, servers), and a file's module fixtures are built once.
