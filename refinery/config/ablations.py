@@ -18,26 +18,6 @@ from refinery.config.training import ModelConfig
 
 # The variant every other one is compared with (the report's verdicts are against it).
 FUNNEL_VARIANT = "funnel"
-# The stages whose verdicts a variant can ignore, by the name `without` gives them (a source's `skip:`
-# name where there is one) and the asset whose rejects table holds them (its rejects' `stage`
-# column). Stages before extracted_text have no text to let back in.
-VERDICT_STAGES = {
-    "language": "language_filtered",
-    "heuristic": "heuristic_filtered",
-    "exact_dedup": "exact_deduped",
-    "near_dedup": "near_deduped",
-    "quality": "quality_scored",
-    "pii": "pii_redacted",
-}
-# Reason families of rules that run before there is text, or after the documents are final.
-_NOT_VERDICTS = ("ingest", "extract", "tokenize")
-
-
-def without_names(builtin_families: tuple[str, ...], custom_filters: list[str]) -> list[str]:
-    """Every name `without` accepts: a stage by its short or asset name, or a rule family."""
-    families = [f for f in (*builtin_families, *custom_filters) if f not in _NOT_VERDICTS]
-    return list(dict.fromkeys([*VERDICT_STAGES, *VERDICT_STAGES.values(), *families]))
-
 
 class VariantConfig(Section):
     """One variant: a selection over the funnel's stored verdicts (refinery/ablations/selection.py).
@@ -48,8 +28,9 @@ class VariantConfig(Section):
 
     base: Literal["raw", "funnel"] = Field(default="funnel", description="`funnel` (the documents the graph "
                                            "keeps) or `raw` (extracted_text's documents and text, no later verdict).")
-    without: list[str] | None = Field(default=None, description="Stages (`heuristic`, `near_dedup`, ... or their "
-                                      "asset names) or rule families (`gopher_rep`, `c4`, a custom filter's name) "
+    without: list[str] | None = Field(default=None, description="Stages (`heuristic_filtered`, `deduped`), "
+                                      "verdicts by name or `skip:` name (`heuristic`, `near_dedup`) or rule families "
+                                      "(`gopher_rep`, `c4`, a custom filter's name; refinery/stages/registry.py) "
                                       "whose rejections are ignored: the funnel plus the documents they removed. "
                                       "Not with `base: raw`; an empty list is refused (leave it out for the funnel).")
     quality_top: float | None = Field(default=None, gt=0.0, le=1.0, description="Keep the top fraction (0, 1] of "

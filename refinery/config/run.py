@@ -11,15 +11,16 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
-from refinery.config.ablations import AblationsConfig, without_names
+from refinery.config.ablations import AblationsConfig
 from refinery.config.contamination import ContaminationConfig
 from refinery.config.curriculum import CurriculumConfig
 from refinery.config.execution import ExecutionConfig
 from refinery.config.section import Section
 from refinery.config.sources import PartitionsConfig, SourceConfig
-from refinery.config.stages import BUILTIN_FAMILIES, StagesConfig
+from refinery.config.stages import StagesConfig
 from refinery.config.tokens import ShardsConfig, TokenizerConfig
 from refinery.config.training import LAUNCH_FIELDS, TrainingConfig
+from refinery.stages.registry import ablation_names
 
 
 class RefineryConfig(Section):
@@ -138,12 +139,12 @@ def ablation_problems(cfg: RefineryConfig) -> list[str]:
     """`ablations` fields that name stages, rule families, buckets and eval domains that do not exist."""
     assert cfg.ablations is not None
     ab, problems = cfg.ablations, []
-    names = without_names(BUILTIN_FAMILIES, [f.name for f in cfg.stages.custom_filters])
+    names = ablation_names([f.name for f in cfg.stages.custom_filters])
     for variant, spec in ab.variants.items():
         for i, name in enumerate(spec.without or []):
             if name not in names:
-                problems.append(f"ablations.variants.{variant}.without[{i}]: unknown stage or rule family {name!r}; "
-                                f"use one of {names}")
+                problems.append(f"ablations.variants.{variant}.without[{i}]: {name!r} is no funnel stage, verdict, "
+                                f"skip: name or rule family after extracted_text; use one of {list(names)}")
     step = ab.micro_batch_size * ab.seq_len
     if ab.tokens is not None and ab.tokens % step:
         problems.append(f"ablations.tokens: {ab.tokens:,} is not a whole number of proxy optimizer steps of {step:,} "
