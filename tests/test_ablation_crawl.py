@@ -114,3 +114,27 @@ def test_spam_in_ten_languages_and_on_blocklisted_domains(crawl):
     assert sum(s["blocklisted_domain"] for s in spam) == sum(h.endswith(BLOCKLISTED_DOMAINS) for h in hosts) == 20
     # none of it is made from the curated pages the evaluation set is drawn from
     assert not any("debian.org" in h for h in hosts)
+
+
+def test_the_ablations_config_reads_the_crawl_and_names_the_issues_variants(crawl):
+    """configs/ablations.yaml's sources match every file the builder writes under its default folder,
+    each bucket once, and its variants are the five the bench runs."""
+    import fnmatch
+
+    from refinery.config import load_config
+
+    out, truth, _ = crawl
+    cfg = load_config(REPO / "configs" / "ablations.yaml")
+    crawl_dir = (REPO / build_crawl.DEFAULT_OUT).resolve()
+    matched = {}
+    for src in cfg.sources:
+        pattern = str(Path(cfg.resolve(src.path)).resolve().relative_to(crawl_dir))
+        matched[src.bucket] = sorted(f for f in truth["files"] if fnmatch.fnmatch(f, pattern))
+    assert matched == {"web": [f"web/web-{i:02d}.warc.gz" for i in range(4)],
+                       "docs": ["docs/docs-00.jsonl.gz", "docs/docs-01.jsonl.gz"]}
+    selections = {name: v.selection() for name, v in cfg.ablations.variants.items()}
+    assert selections == {"raw": ("raw", (), None), "funnel": ("funnel", (), None),
+                          "without_heuristic": ("funnel", ("heuristic",), None),
+                          "without_near_dedup": ("funnel", ("near_dedup",), None),
+                          "quality_top_half": ("funnel", (), 0.5)}
+    assert cfg.ablations.seeds == 3 and cfg.ablations.eval_buckets in (None, ["docs"])

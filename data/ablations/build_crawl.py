@@ -50,6 +50,7 @@ DATA = HERE.parent
 LABELLED = DATA / "labelled" / "labelled.jsonl.gz"
 MULTILINGUAL = DATA / "multilingual"
 SEED = 37
+DEFAULT_OUT = Path("out/ablations-crawl")  # relative to the checkout: where configs/ablations.yaml reads it
 WEB_FILES, DOCS_FILES = 4, 2
 SEO_SPAM_PAGES = 40
 # Copies of documentation pages: about one web page in nine is a planted copy. Near copies sit
@@ -152,7 +153,7 @@ def build_crawl(out: Path, seed: int = SEED) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("out/ablations-crawl"), help="the folder to write (default out/ablations-crawl)")
+    ap.add_argument("--out", type=Path, default=HERE.parents[1] / DEFAULT_OUT, help=f"the folder to write (default {DEFAULT_OUT})")
     ap.add_argument("--seed", type=int, default=SEED)
     args = ap.parse_args(argv)
     truth = build_crawl(args.out, args.seed)
