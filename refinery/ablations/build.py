@@ -31,9 +31,9 @@ import polars as pl
 
 from refinery import curriculum as cur
 from refinery import layout
-from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, held_out_mask, write_eval_set
+from refinery.ablations.eval_set import ensure_eval_set, eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
-                                          variant_batches, variant_selection)
+                                          variant_batches, variant_selection, verdicts_digest)
 from refinery.config import ConfigError, RefineryConfig
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.stages import shuffle as sh
@@ -151,17 +151,12 @@ def raw_bytes(root: DataRoot, cfg: RefineryConfig) -> int:
 
 def inputs_digest(root: DataRoot, cfg: RefineryConfig, name: str) -> str:
     """What a variant's shards were built from: the config (the variant, the ablation and run
-    settings that shape them) and the funnel's stats files, which every rerun of a stage rewrites."""
+    settings that shape them), the funnel's verdicts (`verdicts_digest`) and the tokenizer."""
     assert cfg.ablations is not None
-    h = hashlib.sha256()
     ab = cfg.ablations
-    h.update(json.dumps([cfg.fingerprint(), ab.variants[name].model_dump(mode="json"), ab.seq_len,
-                         ab.eval_fraction, ab.eval_buckets], sort_keys=True).encode())
-    for stage in funnel_order():
-        for shard in input_shards(cfg):
-            key = layout.stats_key(stage, shard.key)
-            if root.exists(key):
-                h.update(key.encode() + root.sha256(key).encode())
+    h = hashlib.sha256(json.dumps([cfg.fingerprint(), ab.variants[name].model_dump(mode="json"), ab.seq_len,
+                                   ab.eval_fraction, eval_buckets(cfg)], sort_keys=True).encode())
+    h.update(verdicts_digest(root, cfg, funnel_order()).encode())
     if root.exists(layout.TOKENIZER_KEY):
         h.update(root.sha256(layout.TOKENIZER_KEY).encode())
     return h.hexdigest()
@@ -171,9 +166,8 @@ def inputs_digest(root: DataRoot, cfg: RefineryConfig, name: str) -> str:
 
 
 def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
-    """The variant's documents, tokenizer and final shards, and its summary.json; returns the summary."""
-    if name not in variant_names(cfg):
-        raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
+    """The variant's documents, tokenizer and final shards, and its summary.json (rebuilt whatever is
+    there); returns the summary."""
     vroot = variant_root(root, name)
     counts = _write_documents(root, vroot, cfg, name)
     for key in (layout.TOKENIZER_KEY, layout.TOKENIZER_INFO_KEY):
@@ -262,12 +256,14 @@ def _weights(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
-    """Build the variant `name`: the evaluation set when missing, its shards (the other variants'
-    too where the budget needs them and they are missing), and its one-phase manifest. Returns its
-    summary with the budget: documents, tokens, bytes, share_of_raw_bytes, budget_tokens."""
-    if not root.exists(EVAL_DOCUMENTS_KEY):
-        write_eval_set(root, cfg)
-    summary = build_variant_shards(root, cfg, name)
+    """Build the variant `name`: the evaluation set first (when missing or stale), its shards, and
+    the other variants' where the budget needs them (each when missing, or built from other inputs:
+    `variant_summary`), then its one-phase manifest. Returns its summary with the budget: documents,
+    tokens, bytes, share_of_raw_bytes, budget_tokens and the selection's counts."""
+    if name not in variant_names(cfg):
+        raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
+    ensure_eval_set(root, cfg)
+    summary = variant_summary(root, cfg, name)
     budget = budget_tokens(root, cfg)
     vroot = variant_root(root, name)
     vcfg = _derived(cfg, name, _curriculum(budget, cfg.ablations.seq_len, _weights(summary)))
@@ -279,6 +275,11 @@ def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, A
     summary = {**summary, "budget_tokens": budget}
     vroot.write_json(SUMMARY_KEY, summary)
     return summary
+
+
+def build_variants(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, Any]]:
+    """Every variant, built in the config's order (each variant's shards once)."""
+    return {name: build_variant(root, cfg, name) for name in variant_names(cfg)}
 
 
 def variant_config(cfg: RefineryConfig, name: str, seed: int) -> RefineryConfig:

@@ -32,6 +32,7 @@ recorded facts (doc_id, language, quality_score: no text); nothing per corpus.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -41,8 +42,8 @@ import polars as pl
 from refinery.ablations.eval_set import held_out_mask
 from refinery.config import RefineryConfig
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
-from refinery.documents import CLEAN_STAGE
-from refinery.layout import documents_key, rejects_key
+from refinery.documents import CLEAN_STAGE, input_shards
+from refinery.layout import documents_key, rejects_key, stats_key
 from refinery.stages import pii as pii_stage
 from refinery.stages.attributes import read_stage_documents, stage_batches
 from refinery.stages.registry import STAGES, TEXT_STAGE, LeftOut, funnel_stage, left_out, rule_family
@@ -53,6 +54,18 @@ READ_ROWS = 4096
 LANGUAGE_STAGE, QUALITY_STAGE = "language_filtered", "quality_scored"
 # The stages after extracted_text, whose rejects a variant may let back in (funnel order).
 VERDICT_TABLES = tuple(s.name for s in STAGES[[s.name for s in STAGES].index(TEXT_STAGE) + 1:])
+
+
+def verdicts_digest(root: DataRoot, cfg: RefineryConfig, stages: tuple[str, ...]) -> str:
+    """A digest of the stats files `stages` wrote for every input file: each rerun of a stage
+    rewrites them (with its wall time), so a changed one means the verdicts may have changed."""
+    h = hashlib.sha256()
+    for stage in stages:
+        for shard in input_shards(cfg):
+            key = stats_key(stage, shard.key)
+            if root.exists(key):
+                h.update(f"{key}:{root.sha256(key)}\n".encode())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)

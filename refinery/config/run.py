@@ -20,7 +20,7 @@ from refinery.config.sources import PartitionsConfig, SourceConfig
 from refinery.config.stages import StagesConfig
 from refinery.config.tokens import ShardsConfig, TokenizerConfig
 from refinery.config.training import LAUNCH_FIELDS, TrainingConfig
-from refinery.stages.registry import ablation_names
+from refinery.stages.registry import UnknownStage, ablation_names, left_out
 
 
 class RefineryConfig(Section):
@@ -139,12 +139,23 @@ def ablation_problems(cfg: RefineryConfig) -> list[str]:
     """`ablations` fields that name stages, rule families, buckets and eval domains that do not exist."""
     assert cfg.ablations is not None
     ab, problems = cfg.ablations, []
-    names = ablation_names([f.name for f in cfg.stages.custom_filters])
+    custom = [f.name for f in cfg.stages.custom_filters]
+    names = ablation_names(custom)
+    seen: dict[tuple, str] = {}
     for variant, spec in ab.variants.items():
         for i, name in enumerate(spec.without or []):
             if name not in names:
                 problems.append(f"ablations.variants.{variant}.without[{i}]: {name!r} is no funnel stage, verdict, "
                                 f"skip: name or rule family after extracted_text; use one of {list(names)}")
+        try:
+            ignored = frozenset(lo for name in spec.without or [] for lo in left_out(name, custom))
+        except UnknownStage:
+            continue
+        selects = (spec.base, ignored, spec.quality_top)
+        if selects in seen:
+            problems.append(f"ablations.variants.{variant}: empty: it selects what {seen[selects]!r} selects, so "
+                            f"comparing them measures only the seeds; change or remove one")
+        seen.setdefault(selects, variant)
     step = ab.micro_batch_size * ab.seq_len
     if ab.tokens is not None and ab.tokens % step:
         problems.append(f"ablations.tokens: {ab.tokens:,} is not a whole number of proxy optimizer steps of {step:,} "
