@@ -33,7 +33,8 @@ from refinery import curriculum as cur
 from refinery import layout
 from refinery.ablations.eval_set import ensure_eval_set, eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
-                                          variant_batches, variant_selection, verdicts_digest)
+                                          variant_batches, variant_selection)
+from refinery.ablations.verdicts import verdicts_digest
 from refinery.config import ConfigError, RefineryConfig
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.stages import shuffle as sh

@@ -32,11 +32,14 @@ from typing import Any, Iterator
 
 import polars as pl
 
+from refinery.ablations.verdicts import LANGUAGE_STAGE, partition_rejects, recorded_facts, verdicts_digest
 from refinery.config import RefineryConfig
 from refinery.config.run import eval_set_domain
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE
 from refinery.documents import input_shards
+from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
+from refinery.stages.registry import TEXT_STAGE
 from refinery.storage import DataRoot, sha256_file
 
 EVAL_DOCUMENTS_KEY = "ablations/eval/documents.parquet"
@@ -104,17 +107,13 @@ def _detector(cfg: RefineryConfig):
 
 
 def _held_out_batches(root: DataRoot, cfg: RefineryConfig) -> Iterator[pl.DataFrame]:
-    from refinery.ablations.selection import LANGUAGE_STAGE, READ_ROWS, partition_rejects, recorded_facts
-    from refinery.stages.attributes import stage_batches
-    from refinery.stages.registry import TEXT_STAGE
-
     detector = None
     curated = set(eval_buckets(cfg))
     for shard in input_shards(cfg):
         if shard.bucket not in curated:
             continue
         facts = None
-        for batch in stage_batches(root, TEXT_STAGE, shard.key, READ_ROWS, columns=["doc_id", "bucket", "text"]):
+        for batch in stage_batches(root, TEXT_STAGE, shard.key, BATCH_ROWS, columns=["doc_id", "bucket", "text"]):
             batch = batch.filter(held_out_mask(cfg, batch["doc_id"], batch["bucket"]))
             if not batch.height:
                 continue
@@ -160,9 +159,6 @@ def write_eval_set(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, i
 def eval_set_digest(root: DataRoot, cfg: RefineryConfig) -> str:
     """What the evaluation set is chosen from: the seed, fraction and buckets, the eval-set files'
     bytes, the language model, and the verdicts of extracted_text and the language stage."""
-    from refinery.ablations.selection import LANGUAGE_STAGE, verdicts_digest
-    from refinery.stages.registry import TEXT_STAGE
-
     assert cfg.ablations is not None
     files = [(domain, sha256_file(path)) for domain, path in eval_set_files(cfg)]
     payload = [cfg.seed, cfg.ablations.eval_fraction, eval_buckets(cfg), files, cfg.stages.language.model_path,
