@@ -152,7 +152,7 @@ def test_every_variant_trains_on_the_same_budget(built):
     smallest = min(build.usable_tokens(c.cfg, s) for s in summaries.values())
     assert set(budgets.values()) == {smallest} == {s["budget_tokens"] for s in summaries.values()}
     assert smallest % (c.cfg.ablations.micro_batch_size * c.cfg.ablations.seq_len) == 0
-    assert summaries["raw"]["share_of_raw_bytes"] == 1.0 > summaries["funnel"]["share_of_raw_bytes"] > 0
+    assert summaries["raw"]["raw_byte_share"] == 1.0 > summaries["funnel"]["raw_byte_share"] > 0
     for name in ("funnel", "raw"):
         vcfg = build.variant_config(c.cfg, name, seed=2)
         assert vcfg.curriculum.total_tokens == smallest and vcfg.seed == c.cfg.seed + 2

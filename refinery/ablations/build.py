@@ -9,7 +9,8 @@ the project's Trainer runs on unchanged (`variant_config`).
                                                   (refinery.stages.tokenize, refinery.stages.shuffle)
     manifests/ablation.json                       ONE phase, built by phase_manifests' functions
                                                   (refinery.curriculum), whose budget is the ablation budget
-    summary.json                                  its counts (documents, tokens, bytes, share of raw bytes)
+    summary.json                                  its counts: documents, tokens (all it holds), bytes,
+                                                  raw_byte_share, budget_tokens (what it trains on)
 
 The packing window is `ablations.seq_len` (the overlap at most half of it) and the difficulty
 score is off. The phase's bucket weights are the variant's own token shares, so it trains on its
@@ -47,6 +48,7 @@ from refinery.storage import DataRoot, open_data_root
 PHASE = "ablation"
 SUMMARY_KEY = "summary.json"  # in the variant's root
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
+STAGING = "staging/uncut"  # in the variant's root: its documents before its quality cut
 
 
 class AblationError(ConfigError):
@@ -111,23 +113,28 @@ def _text_bytes(batch: pl.DataFrame) -> int:
 
 
 def _write_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name: str) -> PartitionCounts:
-    """The variant's documents table of every input file, its quality cut applied."""
+    """The variant's documents table of every input file, its quality cut applied. A variant with a
+    cut writes its uncut documents under `staging/` first (the cut needs every file's scores), so
+    its documents table never holds uncut rows, even for a moment."""
     sel = variant_selection(cfg, name)
     counts = PartitionCounts()
     shards = input_shards(cfg)
-    key = lambda s: layout.documents_key(CLEAN_STAGE, s.key)  # noqa: E731
+    final = lambda s: layout.documents_key(CLEAN_STAGE, s.key)  # noqa: E731
+    first = final if sel.quality_top is None else (lambda s: f"{STAGING}/{s.key}.parquet")
     for shard in shards:
-        with vroot.writer(key(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+        with vroot.writer(first(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
             for batch in variant_batches(root, cfg, sel, shard.key, counts):
                 out.write(batch)
     if sel.quality_top is not None:
         cutoffs = quality_cutoffs((b for s in shards for b in parquet_batches(
-            vroot.local_path(key(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
+            vroot.local_path(first(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
         for shard in shards:
-            uncut = vroot.local_path(key(shard))
-            with vroot.writer(key(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
-                for batch in parquet_batches(uncut, READ_ROWS):
+            with vroot.writer(final(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+                for batch in parquet_batches(vroot.local_path(first(shard)), READ_ROWS):
                     out.write(quality_cut(batch, cutoffs))
+        for shard in shards:
+            vroot.delete(first(shard))
+        vroot.delete(STAGING)
     return counts
 
 
@@ -198,7 +205,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         "tokens": sum(tokens.values()),
         "bucket_tokens": tokens,
         "bytes": text_bytes,
-        "share_of_raw_bytes": round(text_bytes / raw, 6) if raw else 0.0,
+        "raw_byte_share": round(text_bytes / raw, 6) if raw else 0.0,
         "funnel_documents": counts.funnel,
         "readmitted_documents": counts.readmitted,
         "safety_dropped": counts.safety_dropped,
@@ -260,7 +267,7 @@ def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, A
     """Build the variant `name`: the evaluation set first (when missing or stale), its shards, and
     the other variants' where the budget needs them (each when missing, or built from other inputs:
     `variant_summary`), then its one-phase manifest. Returns its summary with the budget: documents,
-    tokens, bytes, share_of_raw_bytes, budget_tokens and the selection's counts."""
+    tokens, bytes, raw_byte_share, budget_tokens and the selection's counts."""
     if name not in variant_names(cfg):
         raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
     ensure_eval_set(root, cfg)
