@@ -48,7 +48,7 @@ from refinery.storage import DataRoot, open_data_root
 PHASE = "ablation"
 SUMMARY_KEY = "summary.json"  # in the variant's root
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
-STAGING = "staging/uncut"  # in the variant's root: its documents before its quality cut
+STAGING = "staging"  # in the variant's root: its documents before its quality cut
 
 
 class AblationError(ConfigError):
