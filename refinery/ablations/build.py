@@ -84,13 +84,15 @@ def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int 
     the proxy model and its run settings, no validation loss or anneal playbook."""
     ab = cfg.ablations
     assert ab is not None
-    data = cfg.model_dump(mode="json")
+    # Only the fields the config sets: a default taken as set would be checked as the user's (the
+    # quality classifier's default buckets against the declared ones).
+    data = cfg.model_dump(mode="json", exclude_unset=True)
     data.update(data_root=_variant_data_root(cfg, name), ablations=None, curriculum=curriculum,
                 seed=cfg.seed if seed is None else seed)
-    data["stages"]["difficulty"]["enabled"] = False
-    data["shards"].update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
-    data["contamination"]["anneal_phase"] = None
-    data["training"].update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
+    data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = False
+    data.setdefault("shards", {}).update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
+    data.setdefault("contamination", {})["anneal_phase"] = None
+    data.setdefault("training", {}).update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
                             grad_accum_steps=1, lr=ab.lr, warmup_steps=ab.warmup_steps, eval_every_tokens=0,
                             eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
                             run_dir=run_dir or cfg.training.run_dir)

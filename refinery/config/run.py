@@ -146,6 +146,9 @@ def ablation_problems(cfg: RefineryConfig) -> list[str]:
             if name not in names:
                 problems.append(f"ablations.variants.{variant}.without[{i}]: {name!r} is no funnel stage, verdict, "
                                 f"skip: name or rule family after extracted_text; use one of {list(names)}")
+        if spec.quality_top is not None and not cfg.stages.quality.enabled:
+            problems.append(f"ablations.variants.{variant}.quality_top: stages.quality.enabled is false, so no "
+                            f"document has a quality_score to cut by; enable the quality stage or drop quality_top")
         try:
             ignored = frozenset(lo for name in spec.without or [] for lo in left_out(name, custom))
         except UnknownStage:
