@@ -1,5 +1,6 @@
 """A data root whose every document's fate is drawn and known, for the ablation tests: two web files
-and one wiki file (a curated bucket, the quality classifier's positive one), their stage tables
+and one wiki file (a curated bucket: of the quality classifier's default positive buckets, the one a
+source feeds), their stage tables
 written as the funnel writes them (text tables for extracted_text and pii_redacted, attribute tables
 in between with text edits and added columns, a rejects table per stage), pii_redacted computed by
 the real pii stage (safety filter, then redaction), and a trained tokenizer.
@@ -79,8 +80,8 @@ def config_data(data_root: str = "out", **ablations) -> dict:
     return {
         "seed": 11, "data_root": data_root, "buckets": ["web", "wiki"],
         "sources": [{"name": b, "path": f"in/{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in FILES],
-        "stages": {"quality": {"positive_buckets": ["wiki"], "negative_buckets": ["web"]},
-                   "safety": {"blocked_words": [BLOCKED]}},
+        # quality's buckets left at their defaults (books, wiki): the curated bucket is the one fed, wiki
+        "stages": {"safety": {"blocked_words": [BLOCKED]}},
         "tokenizer": {"vocab_size": 300, "train_docs": 500},
         "shards": {"max_seq_len": 64, "overlap": 8, "shard_tokens": 2048, "shuffle_buffer_mb": 1},
         "contamination": {"eval_sets": [{"name": "bench", "path": "evals/bench.jsonl"}]},
