@@ -9,7 +9,8 @@ the project's Trainer runs on unchanged (`variant_config`).
                                                   (refinery.stages.tokenize, refinery.stages.shuffle)
     manifests/ablation.json                       ONE phase, built by phase_manifests' functions
                                                   (refinery.curriculum), whose budget is the ablation budget
-    summary.json                                  its counts (documents, tokens, bytes, share of raw bytes)
+    summary.json                                  its counts: documents, tokens (all it holds), bytes,
+                                                  raw_byte_share, budget_tokens (what it trains on)
 
 The packing window is `ablations.seq_len` (the overlap at most half of it) and the difficulty
 score is off. The phase's bucket weights are the variant's own token shares, so it trains on its
@@ -31,9 +32,10 @@ import polars as pl
 
 from refinery import curriculum as cur
 from refinery import layout
-from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, held_out_mask, write_eval_set
+from refinery.ablations.eval_set import ensure_eval_set, eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
                                           variant_batches, variant_selection)
+from refinery.ablations.verdicts import verdicts_digest
 from refinery.config import ConfigError, RefineryConfig
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.stages import shuffle as sh
@@ -46,6 +48,7 @@ from refinery.storage import DataRoot, open_data_root
 PHASE = "ablation"
 SUMMARY_KEY = "summary.json"  # in the variant's root
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
+STAGING = "staging"  # in the variant's root: its documents before its quality cut
 
 
 class AblationError(ConfigError):
@@ -81,13 +84,15 @@ def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int 
     the proxy model and its run settings, no validation loss or anneal playbook."""
     ab = cfg.ablations
     assert ab is not None
-    data = cfg.model_dump(mode="json")
+    # Only the fields the config sets: a default taken as set would be checked as the user's (the
+    # quality classifier's default buckets against the declared ones).
+    data = cfg.model_dump(mode="json", exclude_unset=True)
     data.update(data_root=_variant_data_root(cfg, name), ablations=None, curriculum=curriculum,
                 seed=cfg.seed if seed is None else seed)
-    data["stages"]["difficulty"]["enabled"] = False
-    data["shards"].update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
-    data["contamination"]["anneal_phase"] = None
-    data["training"].update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
+    data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = False
+    data.setdefault("shards", {}).update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
+    data.setdefault("contamination", {})["anneal_phase"] = None
+    data.setdefault("training", {}).update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
                             grad_accum_steps=1, lr=ab.lr, warmup_steps=ab.warmup_steps, eval_every_tokens=0,
                             eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
                             run_dir=run_dir or cfg.training.run_dir)
@@ -110,23 +115,28 @@ def _text_bytes(batch: pl.DataFrame) -> int:
 
 
 def _write_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name: str) -> PartitionCounts:
-    """The variant's documents table of every input file, its quality cut applied."""
+    """The variant's documents table of every input file, its quality cut applied. A variant with a
+    cut writes its uncut documents under `staging/` first (the cut needs every file's scores), so
+    its documents table never holds uncut rows, even for a moment."""
     sel = variant_selection(cfg, name)
     counts = PartitionCounts()
     shards = input_shards(cfg)
-    key = lambda s: layout.documents_key(CLEAN_STAGE, s.key)  # noqa: E731
+    final = lambda s: layout.documents_key(CLEAN_STAGE, s.key)  # noqa: E731
+    first = final if sel.quality_top is None else (lambda s: f"{STAGING}/{s.key}.parquet")
     for shard in shards:
-        with vroot.writer(key(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+        with vroot.writer(first(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
             for batch in variant_batches(root, cfg, sel, shard.key, counts):
                 out.write(batch)
     if sel.quality_top is not None:
         cutoffs = quality_cutoffs((b for s in shards for b in parquet_batches(
-            vroot.local_path(key(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
+            vroot.local_path(first(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
         for shard in shards:
-            uncut = vroot.local_path(key(shard))
-            with vroot.writer(key(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
-                for batch in parquet_batches(uncut, READ_ROWS):
+            with vroot.writer(final(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+                for batch in parquet_batches(vroot.local_path(first(shard)), READ_ROWS):
                     out.write(quality_cut(batch, cutoffs))
+        for shard in shards:
+            vroot.delete(first(shard))
+        vroot.delete(STAGING)
     return counts
 
 
@@ -151,17 +161,12 @@ def raw_bytes(root: DataRoot, cfg: RefineryConfig) -> int:
 
 def inputs_digest(root: DataRoot, cfg: RefineryConfig, name: str) -> str:
     """What a variant's shards were built from: the config (the variant, the ablation and run
-    settings that shape them) and the funnel's stats files, which every rerun of a stage rewrites."""
+    settings that shape them), the funnel's verdicts (`verdicts_digest`) and the tokenizer."""
     assert cfg.ablations is not None
-    h = hashlib.sha256()
     ab = cfg.ablations
-    h.update(json.dumps([cfg.fingerprint(), ab.variants[name].model_dump(mode="json"), ab.seq_len,
-                         ab.eval_fraction, ab.eval_buckets], sort_keys=True).encode())
-    for stage in funnel_order():
-        for shard in input_shards(cfg):
-            key = layout.stats_key(stage, shard.key)
-            if root.exists(key):
-                h.update(key.encode() + root.sha256(key).encode())
+    h = hashlib.sha256(json.dumps([cfg.fingerprint(), ab.variants[name].model_dump(mode="json"), ab.seq_len,
+                                   ab.eval_fraction, eval_buckets(cfg)], sort_keys=True).encode())
+    h.update(verdicts_digest(root, cfg, funnel_order()).encode())
     if root.exists(layout.TOKENIZER_KEY):
         h.update(root.sha256(layout.TOKENIZER_KEY).encode())
     return h.hexdigest()
@@ -171,9 +176,8 @@ def inputs_digest(root: DataRoot, cfg: RefineryConfig, name: str) -> str:
 
 
 def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
-    """The variant's documents, tokenizer and final shards, and its summary.json; returns the summary."""
-    if name not in variant_names(cfg):
-        raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
+    """The variant's documents, tokenizer and final shards, and its summary.json (rebuilt whatever is
+    there); returns the summary."""
     vroot = variant_root(root, name)
     counts = _write_documents(root, vroot, cfg, name)
     for key in (layout.TOKENIZER_KEY, layout.TOKENIZER_INFO_KEY):
@@ -203,7 +207,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         "tokens": sum(tokens.values()),
         "bucket_tokens": tokens,
         "bytes": text_bytes,
-        "share_of_raw_bytes": round(text_bytes / raw, 6) if raw else 0.0,
+        "raw_byte_share": round(text_bytes / raw, 6) if raw else 0.0,
         "funnel_documents": counts.funnel,
         "readmitted_documents": counts.readmitted,
         "safety_dropped": counts.safety_dropped,
@@ -262,12 +266,14 @@ def _weights(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
-    """Build the variant `name`: the evaluation set when missing, its shards (the other variants'
-    too where the budget needs them and they are missing), and its one-phase manifest. Returns its
-    summary with the budget: documents, tokens, bytes, share_of_raw_bytes, budget_tokens."""
-    if not root.exists(EVAL_DOCUMENTS_KEY):
-        write_eval_set(root, cfg)
-    summary = build_variant_shards(root, cfg, name)
+    """Build the variant `name`: the evaluation set first (when missing or stale), its shards, and
+    the other variants' where the budget needs them (each when missing, or built from other inputs:
+    `variant_summary`), then its one-phase manifest. Returns its summary with the budget: documents,
+    tokens, bytes, raw_byte_share, budget_tokens and the selection's counts."""
+    if name not in variant_names(cfg):
+        raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
+    ensure_eval_set(root, cfg)
+    summary = variant_summary(root, cfg, name)
     budget = budget_tokens(root, cfg)
     vroot = variant_root(root, name)
     vcfg = _derived(cfg, name, _curriculum(budget, cfg.ablations.seq_len, _weights(summary)))
@@ -279,6 +285,11 @@ def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, A
     summary = {**summary, "budget_tokens": budget}
     vroot.write_json(SUMMARY_KEY, summary)
     return summary
+
+
+def build_variants(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, Any]]:
+    """Every variant, built in the config's order (each variant's shards once)."""
+    return {name: build_variant(root, cfg, name) for name in variant_names(cfg)}
 
 
 def variant_config(cfg: RefineryConfig, name: str, seed: int) -> RefineryConfig:

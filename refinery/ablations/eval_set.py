@@ -17,7 +17,8 @@ Three kinds of documents, each with a `domain` and a `language`:
   `stages.language.model_path` or the bundled one), on the whole text.
 
 Written to `ablations/eval/documents.parquet` (doc_id, text, domain, language), a record batch per
-row group, atomically; the same inputs, config and seed give the same bytes. Eval-set lines are
+row group, atomically, with `ablations/eval/info.json` (what it was chosen from, and its counts);
+the same inputs, config and seed give the same bytes. Eval-set lines are
 `<domain>/<id>` (the line's `id`). Memory: one record batch, and one JSONL line at a time.
 """
 
@@ -27,18 +28,22 @@ import hashlib
 import itertools
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import polars as pl
 
+from refinery.ablations.verdicts import LANGUAGE_STAGE, partition_rejects, recorded_facts, verdicts_digest
 from refinery.config import RefineryConfig
 from refinery.config.run import eval_set_domain
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE
 from refinery.documents import input_shards
+from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
-from refinery.storage import DataRoot
+from refinery.stages.registry import TEXT_STAGE
+from refinery.storage import DataRoot, sha256_file
 
 EVAL_DOCUMENTS_KEY = "ablations/eval/documents.parquet"
+EVAL_INFO_KEY = "ablations/eval/info.json"  # what the documents were chosen from, and their counts
 EVAL_SCHEMA = {"doc_id": pl.String(), "text": pl.String(), "domain": pl.String(), "language": pl.String()}
 BATCH_ROWS = 4096
 _HASH_SPACE = 1 << 64
@@ -102,17 +107,13 @@ def _detector(cfg: RefineryConfig):
 
 
 def _held_out_batches(root: DataRoot, cfg: RefineryConfig) -> Iterator[pl.DataFrame]:
-    from refinery.ablations.selection import LANGUAGE_STAGE, READ_ROWS, partition_rejects, recorded_facts
-    from refinery.stages.attributes import stage_batches
-    from refinery.stages.registry import TEXT_STAGE
-
     detector = None
     curated = set(eval_buckets(cfg))
     for shard in input_shards(cfg):
         if shard.bucket not in curated:
             continue
         facts = None
-        for batch in stage_batches(root, TEXT_STAGE, shard.key, READ_ROWS, columns=["doc_id", "bucket", "text"]):
+        for batch in stage_batches(root, TEXT_STAGE, shard.key, BATCH_ROWS, columns=["doc_id", "bucket", "text"]):
             batch = batch.filter(held_out_mask(cfg, batch["doc_id"], batch["bucket"]))
             if not batch.height:
                 continue
@@ -153,6 +154,29 @@ def write_eval_set(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, i
                 counts.setdefault(domain, {})
                 counts[domain][lang] = counts[domain].get(lang, 0) + n
     return {d: dict(sorted(by.items())) for d, by in sorted(counts.items())}
+
+
+def eval_set_digest(root: DataRoot, cfg: RefineryConfig) -> str:
+    """What the evaluation set is chosen from: the seed, fraction and buckets, the eval-set files'
+    bytes, the language model, and the verdicts of extracted_text and the language stage."""
+    assert cfg.ablations is not None
+    files = [(domain, sha256_file(path)) for domain, path in eval_set_files(cfg)]
+    payload = [cfg.seed, cfg.ablations.eval_fraction, eval_buckets(cfg), files, cfg.stages.language.model_path,
+               verdicts_digest(root, cfg, (TEXT_STAGE, LANGUAGE_STAGE))]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
+
+
+def ensure_eval_set(root: DataRoot, cfg: RefineryConfig) -> dict[str, Any]:
+    """The evaluation set's info (`inputs` digest and `documents` per domain and language), written
+    first when missing or chosen from other inputs."""
+    digest = eval_set_digest(root, cfg)
+    if root.exists(EVAL_INFO_KEY) and root.exists(EVAL_DOCUMENTS_KEY):
+        info = root.read_json(EVAL_INFO_KEY)
+        if info.get("inputs") == digest:
+            return info
+    info = {"inputs": digest, "documents": write_eval_set(root, cfg)}
+    root.write_json(EVAL_INFO_KEY, info)
+    return info
 
 
 def eval_documents(root: DataRoot, rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:

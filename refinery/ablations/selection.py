@@ -39,20 +39,18 @@ import numpy as np
 import polars as pl
 
 from refinery.ablations.eval_set import held_out_mask
+from refinery.ablations.verdicts import VERDICT_TABLES, partition_rejects, recorded_facts
 from refinery.config import RefineryConfig
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
 from refinery.documents import CLEAN_STAGE
-from refinery.layout import documents_key, rejects_key
+from refinery.layout import documents_key
 from refinery.stages import pii as pii_stage
-from refinery.stages.attributes import read_stage_documents, stage_batches
-from refinery.stages.registry import STAGES, TEXT_STAGE, LeftOut, funnel_stage, left_out, rule_family
+from refinery.stages.attributes import stage_batches
+from refinery.stages.registry import TEXT_STAGE, LeftOut, funnel_stage, left_out, rule_family
 from refinery.storage import DataRoot
 
 # Rows of a table read at a time.
 READ_ROWS = 4096
-LANGUAGE_STAGE, QUALITY_STAGE = "language_filtered", "quality_scored"
-# The stages after extracted_text, whose rejects a variant may let back in (funnel order).
-VERDICT_TABLES = tuple(s.name for s in STAGES[[s.name for s in STAGES].index(TEXT_STAGE) + 1:])
 
 
 @dataclass(frozen=True)
@@ -89,33 +87,6 @@ def clean_schema(root: DataRoot, partition: str) -> dict[str, pl.DataType]:
 def _aligned(batch: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     return batch.select([pl.col(c).cast(t) if c in batch.columns else pl.lit(None, dtype=t).alias(c)
                          for c, t in schema.items()])
-
-
-def partition_rejects(root: DataRoot, partition: str) -> pl.DataFrame:
-    """doc_id, table (the stage folder), stage (the verdict), rule and value, detail of every document
-    the stages after extracted_text removed from one file."""
-    frames = []
-    for table in VERDICT_TABLES:
-        key = rejects_key(table, partition)
-        if root.exists(key):
-            df = root.read_parquet(key, columns=["doc_id", "stage", "rule", "value", "detail"])
-            frames.append(df.with_columns(table=pl.lit(table)))
-    if not frames:
-        return pl.DataFrame(schema={"doc_id": pl.String, "stage": pl.String, "rule": pl.String, "value": pl.Float64,
-                                    "detail": pl.String, "table": pl.String})
-    return pl.concat(frames)
-
-
-def recorded_facts(root: DataRoot, partition: str, rejects: pl.DataFrame) -> pl.DataFrame:
-    """doc_id, language, quality_score the funnel recorded for one file's documents: the language
-    stage's and the quality stage's kept columns, and the language and score their rejects hold."""
-    lang = read_stage_documents(root, LANGUAGE_STAGE, partition, columns=["doc_id", "language"])
-    lang_rej = rejects.filter(pl.col("table") == LANGUAGE_STAGE).select("doc_id", language=pl.col("detail"))
-    score = read_stage_documents(root, QUALITY_STAGE, partition, columns=["doc_id", "quality_score"])
-    score_rej = rejects.filter(pl.col("table") == QUALITY_STAGE).select("doc_id", quality_score=pl.col("value"))
-    return (pl.concat([lang.cast({"language": pl.String}), lang_rej])
-            .join(pl.concat([score.cast({"quality_score": pl.Float64}), score_rej]), on="doc_id", how="full",
-                  coalesce=True))
 
 
 def _with_facts(batch: pl.DataFrame, facts: pl.DataFrame) -> pl.DataFrame:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from refinery.config.section import Section
+from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.training import ModelConfig
 
 # The variant every other one is compared with (the report's verdicts are against it).
@@ -55,17 +55,17 @@ class VariantConfig(Section):
             raise ValueError("`without` needs `base: funnel`: `raw` ignores every verdict already")
         return self
 
-    def selection(self) -> tuple[str, tuple[str, ...], float | None]:
-        """What the variant selects, as a comparable value: two variants with the same one are the same."""
-        return self.base, tuple(sorted(self.without or ())), self.quality_top
+    def is_funnel(self) -> bool:
+        return self.base == "funnel" and self.without is None and self.quality_top is None
 
 
 class AblationsConfig(Section):
     """Variants of the corpus trained on a small model for the same tokens and several seeds, and
     compared in bits per byte per evaluation domain and language (docs/ablations.md).
 
-    A variant is *empty* when it selects what another variant selects (same base, same `without`
-    names, same `quality_top`): comparing the two measures only the seeds. `funnel` must be declared,
+    A variant is *empty* when it selects what another variant selects (same base, the same verdicts
+    and rule families left out however they are named, same `quality_top`): comparing the two
+    measures only the seeds. `funnel` must be declared,
     as the plain funnel (`funnel: {}`): every verdict is against it. A variant that selects no
     document is refused when the variants are built."""
 
@@ -95,23 +95,14 @@ class AblationsConfig(Section):
     @field_validator("variants")
     @classmethod
     def _variants(cls, v: dict[str, VariantConfig]) -> dict[str, VariantConfig]:
-        from refinery.config.run import SAFE_PATH_PART
-
         problems = [f"{name!r} is not safe as a folder name and partition key; use letters, digits, '_', '-' and "
                     f"'.', starting with a letter or digit" for name in v if not SAFE_PATH_PART.match(name)]
         if FUNNEL_VARIANT not in v:
             problems.append(f"no variant named {FUNNEL_VARIANT!r}: every verdict is against the plain funnel; add "
                             f"`{FUNNEL_VARIANT}: {{}}`")
-        elif v[FUNNEL_VARIANT].selection() != ("funnel", (), None):
+        elif not v[FUNNEL_VARIANT].is_funnel():
             problems.append(f"{FUNNEL_VARIANT!r} must be the plain funnel (`{FUNNEL_VARIANT}: {{}}`), every verdict is "
                             f"against it; give the other selection another name")
-        seen: dict[tuple, str] = {}
-        for name, variant in v.items():
-            key = variant.selection()
-            if key in seen:
-                problems.append(f"{name!r} is empty: it selects what {seen[key]!r} selects, so comparing them measures "
-                                f"only the seeds; change or remove one")
-            seen.setdefault(key, name)
         if problems:
             raise ValueError("; ".join(problems))
         return v

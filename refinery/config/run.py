@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,12 +14,11 @@ from refinery.config.ablations import AblationsConfig
 from refinery.config.contamination import ContaminationConfig
 from refinery.config.curriculum import CurriculumConfig
 from refinery.config.execution import ExecutionConfig
-from refinery.config.section import Section
+from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.sources import PartitionsConfig, SourceConfig
 from refinery.config.stages import StagesConfig
 from refinery.config.tokens import ShardsConfig, TokenizerConfig
 from refinery.config.training import LAUNCH_FIELDS, TrainingConfig
-from refinery.stages.registry import ablation_names
 
 
 class RefineryConfig(Section):
@@ -84,8 +82,6 @@ class RefineryConfig(Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...).
-SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would let a trailing newline through
 
 
 def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
@@ -137,14 +133,31 @@ def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
 
 def ablation_problems(cfg: RefineryConfig) -> list[str]:
     """`ablations` fields that name stages, rule families, buckets and eval domains that do not exist."""
+    # Here, not at the top: loading a config without ablations imports nothing of refinery.stages.
+    from refinery.stages.registry import UnknownStage, ablation_names, left_out
+
     assert cfg.ablations is not None
     ab, problems = cfg.ablations, []
-    names = ablation_names([f.name for f in cfg.stages.custom_filters])
+    custom = [f.name for f in cfg.stages.custom_filters]
+    names = ablation_names(custom)
+    seen: dict[tuple, str] = {}
     for variant, spec in ab.variants.items():
         for i, name in enumerate(spec.without or []):
             if name not in names:
                 problems.append(f"ablations.variants.{variant}.without[{i}]: {name!r} is no funnel stage, verdict, "
                                 f"skip: name or rule family after extracted_text; use one of {list(names)}")
+        if spec.quality_top is not None and not cfg.stages.quality.enabled:
+            problems.append(f"ablations.variants.{variant}.quality_top: stages.quality.enabled is false, so no "
+                            f"document has a quality_score to cut by; enable the quality stage or drop quality_top")
+        try:
+            ignored = frozenset(lo for name in spec.without or [] for lo in left_out(name, custom))
+        except UnknownStage:
+            continue
+        selects = (spec.base, ignored, spec.quality_top)
+        if selects in seen:
+            problems.append(f"ablations.variants.{variant}: empty: it selects what {seen[selects]!r} selects, so "
+                            f"comparing them measures only the seeds; change or remove one")
+        seen.setdefault(selects, variant)
     step = ab.micro_batch_size * ab.seq_len
     if ab.tokens is not None and ab.tokens % step:
         problems.append(f"ablations.tokens: {ab.tokens:,} is not a whole number of proxy optimizer steps of {step:,} "

@@ -1,5 +1,6 @@
 """A data root whose every document's fate is drawn and known, for the ablation tests: two web files
-and one wiki file (a curated bucket, the quality classifier's positive one), their stage tables
+and one wiki file (a curated bucket: of the quality classifier's default positive buckets, the one a
+source feeds), their stage tables
 written as the funnel writes them (text tables for extracted_text and pii_redacted, attribute tables
 in between with text edits and added columns, a rejects table per stage), pii_redacted computed by
 the real pii stage (safety filter, then redaction), and a trained tokenizer.
@@ -12,6 +13,7 @@ documents it keeps whose doc number is a multiple of 4 (a C4-like line edit).
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,12 @@ FATES = [
     ("quality_scored", "quality_scored", "quality/below_threshold"),
 ]
 FILES = {"web": ["a", "b"], "wiki": ["w"]}
+# Eval-set lines: the contamination set `bench` and the ablations eval set `extra` (evals/extra.jsonl).
+EVAL_LINES = {
+    "bench": [{"id": "q1", "text": "The committee published its annual report on the river bridges today."},
+              {"id": "q2", "text": "Die Kommission hat heute ihren Jahresbericht über die Brücken veröffentlicht."}],
+    "extra": [{"id": 7, "text": "Several families have farmed the valley for more than two hundred years."}],
+}
 DOCS_PER_FILE = 60
 
 
@@ -56,16 +64,29 @@ class VerdictCorpus:
     score: dict[str, float | None] = field(default_factory=dict)  # recorded quality_score (None: never scored)
 
 
+def edited(doc_id: str, text: str) -> str:
+    """heuristic_filtered's edit of a document it keeps: the last line dropped when the doc number
+    is a multiple of 4."""
+    return text.rsplit("\n", 1)[0] if int(doc_id[-7:]) % 4 == 0 else text
+
+
+def received_text(c: "VerdictCorpus", doc_id: str, table: str) -> str:
+    """The text the stage writing `table` received for `doc_id` (the heuristic edit applied after it)."""
+    text = c.extracted[doc_id]
+    return text if table in ("language_filtered", "heuristic_filtered") else edited(doc_id, text)
+
+
 def config_data(data_root: str = "out", **ablations) -> dict:
     return {
         "seed": 11, "data_root": data_root, "buckets": ["web", "wiki"],
         "sources": [{"name": b, "path": f"in/{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in FILES],
-        "stages": {"quality": {"positive_buckets": ["wiki"], "negative_buckets": ["web"]},
-                   "safety": {"blocked_words": [BLOCKED]}},
+        # quality's buckets left at their defaults (books, wiki): the curated bucket is the one fed, wiki
+        "stages": {"safety": {"blocked_words": [BLOCKED]}},
         "tokenizer": {"vocab_size": 300, "train_docs": 500},
         "shards": {"max_seq_len": 64, "overlap": 8, "shard_tokens": 2048, "shuffle_buffer_mb": 1},
+        "contamination": {"eval_sets": [{"name": "bench", "path": "evals/bench.jsonl"}]},
         "ablations": {"variants": {"funnel": {}}, "seq_len": 32, "micro_batch_size": 2, "eval_fraction": 0.2,
-                      **ablations},
+                      "eval_sets": ["evals/extra.jsonl"], **ablations},
     }
 
 
@@ -83,6 +104,9 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         (folder / "in" / bucket).mkdir(parents=True, exist_ok=True)
         for stem in stems:
             (folder / "in" / bucket / f"{stem}.jsonl").write_text("")
+    (folder / "evals").mkdir(exist_ok=True)
+    for name, lines in EVAL_LINES.items():
+        (folder / "evals" / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     config_path = write_config(folder, config_data(**ablations))
     cfg = load_config(config_path)
     c = VerdictCorpus(folder, config_path, cfg, LocalDataRoot(cfg.resolve(cfg.data_root)))
@@ -122,14 +146,13 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         publish_attributes(c.root, "language_filtered", shard.key, upstream, language)
         c.root.write_parquet(rejects_key("language_filtered", shard.key), rej)
         heuristic, rej = rejects(("heuristic_filtered",), language)
-        edited = heuristic.with_columns(text=pl.struct("doc_id", "text").map_elements(
-            lambda r: r["text"].rsplit("\n", 1)[0] if int(r["doc_id"][-7:]) % 4 == 0 else r["text"],
-            return_dtype=pl.String))
-        publish_attributes(c.root, "heuristic_filtered", shard.key, heuristic, edited)
+        lines_cut = heuristic.with_columns(text=pl.struct("doc_id", "text").map_elements(
+            lambda r: edited(r["doc_id"], r["text"]), return_dtype=pl.String))
+        publish_attributes(c.root, "heuristic_filtered", shard.key, heuristic, lines_cut)
         c.root.write_parquet(rejects_key("heuristic_filtered", shard.key), rej)
-        deduped, rej = rejects(("exact_deduped", "near_deduped"), edited)
+        deduped, rej = rejects(("exact_deduped", "near_deduped"), lines_cut)
         deduped = deduped.with_columns(dup_cluster=pl.lit(None, pl.String), dup_cluster_size=pl.lit(1, pl.Int64))
-        publish_attributes(c.root, "deduped", shard.key, edited, deduped)
+        publish_attributes(c.root, "deduped", shard.key, lines_cut, deduped)
         c.root.write_parquet(rejects_key("deduped", shard.key), rej)
         scored, rej = rejects(("quality_scored",), deduped)
         scores = {d: round(rng.random(), 4) for d in scored["doc_id"].to_list()}
