@@ -76,6 +76,11 @@ CONFIG_READ: dict[str, tuple[str, ...]] = {
     "phase_manifests": ("seed", "buckets", "shards", "curriculum", "training"),
     "contamination_scan": ("curriculum", "contamination"),
     "training_run": ("seed", "curriculum", "training"),
+    # The proxy runs train a config derived from the ablations section and the training one
+    # (refinery/ablations/build.py variant_config); the variants draw from the funnel's outputs.
+    "ablation_variants": ("seed", "buckets", "sources", "stages", "tokenizer", "shards", "ablations"),
+    "ablation_runs": ("seed", "tokenizer", "training", "ablations"),
+    "ablation_report": ("ablations",),
 }
 
 

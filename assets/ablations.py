@@ -1,0 +1,179 @@
+"""The ablation assets, present when the config has an `ablations` section (docs/ablations.md).
+
+- `ablation_variants`, one partition per variant: the variant's documents selected over the stored
+  verdicts, tokenized, packed and shuffled into a data root of its own with one phase of the
+  ablation's token budget (refinery/ablations/build.py); its counts go to `variant_counts_key`.
+- `ablation_runs`, one partition per variant and seed: one proxy run (training/proxy_run.py), the
+  project's trainer on that data root, then the model's bits per byte on the held-out evaluation
+  set. Launched like `training_run` (assets/training.py): a Pipes subprocess here or on a Ray node
+  (`training.launch: ray`), relaunched from its latest checkpoint when it dies, in the same pool.
+- `ablation_report`: the table of `refinery ablations` and its plot, from the stored results.
+"""
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from assets.factory import StepResult, global_step_asset
+from assets.partitions import Partitions
+from assets.provenance import Provenance, code_version, image_markdown
+from assets.resource import RefineryResource
+from assets.training import POOL, PipesLaunch, launches_metadata, training_curves
+from refinery.ablations import build, report
+from refinery.config import RefineryConfig
+from refinery.documents import CLEAN_STAGE
+
+VARIANT, SEED = "variant", "seed"
+
+
+def build_variants(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        cfg, root, name = refinery.config, refinery.root, context.partition_key
+        counts = build.build_variant(root, cfg, name)
+        key = report.variant_counts_key(name)
+        hashes = {key: root.write_json(key, counts)}
+        context.log.info(f"ablation_variants[{name}]: {counts}")
+        return StepResult(
+            Provenance(version, cfg.ablations.variants[name].model_dump(mode="json"), hashes,
+                       docs_out=counts.get("documents"), bytes_out=counts.get("bytes")),
+            {"counts": dg.MetadataValue.json(counts),
+             **{k: dg.MetadataValue.int(int(counts[k])) for k in ("tokens", "documents") if k in counts},
+             **({"raw_byte_share": dg.MetadataValue.float(round(counts["raw_byte_share"], 6))}
+                if counts.get("raw_byte_share") is not None else {}),
+             "data_root": dg.MetadataValue.path(root.display(build.variant_root_key(name)))},
+        )
+    return step
+
+
+def result_tables(results: dict[str, Any]) -> dict[str, Any]:
+    """A run's bits per byte per domain and per language, as metadata."""
+    from refinery.ablations.bpb import cells_from_json, totals_by
+
+    cells = cells_from_json(results["cells"])
+    return {f"bpb_by_{axis}": dg.MetadataValue.json({k: round(t.bpb, 6) for k, t in totals_by(cells, axis).items()
+                                                    if t.bpb is not None})
+            for axis in ("domain", "language")}
+
+
+def run_ablation(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        from training.launcher import PhaseTrainingFailed, train_phase
+        from training.proxy_run import single_phase
+
+        cfg, root = refinery.config, refinery.root
+        keys = context.partition_key.keys_by_dimension
+        variant, seed = keys[VARIANT], int(keys[SEED])
+        vcfg = build.variant_config(cfg, variant, seed)
+        config_path = os.path.abspath(refinery.config_path)
+        on_ray = cfg.training.launch == "ray"  # launched as training_run launches
+        checkpoints: list[str] = []
+        nodes: list[str] = []
+
+        def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
+            launch = PipesLaunch(context)
+            args = ["-m", "assets.pipes_ablation", "--config", config_path, "--variant", variant, "--seed", str(seed),
+                    "--resume", resume]
+            code = launch.run_on_ray(cfg, args, log_path) if on_ray else launch.run([sys.executable, *args], log_path)
+            checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
+            nodes.extend([launch.node] if launch.node else [])
+            return code, launch.status
+
+        try:
+            training = train_phase(vcfg, single_phase(vcfg), launch_once, context.log.info, context.log.warning)
+        except PhaseTrainingFailed as e:
+            raise dg.Failure(
+                description=str(e),
+                metadata={**launches_metadata(e.training, checkpoints, nodes), "log_file": str(e.training.log_path),
+                          "log_tail": dg.MetadataValue.text(e.training.log_tail())},
+                allow_retries=e.relaunchable,
+            ) from e
+        key = report.results_key(variant, seed)
+        results = root.read_json(key)
+        context.log.info(f"ablation_runs[{variant}, seed {seed}]: {results['bpb']:.4f} bits per byte")
+        return StepResult(
+            Provenance(version, {"variant": cfg.ablations.variants[variant].model_dump(mode="json"), "seed": seed,
+                                 "model": results["model"], "seq_len": results["seq_len"]},
+                       {key: root.sha256(key)}),
+            {
+                "bpb": dg.MetadataValue.float(round(results["bpb"], 6)),
+                **result_tables(results),
+                "eval_documents": dg.MetadataValue.int(sum(c["documents"] for c in results["cells"])),
+                "tokens_trained": dg.MetadataValue.int(int(results["tokens_trained"])),
+                "steps": dg.MetadataValue.int(int(results["steps"])),
+                "model_sha256": dg.MetadataValue.text(results["model_sha256"]),
+                "results": dg.MetadataValue.path(root.display(key)),
+                **launches_metadata(training, checkpoints, nodes),
+                **training_curves(training.run_dir, training.phase),
+            },
+        )
+    return step
+
+
+def report_ablations(version: str):
+    def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
+        cfg, root = refinery.config, refinery.root
+        results, counts = report.load_stored(root, list(cfg.ablations.variants), cfg.ablations.seeds)
+        if not results:
+            raise dg.Failure(f"no proxy run has finished under {root.display(report.RESULTS_PREFIX)}; "
+                             "materialize ablation_runs first")
+        table = report.build_report(results, counts)
+        png = report.report_png(table)
+        hashes = {report.REPORT_KEY: root.write_json(report.REPORT_KEY, table),
+                  report.REPORT_PLOT_KEY: root.write_bytes(report.REPORT_PLOT_KEY, png)}
+        missing = len(cfg.ablations.variants) * cfg.ablations.seeds - len(results)
+        if missing:
+            context.log.warning(f"ablation_report: {missing} proxy run(s) have no results yet; the table covers "
+                                f"the {len(results)} that finished")
+        return StepResult(
+            Provenance(version, cfg.ablations.model_dump(mode="json"), hashes),
+            {
+                "plot": image_markdown(png, "bits per byte per variant and domain",
+                                       f"mean over seeds, spread as error bar; below, the difference to funnel "
+                                       f"(`{root.display(report.REPORT_PLOT_KEY)}`)"),
+                "table": dg.MetadataValue.md(report.markdown_table(table)),
+                "report_text": dg.MetadataValue.md(f"`refinery ablations`:\n\n```\n{report.format_report(table)}\n```"),
+                "runs": dg.MetadataValue.int(len(results)),
+                "runs_missing": dg.MetadataValue.int(missing),
+                "report": dg.MetadataValue.json(table),
+            },
+        )
+    return step
+
+
+def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
+    if parts.ablation_variants is None or parts.ablation_runs is None:
+        return dg.Definitions()
+    from refinery.ablations import bpb, eval_set
+    from training import proxy_run
+
+    group, kinds = "ablations", {"pytorch"}
+    variants_version = code_version(build, eval_set, report)
+    runs_version = code_version(sys.modules[__name__], proxy_run, bpb)
+    report_version = code_version(report)
+    return dg.Definitions(assets=[
+        global_step_asset(
+            "ablation_variants", build_variants(variants_version), version=variants_version, group=group,
+            kinds={"polars", "parquet"}, automation_condition=None, partitions_def=parts.ablation_variants,
+            deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping()), dg.AssetDep("tokenizer")],
+            description="Per variant: its documents selected over the stored verdicts, tokenized, packed and shuffled "
+                        "into a data root of its own, one phase of the ablation's token budget.",
+        ),
+        global_step_asset(
+            "ablation_runs", run_ablation(runs_version), version=runs_version, group=group, kinds=kinds,
+            automation_condition=None, partitions_def=parts.ablation_runs, pool=POOL,
+            deps=[dg.AssetDep("ablation_variants", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
+                partition_dimension_name=VARIANT))],
+            description="Per variant and seed: the project's trainer on the variant's data root (Pipes subprocess, "
+                        "auto-resume), then the model's bits per byte on the held-out evaluation set.",
+        ),
+        global_step_asset(
+            "ablation_report", report_ablations(report_version), version=report_version, group=group,
+            kinds={"matplotlib", "json"}, automation_condition=None,
+            deps=[dg.AssetDep("ablation_runs", partition_mapping=dg.AllPartitionMapping())],
+            description="Variant x domain bits per byte (mean and spread over seeds), tokens, documents, share of the "
+                        "raw text kept, and each variant's difference to funnel with its verdict (`refinery ablations`).",
+        ),
+    ])
