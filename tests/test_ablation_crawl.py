@@ -132,7 +132,7 @@ def test_the_ablations_config_reads_the_crawl_and_names_the_issues_variants(craw
         matched[src.bucket] = sorted(f for f in truth["files"] if fnmatch.fnmatch(f, pattern))
     assert matched == {"web": [f"web/web-{i:02d}.warc.gz" for i in range(4)],
                        "docs": ["docs/docs-00.jsonl.gz", "docs/docs-01.jsonl.gz"]}
-    selections = {name: v.selection() for name, v in cfg.ablations.variants.items()}
+    selections = {name: (v.base, tuple(v.without or ()), v.quality_top) for name, v in cfg.ablations.variants.items()}
     assert selections == {"raw": ("raw", (), None), "funnel": ("funnel", (), None),
                           "without_heuristic": ("funnel", ("heuristic",), None),
                           "without_near_dedup": ("funnel", ("near_dedup",), None),

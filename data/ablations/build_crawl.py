@@ -42,8 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from refinery.testing.crawl import (  # noqa: E402
-    BLOCKLISTED_DOMAINS, SPAM_KINDS, Doc, SampleBuilder, WarcEntry, gzip_member, render_page, spam_doc, text_rng,
-    warc_bytes, write_bytes,
+    BLOCKLISTED_DOMAINS, SPAM_KINDS, Doc, SampleBuilder, gzip_member, spam_doc, warc_bytes, web_entries, write_bytes,
 )
 
 DATA = HERE.parent
@@ -104,13 +103,8 @@ class CrawlBuilder(SampleBuilder):
         copies = self.plant_duplicates(docs, "web", EXACT_COPIES, NEAR_COPIES, DUPLICATED_LANGUAGES)
         rng = self.rng("web")
         for i, file_docs in enumerate(self.split_files(docs + spam, copies, WEB_FILES, "web-files")):
-            entries = []
-            for d in file_docs:
-                meta = text_rng(d).random() < 0.5
-                body = render_page(d, links=links.get(d.url, []), charset_in_meta=meta, lang=d.lang or "en").encode()
-                charset = rng.choice(["", "; charset=UTF-8"]) if meta else "; charset=utf-8"
-                entries.append(WarcEntry(d.url, body, f"text/html{charset}", with_request=rng.random() < 0.3))
             name = f"web/web-{i:02d}.warc.gz"
+            entries = web_entries(file_docs, links, rng)
             records, index = warc_bytes(entries, rng, name)
             write_bytes(self.out / name, b"".join(gzip_member(r) for r in records))
             for d in file_docs:

@@ -338,6 +338,18 @@ def warc_bytes(entries: list[WarcEntry], rng: random.Random, filename: str) -> t
     return records, index
 
 
+def web_entries(docs: list[Doc], links: dict[str, list[str]], rng: random.Random) -> list[WarcEntry]:
+    """Each doc as an HTML page response (a link farm's anchors from `links`), its charset in a
+    meta tag or in the Content-Type header, a third of them after a request record."""
+    entries = []
+    for d in docs:
+        meta = text_rng(d).random() < 0.5
+        body = render_page(d, links=links.get(d.url, []), charset_in_meta=meta, lang=d.lang or "en").encode()
+        charset = rng.choice(["", "; charset=UTF-8"]) if meta else "; charset=utf-8"
+        entries.append(WarcEntry(d.url, body, f"text/html{charset}", with_request=rng.random() < 0.3))
+    return entries
+
+
 def gzip_member(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=6, mtime=0)
 
@@ -504,12 +516,7 @@ class SampleBuilder:
             self.truth.spam.append({"url": doc.url, "kind": doc.extra["spam_kind"], "blocklisted_domain": host.endswith(BLOCKLISTED_DOMAINS)})
         files = self.split_files(main + spam, copies, 3, "web-files")
         for i, file_docs in enumerate(files):
-            entries = []
-            for d in file_docs:
-                meta = text_rng(d).random() < 0.5
-                body = render_page(d, links=links.get(d.url, []), charset_in_meta=meta, lang=d.lang or "en").encode()
-                charset = rng.choice(["", "; charset=UTF-8"]) if meta else "; charset=utf-8"
-                entries.append(WarcEntry(d.url, body, f"text/html{charset}", with_request=rng.random() < 0.3))
+            entries = web_entries(file_docs, links, rng)
             odd = self.web_odd_entries(i, reserved, rng)
             entries[len(entries) // 2 : len(entries) // 2] = [e for e, _, _ in odd]
             name = f"web/web-{i:02d}.warc.gz"
