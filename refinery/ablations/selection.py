@@ -107,17 +107,12 @@ def _not_held_out(cfg: RefineryConfig, batch: pl.DataFrame) -> pl.DataFrame:
 
 @dataclass
 class PartitionCounts:
-    """What one file gave a variant (before its quality cut)."""
+    """What a variant's files gave it, before its quality cut."""
 
     funnel: int = 0  # documents the funnel kept
-    readmitted: int = 0  # rejected documents let back in
+    readmitted: int = 0  # documents from outside the funnel's kept ones (for `raw`, every document)
     safety_dropped: int = 0  # readmitted documents the safety filter then removed
     held_out: int = 0  # documents left out for the evaluation set
-
-    def __iadd__(self, other: "PartitionCounts") -> "PartitionCounts":
-        for k in vars(self):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-        return self
 
 
 def variant_batches(root: DataRoot, cfg: RefineryConfig, sel: Selection, partition: str,
@@ -174,7 +169,7 @@ def language_of(languages: pl.Series) -> pl.Series:
 def quality_cutoffs(scored: Iterator[pl.DataFrame], top_fraction: float) -> dict[str, dict[str, float]]:
     """bucket -> language -> the lowest quality_score a `top_fraction` cut keeps, from frames of
     bucket, language and quality_score (null: unscored, counted but never kept), as a phase's
-    per-language quality cut computes it. Memory: one float per scored document."""
+    per-language quality cut computes it. Memory: one float per document of the variant."""
     scores: dict[str, dict[str, list[np.ndarray]]] = {}
     for frame in scored:
         frame = frame.with_columns(language=language_of(frame["language"]))
