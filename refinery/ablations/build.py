@@ -217,7 +217,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         "raw_byte_share": round(text_bytes / raw, 6) if raw else 0.0,
         "funnel_documents": counts.funnel,
         "readmitted_documents": counts.readmitted,
-        "safety_dropped": counts.safety_dropped,
+        "judged_out": counts.judged_out,
         "held_out": counts.held_out,
     }
     vroot.write_json(SUMMARY_KEY, summary)
