@@ -24,9 +24,9 @@ from refinery.documents import InputShard
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
 from refinery.stages import quality as q
+from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents
 from refinery.stages.quality_training import quality_settings, train_and_publish
-from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.storage import DataRoot
 
