@@ -37,7 +37,8 @@ from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_sche
                                           variant_batches, variant_selection)
 from refinery.ablations.verdicts import verdicts_digest
 from refinery.config import ConfigError, RefineryConfig
-from refinery.documents import CLEAN_STAGE, input_shards
+from refinery.config.ablations import FUNNEL_VARIANT
+from refinery.documents import CLEAN_STAGE, InputShard, input_shards
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery.stages.attributes import stage_batches
@@ -92,10 +93,10 @@ def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int 
     data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = False
     data.setdefault("shards", {}).update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
     data.setdefault("contamination", {})["anneal_phase"] = None
-    data.setdefault("training", {}).update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
-                            grad_accum_steps=1, lr=ab.lr, warmup_steps=ab.warmup_steps, eval_every_tokens=0,
-                            eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
-                            run_dir=run_dir or cfg.training.run_dir)
+    data.setdefault("training", {}).update(
+        model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size, grad_accum_steps=1, lr=ab.lr,
+        warmup_steps=ab.warmup_steps, eval_every_tokens=0, eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
+        run_dir=run_dir or cfg.training.run_dir)
     return RefineryConfig.model_validate({**data, "base_dir": cfg.base_dir})
 
 
@@ -121,21 +122,24 @@ def _write_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name:
     sel = variant_selection(cfg, name)
     counts = PartitionCounts()
     shards = input_shards(cfg)
-    final = lambda s: layout.documents_key(CLEAN_STAGE, s.key)  # noqa: E731
-    first = final if sel.quality_top is None else (lambda s: f"{STAGING}/{s.key}.parquet")
+
+    def final(shard: InputShard) -> str:
+        return layout.documents_key(CLEAN_STAGE, shard.key)
+
+    def uncut(shard: InputShard) -> str:
+        return final(shard) if sel.quality_top is None else f"{STAGING}/{shard.key}.parquet"
+
     for shard in shards:
-        with vroot.writer(first(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+        with vroot.writer(uncut(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
             for batch in variant_batches(root, cfg, sel, shard.key, counts):
                 out.write(batch)
     if sel.quality_top is not None:
         cutoffs = quality_cutoffs((b for s in shards for b in parquet_batches(
-            vroot.local_path(first(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
+            vroot.local_path(uncut(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
         for shard in shards:
             with vroot.writer(final(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
-                for batch in parquet_batches(vroot.local_path(first(shard)), READ_ROWS):
+                for batch in parquet_batches(vroot.local_path(uncut(shard)), READ_ROWS):
                     out.write(quality_cut(batch, cutoffs))
-        for shard in shards:
-            vroot.delete(first(shard))
         vroot.delete(STAGING)
     return counts
 
@@ -151,11 +155,16 @@ def _documents_summary(vroot: DataRoot, cfg: RefineryConfig) -> tuple[int, int]:
 
 def raw_bytes(root: DataRoot, cfg: RefineryConfig) -> int:
     """UTF-8 bytes of extracted_text's text, held-out documents left out: what the `raw` variant
-    starts from and each variant's share is of."""
+    starts from and each variant's share is of. Counted once per state of the funnel
+    (`ablations/raw_bytes.json`, keyed by the `funnel` variant's `inputs_digest`)."""
+    digest = inputs_digest(root, cfg, FUNNEL_VARIANT)
+    if root.exists(RAW_BYTES_KEY) and root.read_json(RAW_BYTES_KEY).get("inputs") == digest:
+        return root.read_json(RAW_BYTES_KEY)["bytes"]
     total = 0
     for shard in input_shards(cfg):
         for batch in stage_batches(root, TEXT_STAGE, shard.key, READ_ROWS, columns=["doc_id", "bucket", "text"]):
             total += _text_bytes(batch.filter(~held_out_mask(cfg, batch["doc_id"], batch["bucket"])))
+    root.write_json(RAW_BYTES_KEY, {"inputs": digest, "bytes": total})
     return total
 
 
@@ -180,6 +189,10 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
     there); returns the summary."""
     vroot = variant_root(root, name)
     counts = _write_documents(root, vroot, cfg, name)
+    documents, text_bytes = _documents_summary(vroot, cfg)
+    if documents == 0:
+        raise AblationError(f"ablations.variants.{name}: selects no document (after the held-out evaluation "
+                            f"documents); widen it or remove it")
     for key in (layout.TOKENIZER_KEY, layout.TOKENIZER_INFO_KEY):
         vroot.write_bytes(key, root.read_bytes(key))
     vcfg = _derived(cfg, name, None)
@@ -193,13 +206,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         result = sh.shuffle_bucket(vroot, vcfg.seed, bucket, parts, fields, vcfg.shards.shard_tokens,
                                    vcfg.shards.shuffle_buffer_mb)
         tokens[bucket] = result.index["tokens"]
-    documents, text_bytes = _documents_summary(vroot, cfg)
-    if documents == 0:
-        raise AblationError(f"ablations.variants.{name}: selects no document (after the held-out evaluation "
-                            f"documents); widen it or remove it")
-    if not root.exists(RAW_BYTES_KEY) or root.read_json(RAW_BYTES_KEY).get("inputs") != inputs_digest(root, cfg, "funnel"):
-        root.write_json(RAW_BYTES_KEY, {"inputs": inputs_digest(root, cfg, "funnel"), "bytes": raw_bytes(root, cfg)})
-    raw = root.read_json(RAW_BYTES_KEY)["bytes"]
+    raw = raw_bytes(root, cfg)
     summary = {
         "variant": name,
         "inputs": inputs_digest(root, cfg, name),
@@ -210,7 +217,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         "raw_byte_share": round(text_bytes / raw, 6) if raw else 0.0,
         "funnel_documents": counts.funnel,
         "readmitted_documents": counts.readmitted,
-        "safety_dropped": counts.safety_dropped,
+        "judged_out": counts.judged_out,
         "held_out": counts.held_out,
     }
     vroot.write_json(SUMMARY_KEY, summary)

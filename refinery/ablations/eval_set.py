@@ -34,6 +34,7 @@ import polars as pl
 
 from refinery.ablations.verdicts import LANGUAGE_STAGE, partition_rejects, recorded_facts, verdicts_digest
 from refinery.config import RefineryConfig
+from refinery.contamination import eval_set_lines
 from refinery.config.run import eval_set_domain
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE
 from refinery.documents import input_shards
@@ -47,10 +48,6 @@ EVAL_INFO_KEY = "ablations/eval/info.json"  # what the documents were chosen fro
 EVAL_SCHEMA = {"doc_id": pl.String(), "text": pl.String(), "domain": pl.String(), "language": pl.String()}
 BATCH_ROWS = 4096
 _HASH_SPACE = 1 << 64
-
-
-class EvalSetError(ValueError):
-    """An eval-set file that cannot be read as JSONL of {id, text}; the message names the line."""
 
 
 def eval_buckets(cfg: RefineryConfig) -> list[str]:
@@ -81,22 +78,6 @@ def eval_set_files(cfg: RefineryConfig) -> list[tuple[str, Path]]:
     assert cfg.ablations is not None
     return [*((es.name, Path(cfg.resolve(es.path))) for es in cfg.contamination.eval_sets),
             *((eval_set_domain(p), Path(cfg.resolve(p))) for p in cfg.ablations.eval_sets)]
-
-
-def eval_set_lines(path: Path) -> Iterator[tuple[str, str]]:
-    """(id, text) of each non-blank line of a JSONL eval set, one line read at a time."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                item_id, text = str(rec["id"]), rec["text"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise EvalSetError(f"{path}:{lineno}: each line must be a JSON object with `id` and `text` ({err})") from None
-            if not isinstance(text, str):
-                raise EvalSetError(f"{path}:{lineno}: `text` must be a string")
-            yield item_id, text
 
 
 def _detector(cfg: RefineryConfig):

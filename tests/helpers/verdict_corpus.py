@@ -5,7 +5,9 @@ written as the funnel writes them (text tables for extracted_text and pii_redact
 in between with text edits and added columns, a rejects table per stage), pii_redacted computed by
 the real pii stage (safety filter, then redaction), and a trained tokenizer.
 
-Fates: kept, or removed at one stage with one rule (`FATES`). Some texts hold an email address
+Fates: kept, or removed at one stage with one rule (`FATES`). Some documents removed before dedup
+copy (in upper case: the same normalized text) an earlier document that reached dedup, or one
+removed before it (`copy_of`); the signature tables hold exact dedup's hashes of what reached it. Some texts hold an email address
 (redacted by the pii stage) or the blocked word (removed by the safety filter, at pii_redacted, or
 after readmission for a document removed earlier). heuristic_filtered drops the last line of the
 documents it keeps whose doc number is a multiple of 4 (a C4-like line edit).
@@ -24,9 +26,11 @@ from helpers.configs import write_config
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA, input_shards, make_doc_id
 from refinery.layout import documents_key, rejects_key
+from refinery.stages import dedup_compute as dc
 from refinery.stages import pii as pii_stage
 from refinery.stages import tokenize as tk
 from refinery.stages.attributes import publish_attributes
+from refinery.stages.quality_training import train_and_publish
 from refinery.storage import LocalDataRoot
 
 BLOCKED = "forbiddenword"
@@ -62,6 +66,7 @@ class VerdictCorpus:
     bucket: dict[str, str] = field(default_factory=dict)
     language: dict[str, str] = field(default_factory=dict)
     score: dict[str, float | None] = field(default_factory=dict)  # recorded quality_score (None: never scored)
+    copy_of: dict[str, str] = field(default_factory=dict)  # doc_id -> the earlier document whose text it copies
 
 
 def edited(doc_id: str, text: str) -> str:
@@ -81,7 +86,7 @@ def config_data(data_root: str = "out", **ablations) -> dict:
         "seed": 11, "data_root": data_root, "buckets": ["web", "wiki"],
         "sources": [{"name": b, "path": f"in/{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in FILES],
         # quality's buckets left at their defaults (books, wiki): the curated bucket is the one fed, wiki
-        "stages": {"safety": {"blocked_words": [BLOCKED]}},
+        "stages": {"safety": {"blocked_words": [BLOCKED]}, "quality": {"num_features": 4096, "threshold": 0.5}},
         "tokenizer": {"vocab_size": 300, "train_docs": 500},
         "shards": {"max_seq_len": 64, "overlap": 8, "shard_tokens": 2048, "shuffle_buffer_mb": 1},
         "contamination": {"eval_sets": [{"name": "bench", "path": "evals/bench.jsonl"}]},
@@ -92,7 +97,7 @@ def config_data(data_root: str = "out", **ablations) -> dict:
 
 def _text(rng: random.Random, i: int) -> str:
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) for _ in range(rng.randint(2, 5))]
-    if i % 5 == 0:
+    if i % 3 == 0:
         lines[0] += f" write to person{i}@example.org"
     if i % 11 == 3:
         lines[-1] += f" {BLOCKED}"
@@ -112,15 +117,25 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
     c = VerdictCorpus(folder, config_path, cfg, LocalDataRoot(cfg.resolve(cfg.data_root)))
     rng = random.Random(5)
     text_schema = {**PROVENANCE_SCHEMA, "text": pl.String()}
+    kept_by_dedup: dict[str, tuple[pl.DataFrame, dict]] = {}
     for shard in input_shards(cfg):
         ids = [make_doc_id(shard.key, i) for i in range(DOCS_PER_FILE)]
         rows = []
         for i, doc_id in enumerate(ids):
             text = _text(rng, i)
-            c.extracted[doc_id], c.bucket[doc_id] = text, shard.bucket
             c.language[doc_id] = "de" if i % 7 == 1 else "en"
             roll = rng.random()
             c.fate[doc_id] = FATES[int(roll * 10)][1:] if roll < 0.6 else None
+            if c.fate[doc_id] is not None and c.fate[doc_id][0] in ("language_filtered", "heuristic_filtered") and i % 2:
+                # a copy (in other case) of a document dedup saw unedited, or of one removed before it
+                reached = [d for d in ids[:i] if int(d[-7:]) % 4 and (c.fate[d] is None or c.fate[d][0] not in
+                                                                     ("language_filtered", "heuristic_filtered"))]
+                removed_before = [d for d in ids[:i] if c.fate[d] and c.fate[d][0] == "language_filtered"]
+                earlier = reached if i % 4 == 1 else removed_before
+                if earlier:
+                    text = c.extracted[earlier[-1]].upper()
+                    c.copy_of[doc_id] = earlier[-1]
+            c.extracted[doc_id], c.bucket[doc_id] = text, shard.bucket
             rows.append({"doc_id": doc_id, "url": f"https://{shard.bucket}.example/{shard.key}/{i}",
                          "source": shard.source, "bucket": shard.bucket, "file": shard.path, "record_index": i,
                          "record_offset": 0, "fetch_time": None, "content_type": "text/plain", "text": text})
@@ -128,7 +143,7 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         c.root.write_parquet(documents_key("extracted_text", shard.key), docs)
         removed = {d: f for d, f in c.fate.items() if f is not None and d in set(ids)}
 
-        def rejects(verdicts: tuple[str, ...], upstream: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        def rejects(verdicts: tuple[str, ...], upstream: pl.DataFrame, removed: dict = removed) -> tuple[pl.DataFrame, pl.DataFrame]:
             gone = [d for d in upstream["doc_id"].to_list() if d in removed and removed[d][0] in verdicts]
             out = [(d, None, None, c.bucket[d], removed[d][0], removed[d][1],
                     0.1 if removed[d][1].startswith("quality") else 1.0,
@@ -154,7 +169,14 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         deduped = deduped.with_columns(dup_cluster=pl.lit(None, pl.String), dup_cluster_size=pl.lit(1, pl.Int64))
         publish_attributes(c.root, "deduped", shard.key, lines_cut, deduped)
         c.root.write_parquet(rejects_key("deduped", shard.key), rej)
-        scored, rej = rejects(("quality_scored",), deduped)
+        kept_by_dedup[shard.key] = (deduped, removed)
+        dc.compute_signatures(cfg, c.root, shard.key)  # exact dedup's hashes of what reached it
+    # the quality classifier of the real stage, trained on the curated bucket against web: what
+    # judges a readmitted document that never reached quality_scored
+    train_and_publish(cfg, c.root)
+    for shard in input_shards(cfg):
+        deduped, removed = kept_by_dedup[shard.key]
+        scored, rej = rejects(("quality_scored",), deduped, removed)
         scores = {d: round(rng.random(), 4) for d in scored["doc_id"].to_list()}
         c.score.update(scores)
         scored = scored.with_columns(quality_score=pl.col("doc_id").replace_strict(scores))
