@@ -12,6 +12,7 @@
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from assets.training import POOL, PipesLaunch, launches_metadata, training_curve
 from refinery.ablations import build, report
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE
+from refinery.layout import manifest_key
 
 VARIANT, SEED = "variant", "seed"
 
@@ -32,17 +34,21 @@ VARIANT, SEED = "variant", "seed"
 def build_variants(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root, name = refinery.config, refinery.root, context.partition_key
-        counts = build.build_variant(root, cfg, name)
-        key = report.variant_counts_key(name)
-        hashes = {key: root.write_json(key, counts)}
-        context.log.info(f"ablation_variants[{name}]: {counts}")
+        summary = build.build_variant(root, cfg, name)
+        vroot = build.variant_root(root, name)
+        written = [build.SUMMARY_KEY, manifest_key(build.PHASE)]
+        hashes = {f"{build.variant_root_key(name)}/{key}": vroot.sha256(key) for key in written}
+        context.log.info(f"ablation_variants[{name}]: {summary['documents']:,} documents, {summary['tokens']:,} "
+                         f"tokens, {summary['share_of_raw_bytes']:.1%} of the raw text; budget "
+                         f"{summary['budget_tokens']:,} tokens")
         return StepResult(
             Provenance(version, cfg.ablations.variants[name].model_dump(mode="json"), hashes,
-                       docs_out=counts.get("documents"), bytes_out=counts.get("bytes")),
-            {"counts": dg.MetadataValue.json(counts),
-             **{k: dg.MetadataValue.int(int(counts[k])) for k in ("tokens", "documents") if k in counts},
-             **({"raw_byte_share": dg.MetadataValue.float(round(counts["raw_byte_share"], 6))}
-                if counts.get("raw_byte_share") is not None else {}),
+                       docs_out=summary["documents"], bytes_out=summary["bytes"]),
+            {"summary": dg.MetadataValue.json(summary),
+             "documents": dg.MetadataValue.int(summary["documents"]),
+             "tokens": dg.MetadataValue.int(summary["tokens"]),
+             "budget_tokens": dg.MetadataValue.int(summary["budget_tokens"]),
+             "share_of_raw_bytes": dg.MetadataValue.float(summary["share_of_raw_bytes"]),
              "data_root": dg.MetadataValue.path(root.display(build.variant_root_key(name)))},
         )
     return step
@@ -150,6 +156,9 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     from training import proxy_run
 
     group, kinds = "ablations", {"pytorch"}
+    with warnings.catch_warnings():  # Dagster 1.13 marks this mapping beta
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        by_variant = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=VARIANT)
     variants_version = code_version(build, eval_set, report)
     runs_version = code_version(sys.modules[__name__], proxy_run, bpb)
     report_version = code_version(report)
@@ -164,8 +173,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         global_step_asset(
             "ablation_runs", run_ablation(runs_version), version=runs_version, group=group, kinds=kinds,
             automation_condition=None, partitions_def=parts.ablation_runs, pool=POOL,
-            deps=[dg.AssetDep("ablation_variants", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
-                partition_dimension_name=VARIANT))],
+            deps=[dg.AssetDep("ablation_variants", partition_mapping=by_variant)],
             description="Per variant and seed: the project's trainer on the variant's data root (Pipes subprocess, "
                         "auto-resume), then the model's bits per byte on the held-out evaluation set.",
         ),

@@ -3,7 +3,7 @@ then the trained model's bits per byte on the evaluation set (refinery/ablations
 
 `variant_config(cfg, variant, seed)` (refinery/ablations/build.py) is the config the trainer runs: the
 variant's own data root (its token shards and one phase of the ablation's token budget),
-`ablations.model`, and `seed` as the run's seed. The seed is the only thing that differs between
+`ablations.model`, and the run's seed plus `seed`. That seed is the only thing that differs between
 the runs of one variant: the trainer draws the model's initial weights from it (torch.manual_seed)
 and the data order (each pass's permutation of the entries and the rows' slots within a step); the
 variant's documents, shards and budget do not depend on it.
@@ -116,11 +116,14 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
     }
 
 
-def current_results(root: DataRoot, key: str, vcfg: RefineryConfig) -> dict[str, Any] | None:
-    """The stored results when they are of the model the run's boundary checkpoint holds."""
+def current_results(root: DataRoot, key: str, vcfg: RefineryConfig, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored results when they are of this run (`identity`: variant, seed, the evaluation
+    set's digest) and of the model its boundary checkpoint holds."""
     if not root.exists(key):
         return None
     stored = root.read_json(key)
+    if any(stored.get(k) != v for k, v in identity.items()):
+        return None
     return stored if stored.get("model_sha256") == trained_model(vcfg)[1] else None
 
 
@@ -133,7 +136,7 @@ def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity:
     code = run_train(train_args(vcfg, resume), sinks=sinks, cfg=vcfg)
     if code != 0:
         return code
-    if current_results(root, key, vcfg) is None:
+    if current_results(root, key, vcfg, identity) is None:
         results = evaluate(vcfg, documents(), identity)
         root.write_json(key, results)
         print(f"proxy run {identity}: {results['bpb']:.4f} bits per byte over "
@@ -144,12 +147,13 @@ def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity:
 def run_proxy(cfg: RefineryConfig, variant: str, seed: int, resume: str = "auto", sinks: list | None = None) -> int:
     """The proxy run of `variant` with `seed` under the main config `cfg`."""
     from refinery.ablations.build import variant_config
-    from refinery.ablations.eval_set import eval_documents
+    from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, eval_documents
     from refinery.ablations.report import results_key
 
     root = open_data_root(cfg.resolve(cfg.data_root))
-    return train_and_evaluate(variant_config(cfg, variant, seed), root, results_key(variant, seed),
-                              {"variant": variant, "seed": seed}, lambda: eval_documents(root), resume, sinks)
+    identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY)}
+    return train_and_evaluate(variant_config(cfg, variant, seed), root, results_key(variant, seed), identity,
+                              lambda: eval_documents(root), resume, sinks)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -146,7 +146,8 @@ def _rows(figures: dict[str, dict[str, dict[int, float]]], order: list[str], axi
 
 def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The report of the stored results (one dict per run: variant, seed, cells) and the variants'
-    counts (name -> documents, tokens, raw_byte_share), variants in the order given."""
+    counts (name -> its build summary: documents, tokens, share_of_raw_bytes, budget_tokens), variants in the
+    order given."""
     order = list(variants) + sorted({r["variant"] for r in results} - set(variants))
     return {
         "baseline": BASELINE, "alpha": ALPHA,
@@ -184,7 +185,7 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{_num(row['spread'], '.4f'):>7} {row['seeds']:>5} {_num(row['diff'], '+.4f'):>9}  "
                      f"{_call(row):<26} "
                      + (f"{_num(counts.get('tokens'), ','):>12} {_num(counts.get('documents'), ','):>10} "
-                        f"{_share(counts.get('raw_byte_share')):>8}" if first else ""))
+                        f"{_share(counts.get('share_of_raw_bytes')):>8}" if first else ""))
     lines += ["", f"{'variant':<20} {'language':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  verdict"]
     for row in report["languages"]:
         if row["language"] == "all":
@@ -203,7 +204,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         counts = variants.get(row["variant"], {})
         lines.append(f"| {row['variant']} | {row['domain']} | {row['bpb']:.4f} | {_num(row['spread'], '.4f')} | "
                      f"{row['seeds']} | {_num(row['diff'], '+.4f')} | {_call(row)} | {_num(counts.get('tokens'), ',')} | "
-                     f"{_num(counts.get('documents'), ',')} | {_share(counts.get('raw_byte_share'))} |")
+                     f"{_num(counts.get('documents'), ',')} | {_share(counts.get('share_of_raw_bytes'))} |")
     return "\n".join(lines)
 
 
@@ -261,14 +262,11 @@ def overall(cells_json: list[dict]) -> Tally:
     return totals_by(cells_from_json(cells_json), "all").get("all", Tally())
 
 
-def variant_counts_key(variant: str) -> str:
-    """Where the `ablation_variants` asset stores a variant's counts (documents, tokens, share of the raw bytes)."""
-    return f"ablations/variants/{variant}/counts.json"
-
-
 def load_stored(root, variants: list[str], seeds: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The stored results of every run of `variants` x range(`seeds`) that has finished, and each
-    variant's counts ({} before `ablation_variants` ran for it)."""
+    variant's counts (its summary.json; {} before the variant is built)."""
+    from refinery.ablations.build import SUMMARY_KEY, variant_root_key
+
     results = [root.read_json(results_key(v, s)) for v in variants for s in range(seeds) if root.exists(results_key(v, s))]
-    counts = {v: (root.read_json(variant_counts_key(v)) if root.exists(variant_counts_key(v)) else {}) for v in variants}
-    return results, counts
+    summaries = {v: f"{variant_root_key(v)}/{SUMMARY_KEY}" for v in variants}
+    return results, {v: root.read_json(key) if root.exists(key) else {} for v, key in summaries.items()}
