@@ -15,6 +15,7 @@ from assets.partitions import Partitions
 from helpers.materialize import materialize, module_assets
 from helpers.verdict_corpus import write_verdict_corpus
 from orchestration.cli import main
+from orchestration.definitions import build_definitions as build_workspace
 from refinery.ablations.report import REPORT_KEY, results_key
 from refinery.config import load_config
 from training.proxy_run import run_proxy
@@ -33,6 +34,9 @@ def test_the_partitions_come_from_the_config(tmp_path):
     assert sorted((k.keys_by_dimension["variant"], k.keys_by_dimension["seed"]) for k in runs.get_partition_keys()) == \
         sorted((v, s) for v in VARIANTS for s in ("0", "1"))
     assert assets["ablation_report"].partitions_def is None
+    workspace = build_workspace(str(c.config_path)).resolve_asset_graph()  # CONFIG_READ covers them
+    assert {"ablation_variants", "ablation_runs", "ablation_report"} <= {
+        k.to_user_string() for k in workspace.materializable_asset_keys}
     data = yaml.safe_load(c.config_path.read_text())
     del data["ablations"]
     c.config_path.write_text(yaml.safe_dump(data))
