@@ -16,9 +16,11 @@ from helpers.materialize import materialize, module_assets
 from helpers.verdict_corpus import write_verdict_corpus
 from orchestration.cli import main
 from orchestration.definitions import build_definitions as build_workspace
+from refinery.ablations import build
 from refinery.ablations.report import REPORT_KEY, results_key
 from refinery.config import load_config
 from training.proxy_run import run_proxy
+from training.trainer import KILL_AT_STEP_ENV
 
 VARIANTS = {"funnel": {}, "raw": {"base": "raw"}, "no_heuristic": {"without": ["heuristic"]}}
 PROXY = {"seeds": 2, "tokens": 2048, "model": {"n_layer": 1, "n_head": 2, "n_embd": 32}}
@@ -122,3 +124,27 @@ def test_the_command_says_what_to_run_first(tmp_path, capsys):
     c = write_verdict_corpus(tmp_path, variants={"funnel": {}}, **PROXY)
     assert main(["ablations", "--config", str(c.config_path)]) == 1
     assert "materialize ablation_runs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_on_a_ray_node_killed_midway_is_relaunched_to_the_same_figures(tmp_path, monkeypatch, ray_cluster):
+    """With `training.launch: ray` the proxy run goes to a node of the cluster as training_run's
+    trainer does; SIGKILLed after a checkpoint, it is relaunched from it and ends with the figures of
+    an uninterrupted run in process."""
+    c = write_verdict_corpus(tmp_path, variants={"funnel": {}}, **PROXY)
+    data = yaml.safe_load(c.config_path.read_text())
+    data["training"] = {"launch": "ray", "resume_backoff_s": 0.01, "checkpoint_interval": 8}
+    data["execution"] = {"address": ray_cluster.address}
+    c.config_path.write_text(yaml.safe_dump(data))
+    cfg = load_config(c.config_path)
+    build.build_variant(c.root, cfg, "funnel")
+    assert run_proxy(cfg, "funnel", 1) == 0  # the reference, uninterrupted, in process
+    reference = c.root.read_json(results_key("funnel", 1))
+    c.root.delete(results_key("funnel", 1))
+    c.root.delete("ablations/variants/funnel/runs/seed-1")
+    monkeypatch.setenv(KILL_AT_STEP_ENV, "16")  # REFINERY_* settings travel with the launch
+    run = materialize([module_assets(ablations, c.config_path)["ablation_runs"]], c.config_path,
+                      dg.MultiPartitionKey({"variant": "funnel", "seed": "1"}))
+    meta = metadata(run, "ablation_runs")
+    assert [a["exit_code"] for a in meta["attempts"].value] == [-9, 0] and "ray_nodes" in meta
+    assert c.root.read_json(results_key("funnel", 1)) == reference
