@@ -19,6 +19,8 @@ GOOD = {"variants": {"funnel": {}, "raw": {"base": "raw"}, "no_heuristic": {"wit
 
 def with_ablations(tmp_path: Path, ablations: dict) -> Path:
     data = demo_config(tmp_path / "out")
+    if ablations.pop("stages_quality_off", False):
+        data["stages"]["quality"] = {"enabled": False}
     data["ablations"] = ablations
     path = tmp_path / "refinery.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -54,6 +56,8 @@ BAD = [
     ({"variants": {"funnel": {}, "../up": {"base": "raw"}}}, "ablations.variants: '../up' is not safe as a folder name"),
     ({"variants": {"raw": {"base": "raw"}}}, "ablations.variants: no variant named 'funnel'"),
     ({"variants": {"funnel": {"quality_top": 0.5}}}, "ablations.variants: 'funnel' must be the plain funnel"),
+    ({"variants": {"funnel": {}, "x": {"quality_top": 0.5}}, "stages_quality_off": True},
+     "ablations.variants.x.quality_top: stages.quality.enabled is false, so no document has a quality_score"),
     ({"variants": {"funnel": {}}, "tokens": 1000},
      "ablations.tokens: 1,000 is not a whole number of proxy optimizer steps of 1,024 tokens"),
     ({"variants": {"funnel": {}}, "eval_fraction": 1.0}, "ablations.eval_fraction: Input should be less than 1"),

@@ -20,6 +20,9 @@ from refinery.config import ConfigError, load_config
 from refinery.curriculum import read_manifest, refuse_mismatch
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key, rejects_key
+from refinery.stages.heuristic import HeuristicFilter
+from refinery.stages.pii import PiiRedactor, SafetyThenRedact
+from refinery.stages.quality import QualityScorer, load_published_model
 from refinery.storage import open_data_root
 
 from helpers.verdict_corpus import BLOCKED, EVAL_LINES, received_text, write_verdict_corpus
@@ -72,37 +75,71 @@ def rejects(c) -> pl.DataFrame:
     return pl.concat(frames)
 
 
-def top_fraction(docs: list[str], c, fraction: float) -> set[str]:
+def top_fraction(docs: list[str], c, scores: dict[str, float | None], fraction: float) -> set[str]:
     """The documents a per-bucket, per-language top-`fraction` cut keeps, computed by hand."""
     groups: dict[tuple[str, str], list[str]] = {}
     for d in docs:
         groups.setdefault((c.bucket[d], c.language[d]), []).append(d)
     kept = set()
     for members in groups.values():
-        scored = sorted((c.score[d] for d in members if c.score.get(d) is not None), reverse=True)
-        if not scored:
+        ranked = sorted((scores[d] for d in members if scores.get(d) is not None), reverse=True)
+        if not ranked:
             continue
-        cutoff = scored[min(max(1, math.ceil(fraction * len(members))), len(scored)) - 1]
-        kept |= {d for d in members if c.score.get(d) is not None and c.score[d] >= cutoff}
+        cutoff = ranked[min(max(1, math.ceil(fraction * len(members))), len(ranked)) - 1]
+        kept |= {d for d in members if scores.get(d) is not None and scores[d] >= cutoff}
     return kept
 
 
+ORDER = ["language_filtered", "heuristic_filtered", "deduped", "quality_scored", "pii_redacted"]
+
+
+def judged_alone(c, name: str, row: dict, table: str) -> dict | None:
+    """What the per-document stages after `table` make of one readmitted document on its own (None:
+    one of them removes it, by a verdict the variant keeps): the funnel's stage classes, one
+    document at a time."""
+    leaves = READMITS[name]
+    cfg = c.cfg
+    stages = []
+    if ORDER.index(table) < ORDER.index("heuristic_filtered"):
+        stages.append(HeuristicFilter(cfg.stages.heuristic, []))
+    if ORDER.index(table) < ORDER.index("quality_scored"):
+        model, pointer = load_published_model(c.root)
+        enforce = not leaves("quality_scored", "quality/below_threshold")
+        stages.append(QualityScorer(model, cfg.stages.quality.threshold, enforce, pointer["model_hash"]))
+    stages.append(PiiRedactor.from_config(cfg.stages.pii) if leaves("pii_redacted", "safety/")
+                  else SafetyThenRedact.from_config(cfg.stages))
+    doc = pl.DataFrame([row])
+    for stage in stages:
+        out = stage.run(doc)
+        if out.documents.height:
+            doc = out.documents
+        elif not leaves(out.rejects["stage"][0], out.rejects["rule"][0]):
+            return None
+    return doc.row(0, named=True)
+
+
 def expected(c, name: str) -> set[str]:
-    """The variant's documents from the tables: extracted_text's, pii_redacted's and the rejects'."""
+    """The variant's documents from the tables: extracted_text's, pii_redacted's and the rejects',
+    a readmitted document judged by the per-document stages after its rejection."""
     held = eval_ids(c)
-    extracted = set(table(c.root, "extracted_text", input_shards(c.cfg))["doc_id"].to_list())
+    extracted = table(c.root, "extracted_text", input_shards(c.cfg))
     if name == "raw":
-        return extracted - held
+        return set(extracted["doc_id"].to_list()) - held
     kept = set(table(c.root, CLEAN_STAGE, input_shards(c.cfg))["doc_id"].to_list())
+    scores = dict(c.score)
     back = set()
     if name in READMITS:
+        rows = {r["doc_id"]: r for r in extracted.iter_rows(named=True)}
         for d, stage, rule, t in rejects(c).iter_rows():
-            safety_judges = not READMITS[name]("pii_redacted", "safety/")
-            if READMITS[name](stage, rule) and not (safety_judges and BLOCKED in received_text(c, d, t)):
+            if not READMITS[name](stage, rule) or d in held:
+                continue
+            judged = judged_alone(c, name, {**rows[d], "text": received_text(c, d, t), "language": c.language[d]}, t)
+            if judged is not None:
                 back.add(d)
+                scores[d] = judged.get("quality_score", scores.get(d))
     selected = (kept | back) - held
     spec = VARIANTS[name]
-    return top_fraction(sorted(selected), c, spec["quality_top"]) if "quality_top" in spec else selected
+    return top_fraction(sorted(selected), c, scores, spec["quality_top"]) if "quality_top" in spec else selected
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -121,8 +158,13 @@ def test_the_variants_differ_as_their_definitions_say(built):
     assert n["funnel"] < n["no_gopher_rep"] < n["no_heuristic"] < n["raw"]
     assert r.filter(pl.col("stage") == "near_deduped").height and n["no_near_dedup"] > n["funnel"]
     assert n["top_half"] < n["funnel"]
-    # the corpus plants what the semantics turn on: readmitted documents with the blocked word
+    # the corpus plants what the semantics turn on: readmitted documents with the blocked word, and
+    # readmitted documents that the later per-document stages remove (the quality threshold, the
+    # safety filter, the heuristic rules for language rejects)
     assert any(BLOCKED in c.extracted[d] for d in r.filter(pl.col("stage") == "heuristic_filtered")["doc_id"])
+    _, summaries = built
+    assert summaries["no_heuristic"]["judged_out"] > 0 and summaries["no_language_top"]["judged_out"] > 0
+    assert summaries["funnel"]["judged_out"] == summaries["raw"]["judged_out"] == 0
 
 
 def test_the_text_each_variant_carries(built):
@@ -152,7 +194,7 @@ def test_every_variant_trains_on_the_same_budget(built):
     smallest = min(build.usable_tokens(c.cfg, s) for s in summaries.values())
     assert set(budgets.values()) == {smallest} == {s["budget_tokens"] for s in summaries.values()}
     assert smallest % (c.cfg.ablations.micro_batch_size * c.cfg.ablations.seq_len) == 0
-    assert summaries["raw"]["share_of_raw_bytes"] == 1.0 > summaries["funnel"]["share_of_raw_bytes"] > 0
+    assert summaries["raw"]["raw_byte_share"] == 1.0 > summaries["funnel"]["raw_byte_share"] > 0
     for name in ("funnel", "raw"):
         vcfg = build.variant_config(c.cfg, name, seed=2)
         assert vcfg.curriculum.total_tokens == smallest and vcfg.seed == c.cfg.seed + 2

@@ -9,7 +9,8 @@ the project's Trainer runs on unchanged (`variant_config`).
                                                   (refinery.stages.tokenize, refinery.stages.shuffle)
     manifests/ablation.json                       ONE phase, built by phase_manifests' functions
                                                   (refinery.curriculum), whose budget is the ablation budget
-    summary.json                                  its counts (documents, tokens, bytes, share of raw bytes)
+    summary.json                                  its counts: documents, tokens (all it holds), bytes,
+                                                  raw_byte_share, budget_tokens (what it trains on)
 
 The packing window is `ablations.seq_len` (the overlap at most half of it) and the difficulty
 score is off. The phase's bucket weights are the variant's own token shares, so it trains on its
@@ -33,9 +34,11 @@ from refinery import curriculum as cur
 from refinery import layout
 from refinery.ablations.eval_set import ensure_eval_set, eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
-                                          variant_batches, variant_selection, verdicts_digest)
+                                          variant_batches, variant_selection)
+from refinery.ablations.verdicts import verdicts_digest
 from refinery.config import ConfigError, RefineryConfig
-from refinery.documents import CLEAN_STAGE, input_shards
+from refinery.config.ablations import FUNNEL_VARIANT
+from refinery.documents import CLEAN_STAGE, InputShard, input_shards
 from refinery.stages import shuffle as sh
 from refinery.stages import tokenize as tk
 from refinery.stages.attributes import stage_batches
@@ -46,6 +49,7 @@ from refinery.storage import DataRoot, open_data_root
 PHASE = "ablation"
 SUMMARY_KEY = "summary.json"  # in the variant's root
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
+STAGING = "staging"  # in the variant's root: its documents before its quality cut
 
 
 class AblationError(ConfigError):
@@ -81,13 +85,15 @@ def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int 
     the proxy model and its run settings, no validation loss or anneal playbook."""
     ab = cfg.ablations
     assert ab is not None
-    data = cfg.model_dump(mode="json")
+    # Only the fields the config sets: a default taken as set would be checked as the user's (the
+    # quality classifier's default buckets against the declared ones).
+    data = cfg.model_dump(mode="json", exclude_unset=True)
     data.update(data_root=_variant_data_root(cfg, name), ablations=None, curriculum=curriculum,
                 seed=cfg.seed if seed is None else seed)
-    data["stages"]["difficulty"]["enabled"] = False
-    data["shards"].update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
-    data["contamination"]["anneal_phase"] = None
-    data["training"].update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
+    data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = False
+    data.setdefault("shards", {}).update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
+    data.setdefault("contamination", {})["anneal_phase"] = None
+    data.setdefault("training", {}).update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
                             grad_accum_steps=1, lr=ab.lr, warmup_steps=ab.warmup_steps, eval_every_tokens=0,
                             eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
                             run_dir=run_dir or cfg.training.run_dir)
@@ -110,23 +116,31 @@ def _text_bytes(batch: pl.DataFrame) -> int:
 
 
 def _write_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name: str) -> PartitionCounts:
-    """The variant's documents table of every input file, its quality cut applied."""
+    """The variant's documents table of every input file, its quality cut applied. A variant with a
+    cut writes its uncut documents under `staging/` first (the cut needs every file's scores), so
+    its documents table never holds uncut rows, even for a moment."""
     sel = variant_selection(cfg, name)
     counts = PartitionCounts()
     shards = input_shards(cfg)
-    key = lambda s: layout.documents_key(CLEAN_STAGE, s.key)  # noqa: E731
+
+    def final(shard: InputShard) -> str:
+        return layout.documents_key(CLEAN_STAGE, shard.key)
+
+    def uncut(shard: InputShard) -> str:
+        return final(shard) if sel.quality_top is None else f"{STAGING}/{shard.key}.parquet"
+
     for shard in shards:
-        with vroot.writer(key(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+        with vroot.writer(uncut(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
             for batch in variant_batches(root, cfg, sel, shard.key, counts):
                 out.write(batch)
     if sel.quality_top is not None:
         cutoffs = quality_cutoffs((b for s in shards for b in parquet_batches(
-            vroot.local_path(key(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
+            vroot.local_path(uncut(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
         for shard in shards:
-            uncut = vroot.local_path(key(shard))
-            with vroot.writer(key(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
-                for batch in parquet_batches(uncut, READ_ROWS):
+            with vroot.writer(final(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+                for batch in parquet_batches(vroot.local_path(uncut(shard)), READ_ROWS):
                     out.write(quality_cut(batch, cutoffs))
+        vroot.delete(STAGING)
     return counts
 
 
@@ -141,11 +155,16 @@ def _documents_summary(vroot: DataRoot, cfg: RefineryConfig) -> tuple[int, int]:
 
 def raw_bytes(root: DataRoot, cfg: RefineryConfig) -> int:
     """UTF-8 bytes of extracted_text's text, held-out documents left out: what the `raw` variant
-    starts from and each variant's share is of."""
+    starts from and each variant's share is of. Counted once per state of the funnel
+    (`ablations/raw_bytes.json`, keyed by the `funnel` variant's `inputs_digest`)."""
+    digest = inputs_digest(root, cfg, FUNNEL_VARIANT)
+    if root.exists(RAW_BYTES_KEY) and root.read_json(RAW_BYTES_KEY).get("inputs") == digest:
+        return root.read_json(RAW_BYTES_KEY)["bytes"]
     total = 0
     for shard in input_shards(cfg):
         for batch in stage_batches(root, TEXT_STAGE, shard.key, READ_ROWS, columns=["doc_id", "bucket", "text"]):
             total += _text_bytes(batch.filter(~held_out_mask(cfg, batch["doc_id"], batch["bucket"])))
+    root.write_json(RAW_BYTES_KEY, {"inputs": digest, "bytes": total})
     return total
 
 
@@ -170,6 +189,10 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
     there); returns the summary."""
     vroot = variant_root(root, name)
     counts = _write_documents(root, vroot, cfg, name)
+    documents, text_bytes = _documents_summary(vroot, cfg)
+    if documents == 0:
+        raise AblationError(f"ablations.variants.{name}: selects no document (after the held-out evaluation "
+                            f"documents); widen it or remove it")
     for key in (layout.TOKENIZER_KEY, layout.TOKENIZER_INFO_KEY):
         vroot.write_bytes(key, root.read_bytes(key))
     vcfg = _derived(cfg, name, None)
@@ -183,13 +206,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         result = sh.shuffle_bucket(vroot, vcfg.seed, bucket, parts, fields, vcfg.shards.shard_tokens,
                                    vcfg.shards.shuffle_buffer_mb)
         tokens[bucket] = result.index["tokens"]
-    documents, text_bytes = _documents_summary(vroot, cfg)
-    if documents == 0:
-        raise AblationError(f"ablations.variants.{name}: selects no document (after the held-out evaluation "
-                            f"documents); widen it or remove it")
-    if not root.exists(RAW_BYTES_KEY) or root.read_json(RAW_BYTES_KEY).get("inputs") != inputs_digest(root, cfg, "funnel"):
-        root.write_json(RAW_BYTES_KEY, {"inputs": inputs_digest(root, cfg, "funnel"), "bytes": raw_bytes(root, cfg)})
-    raw = root.read_json(RAW_BYTES_KEY)["bytes"]
+    raw = raw_bytes(root, cfg)
     summary = {
         "variant": name,
         "inputs": inputs_digest(root, cfg, name),
@@ -197,10 +214,10 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         "tokens": sum(tokens.values()),
         "bucket_tokens": tokens,
         "bytes": text_bytes,
-        "share_of_raw_bytes": round(text_bytes / raw, 6) if raw else 0.0,
+        "raw_byte_share": round(text_bytes / raw, 6) if raw else 0.0,
         "funnel_documents": counts.funnel,
         "readmitted_documents": counts.readmitted,
-        "safety_dropped": counts.safety_dropped,
+        "judged_out": counts.judged_out,
         "held_out": counts.held_out,
     }
     vroot.write_json(SUMMARY_KEY, summary)
@@ -259,7 +276,7 @@ def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, A
     """Build the variant `name`: the evaluation set first (when missing or stale), its shards, and
     the other variants' where the budget needs them (each when missing, or built from other inputs:
     `variant_summary`), then its one-phase manifest. Returns its summary with the budget: documents,
-    tokens, bytes, share_of_raw_bytes, budget_tokens and the selection's counts."""
+    tokens, bytes, raw_byte_share, budget_tokens and the selection's counts."""
     if name not in variant_names(cfg):
         raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
     ensure_eval_set(root, cfg)

@@ -32,11 +32,15 @@ from typing import Any, Iterator
 
 import polars as pl
 
+from refinery.ablations.verdicts import LANGUAGE_STAGE, partition_rejects, recorded_facts, verdicts_digest
 from refinery.config import RefineryConfig
+from refinery.contamination import eval_set_lines
 from refinery.config.run import eval_set_domain
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE
 from refinery.documents import input_shards
+from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
+from refinery.stages.registry import TEXT_STAGE
 from refinery.storage import DataRoot, sha256_file
 
 EVAL_DOCUMENTS_KEY = "ablations/eval/documents.parquet"
@@ -44,10 +48,6 @@ EVAL_INFO_KEY = "ablations/eval/info.json"  # what the documents were chosen fro
 EVAL_SCHEMA = {"doc_id": pl.String(), "text": pl.String(), "domain": pl.String(), "language": pl.String()}
 BATCH_ROWS = 4096
 _HASH_SPACE = 1 << 64
-
-
-class EvalSetError(ValueError):
-    """An eval-set file that cannot be read as JSONL of {id, text}; the message names the line."""
 
 
 def eval_buckets(cfg: RefineryConfig) -> list[str]:
@@ -80,22 +80,6 @@ def eval_set_files(cfg: RefineryConfig) -> list[tuple[str, Path]]:
             *((eval_set_domain(p), Path(cfg.resolve(p))) for p in cfg.ablations.eval_sets)]
 
 
-def eval_set_lines(path: Path) -> Iterator[tuple[str, str]]:
-    """(id, text) of each non-blank line of a JSONL eval set, one line read at a time."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                item_id, text = str(rec["id"]), rec["text"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise EvalSetError(f"{path}:{lineno}: each line must be a JSON object with `id` and `text` ({err})") from None
-            if not isinstance(text, str):
-                raise EvalSetError(f"{path}:{lineno}: `text` must be a string")
-            yield item_id, text
-
-
 def _detector(cfg: RefineryConfig):
     from refinery.stages.language import load_language_model
 
@@ -104,17 +88,13 @@ def _detector(cfg: RefineryConfig):
 
 
 def _held_out_batches(root: DataRoot, cfg: RefineryConfig) -> Iterator[pl.DataFrame]:
-    from refinery.ablations.selection import LANGUAGE_STAGE, READ_ROWS, partition_rejects, recorded_facts
-    from refinery.stages.attributes import stage_batches
-    from refinery.stages.registry import TEXT_STAGE
-
     detector = None
     curated = set(eval_buckets(cfg))
     for shard in input_shards(cfg):
         if shard.bucket not in curated:
             continue
         facts = None
-        for batch in stage_batches(root, TEXT_STAGE, shard.key, READ_ROWS, columns=["doc_id", "bucket", "text"]):
+        for batch in stage_batches(root, TEXT_STAGE, shard.key, BATCH_ROWS, columns=["doc_id", "bucket", "text"]):
             batch = batch.filter(held_out_mask(cfg, batch["doc_id"], batch["bucket"]))
             if not batch.height:
                 continue
@@ -160,9 +140,6 @@ def write_eval_set(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, i
 def eval_set_digest(root: DataRoot, cfg: RefineryConfig) -> str:
     """What the evaluation set is chosen from: the seed, fraction and buckets, the eval-set files'
     bytes, the language model, and the verdicts of extracted_text and the language stage."""
-    from refinery.ablations.selection import LANGUAGE_STAGE, verdicts_digest
-    from refinery.stages.registry import TEXT_STAGE
-
     assert cfg.ablations is not None
     files = [(domain, sha256_file(path)) for domain, path in eval_set_files(cfg)]
     payload = [cfg.seed, cfg.ablations.eval_fraction, eval_buckets(cfg), files, cfg.stages.language.model_path,

@@ -8,22 +8,24 @@ back from the tables the graph wrote (no stage is rerun to decide what it decide
   (refinery/stages/registry.py `left_out`: a stage, a verdict, or one rule family of it).
 - `quality_top: F`: of those, the documents at or above the quality_score of the document ranked
   ceil(F x documents) within their bucket and language (the phase quality cut's rule and code:
-  `refinery.curriculum.inventory.stratified_cutoffs`); a document without a score is not kept.
+  `refinery.curriculum.inventory.stratified_cutoffs`); a document without a score (the quality
+  stage off, or a `raw` document the funnel removed before scoring it) is not kept.
 
 What "ignored" means for a document a stage removed, which no later stage ever saw:
 
 - Each document has at most one rejection (the first stage that removed it; none after it read it).
   A readmitted document carries the text its rejecting stage received: its upstream table's text,
-  with the edits of the stages before it applied.
-- It then goes through the last stage's own code, pii_redacted's (the safety filter, then PII
-  redaction; the redaction alone when the variant leaves out `safety` or the whole stage), so no
-  variant but `raw` trains on unredacted PII, and one that the safety filter drops is not kept.
-- The stages between its rejecting stage and pii_redacted are NOT run on it: exact and near dedup
-  and the quality threshold never judge a readmitted document (they are global or model-backed; the
-  bias is stated rather than hidden). `without: [heuristic]` therefore also keeps heuristic rejects
-  that dedup or the quality threshold would have removed: it measures the heuristic stage's removals
-  at most, an upper bound of what leaving it out admits. A readmitted document rejected before
-  quality_scored has no quality_score, so a `quality_top` cut never keeps it.
+  with the edits of the stages before it applied, and the language the funnel found for it.
+- It then goes through the per-document stages after its rejection, by their own code
+  (`Judges`): heuristic_filtered (the rules in its language, the custom filters; its line edits
+  apply), quality_scored (the published model scores it; the threshold drops it unless the variant
+  leaves the quality verdict out) and, always, pii_redacted (the safety filter, unless left out, then
+  PII redaction, which is no verdict: only `raw` trains on unredacted PII). A removal by one of them
+  that the variant leaves out keeps the document as it went in.
+- The global stages are NOT run on it: exact and near dedup judge a readmitted document only if it
+  was removed after them. So `without: [heuristic]` also keeps heuristic removals that dedup would
+  have removed next (copies of one another or of kept documents): an upper bound of what leaving
+  the stage out of the graph would let through, by the documents dedup would have caught.
 - Documents the evaluation set holds out (refinery/ablations/eval_set.py) are in no variant.
 
 Memory: one record batch of a table at a time, plus one partition's rejected doc ids and its
@@ -32,7 +34,6 @@ recorded facts (doc_id, language, quality_score: no text); nothing per corpus.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -40,32 +41,20 @@ import numpy as np
 import polars as pl
 
 from refinery.ablations.eval_set import held_out_mask
+from refinery.ablations.verdicts import VERDICT_TABLES, partition_rejects, recorded_facts
 from refinery.config import RefineryConfig
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
-from refinery.documents import CLEAN_STAGE, input_shards
-from refinery.layout import documents_key, rejects_key, stats_key
+from refinery.documents import CLEAN_STAGE
+from refinery.layout import documents_key
+from refinery.stages import custom, heuristic, quality
 from refinery.stages import pii as pii_stage
-from refinery.stages.attributes import read_stage_documents, stage_batches
-from refinery.stages.registry import STAGES, TEXT_STAGE, LeftOut, funnel_stage, left_out, rule_family
+from refinery.stages.base import Stage, StageOutput
+from refinery.stages.attributes import stage_batches
+from refinery.stages.registry import TEXT_STAGE, LeftOut, funnel_stage, left_out, rule_family
 from refinery.storage import DataRoot
 
 # Rows of a table read at a time.
 READ_ROWS = 4096
-LANGUAGE_STAGE, QUALITY_STAGE = "language_filtered", "quality_scored"
-# The stages after extracted_text, whose rejects a variant may let back in (funnel order).
-VERDICT_TABLES = tuple(s.name for s in STAGES[[s.name for s in STAGES].index(TEXT_STAGE) + 1:])
-
-
-def verdicts_digest(root: DataRoot, cfg: RefineryConfig, stages: tuple[str, ...]) -> str:
-    """A digest of the stats files `stages` wrote for every input file: each rerun of a stage
-    rewrites them (with its wall time), so a changed one means the verdicts may have changed."""
-    h = hashlib.sha256()
-    for stage in stages:
-        for shard in input_shards(cfg):
-            key = stats_key(stage, shard.key)
-            if root.exists(key):
-                h.update(f"{key}:{root.sha256(key)}\n".encode())
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -81,9 +70,6 @@ class Selection:
         """Whether a document rejected by `verdict` with `rule` is in the variant (funnel base)."""
         family = rule_family(rule)
         return any(lo.verdict == verdict and (lo.families is None or family in lo.families) for lo in self.left_out)
-
-    def leaves_out_safety(self) -> bool:
-        return self.readmits("pii_redacted", "safety/")
 
 
 def variant_selection(cfg: RefineryConfig, name: str) -> Selection:
@@ -104,43 +90,14 @@ def _aligned(batch: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFram
                          for c, t in schema.items()])
 
 
-def partition_rejects(root: DataRoot, partition: str) -> pl.DataFrame:
-    """doc_id, table (the stage folder), stage (the verdict), rule and value, detail of every document
-    the stages after extracted_text removed from one file."""
-    frames = []
-    for table in VERDICT_TABLES:
-        key = rejects_key(table, partition)
-        if root.exists(key):
-            df = root.read_parquet(key, columns=["doc_id", "stage", "rule", "value", "detail"])
-            frames.append(df.with_columns(table=pl.lit(table)))
-    if not frames:
-        return pl.DataFrame(schema={"doc_id": pl.String, "stage": pl.String, "rule": pl.String, "value": pl.Float64,
-                                    "detail": pl.String, "table": pl.String})
-    return pl.concat(frames)
-
-
-def recorded_facts(root: DataRoot, partition: str, rejects: pl.DataFrame) -> pl.DataFrame:
-    """doc_id, language, quality_score the funnel recorded for one file's documents: the language
-    stage's and the quality stage's kept columns, and the language and score their rejects hold."""
-    lang = read_stage_documents(root, LANGUAGE_STAGE, partition, columns=["doc_id", "language"])
-    lang_rej = rejects.filter(pl.col("table") == LANGUAGE_STAGE).select("doc_id", language=pl.col("detail"))
-    score = read_stage_documents(root, QUALITY_STAGE, partition, columns=["doc_id", "quality_score"])
-    score_rej = rejects.filter(pl.col("table") == QUALITY_STAGE).select("doc_id", quality_score=pl.col("value"))
-    return (pl.concat([lang.cast({"language": pl.String}), lang_rej])
-            .join(pl.concat([score.cast({"quality_score": pl.Float64}), score_rej]), on="doc_id", how="full",
-                  coalesce=True))
-
-
-def _with_facts(batch: pl.DataFrame, facts: pl.DataFrame) -> pl.DataFrame:
-    """The batch's language and quality_score, filled from the recorded facts where it has none."""
-    recorded = facts.rename({"language": "language__recorded", "quality_score": "quality_score__recorded"})
+def _with_facts(batch: pl.DataFrame, facts: pl.DataFrame,
+                columns: tuple[str, ...] = ("language", "quality_score")) -> pl.DataFrame:
+    """The batch's `columns`, filled from the recorded facts where it has none."""
+    recorded = facts.select("doc_id", *columns).rename({c: f"{c}__recorded" for c in columns})
     joined = batch.join(recorded, on="doc_id", how="left", maintain_order="left")
-    fill = []
-    for column in ("language", "quality_score"):
-        recorded = pl.col(f"{column}__recorded")
-        fill.append(pl.coalesce(pl.col(column), recorded).alias(column) if column in batch.columns
-                    else recorded.alias(column))
-    return joined.with_columns(fill).drop("language__recorded", "quality_score__recorded")
+    fill = [pl.coalesce(pl.col(c), pl.col(f"{c}__recorded")).alias(c) if c in batch.columns
+            else pl.col(f"{c}__recorded").alias(c) for c in columns]
+    return joined.with_columns(fill).drop(*(f"{c}__recorded" for c in columns))
 
 
 def _not_held_out(cfg: RefineryConfig, batch: pl.DataFrame) -> pl.DataFrame:
@@ -149,17 +106,12 @@ def _not_held_out(cfg: RefineryConfig, batch: pl.DataFrame) -> pl.DataFrame:
 
 @dataclass
 class PartitionCounts:
-    """What one file gave a variant (before its quality cut)."""
+    """What a variant's files gave it, before its quality cut."""
 
     funnel: int = 0  # documents the funnel kept
-    readmitted: int = 0  # rejected documents let back in
-    safety_dropped: int = 0  # readmitted documents the safety filter then removed
+    readmitted: int = 0  # documents from outside the funnel's kept ones (for `raw`, every document)
+    judged_out: int = 0  # readmitted documents a later per-document stage then removed
     held_out: int = 0  # documents left out for the evaluation set
-
-    def __iadd__(self, other: "PartitionCounts") -> "PartitionCounts":
-        for k in vars(self):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-        return self
 
 
 def variant_batches(root: DataRoot, cfg: RefineryConfig, sel: Selection, partition: str,
@@ -190,9 +142,9 @@ def variant_batches(root: DataRoot, cfg: RefineryConfig, sel: Selection, partiti
             yield _aligned(batch, schema)
     readmitted = rejects.filter(pl.Series([sel.readmits(v, r) for v, r in zip(rejects["stage"], rejects["rule"])],
                                           dtype=pl.Boolean))
-    pii = (pii_stage.PiiRedactor.from_config(cfg.stages.pii) if sel.leaves_out_safety()
-           else pii_stage.SafetyThenRedact.from_config(cfg.stages))
-    pii.record_timeout_s = cfg.stages.record_timeout_s
+    if readmitted.is_empty():
+        return
+    judges = Judges(root, cfg, sel)
     for table in VERDICT_TABLES:
         ids = readmitted.filter(pl.col("table") == table)["doc_id"]
         if ids.is_empty():
@@ -202,11 +154,78 @@ def variant_batches(root: DataRoot, cfg: RefineryConfig, sel: Selection, partiti
             batch = keep(batch.filter(pl.col("doc_id").is_in(wanted)))
             if not batch.height:
                 continue
-            out = pii.run(batch)
-            counts.readmitted += out.documents.height
-            counts.safety_dropped += batch.height - out.documents.height
-            if out.documents.height:
-                yield _aligned(_with_facts(out.documents, facts), schema)
+            # judged in the language the funnel found (the heuristic rules are per language)
+            judged = judges.judge(table, _with_facts(batch, facts, ("language",)))
+            counts.readmitted += judged.height
+            counts.judged_out += batch.height - judged.height
+            if judged.height:
+                yield _aligned(_with_facts(judged, facts), schema)
+
+
+class Judges:
+    """The per-document stages after a readmitted document's rejection, built once per variant:
+    heuristic_filtered (the built-in rules and the custom filters), quality_scored (the published
+    model and threshold) and pii_redacted (the safety filter, then redaction), as the funnel's assets
+    build them. Global stages (exact and near dedup) are not among them."""
+
+    ORDER = ("heuristic_filtered", "quality_scored", "pii_redacted")
+
+    def __init__(self, root: DataRoot, cfg: RefineryConfig, sel: Selection):
+        self.root, self.cfg, self.sel = root, cfg, sel
+        self._built: dict[tuple[str, str], Stage] = {}
+
+    def _stage(self, name: str, source: str) -> Stage:
+        if (name, source) in self._built:
+            return self._built[name, source]
+        cfg = self.cfg
+        if name == "heuristic_filtered":
+            stage = custom.with_custom_filters(heuristic.HeuristicFilter(cfg.stages.heuristic,
+                                                                         cfg.source(source).rules_off), cfg)
+        elif name == "quality_scored":
+            stage = _Unscored() if not cfg.stages.quality.enabled else self._quality()
+        elif self.sel.readmits("pii_redacted", "safety/"):  # redaction is no verdict: it always runs
+            stage = pii_stage.PiiRedactor.from_config(cfg.stages.pii)
+        else:
+            stage = pii_stage.SafetyThenRedact.from_config(cfg.stages)
+        stage.record_timeout_s = cfg.stages.record_timeout_s
+        self._built[name, source] = stage
+        return stage
+
+    def _quality(self) -> Stage:
+        model, pointer = quality.load_published_model(self.root)
+        # Left out: scored (quality_top ranks by it) but never dropped on score.
+        enforce = not self.sel.readmits("quality_scored", "quality/below_threshold")
+        return quality.QualityScorer(model, self.cfg.stages.quality.threshold, enforce, pointer["model_hash"])
+
+    def judge(self, rejected_by: str, batch: pl.DataFrame) -> pl.DataFrame:
+        """What the per-document stages after `rejected_by` keep of `batch` (pii_redacted's redaction
+        always runs); a removal the variant leaves out keeps the document as it went in."""
+        order = list(VERDICT_TABLES)
+        after = [n for n in self.ORDER if order.index(n) > order.index(rejected_by) or n == "pii_redacted"]
+        source = batch["source"][0]  # one input file's documents: one source
+        for name in after:
+            out = self._stage(name, source).run_for_source(batch, self.cfg.source(source).skip)
+            back = out.rejects.filter(pl.Series([self.sel.readmits(v, r) for v, r in
+                                                 zip(out.rejects["stage"], out.rejects["rule"])], dtype=pl.Boolean))
+            kept = out.documents
+            if back.height:
+                kept = pl.concat([kept, batch.filter(pl.col("doc_id").is_in(back["doc_id"].implode()))],
+                                 how="diagonal_relaxed")
+                order_of = batch.select("doc_id").with_row_index("_row")
+                kept = kept.join(order_of, on="doc_id", maintain_order="left").sort("_row").drop("_row")
+            batch = kept
+            if not batch.height:
+                break
+        return batch
+
+
+class _Unscored(Stage):
+    """quality_scored with the classifier off: every document kept, no score (as the funnel runs it)."""
+
+    name = quality.QualityScorer.name
+
+    def run(self, docs: pl.DataFrame) -> StageOutput:
+        return quality.unscored(docs)
 
 
 def language_of(languages: pl.Series) -> pl.Series:
@@ -216,7 +235,7 @@ def language_of(languages: pl.Series) -> pl.Series:
 def quality_cutoffs(scored: Iterator[pl.DataFrame], top_fraction: float) -> dict[str, dict[str, float]]:
     """bucket -> language -> the lowest quality_score a `top_fraction` cut keeps, from frames of
     bucket, language and quality_score (null: unscored, counted but never kept), as a phase's
-    per-language quality cut computes it. Memory: one float per scored document."""
+    per-language quality cut computes it. Memory: one float per document of the variant."""
     scores: dict[str, dict[str, list[np.ndarray]]] = {}
     for frame in scored:
         frame = frame.with_columns(language=language_of(frame["language"]))

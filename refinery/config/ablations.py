@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from refinery.config.section import Section
+from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.training import ModelConfig
 
 # The variant every other one is compared with (the report's verdicts are against it).
@@ -95,8 +95,6 @@ class AblationsConfig(Section):
     @field_validator("variants")
     @classmethod
     def _variants(cls, v: dict[str, VariantConfig]) -> dict[str, VariantConfig]:
-        from refinery.config.run import SAFE_PATH_PART
-
         problems = [f"{name!r} is not safe as a folder name and partition key; use letters, digits, '_', '-' and "
                     f"'.', starting with a letter or digit" for name in v if not SAFE_PATH_PART.match(name)]
         if FUNNEL_VARIANT not in v:

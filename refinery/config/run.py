@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,12 +14,11 @@ from refinery.config.ablations import AblationsConfig
 from refinery.config.contamination import ContaminationConfig
 from refinery.config.curriculum import CurriculumConfig
 from refinery.config.execution import ExecutionConfig
-from refinery.config.section import Section
+from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.sources import PartitionsConfig, SourceConfig
 from refinery.config.stages import StagesConfig
 from refinery.config.tokens import ShardsConfig, TokenizerConfig
 from refinery.config.training import LAUNCH_FIELDS, TrainingConfig
-from refinery.stages.registry import UnknownStage, ablation_names, left_out
 
 
 class RefineryConfig(Section):
@@ -84,8 +82,6 @@ class RefineryConfig(Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...).
-SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would let a trailing newline through
 
 
 def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
@@ -137,6 +133,9 @@ def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
 
 def ablation_problems(cfg: RefineryConfig) -> list[str]:
     """`ablations` fields that name stages, rule families, buckets and eval domains that do not exist."""
+    # Here, not at the top: loading a config without ablations imports nothing of refinery.stages.
+    from refinery.stages.registry import UnknownStage, ablation_names, left_out
+
     assert cfg.ablations is not None
     ab, problems = cfg.ablations, []
     custom = [f.name for f in cfg.stages.custom_filters]
@@ -147,6 +146,9 @@ def ablation_problems(cfg: RefineryConfig) -> list[str]:
             if name not in names:
                 problems.append(f"ablations.variants.{variant}.without[{i}]: {name!r} is no funnel stage, verdict, "
                                 f"skip: name or rule family after extracted_text; use one of {list(names)}")
+        if spec.quality_top is not None and not cfg.stages.quality.enabled:
+            problems.append(f"ablations.variants.{variant}.quality_top: stages.quality.enabled is false, so no "
+                            f"document has a quality_score to cut by; enable the quality stage or drop quality_top")
         try:
             ignored = frozenset(lo for name in spec.without or [] for lo in left_out(name, custom))
         except UnknownStage:

@@ -1,5 +1,6 @@
 """A data root whose every document's fate is drawn and known, for the ablation tests: two web files
-and one wiki file (a curated bucket, the quality classifier's positive one), their stage tables
+and one wiki file (a curated bucket: of the quality classifier's default positive buckets, the one a
+source feeds), their stage tables
 written as the funnel writes them (text tables for extracted_text and pii_redacted, attribute tables
 in between with text edits and added columns, a rejects table per stage), pii_redacted computed by
 the real pii stage (safety filter, then redaction), and a trained tokenizer.
@@ -26,6 +27,7 @@ from refinery.layout import documents_key, rejects_key
 from refinery.stages import pii as pii_stage
 from refinery.stages import tokenize as tk
 from refinery.stages.attributes import publish_attributes
+from refinery.stages.quality_training import train_and_publish
 from refinery.storage import LocalDataRoot
 
 BLOCKED = "forbiddenword"
@@ -79,8 +81,8 @@ def config_data(data_root: str = "out", **ablations) -> dict:
     return {
         "seed": 11, "data_root": data_root, "buckets": ["web", "wiki"],
         "sources": [{"name": b, "path": f"in/{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in FILES],
-        "stages": {"quality": {"positive_buckets": ["wiki"], "negative_buckets": ["web"]},
-                   "safety": {"blocked_words": [BLOCKED]}},
+        # quality's buckets left at their defaults (books, wiki): the curated bucket is the one fed, wiki
+        "stages": {"safety": {"blocked_words": [BLOCKED]}, "quality": {"num_features": 4096, "threshold": 0.5}},
         "tokenizer": {"vocab_size": 300, "train_docs": 500},
         "shards": {"max_seq_len": 64, "overlap": 8, "shard_tokens": 2048, "shuffle_buffer_mb": 1},
         "contamination": {"eval_sets": [{"name": "bench", "path": "evals/bench.jsonl"}]},
@@ -91,7 +93,7 @@ def config_data(data_root: str = "out", **ablations) -> dict:
 
 def _text(rng: random.Random, i: int) -> str:
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) for _ in range(rng.randint(2, 5))]
-    if i % 5 == 0:
+    if i % 3 == 0:
         lines[0] += f" write to person{i}@example.org"
     if i % 11 == 3:
         lines[-1] += f" {BLOCKED}"
@@ -111,6 +113,7 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
     c = VerdictCorpus(folder, config_path, cfg, LocalDataRoot(cfg.resolve(cfg.data_root)))
     rng = random.Random(5)
     text_schema = {**PROVENANCE_SCHEMA, "text": pl.String()}
+    kept_by_dedup: dict[str, tuple[pl.DataFrame, dict]] = {}
     for shard in input_shards(cfg):
         ids = [make_doc_id(shard.key, i) for i in range(DOCS_PER_FILE)]
         rows = []
@@ -127,7 +130,7 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         c.root.write_parquet(documents_key("extracted_text", shard.key), docs)
         removed = {d: f for d, f in c.fate.items() if f is not None and d in set(ids)}
 
-        def rejects(verdicts: tuple[str, ...], upstream: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        def rejects(verdicts: tuple[str, ...], upstream: pl.DataFrame, removed: dict = removed) -> tuple[pl.DataFrame, pl.DataFrame]:
             gone = [d for d in upstream["doc_id"].to_list() if d in removed and removed[d][0] in verdicts]
             out = [(d, None, None, c.bucket[d], removed[d][0], removed[d][1],
                     0.1 if removed[d][1].startswith("quality") else 1.0,
@@ -153,7 +156,13 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         deduped = deduped.with_columns(dup_cluster=pl.lit(None, pl.String), dup_cluster_size=pl.lit(1, pl.Int64))
         publish_attributes(c.root, "deduped", shard.key, lines_cut, deduped)
         c.root.write_parquet(rejects_key("deduped", shard.key), rej)
-        scored, rej = rejects(("quality_scored",), deduped)
+        kept_by_dedup[shard.key] = (deduped, removed)
+    # the quality classifier of the real stage, trained on the curated bucket against web: what
+    # judges a readmitted document that never reached quality_scored
+    train_and_publish(cfg, c.root)
+    for shard in input_shards(cfg):
+        deduped, removed = kept_by_dedup[shard.key]
+        scored, rej = rejects(("quality_scored",), deduped, removed)
         scores = {d: round(rng.random(), 4) for d in scored["doc_id"].to_list()}
         c.score.update(scores)
         scored = scored.with_columns(quality_score=pl.col("doc_id").replace_strict(scores))
