@@ -177,7 +177,12 @@ def format_report(report: dict[str, Any]) -> str:
     head = (f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  "
             f"{'verdict':<26} {'tokens':>12} {'documents':>10} {'raw kept':>8}")
     lines = [f"Bits per byte on the evaluation set (lower is better). Spread: {report['spread']}. Verdict against "
-             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}.", "", head]
+             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}."]
+    budgets = sorted({c["budget_tokens"] for c in variants.values() if c.get("budget_tokens") is not None})
+    if budgets:
+        lines.append(f"Every proxy run trains {' / '.join(f'{b:,}' for b in budgets)} tokens; `tokens` and "
+                     f"`documents` are what each variant holds, `raw kept` its share of the raw text's bytes.")
+    lines += ["", head]
     for row in report["domains"]:
         counts = variants.get(row["variant"], {})
         first = row["domain"] == "all"
