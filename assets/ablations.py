@@ -39,7 +39,7 @@ def build_variants(version: str):
         written = [build.SUMMARY_KEY, manifest_key(build.PHASE)]
         hashes = {f"{build.variant_root_key(name)}/{key}": vroot.sha256(key) for key in written}
         context.log.info(f"ablation_variants[{name}]: {summary['documents']:,} documents, {summary['tokens']:,} "
-                         f"tokens, {summary['share_of_raw_bytes']:.1%} of the raw text; budget "
+                         f"tokens, {summary['raw_byte_share']:.1%} of the raw text; budget "
                          f"{summary['budget_tokens']:,} tokens")
         return StepResult(
             Provenance(version, cfg.ablations.variants[name].model_dump(mode="json"), hashes,
@@ -48,7 +48,7 @@ def build_variants(version: str):
              "documents": dg.MetadataValue.int(summary["documents"]),
              "tokens": dg.MetadataValue.int(summary["tokens"]),
              "budget_tokens": dg.MetadataValue.int(summary["budget_tokens"]),
-             "share_of_raw_bytes": dg.MetadataValue.float(summary["share_of_raw_bytes"]),
+             "raw_byte_share": dg.MetadataValue.float(summary["raw_byte_share"]),
              "data_root": dg.MetadataValue.path(root.display(build.variant_root_key(name)))},
         )
     return step

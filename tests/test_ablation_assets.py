@@ -67,7 +67,7 @@ def test_a_variant_records_its_counts_and_hashes(ran):
     c, _, built, _ = ran
     meta = metadata(built["raw"], "ablation_variants")
     summary = meta["summary"].value
-    assert meta["documents"].value == summary["documents"] and summary["share_of_raw_bytes"] == 1.0
+    assert meta["documents"].value == summary["documents"] and summary["raw_byte_share"] == 1.0
     assert meta["budget_tokens"].value == metadata(built["funnel"], "ablation_variants")["budget_tokens"].value
     assert set(meta["content_hashes"].value) == {"ablations/variants/raw/summary.json",
                                                   "ablations/variants/raw/manifests/ablation.json"}

@@ -48,10 +48,10 @@ def constructed() -> list[dict]:
     return rows
 
 
-COUNTS = {"funnel": {"documents": 1200, "tokens": 50000, "share_of_raw_bytes": 0.41, "budget_tokens": 40960},
-          "raw": {"documents": 3000, "tokens": 50000, "share_of_raw_bytes": 1.0},
-          "no_dedup": {"documents": 1500, "tokens": 50000, "share_of_raw_bytes": 0.52},
-          "top_half": {"documents": 600, "tokens": 50000, "share_of_raw_bytes": 0.2}}
+COUNTS = {"funnel": {"documents": 1200, "tokens": 50000, "raw_byte_share": 0.41, "budget_tokens": 40960},
+          "raw": {"documents": 3000, "tokens": 50000, "raw_byte_share": 1.0},
+          "no_dedup": {"documents": 1500, "tokens": 50000, "raw_byte_share": 0.52},
+          "top_half": {"documents": 600, "tokens": 50000, "raw_byte_share": 0.2}}
 
 
 def test_the_report_has_a_row_per_variant_and_domain_with_mean_spread_and_verdict():

@@ -146,7 +146,7 @@ def _rows(figures: dict[str, dict[str, dict[int, float]]], order: list[str], axi
 
 def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The report of the stored results (one dict per run: variant, seed, cells) and the variants'
-    counts (name -> its build summary: documents, tokens, share_of_raw_bytes, budget_tokens), variants in the
+    counts (name -> its build summary: documents, tokens, raw_byte_share, budget_tokens), variants in the
     order given."""
     order = list(variants) + sorted({r["variant"] for r in results} - set(variants))
     return {
@@ -190,7 +190,7 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{_num(row['spread'], '.4f'):>7} {row['seeds']:>5} {_num(row['diff'], '+.4f'):>9}  "
                      f"{_call(row):<26} "
                      + (f"{_num(counts.get('tokens'), ','):>12} {_num(counts.get('documents'), ','):>10} "
-                        f"{_share(counts.get('share_of_raw_bytes')):>8}" if first else ""))
+                        f"{_share(counts.get('raw_byte_share')):>8}" if first else ""))
     lines += ["", f"{'variant':<20} {'language':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  verdict"]
     for row in report["languages"]:
         if row["language"] == "all":
@@ -209,7 +209,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         counts = variants.get(row["variant"], {})
         lines.append(f"| {row['variant']} | {row['domain']} | {row['bpb']:.4f} | {_num(row['spread'], '.4f')} | "
                      f"{row['seeds']} | {_num(row['diff'], '+.4f')} | {_call(row)} | {_num(counts.get('tokens'), ',')} | "
-                     f"{_num(counts.get('documents'), ',')} | {_share(counts.get('share_of_raw_bytes'))} |")
+                     f"{_num(counts.get('documents'), ',')} | {_share(counts.get('raw_byte_share'))} |")
     return "\n".join(lines)
 
 
