@@ -13,7 +13,6 @@
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -22,7 +21,7 @@ from assets.factory import StepResult, global_step_asset
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
-from assets.training import POOL, PipesLaunch, launches_metadata, training_curves
+from assets.training import POOL, launches_metadata, train_through_pipes, training_curves
 from refinery.ablations import build, report
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE
@@ -66,7 +65,6 @@ def result_tables(results: dict[str, Any]) -> dict[str, Any]:
 
 def run_ablation(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
-        from training.launcher import PhaseTrainingFailed, train_phase
         from training.proxy_run import single_phase
 
         cfg, root = refinery.config, refinery.root
@@ -74,28 +72,10 @@ def run_ablation(version: str):
         variant, seed = keys[VARIANT], int(keys[SEED])
         vcfg = build.variant_config(cfg, variant, seed)
         config_path = os.path.abspath(refinery.config_path)
-        on_ray = cfg.training.launch == "ray"  # launched as training_run launches
-        checkpoints: list[str] = []
-        nodes: list[str] = []
-
-        def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
-            launch = PipesLaunch(context)
-            args = ["-m", "assets.pipes_ablation", "--config", config_path, "--variant", variant, "--seed", str(seed),
-                    "--resume", resume]
-            code = launch.run_on_ray(cfg, args, log_path) if on_ray else launch.run([sys.executable, *args], log_path)
-            checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
-            nodes.extend([launch.node] if launch.node else [])
-            return code, launch.status
-
-        try:
-            training = train_phase(vcfg, single_phase(vcfg), launch_once, context.log.info, context.log.warning)
-        except PhaseTrainingFailed as e:
-            raise dg.Failure(
-                description=str(e),
-                metadata={**launches_metadata(e.training, checkpoints, nodes), "log_file": str(e.training.log_path),
-                          "log_tail": dg.MetadataValue.text(e.training.log_tail())},
-                allow_retries=e.relaunchable,
-            ) from e
+        training, checkpoints, nodes = train_through_pipes(
+            context, cfg, vcfg, single_phase(vcfg),
+            lambda resume, _: ["-m", "assets.pipes_ablation", "--config", config_path, "--variant", variant,
+                               "--seed", str(seed), "--resume", resume])
         key = report.results_key(variant, seed)
         results = root.read_json(key)
         context.log.info(f"ablation_runs[{variant}, seed {seed}]: {results['bpb']:.4f} bits per byte")
@@ -160,7 +140,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         warnings.simplefilter("ignore", dg.BetaWarning)
         by_variant = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=VARIANT)
     variants_version = code_version(build, eval_set, report)
-    runs_version = code_version(sys.modules[__name__], proxy_run, bpb)
+    runs_version = code_version(sys.modules[__name__], train_through_pipes, proxy_run, bpb)
     report_version = code_version(report)
     return dg.Definitions(assets=[
         global_step_asset(
