@@ -19,6 +19,7 @@ from orchestration.definitions import build_definitions as build_workspace
 from refinery.ablations import build
 from refinery.ablations.report import REPORT_KEY, results_key
 from refinery.config import load_config
+from training.proxy_run import main as proxy_main
 from training.proxy_run import run_proxy
 from training.trainer import KILL_AT_STEP_ENV
 
@@ -148,3 +149,9 @@ def test_a_run_on_a_ray_node_killed_midway_is_relaunched_to_the_same_figures(tmp
     meta = metadata(run, "ablation_runs")
     assert [a["exit_code"] for a in meta["attempts"].value] == [-9, 0] and "ray_nodes" in meta
     assert c.root.read_json(results_key("funnel", 1)) == reference
+
+
+def test_a_proxy_run_of_a_variant_not_built_exits_2_naming_it(tmp_path, capsys):
+    c = write_verdict_corpus(tmp_path, variants={"funnel": {}}, **PROXY)
+    assert proxy_main(["--config", str(c.config_path), "--variant", "funnel", "--seed", "0"]) == 2
+    assert "ablations.variants.funnel: not built yet" in capsys.readouterr().err

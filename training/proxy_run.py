@@ -150,10 +150,11 @@ def run_proxy(cfg: RefineryConfig, variant: str, seed: int, resume: str = "auto"
     from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, eval_documents
     from refinery.ablations.report import results_key
 
+    vcfg = variant_config(cfg, variant, seed)  # refuses a variant not built yet
     root = open_data_root(cfg.resolve(cfg.data_root))
     identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY)}
-    return train_and_evaluate(variant_config(cfg, variant, seed), root, results_key(variant, seed), identity,
-                              lambda: eval_documents(root), resume, sinks)
+    return train_and_evaluate(vcfg, root, results_key(variant, seed), identity, lambda: eval_documents(root), resume,
+                              sinks)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,16 +167,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, sinks: list | None = None) -> int:
+def main(argv: list[str] | None = None, sinks_for: Callable[[Path], list] | None = None) -> int:
+    """The command line; `sinks_for(run_dir)` gives the metrics sinks (the Pipes child's forwarder).
+    A config or input problem (a variant not built, no evaluation set) exits 2, which the relaunch
+    loop does not relaunch."""
+    from refinery.ablations.build import variant_config
     from refinery.config import ConfigError, load_config
+    from training.launcher import EXIT_INPUT
 
     args = parser().parse_args(argv)
     try:
         cfg = load_config(args.config)
-    except ConfigError as err:
+        sinks = sinks_for(proxy_run_dir(variant_config(cfg, args.variant, args.seed))) if sinks_for else None
+        return run_proxy(cfg, args.variant, args.seed, args.resume, sinks)
+    except (ConfigError, FileNotFoundError) as err:
         print(f"proxy run: {err}", file=sys.stderr)
-        return 2
-    return run_proxy(cfg, args.variant, args.seed, args.resume, sinks)
+        return EXIT_INPUT
 
 
 if __name__ == "__main__":

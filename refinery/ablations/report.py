@@ -26,7 +26,7 @@ import math
 import statistics
 from typing import Any
 
-from refinery.ablations.bpb import Tally, cells_from_json, totals_by
+from refinery.ablations.bpb import cells_from_json, totals_by
 
 BASELINE = "funnel"
 ALPHA = 0.05
@@ -260,11 +260,6 @@ def report_png(report: dict[str, Any]) -> bytes:
     fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
     return buf.getvalue()
-
-
-def overall(cells_json: list[dict]) -> Tally:
-    """A run's whole-set tally from its stored cells."""
-    return totals_by(cells_from_json(cells_json), "all").get("all", Tally())
 
 
 def load_stored(root, variants: list[str], seeds: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
