@@ -31,6 +31,7 @@ from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, batch_shards, input_batches
 from refinery.layout import stats_key
+from refinery.stages import registry
 from refinery.stages.attributes import stage_batches
 from refinery.stages.base import StageOutput
 from refinery.stages.stage_tables import stage_tables
@@ -115,6 +116,16 @@ def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:
     """The file task of a pure per-document stage: `upstream`'s kept documents in, `name`'s out, a
     record batch at a time (`build(cfg, source)` returns the stage for a source's files)."""
     return partial(run_stage_by_batches, name, upstream, build)
+
+
+def pure_stage_asset(name: str, build: StageBuilder, parts: Partitions, description: str, version: str,
+                     **options: Any) -> dg.AssetsDefinition:
+    """The asset of a pure per-document stage of the registry (refinery/stages/registry.py): its
+    upstream's kept documents in, `build(cfg, source)`'s stage over each file; `options` go to
+    `batch_stage_asset`."""
+    upstream = registry.funnel_stage(name).upstream
+    return batch_stage_asset(name, stage_file_task(name, upstream, build), parts, description=description,
+                             version=version, deps=[dg.AssetDep(upstream)], **options)
 
 
 # Entries an asset adds once every file is published: (resource, the run's files, their results).

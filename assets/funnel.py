@@ -11,7 +11,7 @@ language_filtered has the same schema).
 import dagster as dg
 import polars as pl
 
-from assets.factory import batch_stage_asset, stage_file_task, stage_tables
+from assets.factory import batch_stage_asset, pure_stage_asset, stage_tables
 from assets.fanout import FileResult
 from assets.partitions import Partitions
 from assets.provenance import code_version
@@ -78,16 +78,15 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         "bad records become ingest/* rejects.",
     )
     stages = [
-        (extract.STAGE, ingest.STAGE, _extractor, code_version(extract), "HTML to text with resiliparse (main "
+        (extract.STAGE, _extractor, code_version(extract), "HTML to text with resiliparse (main "
          "content); text passes through; other content types and empty extractions are rejected."),
-        (language.STAGE, extract.STAGE, _language, code_version(language), "fastText lid.176 on the whole text; "
+        (language.STAGE, _language, code_version(language), "fastText lid.176 on the whole text; "
          "keeps the configured languages at or above min_score."),
-        (heuristic.STAGE, language.STAGE, _heuristic, heuristic_code_version(cfg), "URL blocklist, Gopher quality "
+        (heuristic.STAGE, _heuristic, heuristic_code_version(cfg), "URL blocklist, Gopher quality "
          "and repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
          "config's custom filters."),
     ]
     return dg.Definitions(assets=[raw_documents] + [
-        batch_stage_asset(name, stage_file_task(name, upstream, build), parts, description=description,
-                          version=version, deps=[dg.AssetDep(upstream)])
-        for name, upstream, build, version, description in stages
+        pure_stage_asset(name, build, parts, description=description, version=version)
+        for name, build, version, description in stages
     ])

@@ -24,6 +24,7 @@ import dagster as dg
 import polars as pl
 
 from refinery.config.training import LAUNCH_FIELDS
+from refinery.stages import registry
 from refinery.stages.stage_tables import SAMPLE_ROWS
 from refinery.stages.stats import StageStats
 from refinery.storage.base import atomic_path
@@ -53,20 +54,10 @@ def module_sources(module: ModuleType) -> list[str]:
 # The config each asset's output depends on: dotted paths into the config (`stages.heuristic`,
 # `seed`). Its Dagster code version carries their digest (`with_config_version`), so an edited value
 # shows as a changed version in the UI and to `refinery demo --changed`, for the assets that read
-# it and no others. Where the paths run to a section, a field added to it later is covered.
+# it and no others. Where the paths run to a section, a field added to it later is covered. The
+# funnel's assets read what refinery/stages/registry.py says.
 CONFIG_READ: dict[str, tuple[str, ...]] = {
-    "raw_documents": ("sources", "stages.extract", "stages.record_timeout_s"),
-    "extracted_text": ("sources", "stages.extract", "stages.record_timeout_s"),
-    "language_filtered": ("sources", "stages.language", "stages.record_timeout_s"),
-    "heuristic_filtered": ("sources", "stages.heuristic", "stages.custom_filters", "stages.record_timeout_s"),
-    "dedup_signatures": ("sources", "seed", "stages.exact_dedup", "stages.near_dedup"),
-    "exact_deduped": ("stages.exact_dedup",),
-    "near_deduped": ("seed", "stages.near_dedup"),
-    "near_dup_clusters": ("seed", "stages.near_dedup"),
-    "deduped": ("sources", "stages.exact_dedup", "stages.near_dedup"),
-    "quality_model": ("seed", "buckets", "sources", "stages.quality"),
-    "quality_scored": ("sources", "stages.quality", "stages.record_timeout_s"),
-    "pii_redacted": ("sources", "stages.pii", "stages.safety", "stages.record_timeout_s"),
+    **registry.config_read(),
     "funnel_report": (),
     "tokenizer": ("seed", "buckets", "tokenizer"),
     "difficulty_model": ("seed", "stages.difficulty"),

@@ -14,7 +14,7 @@ from functools import partial
 import dagster as dg
 import polars as pl
 
-from assets.factory import StepResult, batch_stage_asset, global_step_asset, stage_file_task, stream_stage_file
+from assets.factory import StepResult, batch_stage_asset, global_step_asset, pure_stage_asset, stream_stage_file
 from assets.fanout import FileResult, run_stage
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
@@ -24,11 +24,13 @@ from refinery.documents import InputShard
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
 from refinery.stages import quality as q
+from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents
 from refinery.stages.quality_training import quality_settings, train_and_publish
 from refinery.stages.base import skips
-from refinery.stages.dedup_compute import STAGE as UPSTREAM
 from refinery.storage import DataRoot
+
+UPSTREAM = registry.funnel_stage(q.QualityScorer.name).upstream
 
 
 def _metric(value: float | None) -> dg.MetadataValue:
@@ -149,9 +151,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")], extra_metadata=score_metadata,
         description="quality_score on every document; drops those below stages.quality.threshold.",
     )
-    pii_redacted = batch_stage_asset(
-        "pii_redacted", stage_file_task("pii_redacted", "quality_scored", _safety_then_redact), parts,
-        version=code_version(pii_stage), deps=[dg.AssetDep("quality_scored")], extra_metadata=funnel_chart_of_run,
+    pii_redacted = pure_stage_asset(
+        "pii_redacted", _safety_then_redact, parts, version=code_version(pii_stage), extra_metadata=funnel_chart_of_run,
         description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
     )
     return dg.Definitions(assets=[quality_model, quality_scored, pii_redacted])

@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from refinery.stages import registry
 from refinery.stages.stats import StageStats
 from refinery.config import ConfigError, RefineryConfig, load_config
 from refinery.layout import kept_documents_key, kept_documents_prefix, rejects_key, stats_key
@@ -45,18 +46,8 @@ from refinery.storage import DataRoot, open_data_root
 if TYPE_CHECKING:
     import polars as pl
 
-# The funnel's stages in the order documents flow; later stages from other assets go here too.
-FUNNEL_ORDER = (
-    "raw_documents",
-    "extracted_text",
-    "language_filtered",
-    "heuristic_filtered",
-    "exact_deduped",
-    "near_deduped",
-    "deduped",
-    "quality_scored",
-    "pii_redacted",
-)
+# The funnel's stats folders in the order documents flow (refinery/stages/registry.py).
+FUNNEL_ORDER = registry.funnel_order()
 DEFAULT_TARGET_TOKENS = 1_000_000_000
 TOP_REASONS = 5
 LANGUAGE_STAGE = "language_filtered"

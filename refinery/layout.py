@@ -29,6 +29,8 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
 
 from __future__ import annotations
 
+from refinery.stages import registry
+
 # --- per-document stages ----------------------------------------------------------------------
 
 
@@ -42,13 +44,9 @@ def documents_key(stage: str, partition: str) -> str:
 
 # The per-document stages that store their kept documents as an attribute table, each with the stage
 # whose documents it narrows (refinery/stages/attributes.py reads them back): the text is stored in
-# full only where it is made (extracted_text) and where it is final (pii_redacted).
-ATTRIBUTE_STAGES = {
-    "language_filtered": "extracted_text",
-    "heuristic_filtered": "language_filtered",
-    "deduped": "heuristic_filtered",
-    "quality_scored": "deduped",
-}
+# full only where it is made (extracted_text) and where it is final (pii_redacted). From
+# refinery/stages/registry.py.
+ATTRIBUTE_STAGES = registry.attribute_stages()
 
 
 def attributes_key(stage: str, partition: str) -> str:

@@ -47,6 +47,7 @@ from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENI
                              bucket_shards_prefix, documents_part_key, final_index_key, kept_documents_key,
                              shard_index_key, shard_lineage_key)
 from refinery.shard_header import ShardFormatError, locate_token, read_tokens
+from refinery.stages import registry
 from refinery.storage import DataRoot, sha256_file
 from refinery.storage.damaged import reading_table
 from refinery.tasks import RunTasks, in_process
@@ -69,17 +70,8 @@ OPEN_PARTS = 256
 CONTEXT_TOKENS = 16
 
 # Which funnel stage recorded which document column; columns not listed show under "other".
-FUNNEL_STAGES: list[tuple[str, str | None, list[str]]] = [
-    # (asset, the source `skip` name that bypasses it, the columns it adds)
-    ("raw_documents", None, []),
-    ("extracted_text", None, []),
-    ("language_filtered", "language", ["language", "language_score"]),
-    ("heuristic_filtered", "heuristic", []),
-    ("exact_deduped", None, []),
-    ("near_deduped", "near_dedup", ["dup_cluster", "dup_cluster_size"]),
-    ("quality_scored", "quality", ["quality_score"]),
-    (CLEAN_STAGE, None, ["pii_counts"]),
-]
+# (verdict, the source `skip` name that bypasses it, the columns it adds), refinery/stages/registry.py.
+FUNNEL_STAGES: list[tuple[str, str | None, list[str]]] = [(v.name, v.skip, list(v.adds)) for v in registry.verdicts()]
 # `make_doc_id`: `<input shard key>/<record index>`; group 1 is the key, group 2 the record.
 _DOC_ID = r"^(.+)/(\d+)$"
 

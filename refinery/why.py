@@ -29,11 +29,11 @@ from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, exclusions_k
                              near_edges_key, rejects_key, signatures_key)
 from refinery.lineage import check_hash
 from refinery.preflight import READ_ONLY
+from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents, stage_columns
 from refinery.storage import DataRoot, open_data_root
 from refinery.storage.damaged import DamagedTableError
 
-DEDUP_FOLDER = "deduped"  # exact and near dedup write one table of kept documents and one rejects table
 TOKENIZE_STAGE = "tokenized_shards"
 EXACT_RULE_FAMILY = "exact_dedup/"
 NEAR_RULE_FAMILY = "near_dedup/"
@@ -50,23 +50,15 @@ class Step:
     rejects: str  # folder under rejects/ whose rows with `stage` == this stage are its removals
 
 
-STEPS = (
-    Step("raw_documents", "raw_documents", "raw_documents"),
-    Step("extracted_text", "extracted_text", "extracted_text"),
-    Step("language_filtered", "language_filtered", "language_filtered"),
-    Step("heuristic_filtered", "heuristic_filtered", "heuristic_filtered"),
-    Step("exact_deduped", DEDUP_FOLDER, DEDUP_FOLDER),
-    Step("near_deduped", DEDUP_FOLDER, DEDUP_FOLDER),
-    Step("quality_scored", "quality_scored", "quality_scored"),
-    Step("pii_redacted", "pii_redacted", "pii_redacted"),
-)
+def funnel_steps() -> tuple[Step, ...]:
+    """A step per verdict of the funnel (refinery/stages/registry.py), read from its stage's tables."""
+    return tuple(Step(v.name, registry.stage_of(v.name).name, registry.stage_of(v.name).name)
+                 for v in registry.verdicts())
+
+
+STEPS = funnel_steps()
 # What a kept document's row shows for a stage (the columns that stage adds).
-STAGE_FACTS = {
-    "language_filtered": ("language", "language_score"),
-    "near_deduped": ("dup_cluster", "dup_cluster_size"),
-    "quality_scored": ("quality_score",),
-    "pii_redacted": ("pii_counts",),
-}
+STAGE_FACTS = registry.stage_facts()
 IDENTITY_COLUMNS = ("doc_id", "url", "source", "bucket")
 REJECT_COLUMNS = ("doc_id", "url", "source", "bucket", "stage", "rule", "value", "detail")
 

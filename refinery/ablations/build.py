@@ -93,10 +93,10 @@ def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int 
     data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = False
     data.setdefault("shards", {}).update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
     data.setdefault("contamination", {})["anneal_phase"] = None
-    data.setdefault("training", {}).update(model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size,
-                            grad_accum_steps=1, lr=ab.lr, warmup_steps=ab.warmup_steps, eval_every_tokens=0,
-                            eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
-                            run_dir=run_dir or cfg.training.run_dir)
+    data.setdefault("training", {}).update(
+        model=ab.model.model_dump(mode="json"), micro_batch_size=ab.micro_batch_size, grad_accum_steps=1, lr=ab.lr,
+        warmup_steps=ab.warmup_steps, eval_every_tokens=0, eval_entries_per_bucket=0, anneal_halt_on_val_rise=None,
+        run_dir=run_dir or cfg.training.run_dir)
     return RefineryConfig.model_validate({**data, "base_dir": cfg.base_dir})
 
 

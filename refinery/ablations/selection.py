@@ -16,20 +16,24 @@ What "ignored" means for a document a stage removed, which no later stage ever s
 - Each document has at most one rejection (the first stage that removed it; none after it read it).
   A readmitted document carries the text its rejecting stage received: its upstream table's text,
   with the edits of the stages before it applied, and the language the funnel found for it.
-- It then goes through the per-document stages after its rejection, by their own code
-  (`Judges`): heuristic_filtered (the rules in its language, the custom filters; its line edits
-  apply), quality_scored (the published model scores it; the threshold drops it unless the variant
-  leaves the quality verdict out) and, always, pii_redacted (the safety filter, unless left out, then
-  PII redaction, which is no verdict: only `raw` trains on unredacted PII). A removal by one of them
-  that the variant leaves out keeps the document as it went in.
-- The global stages are NOT run on it: exact and near dedup judge a readmitted document only if it
-  was removed after them. So `without: [heuristic]` also keeps heuristic removals that dedup would
-  have removed next (copies of one another or of kept documents): an upper bound of what leaving
-  the stage out of the graph would let through, by the documents dedup would have caught.
+- It then goes through the stages after its rejection that can judge one document alone, by their
+  own code (`Judges`): heuristic_filtered (the rules in its language, the custom filters; its line
+  edits apply), exact dedup (its normalized-text hash against the hashes of every document that
+  reached dedup, in the signature tables, and of the documents let in before it: a copy is
+  removed, the copy already there stays), quality_scored (the published model scores it; the
+  threshold drops it unless the variant leaves the quality verdict out) and, always, pii_redacted
+  (the safety filter, unless left out, then PII redaction, which is no verdict: only `raw` trains
+  on unredacted PII). A removal by one of them that the variant leaves out keeps the document as
+  it went in.
+- Near dedup is NOT run on it (its clusters are global; MinHash over the corpus is not redone):
+  `without: [heuristic]` also keeps heuristic removals that near dedup would have removed next, an
+  upper bound by those near copies of what leaving the stage out of the graph would let through.
 - Documents the evaluation set holds out (refinery/ablations/eval_set.py) are in no variant.
 
 Memory: one record batch of a table at a time, plus one partition's rejected doc ids and its
-recorded facts (doc_id, language, quality_score: no text); nothing per corpus.
+recorded facts (doc_id, language, quality_score: no text); per corpus, only what exact dedup's
+judgment of readmitted documents holds (16 bytes per document that reached dedup) and a quality
+cut's scores (8 bytes per document of the variant).
 """
 
 from __future__ import annotations
@@ -41,12 +45,12 @@ import numpy as np
 import polars as pl
 
 from refinery.ablations.eval_set import held_out_mask
-from refinery.ablations.verdicts import VERDICT_TABLES, partition_rejects, recorded_facts
+from refinery.ablations.verdicts import VERDICT_TABLES, dedup_hashes, partition_rejects, recorded_facts
 from refinery.config import RefineryConfig
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key
-from refinery.stages import custom, heuristic, quality
+from refinery.stages import custom, exact_dedup, heuristic, quality
 from refinery.stages import pii as pii_stage
 from refinery.stages.base import Stage, StageOutput
 from refinery.stages.attributes import stage_batches
@@ -163,16 +167,19 @@ def variant_batches(root: DataRoot, cfg: RefineryConfig, sel: Selection, partiti
 
 
 class Judges:
-    """The per-document stages after a readmitted document's rejection, built once per variant:
-    heuristic_filtered (the built-in rules and the custom filters), quality_scored (the published
-    model and threshold) and pii_redacted (the safety filter, then redaction), as the funnel's assets
-    build them. Global stages (exact and near dedup) are not among them."""
+    """The stages after a readmitted document's rejection that judge one document alone, built once
+    per variant: heuristic_filtered (the built-in rules and the custom filters), exact dedup (by the
+    stage's hash, `_exact_dedup`), quality_scored (the published model and threshold) and
+    pii_redacted (the safety filter, then redaction), as the funnel's assets build them. Near dedup
+    is not among them."""
 
-    ORDER = ("heuristic_filtered", "quality_scored", "pii_redacted")
+    ORDER = ("heuristic_filtered", "deduped", "quality_scored", "pii_redacted")
 
     def __init__(self, root: DataRoot, cfg: RefineryConfig, sel: Selection):
         self.root, self.cfg, self.sel = root, cfg, sel
         self._built: dict[tuple[str, str], Stage] = {}
+        self._seen: np.ndarray | None = None  # exact dedup: the normalized-text hashes it kept (S16, sorted)
+        self._readmitted: set[bytes] = set()  # and those of the documents let in so far
 
     def _stage(self, name: str, source: str) -> Stage:
         if (name, source) in self._built:
@@ -197,6 +204,27 @@ class Judges:
         enforce = not self.sel.readmits("quality_scored", "quality/below_threshold")
         return quality.QualityScorer(model, self.cfg.stages.quality.threshold, enforce, pointer["model_hash"])
 
+    def _exact_dedup(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """exact dedup's verdict on documents that never reached it: a document whose normalized
+        text (the stage's own hash) is one that dedup saw, or one already let in, is a copy; the
+        copy the funnel kept (or the first let in) stays. Unless the variant leaves exact dedup out.
+        Memory: 16 bytes per document that reached dedup (its signature tables' hashes), plus 16
+        per document let in."""
+        if self.sel.readmits("exact_deduped", "exact_dedup/duplicate"):
+            return batch
+        if self._seen is None:
+            self._seen = np.unique(np.concatenate([np.zeros(0, dtype="S16"), *(
+                _hash_keys(*(t[c].to_numpy() for c in ("hash_hi", "hash_lo")))
+                for t in dedup_hashes(self.root, self.cfg))]))
+        keys = _hash_keys(*exact_dedup.text_hashes(batch["text"].fill_null("").to_list()))
+        at = np.minimum(np.searchsorted(self._seen, keys), max(len(self._seen) - 1, 0))
+        copy = (self._seen[at] == keys) if len(self._seen) else np.zeros(len(keys), dtype=bool)
+        keep = []
+        for key, is_copy in zip(keys.tolist(), copy.tolist()):
+            keep.append(not is_copy and key not in self._readmitted)
+            self._readmitted.add(key)
+        return batch.filter(pl.Series(keep, dtype=pl.Boolean))
+
     def judge(self, rejected_by: str, batch: pl.DataFrame) -> pl.DataFrame:
         """What the per-document stages after `rejected_by` keep of `batch` (pii_redacted's redaction
         always runs); a removal the variant leaves out keeps the document as it went in."""
@@ -204,6 +232,9 @@ class Judges:
         after = [n for n in self.ORDER if order.index(n) > order.index(rejected_by) or n == "pii_redacted"]
         source = batch["source"][0]  # one input file's documents: one source
         for name in after:
+            if name == "deduped":
+                batch = self._exact_dedup(batch)
+                continue
             out = self._stage(name, source).run_for_source(batch, self.cfg.source(source).skip)
             back = out.rejects.filter(pl.Series([self.sel.readmits(v, r) for v, r in
                                                  zip(out.rejects["stage"], out.rejects["rule"])], dtype=pl.Boolean))
@@ -217,6 +248,11 @@ class Judges:
             if not batch.height:
                 break
         return batch
+
+
+def _hash_keys(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """exact dedup's (hi, lo) hash halves as one sortable 16-byte key each."""
+    return np.stack([hi.astype(">u8"), lo.astype(">u8")], axis=1).reshape(-1).view("S16")
 
 
 class _Unscored(Stage):

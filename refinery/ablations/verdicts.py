@@ -5,12 +5,13 @@ that changes when a stage reruns. Memory: one file's rejects and facts (doc ids,
 from __future__ import annotations
 
 import hashlib
+from typing import Iterator
 
 import polars as pl
 
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.layout import rejects_key, stats_key
+from refinery.layout import rejects_key, signatures_key, stats_key
 from refinery.stages.attributes import read_stage_documents
 from refinery.stages.registry import STAGES, TEXT_STAGE
 from refinery.storage import DataRoot
@@ -57,3 +58,12 @@ def recorded_facts(root: DataRoot, partition: str, rejects: pl.DataFrame) -> pl.
     return (pl.concat([lang.cast({"language": pl.String}), lang_rej])
             .join(pl.concat([score.cast({"quality_score": pl.Float64}), score_rej]), on="doc_id", how="full",
                   coalesce=True))
+
+
+def dedup_hashes(root: DataRoot, cfg: RefineryConfig) -> Iterator[pl.DataFrame]:
+    """hash_hi and hash_lo (exact dedup's normalized-text hash) of every document that reached
+    dedup, a signature table (one input file) at a time."""
+    for shard in input_shards(cfg):
+        key = signatures_key(shard.key)
+        if root.exists(key):
+            yield root.read_parquet(key, columns=["hash_hi", "hash_lo"])

@@ -9,8 +9,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from refinery.config.section import Section
+from refinery.stages import registry
 
-SKIPPABLE_STAGES = ("language", "heuristic", "quality", "near_dedup")
+SKIPPABLE_STAGES = registry.skippable_names()
 
 
 class SourceConfig(Section):
@@ -38,7 +39,7 @@ class SourceConfig(Section):
                                  "record's own id in its source. A record without a URL is named by it: the "
                                  "`url` column gets the id, so rejects and lineage show which record it was. "
                                  "Parquet and Arrow files must have the column when it is set.")
-    skip: list[Literal["language", "heuristic", "quality", "near_dedup"]] = Field(
+    skip: list[Literal[SKIPPABLE_STAGES]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="Stages this source's documents pass through untouched "
         "(`heuristic` also skips `stages.custom_filters`).")
     # Heuristic rules that do not fit this source's documents, by reason name (e.g. c4/curly_bracket

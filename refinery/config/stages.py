@@ -10,6 +10,7 @@ from refinery.config.languages import LanguageHeuristics, default_language_heuri
 from refinery.config.section import Section
 from refinery.config.thresholds import (HEURISTIC_RULES, RULE_SECTIONS, C4Config, FineWebQualityConfig,
                                         GopherQualityConfig, GopherRepetitionConfig)
+from refinery.stages import registry
 
 
 # C4's line rules: they remove or change lines of the documents heuristic_filtered keeps, rather than
@@ -237,10 +238,9 @@ class SafetyConfig(Section):
     max_blocked_word_hits: int = Field(default=0, ge=0)
 
 
-# Reason families the built-in stages use: a custom filter may not take one, so every reason names
-# one rule of one stage.
-BUILTIN_FAMILIES = ("ingest", "extract", "language", "heuristic", "url", "gopher_quality", "gopher_rep", "c4",
-                    "c4_lines", "fineweb", "exact_dedup", "near_dedup", "quality", "pii", "safety", "tokenize")
+# Reason families the built-in stages use (the funnel's, refinery/stages/registry.py, and the
+# tokenizer's): a custom filter may not take one, so every reason names one rule of one stage.
+BUILTIN_FAMILIES = (*registry.rule_families(), "tokenize")
 
 
 class CustomFilterConfig(Section):

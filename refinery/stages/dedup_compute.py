@@ -12,6 +12,7 @@ import polars as pl
 
 from refinery.stages import exact_dedup as ex
 from refinery.stages import near_dedup as nd
+from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
@@ -22,8 +23,8 @@ from refinery.stages.stage_tables import stage_tables
 from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
 
-UPSTREAM = "heuristic_filtered"
 STAGE = "deduped"
+UPSTREAM = registry.funnel_stage(STAGE).upstream
 
 
 def shard_ordinals(cfg: RefineryConfig) -> dict[str, int]:

@@ -24,9 +24,12 @@ from refinery.config import RefineryConfig
 from refinery.documents import input_shards
 from refinery.stages import quality as q
 from refinery.stages import quality_metrics as qm
+from refinery.stages import registry
 from refinery.stages.attributes import stage_batches
-from refinery.stages.dedup_compute import STAGE as UPSTREAM
 from refinery.storage import DataRoot
+
+
+UPSTREAM = registry.funnel_stage(q.QualityScorer.name).upstream  # the documents quality_scored reads
 
 
 class LabelledSetError(ValueError):

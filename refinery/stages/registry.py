@@ -242,32 +242,33 @@ def config_read() -> dict[str, tuple[str, ...]]:
 
 
 def check_registry(stages: tuple[FunnelStage, ...]) -> None:
-    """Refuse a registry with an upstream that is not an earlier stage, a verdict that is neither its
-    stage nor one of its step assets, or a name (stage, step asset, verdict, `skip:` name, rule
-    family) that stands for two different things."""
+    """Refuse a registry with a stage named twice, an upstream that is not an earlier stage, a
+    verdict that is neither its stage nor one of its step assets, or a name (step asset, verdict,
+    `skip:` name, rule family) that stands for two different things."""
     if TEXT_STAGE not in {stage.name for stage in stages}:
         raise ValueError(f"TEXT_STAGE {TEXT_STAGE!r} is not a stage")
     seen: set[str] = set()
     means: dict[str, str] = {}
 
-    def name(value: str, meaning: str) -> None:
+    def claim(value: str, meaning: str) -> None:
         if means.setdefault(value, meaning) != meaning:
             raise ValueError(f"{value!r} names both {means[value]} and {meaning}")
 
     for stage in stages:
+        if stage.name in seen:
+            raise ValueError(f"stage {stage.name!r} occurs twice")
         if stage.upstream is not None and stage.upstream not in seen:
             raise ValueError(f"stage {stage.name!r}: upstream {stage.upstream!r} is not an earlier stage")
         seen.add(stage.name)
         own = {stage.name, *(step.name for step in stage.steps)}
-        decided = {v.name for v in stage.verdicts}
         for v in stage.verdicts:
             if v.name not in own:
                 raise ValueError(f"verdict {v.name!r} of {stage.name!r} is neither that stage nor one of its "
                                  f"step assets")
             for value in (v.name, v.skip, *v.families):
                 if value is not None:
-                    name(value, f"verdict {v.name!r}")
-        for other in sorted(own - decided):
-            name(other, f"asset {other!r}")
+                    claim(value, f"verdict {v.name!r}")
+        for other in sorted(own - {v.name for v in stage.verdicts}):
+            claim(other, f"asset {other!r} of stage {stage.name!r}")
 
 check_registry(STAGES)

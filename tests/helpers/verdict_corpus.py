@@ -5,7 +5,9 @@ written as the funnel writes them (text tables for extracted_text and pii_redact
 in between with text edits and added columns, a rejects table per stage), pii_redacted computed by
 the real pii stage (safety filter, then redaction), and a trained tokenizer.
 
-Fates: kept, or removed at one stage with one rule (`FATES`). Some texts hold an email address
+Fates: kept, or removed at one stage with one rule (`FATES`). Some documents removed before dedup
+copy (in upper case: the same normalized text) an earlier document that reached dedup, or one
+removed before it (`copy_of`); the signature tables hold exact dedup's hashes of what reached it. Some texts hold an email address
 (redacted by the pii stage) or the blocked word (removed by the safety filter, at pii_redacted, or
 after readmission for a document removed earlier). heuristic_filtered drops the last line of the
 documents it keeps whose doc number is a multiple of 4 (a C4-like line edit).
@@ -24,6 +26,7 @@ from helpers.configs import write_config
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA, input_shards, make_doc_id
 from refinery.layout import documents_key, rejects_key
+from refinery.stages import dedup_compute as dc
 from refinery.stages import pii as pii_stage
 from refinery.stages import tokenize as tk
 from refinery.stages.attributes import publish_attributes
@@ -63,6 +66,7 @@ class VerdictCorpus:
     bucket: dict[str, str] = field(default_factory=dict)
     language: dict[str, str] = field(default_factory=dict)
     score: dict[str, float | None] = field(default_factory=dict)  # recorded quality_score (None: never scored)
+    copy_of: dict[str, str] = field(default_factory=dict)  # doc_id -> the earlier document whose text it copies
 
 
 def edited(doc_id: str, text: str) -> str:
@@ -119,10 +123,19 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         rows = []
         for i, doc_id in enumerate(ids):
             text = _text(rng, i)
-            c.extracted[doc_id], c.bucket[doc_id] = text, shard.bucket
             c.language[doc_id] = "de" if i % 7 == 1 else "en"
             roll = rng.random()
             c.fate[doc_id] = FATES[int(roll * 10)][1:] if roll < 0.6 else None
+            if c.fate[doc_id] is not None and c.fate[doc_id][0] in ("language_filtered", "heuristic_filtered") and i % 2:
+                # a copy (in other case) of a document dedup saw unedited, or of one removed before it
+                reached = [d for d in ids[:i] if int(d[-7:]) % 4 and (c.fate[d] is None or c.fate[d][0] not in
+                                                                     ("language_filtered", "heuristic_filtered"))]
+                removed_before = [d for d in ids[:i] if c.fate[d] and c.fate[d][0] == "language_filtered"]
+                earlier = reached if i % 4 == 1 else removed_before
+                if earlier:
+                    text = c.extracted[earlier[-1]].upper()
+                    c.copy_of[doc_id] = earlier[-1]
+            c.extracted[doc_id], c.bucket[doc_id] = text, shard.bucket
             rows.append({"doc_id": doc_id, "url": f"https://{shard.bucket}.example/{shard.key}/{i}",
                          "source": shard.source, "bucket": shard.bucket, "file": shard.path, "record_index": i,
                          "record_offset": 0, "fetch_time": None, "content_type": "text/plain", "text": text})
@@ -157,6 +170,7 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
         publish_attributes(c.root, "deduped", shard.key, lines_cut, deduped)
         c.root.write_parquet(rejects_key("deduped", shard.key), rej)
         kept_by_dedup[shard.key] = (deduped, removed)
+        dc.compute_signatures(cfg, c.root, shard.key)  # exact dedup's hashes of what reached it
     # the quality classifier of the real stage, trained on the curated bucket against web: what
     # judges a readmitted document that never reached quality_scored
     train_and_publish(cfg, c.root)
