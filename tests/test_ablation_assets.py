@@ -12,6 +12,7 @@ import yaml
 
 from assets import ablations
 from assets.partitions import Partitions
+from assets.provenance import MARKDOWN_INLINE_CHARS
 from helpers.materialize import materialize, module_assets
 from helpers.verdict_corpus import write_verdict_corpus
 from orchestration.cli import main
@@ -83,7 +84,10 @@ def test_the_report_carries_the_table_and_the_plot(ran):
     assert meta["plot"].value.startswith("![bits per byte per variant and domain](")
     table = meta["table"].value
     assert table.splitlines()[0].startswith("| variant | domain | bpb | spread |")
-    assert any(line.startswith("| raw | all |") for line in table.splitlines())
+    assert [line.split(" | ")[:2] for line in table.splitlines()[2:]] == [["| funnel", "all"], ["| raw", "all"]]
+    assert len(table) < MARKDOWN_INLINE_CHARS  # drawn in place, as the plot is
+    by_domain = meta["table_by_domain"].value.splitlines()
+    assert {line.split(" | ")[1] for line in by_domain[2:]} == {"all", "wiki", "bench", "extra"}
     assert c.root.read_json(REPORT_KEY) == meta["report"].value
 
 

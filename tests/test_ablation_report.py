@@ -85,6 +85,7 @@ def test_the_table_prints_every_variant_with_its_counts_and_calls():
     assert any(line.split()[:3] == ["no_dedup", "de", "1.7000"] for line in lines)  # the per-language block
     table = markdown_table(report)
     assert table.count("\n") == 2 + len(report["domains"]) - 1 and "| raw | web | 1.9000 |" in table
+    assert markdown_table(report, {"all"}).count("\n") == 2 + len(COUNTS) - 1
     png = report_png(report)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and report_png(report) == png
 

@@ -200,12 +200,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-    """The variant x domain table as markdown (the asset page)."""
+def markdown_table(report: dict[str, Any], domains: set[str] | None = None) -> str:
+    """The variant x domain table as markdown (the asset page), of `domains` only when given."""
     variants = report["variants"]
     lines = ["| variant | domain | bpb | spread | seeds | vs funnel | verdict | tokens | documents | raw kept |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for row in report["domains"]:
+        if domains is not None and row["domain"] not in domains:
+            continue
         counts = variants.get(row["variant"], {})
         lines.append(f"| {row['variant']} | {row['domain']} | {row['bpb']:.4f} | {_num(row['spread'], '.4f')} | "
                      f"{row['seeds']} | {_num(row['diff'], '+.4f')} | {_call(row)} | {_num(counts.get('tokens'), ',')} | "
