@@ -130,7 +130,7 @@ def current_results(root: DataRoot, key: str, vcfg: RefineryConfig, identity: di
 def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity: dict[str, Any],
                        documents: Callable[[], Iterable], resume: str = "auto", sinks: list | None = None) -> int:
     """Train `vcfg`'s one phase (resuming), then write its results to `key` under `root` unless they
-    are current; returns `refinery train`'s exit status."""
+    are current; returns `refinery train`'s exit status (2 too when there is no evaluation text)."""
     from training.cli import run_train
 
     code = run_train(train_args(vcfg, resume), sinks=sinks, cfg=vcfg)
@@ -138,6 +138,12 @@ def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity:
         return code
     if current_results(root, key, vcfg, identity) is None:
         results = evaluate(vcfg, documents(), identity)
+        if results["bpb"] is None:
+            from training.launcher import EXIT_INPUT
+
+            print("proxy run: the evaluation set holds no text to score (every document's text is empty); "
+                  "nothing was written", file=sys.stderr)
+            return EXIT_INPUT
         root.write_json(key, results)
         print(f"proxy run {identity}: {results['bpb']:.4f} bits per byte over "
               f"{sum(c['documents'] for c in results['cells'])} evaluation documents -> {root.display(key)}")
