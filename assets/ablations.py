@@ -2,7 +2,9 @@
 
 - `ablation_variants`, one partition per variant: the variant's documents selected over the stored
   verdicts, tokenized, packed and shuffled into a data root of its own with one phase of the
-  ablation's token budget (refinery/ablations/build.py); its counts go to `variant_counts_key`.
+  ablation's token budget (refinery/ablations/build.py), the held-out evaluation set first; its
+  counts are the variant's summary.json. Its data version covers the evaluation set too, so a new
+  evaluation set makes the runs stale.
 - `ablation_runs`, one partition per variant and seed: one proxy run (training/proxy_run.py), the
   project's trainer on that data root, then the model's bits per byte on the held-out evaluation
   set. Launched like `training_run` (assets/training.py): a Pipes subprocess here or on a Ray node
@@ -23,6 +25,7 @@ from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
 from assets.training import POOL, launches_metadata, train_through_pipes, training_curves
 from refinery.ablations import build, report
+from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import manifest_key
@@ -37,6 +40,7 @@ def build_variants(version: str):
         vroot = build.variant_root(root, name)
         written = [build.SUMMARY_KEY, manifest_key(build.PHASE)]
         hashes = {f"{build.variant_root_key(name)}/{key}": vroot.sha256(key) for key in written}
+        hashes[EVAL_DOCUMENTS_KEY] = root.sha256(EVAL_DOCUMENTS_KEY)
         context.log.info(f"ablation_variants[{name}]: {summary['documents']:,} documents, {summary['tokens']:,} "
                          f"tokens, {summary['raw_byte_share']:.1%} of the raw text; budget "
                          f"{summary['budget_tokens']:,} tokens")

@@ -72,7 +72,8 @@ def test_a_variant_records_its_counts_and_hashes(ran):
     assert meta["documents"].value == summary["documents"] and summary["raw_byte_share"] == 1.0
     assert meta["budget_tokens"].value == metadata(built["funnel"], "ablation_variants")["budget_tokens"].value
     assert set(meta["content_hashes"].value) == {"ablations/variants/raw/summary.json",
-                                                  "ablations/variants/raw/manifests/ablation.json"}
+                                                  "ablations/variants/raw/manifests/ablation.json",
+                                                  "ablations/eval/documents.parquet"}
     for key in ("docs_out", "bytes_out", "wall_s", "config", "code_version"):
         assert key in meta, key
 
