@@ -130,6 +130,11 @@ def test_the_command_says_what_to_run_first(tmp_path, capsys):
     c = write_verdict_corpus(tmp_path, variants={"funnel": {}}, **PROXY)
     assert main(["ablations", "--config", str(c.config_path)]) == 1
     assert "materialize ablation_runs" in capsys.readouterr().err
+    data = yaml.safe_load(c.config_path.read_text())
+    del data["ablations"]
+    c.config_path.write_text(yaml.safe_dump(data))
+    assert main(["ablations", "--config", str(c.config_path)]) == 2
+    assert "has no `ablations` section" in capsys.readouterr().err
 
 
 @pytest.mark.slow
