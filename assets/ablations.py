@@ -2,7 +2,9 @@
 
 - `ablation_variants`, one partition per variant: the variant's documents selected over the stored
   verdicts, tokenized, packed and shuffled into a data root of its own with one phase of the
-  ablation's token budget (refinery/ablations/build.py); its counts go to `variant_counts_key`.
+  ablation's token budget (refinery/ablations/build.py), the held-out evaluation set first; its
+  counts are the variant's summary.json. Its data version covers the evaluation set too, so a new
+  evaluation set makes the runs stale.
 - `ablation_runs`, one partition per variant and seed: one proxy run (training/proxy_run.py), the
   project's trainer on that data root, then the model's bits per byte on the held-out evaluation
   set. Launched like `training_run` (assets/training.py): a Pipes subprocess here or on a Ray node
@@ -12,7 +14,7 @@
 
 import os
 import sys
-from pathlib import Path
+import warnings
 from typing import Any
 
 import dagster as dg
@@ -21,10 +23,12 @@ from assets.factory import StepResult, global_step_asset
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
-from assets.training import POOL, PipesLaunch, launches_metadata, training_curves
+from assets.training import POOL, launches_metadata, train_through_pipes, training_curves
 from refinery.ablations import build, report
+from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE
+from refinery.layout import manifest_key
 
 VARIANT, SEED = "variant", "seed"
 
@@ -32,17 +36,22 @@ VARIANT, SEED = "variant", "seed"
 def build_variants(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root, name = refinery.config, refinery.root, context.partition_key
-        counts = build.build_variant(root, cfg, name)
-        key = report.variant_counts_key(name)
-        hashes = {key: root.write_json(key, counts)}
-        context.log.info(f"ablation_variants[{name}]: {counts}")
+        summary = build.build_variant(root, cfg, name)
+        vroot = build.variant_root(root, name)
+        written = [build.SUMMARY_KEY, manifest_key(build.PHASE)]
+        hashes = {f"{build.variant_root_key(name)}/{key}": vroot.sha256(key) for key in written}
+        hashes[EVAL_DOCUMENTS_KEY] = root.sha256(EVAL_DOCUMENTS_KEY)
+        context.log.info(f"ablation_variants[{name}]: {summary['documents']:,} documents, {summary['tokens']:,} "
+                         f"tokens, {summary['raw_byte_share']:.1%} of the raw text; budget "
+                         f"{summary['budget_tokens']:,} tokens")
         return StepResult(
             Provenance(version, cfg.ablations.variants[name].model_dump(mode="json"), hashes,
-                       docs_out=counts.get("documents"), bytes_out=counts.get("bytes")),
-            {"counts": dg.MetadataValue.json(counts),
-             **{k: dg.MetadataValue.int(int(counts[k])) for k in ("tokens", "documents") if k in counts},
-             **({"raw_byte_share": dg.MetadataValue.float(round(counts["raw_byte_share"], 6))}
-                if counts.get("raw_byte_share") is not None else {}),
+                       docs_out=summary["documents"], bytes_out=summary["bytes"]),
+            {"summary": dg.MetadataValue.json(summary),
+             "documents": dg.MetadataValue.int(summary["documents"]),
+             "tokens": dg.MetadataValue.int(summary["tokens"]),
+             "budget_tokens": dg.MetadataValue.int(summary["budget_tokens"]),
+             "raw_byte_share": dg.MetadataValue.float(summary["raw_byte_share"]),
              "data_root": dg.MetadataValue.path(root.display(build.variant_root_key(name)))},
         )
     return step
@@ -60,7 +69,6 @@ def result_tables(results: dict[str, Any]) -> dict[str, Any]:
 
 def run_ablation(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
-        from training.launcher import PhaseTrainingFailed, train_phase
         from training.proxy_run import single_phase
 
         cfg, root = refinery.config, refinery.root
@@ -68,28 +76,10 @@ def run_ablation(version: str):
         variant, seed = keys[VARIANT], int(keys[SEED])
         vcfg = build.variant_config(cfg, variant, seed)
         config_path = os.path.abspath(refinery.config_path)
-        on_ray = cfg.training.launch == "ray"  # launched as training_run launches
-        checkpoints: list[str] = []
-        nodes: list[str] = []
-
-        def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
-            launch = PipesLaunch(context)
-            args = ["-m", "assets.pipes_ablation", "--config", config_path, "--variant", variant, "--seed", str(seed),
-                    "--resume", resume]
-            code = launch.run_on_ray(cfg, args, log_path) if on_ray else launch.run([sys.executable, *args], log_path)
-            checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
-            nodes.extend([launch.node] if launch.node else [])
-            return code, launch.status
-
-        try:
-            training = train_phase(vcfg, single_phase(vcfg), launch_once, context.log.info, context.log.warning)
-        except PhaseTrainingFailed as e:
-            raise dg.Failure(
-                description=str(e),
-                metadata={**launches_metadata(e.training, checkpoints, nodes), "log_file": str(e.training.log_path),
-                          "log_tail": dg.MetadataValue.text(e.training.log_tail())},
-                allow_retries=e.relaunchable,
-            ) from e
+        training, checkpoints, nodes = train_through_pipes(
+            context, cfg, vcfg, single_phase(vcfg),
+            lambda resume, _: ["-m", "assets.pipes_ablation", "--config", config_path, "--variant", variant,
+                               "--seed", str(seed), "--resume", resume])
         key = report.results_key(variant, seed)
         results = root.read_json(key)
         context.log.info(f"ablation_runs[{variant}, seed {seed}]: {results['bpb']:.4f} bits per byte")
@@ -133,7 +123,10 @@ def report_ablations(version: str):
                 "plot": image_markdown(png, "bits per byte per variant and domain",
                                        f"mean over seeds, spread as error bar; below, the difference to funnel "
                                        f"(`{root.display(report.REPORT_PLOT_KEY)}`)"),
-                "table": dg.MetadataValue.md(report.markdown_table(table)),
+                # The whole evaluation set per variant, short enough for the page to draw in place;
+                # then every domain (behind "Show Markdown" once it is long) and the command's text.
+                "table": dg.MetadataValue.md(report.markdown_table(table, {"all"})),
+                "table_by_domain": dg.MetadataValue.md(report.markdown_table(table)),
                 "report_text": dg.MetadataValue.md(f"`refinery ablations`:\n\n```\n{report.format_report(table)}\n```"),
                 "runs": dg.MetadataValue.int(len(results)),
                 "runs_missing": dg.MetadataValue.int(missing),
@@ -150,8 +143,11 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     from training import proxy_run
 
     group, kinds = "ablations", {"pytorch"}
+    with warnings.catch_warnings():  # Dagster 1.13 marks this mapping beta
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        by_variant = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=VARIANT)
     variants_version = code_version(build, eval_set, report)
-    runs_version = code_version(sys.modules[__name__], proxy_run, bpb)
+    runs_version = code_version(sys.modules[__name__], train_through_pipes, proxy_run, bpb)
     report_version = code_version(report)
     return dg.Definitions(assets=[
         global_step_asset(
@@ -164,8 +160,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         global_step_asset(
             "ablation_runs", run_ablation(runs_version), version=runs_version, group=group, kinds=kinds,
             automation_condition=None, partitions_def=parts.ablation_runs, pool=POOL,
-            deps=[dg.AssetDep("ablation_variants", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
-                partition_dimension_name=VARIANT))],
+            deps=[dg.AssetDep("ablation_variants", partition_mapping=by_variant)],
             description="Per variant and seed: the project's trainer on the variant's data root (Pipes subprocess, "
                         "auto-resume), then the model's bits per byte on the held-out evaluation set.",
         ),

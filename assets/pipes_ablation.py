@@ -8,6 +8,7 @@ status file to the orchestrator, as `assets/pipes_train.py` does for `training_r
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from dagster_pipes import open_dagster_pipes
 
@@ -15,18 +16,19 @@ from assets.pipes_train import PipesForwarder
 
 
 def main(argv: list[str] | None = None) -> int:
-    from refinery.ablations.build import variant_config
-    from refinery.config import load_config
-    from training.proxy_run import parser, proxy_run_dir, run_proxy
+    from training.proxy_run import main as proxy_run
 
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = load_config(args.config)
-    run_dir = str(proxy_run_dir(variant_config(cfg, args.variant, args.seed)))
     with open_dagster_pipes() as pipes:
-        forwarder = PipesForwarder(pipes, run_dir)
-        code = run_proxy(cfg, args.variant, args.seed, args.resume, sinks=[forwarder])
-        forwarder.send_status()
-        pipes.log.info(f"proxy run {args.variant} seed {args.seed} exited with status {code}")
+        forwarders: list[PipesForwarder] = []
+
+        def sinks_for(run_dir: Path) -> list[PipesForwarder]:
+            forwarders.append(PipesForwarder(pipes, str(run_dir)))
+            return forwarders
+
+        code = proxy_run(sys.argv[1:] if argv is None else argv, sinks_for)
+        for forwarder in forwarders:
+            forwarder.send_status()
+        pipes.log.info(f"proxy run exited with status {code}")
     return code
 
 

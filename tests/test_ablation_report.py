@@ -48,7 +48,7 @@ def constructed() -> list[dict]:
     return rows
 
 
-COUNTS = {"funnel": {"documents": 1200, "tokens": 50000, "raw_byte_share": 0.41},
+COUNTS = {"funnel": {"documents": 1200, "tokens": 50000, "raw_byte_share": 0.41, "budget_tokens": 40960},
           "raw": {"documents": 3000, "tokens": 50000, "raw_byte_share": 1.0},
           "no_dedup": {"documents": 1500, "tokens": 50000, "raw_byte_share": 0.52},
           "top_half": {"documents": 600, "tokens": 50000, "raw_byte_share": 0.2}}
@@ -77,6 +77,7 @@ def test_the_table_prints_every_variant_with_its_counts_and_calls():
     report = build_report(constructed(), COUNTS)
     text = format_report(report)
     lines = text.splitlines()
+    assert "Every proxy run trains 40,960 tokens" in lines[1]
     raw = next(line for line in lines if line.startswith("raw "))
     assert raw.split()[:5] == ["raw", "all", "1.7667", "0.0040", "3"]
     assert "50,000" in raw and "3,000" in raw and "100.0%" in raw and "worse (p=" in raw
@@ -84,6 +85,7 @@ def test_the_table_prints_every_variant_with_its_counts_and_calls():
     assert any(line.split()[:3] == ["no_dedup", "de", "1.7000"] for line in lines)  # the per-language block
     table = markdown_table(report)
     assert table.count("\n") == 2 + len(report["domains"]) - 1 and "| raw | web | 1.9000 |" in table
+    assert markdown_table(report, {"all"}).count("\n") == 2 + len(COUNTS) - 1
     png = report_png(report)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and report_png(report) == png
 

@@ -180,3 +180,11 @@ def test_seeds_change_the_model_and_the_figures(first_run, tmp_path):
     other, _, results_other = proxy(tmp_path, seed=1)
     assert not torch.equal(model_state(vcfg)["wte.weight"], model_state(other)["wte.weight"])
     assert json.loads(results_other.read_text())["bpb"] != json.loads(results.read_text())["bpb"]
+
+
+def test_an_evaluation_set_without_text_is_refused_and_nothing_is_written(tmp_path, capsys):
+    vcfg = tiny_variant(tmp_path)
+    main = LocalDataRoot(tmp_path / "main")
+    empty = eval_frame().with_columns(text=pl.lit(""))
+    assert train_and_evaluate(vcfg, main, "r.json", {"variant": "v", "seed": 0}, lambda: [empty]) == 2
+    assert "holds no text to score" in capsys.readouterr().err and not main.exists("r.json")

@@ -3,7 +3,7 @@ then the trained model's bits per byte on the evaluation set (refinery/ablations
 
 `variant_config(cfg, variant, seed)` (refinery/ablations/build.py) is the config the trainer runs: the
 variant's own data root (its token shards and one phase of the ablation's token budget),
-`ablations.model`, and `seed` as the run's seed. The seed is the only thing that differs between
+`ablations.model`, and the run's seed plus `seed`. That seed is the only thing that differs between
 the runs of one variant: the trainer draws the model's initial weights from it (torch.manual_seed)
 and the data order (each pass's permutation of the entries and the rows' slots within a step); the
 variant's documents, shards and budget do not depend on it.
@@ -116,25 +116,34 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
     }
 
 
-def current_results(root: DataRoot, key: str, vcfg: RefineryConfig) -> dict[str, Any] | None:
-    """The stored results when they are of the model the run's boundary checkpoint holds."""
+def current_results(root: DataRoot, key: str, vcfg: RefineryConfig, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored results when they are of this run (`identity`: variant, seed, the evaluation
+    set's digest) and of the model its boundary checkpoint holds."""
     if not root.exists(key):
         return None
     stored = root.read_json(key)
+    if any(stored.get(k) != v for k, v in identity.items()):
+        return None
     return stored if stored.get("model_sha256") == trained_model(vcfg)[1] else None
 
 
 def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity: dict[str, Any],
                        documents: Callable[[], Iterable], resume: str = "auto", sinks: list | None = None) -> int:
     """Train `vcfg`'s one phase (resuming), then write its results to `key` under `root` unless they
-    are current; returns `refinery train`'s exit status."""
+    are current; returns `refinery train`'s exit status (2 too when there is no evaluation text)."""
     from training.cli import run_train
 
     code = run_train(train_args(vcfg, resume), sinks=sinks, cfg=vcfg)
     if code != 0:
         return code
-    if current_results(root, key, vcfg) is None:
+    if current_results(root, key, vcfg, identity) is None:
         results = evaluate(vcfg, documents(), identity)
+        if results["bpb"] is None:
+            from training.launcher import EXIT_INPUT
+
+            print("proxy run: the evaluation set holds no text to score (every document's text is empty); "
+                  "nothing was written", file=sys.stderr)
+            return EXIT_INPUT
         root.write_json(key, results)
         print(f"proxy run {identity}: {results['bpb']:.4f} bits per byte over "
               f"{sum(c['documents'] for c in results['cells'])} evaluation documents -> {root.display(key)}")
@@ -144,12 +153,14 @@ def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity:
 def run_proxy(cfg: RefineryConfig, variant: str, seed: int, resume: str = "auto", sinks: list | None = None) -> int:
     """The proxy run of `variant` with `seed` under the main config `cfg`."""
     from refinery.ablations.build import variant_config
-    from refinery.ablations.eval_set import eval_documents
+    from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, eval_documents
     from refinery.ablations.report import results_key
 
+    vcfg = variant_config(cfg, variant, seed)  # refuses a variant not built yet
     root = open_data_root(cfg.resolve(cfg.data_root))
-    return train_and_evaluate(variant_config(cfg, variant, seed), root, results_key(variant, seed),
-                              {"variant": variant, "seed": seed}, lambda: eval_documents(root), resume, sinks)
+    identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY)}
+    return train_and_evaluate(vcfg, root, results_key(variant, seed), identity, lambda: eval_documents(root), resume,
+                              sinks)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -162,16 +173,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, sinks: list | None = None) -> int:
+def main(argv: list[str] | None = None, sinks_for: Callable[[Path], list] | None = None) -> int:
+    """The command line; `sinks_for(run_dir)` gives the metrics sinks (the Pipes child's forwarder).
+    A config or input problem (a variant not built, no evaluation set) exits 2, which the relaunch
+    loop does not relaunch."""
+    from refinery.ablations.build import variant_config
     from refinery.config import ConfigError, load_config
+    from training.launcher import EXIT_INPUT
 
     args = parser().parse_args(argv)
     try:
         cfg = load_config(args.config)
-    except ConfigError as err:
+        sinks = sinks_for(proxy_run_dir(variant_config(cfg, args.variant, args.seed))) if sinks_for else None
+        return run_proxy(cfg, args.variant, args.seed, args.resume, sinks)
+    except (ConfigError, FileNotFoundError) as err:
         print(f"proxy run: {err}", file=sys.stderr)
-        return 2
-    return run_proxy(cfg, args.variant, args.seed, args.resume, sinks)
+        return EXIT_INPUT
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import math
 import statistics
 from typing import Any
 
-from refinery.ablations.bpb import Tally, cells_from_json, totals_by
+from refinery.ablations.bpb import cells_from_json, totals_by
 
 BASELINE = "funnel"
 ALPHA = 0.05
@@ -146,7 +146,8 @@ def _rows(figures: dict[str, dict[str, dict[int, float]]], order: list[str], axi
 
 def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The report of the stored results (one dict per run: variant, seed, cells) and the variants'
-    counts (name -> documents, tokens, raw_byte_share), variants in the order given."""
+    counts (name -> its build summary: documents, tokens, raw_byte_share, budget_tokens), variants in the
+    order given."""
     order = list(variants) + sorted({r["variant"] for r in results} - set(variants))
     return {
         "baseline": BASELINE, "alpha": ALPHA,
@@ -176,7 +177,12 @@ def format_report(report: dict[str, Any]) -> str:
     head = (f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  "
             f"{'verdict':<26} {'tokens':>12} {'documents':>10} {'raw kept':>8}")
     lines = [f"Bits per byte on the evaluation set (lower is better). Spread: {report['spread']}. Verdict against "
-             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}.", "", head]
+             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}."]
+    budgets = sorted({c["budget_tokens"] for c in variants.values() if c.get("budget_tokens") is not None})
+    if budgets:
+        lines.append(f"Every proxy run trains {' / '.join(f'{b:,}' for b in budgets)} tokens; `tokens` and "
+                     f"`documents` are what each variant holds, `raw kept` its share of the raw text's bytes.")
+    lines += ["", head]
     for row in report["domains"]:
         counts = variants.get(row["variant"], {})
         first = row["domain"] == "all"
@@ -194,12 +200,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-    """The variant x domain table as markdown (the asset page)."""
+def markdown_table(report: dict[str, Any], domains: set[str] | None = None) -> str:
+    """The variant x domain table as markdown (the asset page), of `domains` only when given."""
     variants = report["variants"]
     lines = ["| variant | domain | bpb | spread | seeds | vs funnel | verdict | tokens | documents | raw kept |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for row in report["domains"]:
+        if domains is not None and row["domain"] not in domains:
+            continue
         counts = variants.get(row["variant"], {})
         lines.append(f"| {row['variant']} | {row['domain']} | {row['bpb']:.4f} | {_num(row['spread'], '.4f')} | "
                      f"{row['seeds']} | {_num(row['diff'], '+.4f')} | {_call(row)} | {_num(counts.get('tokens'), ',')} | "
@@ -256,19 +264,11 @@ def report_png(report: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def overall(cells_json: list[dict]) -> Tally:
-    """A run's whole-set tally from its stored cells."""
-    return totals_by(cells_from_json(cells_json), "all").get("all", Tally())
-
-
-def variant_counts_key(variant: str) -> str:
-    """Where the `ablation_variants` asset stores a variant's counts (documents, tokens, share of the raw bytes)."""
-    return f"ablations/variants/{variant}/counts.json"
-
-
 def load_stored(root, variants: list[str], seeds: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The stored results of every run of `variants` x range(`seeds`) that has finished, and each
-    variant's counts ({} before `ablation_variants` ran for it)."""
+    variant's counts (its summary.json; {} before the variant is built)."""
+    from refinery.ablations.build import SUMMARY_KEY, variant_root_key
+
     results = [root.read_json(results_key(v, s)) for v in variants for s in range(seeds) if root.exists(results_key(v, s))]
-    counts = {v: (root.read_json(variant_counts_key(v)) if root.exists(variant_counts_key(v)) else {}) for v in variants}
-    return results, counts
+    summaries = {v: f"{variant_root_key(v)}/{SUMMARY_KEY}" for v in variants}
+    return results, {v: root.read_json(key) if root.exists(key) else {} for v, key in summaries.items()}
