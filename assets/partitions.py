@@ -31,6 +31,9 @@ class Partitions:
     phases: dg.StaticPartitionsDefinition | None  # curriculum phases, when a curriculum is declared
     batch_backfill: dg.BackfillPolicy  # how a backfill splits the input batches into runs
     split_backfill: dg.BackfillPolicy  # the same for hash ranges and LSH bands
+    ablation_variants: dg.StaticPartitionsDefinition | None = None  # the `ablations` section's variants
+    ablation_runs: dg.MultiPartitionsDefinition | None = None  # variant x seed
+
 
     @classmethod
     def from_config(cls, cfg: RefineryConfig) -> "Partitions":
@@ -43,7 +46,18 @@ class Partitions:
             phases=phases,
             batch_backfill=_backfill_policy(cfg.partitions.batches_per_run),
             split_backfill=_backfill_policy(None if cfg.partitions.batches_per_run is None else 1),
+            **_ablation_definitions(cfg),
         )
+
+
+def _ablation_definitions(cfg: RefineryConfig) -> dict[str, dg.PartitionsDefinition]:
+    """The ablation assets' partitions: one per variant, and one per variant and seed (`0` .. `seeds - 1`)."""
+    if cfg.ablations is None:
+        return {}
+    variants = dg.StaticPartitionsDefinition(list(cfg.ablations.variants))
+    seeds = dg.StaticPartitionsDefinition([str(s) for s in range(cfg.ablations.seeds)])
+    return {"ablation_variants": variants,
+            "ablation_runs": dg.MultiPartitionsDefinition({"variant": variants, "seed": seeds})}
 
 
 def _backfill_policy(partitions_per_run: int | None) -> dg.BackfillPolicy:

@@ -67,6 +67,14 @@ CONFIG_READ: dict[str, tuple[str, ...]] = {
     "phase_manifests": ("seed", "buckets", "shards", "curriculum", "training"),
     "contamination_scan": ("curriculum", "contamination"),
     "training_run": ("seed", "curriculum", "training"),
+    # A variant re-applies the safety filter and PII redaction to the documents it lets back in and
+    # holds out documents by stages.quality's curated buckets (refinery/ablations/); the proxy runs
+    # train a config derived from the training and ablations sections (build.py variant_config).
+    "ablation_variants": ("seed", "buckets", "sources", "stages.language", "stages.custom_filters", "stages.quality",
+                          "stages.pii", "stages.safety", "stages.record_timeout_s", "tokenizer", "shards",
+                          "contamination.eval_sets", "ablations"),
+    "ablation_runs": ("seed", "tokenizer", "training", "ablations"),
+    "ablation_report": ("ablations",),
 }
 
 

@@ -17,7 +17,7 @@ loop nor Dagster's run retries resubmit the same exhaustion. All phases share th
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 
@@ -176,37 +176,49 @@ def boundary_checkpoint_hashes(status: dict[str, Any]) -> dict[str, str]:
     return {str(checkpoint): sha256_file(checkpoint)} if checkpoint and Path(checkpoint).is_file() else {}
 
 
+def train_through_pipes(context: dg.AssetExecutionContext, cfg: RefineryConfig, run_cfg: RefineryConfig, phase: str,
+                        child_args: Callable[[str, Path], list[str]]) -> tuple[Any, list[str], list[str]]:
+    """Launch `python <child_args(resume, run_dir)>` (a Pipes child) until `phase` of `run_cfg`
+    completes, through training/launcher.py's relaunch loop, on this machine or on a Ray node as
+    `cfg.training.launch` says; returns the phase's `PhaseTraining`, the checkpoints the launches
+    reported and the Ray nodes they ran on. A phase that cannot complete fails the step with the
+    launches' metadata (no retry for a halt or a phase trained out of order)."""
+    from training.launcher import PhaseTrainingFailed, train_phase
+    from training.phase_runs import PhaseOrderError
+
+    on_ray = cfg.training.launch == "ray"  # the preflight refused it without an address or `ray`
+    checkpoints: list[str] = []
+    nodes: list[str] = []
+
+    def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
+        launch = PipesLaunch(context)
+        args = child_args(resume, log_path.parent)
+        code = launch.run_on_ray(cfg, args, log_path) if on_ray else launch.run([sys.executable, *args], log_path)
+        checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
+        nodes.extend([launch.node] if launch.node else [])
+        return code, launch.status
+
+    try:
+        training = train_phase(run_cfg, phase, launch_once, context.log.info, context.log.warning)
+    except PhaseOrderError as e:
+        raise dg.Failure(description=str(e), metadata={"phase": phase}, allow_retries=False) from e
+    except PhaseTrainingFailed as e:
+        raise dg.Failure(
+            description=str(e),
+            metadata={**launches_metadata(e.training, checkpoints, nodes), "log_file": str(e.training.log_path),
+                      "log_tail": dg.MetadataValue.text(e.training.log_tail())},
+            allow_retries=e.relaunchable,
+        ) from e
+    return training, checkpoints, nodes
+
+
 def train(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
-        from training.launcher import PhaseTrainingFailed, train_phase
-        from training.phase_runs import PhaseOrderError
-
         cfg, phase = refinery.config, context.partition_key
         context.log.info(f"training_run[{phase}]: {contamination_gate(cfg, refinery.root, phase)}")
         config_path = os.path.abspath(refinery.config_path)
-        on_ray = cfg.training.launch == "ray"  # the preflight refused it without an address or `ray`
-        checkpoints: list[str] = []
-        nodes: list[str] = []
-
-        def launch_once(resume: str, log_path: Path) -> tuple[int, dict[str, Any]]:
-            launch = PipesLaunch(context)
-            args = pipes_child_args(config_path, log_path.parent, phase, resume)
-            code = launch.run_on_ray(cfg, args, log_path) if on_ray else launch.run([sys.executable, *args], log_path)
-            checkpoints.extend(c for c in launch.checkpoints if c not in checkpoints)
-            nodes.extend([launch.node] if launch.node else [])
-            return code, launch.status
-
-        try:
-            training = train_phase(cfg, phase, launch_once, context.log.info, context.log.warning)
-        except PhaseOrderError as e:
-            raise dg.Failure(description=str(e), metadata={"phase": phase}, allow_retries=False) from e
-        except PhaseTrainingFailed as e:
-            raise dg.Failure(
-                description=str(e),
-                metadata={**launches_metadata(e.training, checkpoints, nodes), "log_file": str(e.training.log_path),
-                          "log_tail": dg.MetadataValue.text(e.training.log_tail())},
-                allow_retries=e.relaunchable,
-            ) from e
+        training, checkpoints, nodes = train_through_pipes(
+            context, cfg, cfg, phase, lambda resume, run_dir: pipes_child_args(config_path, run_dir, phase, resume))
         status = training.status
         return StepResult(
             Provenance(version, cfg.training.model_dump(mode="json", exclude=set(LAUNCH_FIELDS)),

@@ -26,6 +26,7 @@ COMMAND_MODULES = {
     "validate": "refinery.validate",
     "init": "refinery.init",
     "compare": "refinery.compare",
+    "ablations": "refinery.ablations.cli",
     "train": "training.cli",
 }
 
@@ -45,6 +46,7 @@ examples:
   refinery why --config my.yaml https://a.example/x  # which stage removed that page, and why
   refinery validate --config my.yaml                 # the curriculum contract, before training
   refinery compare out/local out/ray                 # which outputs of two runs differ
+  refinery ablations --config my.yaml                # what each stage buys a proxy model, in bits per byte
 
 `refinery COMMAND --help` describes each command. Exit status: 0 success, 1 a failed check,
 2 a config or input problem (nothing was run), 3 training halted, 4 a step of the graph failed or

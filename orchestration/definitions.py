@@ -13,7 +13,7 @@ import warnings
 
 import dagster as dg
 
-from assets import contamination, curriculum, dedup, funnel, quality, report, tokens, training
+from assets import ablations, contamination, curriculum, dedup, funnel, quality, report, tokens, training
 from assets.partitions import Partitions
 from assets.provenance import config_versioned
 from orchestration import automation, schedules, sensors
@@ -21,7 +21,7 @@ from orchestration.resources import build_resources, config_path_from_env
 from refinery import preflight
 
 # The asset groups, then schedules and sensors: each contributes `build_definitions(cfg, partitions)`.
-DEFINITION_MODULES = (funnel, contamination, curriculum, quality, tokens, dedup, training, report,
+DEFINITION_MODULES = (funnel, contamination, curriculum, quality, tokens, dedup, training, report, ablations,
                       schedules, sensors, automation)
 
 

@@ -31,6 +31,15 @@ class HelpFormatter(argparse.HelpFormatter):
                 out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent, subsequent_indent=indent))
         return "\n\n".join(out)
 
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        # argparse measures a subcommand's name at its parent's indent but prints it one level
+        # deeper, so a name of nine characters (`ablations`) would push its help to the next line.
+        if action.help is not argparse.SUPPRESS:
+            lengths = [len(self._format_action_invocation(sub)) + self._current_indent
+                       for sub in self._iter_indented_subactions(action)]
+            self._action_max_length = max([self._action_max_length, *lengths])
+
 
 class HelpParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):

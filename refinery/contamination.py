@@ -47,6 +47,7 @@ from refinery.curriculum.manifests import shard_selection
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key, manifest_key, scan_report_key
 from refinery.progress import track
+from refinery.storage import sha256_file
 from refinery.storage.damaged import DamagedTableError
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 
@@ -96,6 +97,26 @@ def ngram_hashes(word_hashes: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+
+def eval_set_lines(path: Path) -> Iterator[tuple[str, str]]:
+    """(id, text) of each non-blank line of a JSONL eval set of {"id", "text"} objects, one line
+    read at a time; ContaminationError naming the line for one that is not."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                item_id, text = str(rec["id"]), rec["text"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ContaminationError(
+                    f"{path}:{lineno}: each line must be a JSON object with `id` and `text` ({err})"
+                ) from None
+            if not isinstance(text, str):
+                raise ContaminationError(f"{path}:{lineno}: `text` must be a string")
+            yield item_id, text
+
+
 @dataclass(frozen=True)
 class EvalItem:
     eval_set: str
@@ -135,21 +156,8 @@ class EvalIndex:
                 raise ContaminationError(
                     f"contamination.eval_sets[{es.name}].path: {path} not found; list JSONL files of {{id, text}}"
                 )
-            raw = path.read_bytes()
-            digests[es.name] = hashlib.sha256(raw).hexdigest()
-            for lineno, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    item_id, text = str(rec["id"]), rec["text"]
-                except (json.JSONDecodeError, KeyError, TypeError) as err:
-                    raise ContaminationError(
-                        f"{path}:{lineno}: each line must be a JSON object with `id` and `text` ({err})"
-                    ) from None
-                if not isinstance(text, str):
-                    raise ContaminationError(f"{path}:{lineno}: `text` must be a string")
-                records.append((es.name, item_id, text))
+            digests[es.name] = sha256_file(path)
+            records += [(es.name, item_id, text) for item_id, text in eval_set_lines(path)]
         flat, counts = word_hashes([text for _, _, text in records])
         ends = np.cumsum(counts)
         all_hashes: list[np.ndarray] = []

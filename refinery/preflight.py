@@ -9,8 +9,8 @@
 - custom filters that cannot be built: each `stages.custom_filters` entry is imported and built
   here, so a wrong path, a class on another base or bad params stop the command naming the field
   (loading the config runs no user code; this is the one place before a run that does);
-- paths: source globs that match no file, eval sets, `tokenizer.path` and `stages.language.model_path`
-  that name no file (read from the YAML even when the schema rejects it, so these come together);
+- paths: source globs that match no file, eval sets (contamination's and `ablations.eval_sets`),
+  `tokenizer.path` and `stages.language.model_path` that name no file (read from the YAML even when the schema rejects it, so these come together);
   a `stages.difficulty.model_path` whose zip directory, array headers or meta are not a reference
   model's (sizes checked from the headers, no array read);
 - inputs that cannot be read: a glob match that is a directory, FIFO, dangling symlink or symlink
@@ -259,6 +259,10 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                 problems.append(f"contamination.eval_sets[{i}].path: {_resolve(base_dir, path)} is not a file; "
                                 f"give a JSONL file of {{\"id\", \"text\"}} lines (a relative path starts at the "
                                 f"config's folder)")
+        for i, path in enumerate(_items(data, "ablations", "eval_sets")):
+            if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
+                problems.append(f"ablations.eval_sets[{i}]: {_resolve(base_dir, path)} is not a file; give a JSONL "
+                                f"file of {{\"id\", \"text\"}} lines (a relative path starts at the config's folder)")
     if needs.sources:
         for field, keys in (("tokenizer.path", ("tokenizer", "path")),
                             ("stages.language.model_path", ("stages", "language", "model_path")),

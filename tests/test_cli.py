@@ -18,7 +18,7 @@ from refinery.storage import LocalDataRoot
 from helpers.configs import write_config
 from helpers.final_shards import config_dict
 
-COMMANDS = ["demo", "scan", "lineage", "funnel", "why", "validate", "init", "compare", "train"]
+COMMANDS = ["demo", "scan", "lineage", "funnel", "why", "validate", "init", "compare", "ablations", "train"]
 TWO_ROOTS = {"compare"}  # takes two data roots (or their configs) instead of --config
 
 

@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from refinery.config import RefineryConfig
     from training.metrics import MetricsSink
 
 EXIT_HALTED = 3
@@ -79,8 +80,10 @@ def phase_label(names: list[str], phase: int, stop_after: str | None) -> str:
     return f"phase {phase + 1}/{last} {names[phase]}"
 
 
-def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) -> int:
-    """`sinks` receive every step's metrics (assets/pipes_train.py forwards them over Dagster Pipes)."""
+def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None, cfg: RefineryConfig | None = None) -> int:
+    """`sinks` receive every step's metrics (assets/pipes_train.py forwards them over Dagster Pipes);
+    `cfg`, when given, is trained instead of the file `args.config` names (an ablation's proxy run
+    trains a config derived from the file's, training/proxy_run.py)."""
     from refinery.config import load_config
     from refinery.curriculum import ManifestError
     from refinery.progress import Progress
@@ -95,7 +98,7 @@ def run_train(args: argparse.Namespace, sinks: list[MetricsSink] | None = None) 
     # held by another trainer, a full disk, a shard changed since validation, a damaged status file.
     REFUSALS = (ResumeRefused, RunLocked, DiskFull, ShardFormatError, StatusFileError)
 
-    cfg = load_config(args.config)
+    cfg = cfg if cfg is not None else load_config(args.config)
     options = RunOptions(resume=args.resume, stop_after_phase=args.stop_after_phase, run_dir=args.run_dir,
                          simulate_world_size=args.simulate_world_size, num_workers=args.num_workers,
                          sinks=list(sinks or []))

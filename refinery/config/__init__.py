@@ -9,11 +9,12 @@ Defaults follow the published pipelines they come from (FineWeb, Gopher, C4, dat
 section's docstring says which. One module per part of the schema: sources.py (inputs and
 partitions), stages.py (the funnel's stages) over thresholds.py (the heuristic rules' published
 thresholds) and languages.py (per-language settings and defaults), tokens.py (tokenizer and
-shards), curriculum.py, training.py, contamination.py, execution.py (where the tasks run), and
+shards), curriculum.py, training.py, contamination.py, ablations.py, execution.py (where the tasks run), and
 run.py (the root `RefineryConfig` and its cross-references); loader.py reads the YAML and rewrites
 schema errors.
 """
 
+from refinery.config.ablations import AblationsConfig, VariantConfig
 from refinery.config.contamination import ContaminationConfig, EvalSetConfig
 from refinery.config.curriculum import BucketPolicy, CurriculumConfig, PhaseConfig, RopeScalingConfig
 from refinery.config.execution import ExecutionConfig, task_memory_bytes
@@ -32,12 +33,12 @@ from refinery.config.training import ModelConfig, TrainingConfig, ValRiseHaltCon
 
 __all__ = [
     "BUILTIN_FAMILIES", "HEURISTIC_RULES", "RULE_SECTIONS", "SAFE_PATH_PART", "SKIPPABLE_STAGES",
-    "BucketPolicy", "C4Config", "ConfigError", "ContaminationConfig", "CurriculumConfig", "CustomFilterConfig",
+    "AblationsConfig", "BucketPolicy", "C4Config", "ConfigError", "ContaminationConfig", "CurriculumConfig", "CustomFilterConfig",
     "EvalSetConfig", "ExactDedupConfig", "ExecutionConfig", "ExtractConfig", "FineWebQualityConfig",
     "GopherQualityConfig", "GopherRepetitionConfig", "HeuristicConfig", "LanguageConfig", "LanguageHeuristics", "ModelConfig",
     "NearDedupConfig", "PartitionsConfig", "PhaseConfig", "PiiConfig", "QualityConfig", "RefineryConfig",
     "RopeScalingConfig", "SafetyConfig", "Section", "ShardsConfig", "SourceConfig", "StagesConfig",
-    "TokenizerConfig", "TrainingConfig", "ValRiseHaltConfig",
+    "TokenizerConfig", "TrainingConfig", "ValRiseHaltConfig", "VariantConfig",
     "cross_reference_problems", "default_language_heuristics", "field_path", "load_config", "parse_config",
     "read_yaml", "task_memory_bytes",
 ]

@@ -7,14 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 
 from pydantic import Field, field_validator, model_validator
 
+from refinery.config.ablations import AblationsConfig
 from refinery.config.contamination import ContaminationConfig
 from refinery.config.curriculum import CurriculumConfig
 from refinery.config.execution import ExecutionConfig
-from refinery.config.section import Section
+from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.sources import PartitionsConfig, SourceConfig
 from refinery.config.stages import StagesConfig
 from refinery.config.tokens import ShardsConfig, TokenizerConfig
@@ -38,6 +38,7 @@ class RefineryConfig(Section):
     curriculum: CurriculumConfig | None = None  # none: the graph stops at the shards; training needs one
     training: TrainingConfig = TrainingConfig()
     contamination: ContaminationConfig = ContaminationConfig()
+    ablations: AblationsConfig | None = None  # none: no proxy-model ablations (docs/ablations.md)
 
     # Where the YAML lived; relative paths in it resolve against this folder.
     base_dir: str = Field(default=".", exclude=True)
@@ -74,14 +75,13 @@ class RefineryConfig(Section):
     def fingerprint(self) -> str:
         """A short hash of everything that shapes outputs (not where they are written, nor how the
         work is partitioned or where it runs: a document's outputs are per input file whatever the batch
-        or the machine)."""
+        or the machine; nor the ablations, whose outputs live under ablations/ with their own)."""
         payload = self.model_dump(mode="json", exclude={"data_root": True, "base_dir": True, "partitions": True,
+                                                        "ablations": True,
                                                         "execution": True, "training": set(LAUNCH_FIELDS)})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...).
-SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would let a trailing newline through
 
 
 def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
@@ -126,4 +126,61 @@ def cross_reference_problems(cfg: RefineryConfig) -> list[str]:
         for name in cfg.curriculum.buckets:
             if name not in known:
                 problems.append(f"curriculum.buckets.{name}: unknown bucket {name!r}; use one of {sorted(known)}")
+    if cfg.ablations is not None:
+        problems += ablation_problems(cfg)
     return problems
+
+
+def ablation_problems(cfg: RefineryConfig) -> list[str]:
+    """`ablations` fields that name stages, rule families, buckets and eval domains that do not exist."""
+    # Here, not at the top: loading a config without ablations imports nothing of refinery.stages.
+    from refinery.stages.registry import UnknownStage, ablation_names, left_out
+
+    assert cfg.ablations is not None
+    ab, problems = cfg.ablations, []
+    custom = [f.name for f in cfg.stages.custom_filters]
+    names = ablation_names(custom)
+    seen: dict[tuple, str] = {}
+    for variant, spec in ab.variants.items():
+        for i, name in enumerate(spec.without or []):
+            if name not in names:
+                problems.append(f"ablations.variants.{variant}.without[{i}]: {name!r} is no funnel stage, verdict, "
+                                f"skip: name or rule family after extracted_text; use one of {list(names)}")
+        if spec.quality_top is not None and not cfg.stages.quality.enabled:
+            problems.append(f"ablations.variants.{variant}.quality_top: stages.quality.enabled is false, so no "
+                            f"document has a quality_score to cut by; enable the quality stage or drop quality_top")
+        try:
+            ignored = frozenset(lo for name in spec.without or [] for lo in left_out(name, custom))
+        except UnknownStage:
+            continue
+        selects = (spec.base, ignored, spec.quality_top)
+        if selects in seen:
+            problems.append(f"ablations.variants.{variant}: empty: it selects what {seen[selects]!r} selects, so "
+                            f"comparing them measures only the seeds; change or remove one")
+        seen.setdefault(selects, variant)
+    step = ab.micro_batch_size * ab.seq_len
+    if ab.tokens is not None and ab.tokens % step:
+        problems.append(f"ablations.tokens: {ab.tokens:,} is not a whole number of proxy optimizer steps of {step:,} "
+                        f"tokens (ablations.micro_batch_size x ablations.seq_len); give a multiple of {step:,}")
+    if ab.model.n_embd % ab.model.n_head:
+        problems.append(f"ablations.model.n_embd: {ab.model.n_embd} is not a multiple of ablations.model.n_head "
+                        f"{ab.model.n_head}; each attention head takes an equal slice of the embedding")
+    for i, b in enumerate(ab.eval_buckets or []):
+        if b not in cfg.buckets:
+            problems.append(f"ablations.eval_buckets[{i}]: unknown bucket {b!r}; use one of {sorted(cfg.buckets)}")
+    domains = [*cfg.buckets, *(e.name for e in cfg.contamination.eval_sets)]
+    for i, path in enumerate(ab.eval_sets):
+        name = eval_set_domain(path)
+        if not SAFE_PATH_PART.match(name):
+            problems.append(f"ablations.eval_sets[{i}]: its domain {name!r} (the file's name before its first '.') "
+                            f"is not a plain name; name the file with letters, digits, '_', '-'")
+        elif name in domains:
+            problems.append(f"ablations.eval_sets[{i}]: its domain {name!r} (the file's name) is also a bucket or "
+                            f"another eval set; rename the file")
+        domains.append(name)
+    return problems
+
+
+def eval_set_domain(path: str) -> str:
+    """The evaluation domain of an `ablations.eval_sets` file: its name without folders and suffixes."""
+    return os.path.basename(path).split(".")[0]

@@ -4,10 +4,15 @@ character in any text (names, paths and list entries become folder names, keys a
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
+
+# A bucket name is a folder name in the data root (shards/final/<bucket>/, manifests/<phase>/<bucket>-...);
+# so is a variant name (ablations/variants/<name>/).
+SAFE_PATH_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would let a trailing newline through
 
 # numpy, Arrow and the Rust tokenizer hold integers in 64 bits; a larger one fails far from the config.
 _INT64 = (-(1 << 63), (1 << 63) - 1)
