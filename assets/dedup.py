@@ -24,7 +24,7 @@ import polars as pl
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
 from assets.fanout import FileResult, map_tasks
 from assets.partitions import Partitions
-from assets.provenance import Provenance, code_version
+from assets.provenance import Provenance, code_version, stage_code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
@@ -40,7 +40,7 @@ from refinery.stages.stats import StageStats
 def _dedup_code_version() -> str:
     """Changes when any module that shapes dedup outputs does."""
     parts = "".join(code_version(m) for m in (ex, nd, mh, dc, sys.modules[__name__]))
-    return hashlib.sha256(parts.encode()).hexdigest()[:12]
+    return stage_code_version(dc.STAGE, hashlib.sha256(parts.encode()).hexdigest()[:12])
 
 
 def _settings(cfg: RefineryConfig) -> dict[str, Any]:

@@ -25,7 +25,8 @@ import polars as pl
 
 from assets.fanout import FileResult, FileTask, StageBuilder, built_stage, map_files, run_stage, stage_config_summary
 from assets.partitions import Partitions
-from assets.provenance import PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata
+from assets.provenance import (PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata,
+                               stage_code_version)
 from assets.ray_engine import node_summary, recording_nodes
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
@@ -125,7 +126,7 @@ def pure_stage_asset(name: str, build: StageBuilder, parts: Partitions, descript
     `batch_stage_asset`."""
     upstream = registry.funnel_stage(name).upstream
     return batch_stage_asset(name, stage_file_task(name, upstream, build), parts, description=description,
-                             version=version, deps=[dg.AssetDep(upstream)], **options)
+                             version=stage_code_version(name, version), deps=[dg.AssetDep(upstream)], **options)
 
 
 # Entries an asset adds once every file is published: (resource, the run's files, their results).

@@ -111,6 +111,12 @@ def code_version(*objs: Any) -> str:
     return hashlib.sha256("\n".join(src for m in modules for src in module_sources(m)).encode()).hexdigest()[:12]
 
 
+def stage_code_version(name: str, version: str) -> str:
+    """`version` (the code of a funnel stage's asset) with the stage's record in the registry folded in:
+    editing that stage's upstream, verdicts or added columns changes its asset's version, no other's."""
+    return hashlib.sha256(f"{version}\n{registry.funnel_stage(name)!r}".encode()).hexdigest()[:12]
+
+
 def output_data_version(content_hashes: dict[str, str]) -> str:
     """The data version of what one materialization (or one partition of it) wrote: a sha256 over
     its files' keys and sha256s, so rewriting identical bytes gives the same version and marks

@@ -17,7 +17,7 @@ import polars as pl
 from assets.factory import StepResult, batch_stage_asset, global_step_asset, pure_stage_asset, stream_stage_file
 from assets.fanout import FileResult, run_stage
 from assets.partitions import Partitions
-from assets.provenance import Provenance, code_version, image_markdown
+from assets.provenance import Provenance, code_version, image_markdown, stage_code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
@@ -147,7 +147,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         description="Hashed word n-gram logistic regression: curated buckets positive, raw web negative.",
     )
     quality_scored = batch_stage_asset(
-        "quality_scored", score_file, parts, version=model_version, kinds={"torch", "polars", "parquet"},
+        "quality_scored", score_file, parts, version=stage_code_version("quality_scored", model_version), kinds={"torch", "polars", "parquet"},
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")], extra_metadata=score_metadata,
         description="quality_score on every document; drops those below stages.quality.threshold.",
     )

@@ -170,6 +170,10 @@ def test_outputs_are_one_row_group_per_batch_and_identical_across_reruns(tmp_pat
     ("batch_rows", -1, "stages.extract.batch_rows: Input should be greater than or equal to 1"),
     ("batch_rows", 10**9, "stages.extract.batch_rows: Input should be less than or equal to 1000000"),
     ("max_file_bytes", 1000, "stages.extract.max_file_bytes: Input should be greater than or equal to 1048576"),
+    ("max_inflation_ratio", 1.0, "stages.extract.max_inflation_ratio: Input should be greater than or equal to 2"),
+    ("max_inflation_ratio", float("nan"), "stages.extract.max_inflation_ratio: nan is not a finite number"),
+    ("inflation_floor_bytes", 4096,
+     "stages.extract.inflation_floor_bytes: Input should be greater than or equal to 1048576"),
 ])
 def test_preflight_refuses_batch_bounds_out_of_range(tmp_path, capsys, field, value, message):
     data = demo_config(tmp_path / "out")
@@ -196,7 +200,8 @@ def test_bomb_is_read_whole_in_bounded_memory(tmp_path, fmt, write, size):
     records, text_bytes = write(path, size)
     assert path.stat().st_size < 12 << 20  # a few MB on disk
     assert records * text_bytes > 0.99 * size  # the text alone; the file decompresses to more
-    report = peak_rss_of_ingest(path, fmt, tmp_path / "out")
+    # Memory is what is measured here: the bound on the inflation ratio would stop the bomb early.
+    report = peak_rss_of_ingest(path, fmt, tmp_path / "out", {"max_inflation_ratio": None})
     assert report["docs_out"] == report["documents_rows"] == records
     assert report["bytes_out"] == records * text_bytes
     assert report["dropped"] == {} and report["rejects_rows"] == 0
@@ -297,3 +302,61 @@ def test_a_file_inflating_past_max_file_bytes_is_one_reject_and_read_no_further(
     assert sum(d.height for d in documents) == records
     assert sum(stats.dropped.values()) == (tail is not None)
 
+
+
+def _real_pages(fmt: str, count: int) -> tuple[bytes, list[str]]:
+    """`count` pages of random words (which gzip shrinks about 2-3x, as real text), as gzip members of
+    `fmt` (jsonl or warc), and their URLs."""
+    rng = random.Random(3)
+    words = [f"w{rng.randrange(10**6)}" for _ in range(5000)]
+    urls = [f"https://real.example/{i}" for i in range(count)]
+    texts = [" ".join(rng.choice(words) for _ in range(2000)) for _ in urls]
+    if fmt == "jsonl":
+        return gzip_member("".join(json.dumps({"url": u, "text": t}) + "\n" for u, t in zip(urls, texts)).encode()), urls
+    html = [f"<html><body><p>{t}</p></body></html>".encode() for t in texts]
+    return b"".join(gzip_member(warc_record("response", u, http_response(h, "text/html; charset=utf-8", rng), rng,
+                                            "application/http; msgtype=response")) for u, h in zip(urls, html)), urls
+
+
+@pytest.mark.parametrize(("fmt", "write"), [("jsonl", write_jsonl_bomb), ("warc", write_warc_bomb),
+                                            ("parquet", write_parquet_bomb)])
+def test_a_file_inflating_past_the_ratio_bound_is_one_reject_after_its_real_pages(tmp_path, fmt, write):
+    # Real pages first, then a bomb (about 300x) of 40 MB: with stretches of 4 MB and the default
+    # ratio (100x), reading stops within two stretches of the bomb's start, and the real pages
+    # before it are kept.
+    path = tmp_path / f"bomb.{fmt}"
+    records, text_bytes = write(path, 40 * MB)
+    real_urls: list[str] = []
+    if fmt != "parquet":
+        bomb = path.read_bytes()
+        real, real_urls = _real_pages(fmt, 20)
+        path.write_bytes(real + bomb)
+    assert ExtractConfig().max_inflation_ratio == 100
+    source = SourceConfig(name="bomb", path=str(path), format=fmt, bucket="web")
+    documents, rejects, stats = batched(path, source, inflation_floor_bytes=4 * MB)
+    kept = pl.concat(documents)
+    assert kept["url"].head(len(real_urls)).to_list() == real_urls
+    bomb_kept = kept.height - len(real_urls)
+    assert 0 < bomb_kept < records
+    assert bomb_kept * text_bytes <= 9 * MB, "reading stopped within two stretches"
+    assert dict(stats.dropped) == {"ingest/file_too_large": 1}, "one reject, and nothing read after it"
+    [reject] = pl.concat(rejects).to_dicts()
+    assert "past max_inflation_ratio 100" in reject["detail"] and reject["value"] <= 10 * MB
+    # Without the ratio bound the file is read to its end.
+    documents, _, stats = batched(path, source, inflation_floor_bytes=4 * MB, max_inflation_ratio=None)
+    assert sum(d.height for d in documents) == records + len(real_urls) and not stats.dropped
+
+
+def test_the_default_inflation_bound_refuses_no_real_file_of_the_repository():
+    # Every input of the demo and the multilingual pages, read with the defaults: none is refused.
+    # (books-91-huge, one 50 MB line of a repeated paragraph, inflates 130x: its line is one
+    # ingest/too_large, read no further, and the file is under the default stretch.)
+    repo = Path(__file__).resolve().parents[1]
+    files = [f for f in sorted((repo / "data").rglob("*")) if f.is_file() and f.name.endswith(
+        (".warc", ".warc.gz", ".jsonl", ".jsonl.gz", ".parquet"))]
+    assert len(files) >= 10
+    for f in files:
+        fmt = "warc" if ".warc" in f.name else "parquet" if f.suffix == ".parquet" else "jsonl"
+        source = SourceConfig(name="real", path=str(f), format=fmt, bucket="web")
+        _, _, stats = batched(f, source)
+        assert "ingest/file_too_large" not in stats.dropped, f

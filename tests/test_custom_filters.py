@@ -11,9 +11,10 @@ import yaml
 
 from assets.funnel import _heuristic
 from refinery.config import ConfigError, load_config
-from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA
+from refinery.documents import REJECTS_SCHEMA
 from refinery.preflight import require
 from helpers import configs
+from helpers.documents import provenance_frame
 from helpers.texts import PROSE
 
 EXAMPLE = {"name": "digits", "path": "docs.examples.min_digits:MinDigits", "params": {"min_digits": 3}}
@@ -30,14 +31,7 @@ def write_config(tmp_path: Path, custom_filters: list[dict], skip: list[str] | N
 
 
 def docs(texts: list[str]) -> pl.DataFrame:
-    n = len(texts)
-    return pl.DataFrame(
-        {"doc_id": [f"web-a/{i:07d}" for i in range(n)], "url": [f"https://harbour.example/{i}" for i in range(n)],
-         "source": ["web"] * n, "bucket": ["web"] * n, "file": ["a.jsonl"] * n, "record_index": list(range(n)),
-         "record_offset": [i * 100 for i in range(n)], "fetch_time": [None] * n, "content_type": ["text/plain"] * n,
-         "text": texts, "language": ["en"] * n},
-        schema_overrides={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String},
-    )
+    return provenance_frame(texts, [f"https://harbour.example/{i}" for i in range(len(texts))], language="en")
 
 
 def test_example_filter_removes_exactly_the_documents_without_enough_digits(tmp_path):
@@ -122,7 +116,7 @@ def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(t
     """Dagster marks heuristic_filtered, and what follows it, stale when its code version changes:
     the version covers each custom filter's module, and is the built-in rules' alone without any."""
     from assets import funnel
-    from assets.provenance import code_version
+    from assets.provenance import code_version, stage_code_version
     from assets.partitions import Partitions
     from refinery.stages import heuristic
 
@@ -151,7 +145,7 @@ def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(t
     assert len({built_in, before, after}) == 3
     defs = funnel.build_definitions(cfg, Partitions.from_config(cfg))
     [stage] = [a for a in defs.assets if a.key.to_user_string() == "heuristic_filtered"]
-    assert stage.code_versions_by_key[stage.key] == after
+    assert stage.code_versions_by_key[stage.key] == stage_code_version("heuristic_filtered", after)
 
 
 def test_custom_filter_names_must_differ(tmp_path):

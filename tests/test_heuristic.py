@@ -20,7 +20,8 @@ from refinery.stages.heuristic import (
 )
 from refinery.stages.text import DocumentText, split_words
 from refinery.config import C4Config, FineWebQualityConfig, GopherQualityConfig, GopherRepetitionConfig, HeuristicConfig
-from refinery.documents import PROVENANCE_COLUMNS, PROVENANCE_SCHEMA, REJECTS_SCHEMA
+from refinery.documents import PROVENANCE_COLUMNS, REJECTS_SCHEMA
+from helpers.documents import provenance_frame
 
 CLEAN = """The harbour town wakes slowly when the fishing boats return with the morning tide.
 Traders set out their stalls along the quay and argue about the price of fresh mackerel.
@@ -237,23 +238,8 @@ def test_fineweb_rules(text, cfg, expected):
 
 
 def _docs(rows):
-    n = len(rows)
-    return pl.DataFrame(
-        {
-            "doc_id": [f"web-a/{i:07d}" for i in range(n)],
-            "url": [u for u, _ in rows],
-            "source": ["web"] * n,
-            "bucket": ["web"] * n,
-            "file": ["a.warc.gz"] * n,
-            "record_index": list(range(n)),
-            "record_offset": [i * 100 for i in range(n)],
-            "fetch_time": ["2024-03-01T00:00:00Z"] * n,
-            "content_type": ["text/html"] * n,
-            "text": [t for _, t in rows],
-            "language": ["en"] * n,
-        },
-        schema_overrides={**PROVENANCE_SCHEMA, "text": pl.String, "language": pl.String},
-    )
+    return provenance_frame([t for _, t in rows], [u for u, _ in rows], file="a.warc.gz",
+                            fetch_time="2024-03-01T00:00:00Z", content_type="text/html", language="en")
 
 
 def test_stage_counts_rejects_and_edits():

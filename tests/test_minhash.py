@@ -11,6 +11,8 @@ from datasketch import MinHash, MinHashLSH
 from refinery.stages import minhash as mh
 from refinery.stages.text import split_words
 
+from helpers.texts import multilingual_texts
+
 
 def datasketch_signature(text: str, num_perm: int, seed: int, size: int) -> np.ndarray:
     m = MinHash(num_perm=num_perm, seed=seed, hashfunc=mh.shingle_hash32)
@@ -140,8 +142,11 @@ def test_unicode_path_gives_the_split_words_tokens_and_their_hashes():
     assert np.array_equal(fw, np.array([mh.word_hash64(w) for ws in expected for w in ws], dtype=np.uint64))
 
 
+EVERY_CODE_POINT = np.arange(0x110000, dtype=np.uint32)  # surrogates included
+
+
 def test_every_code_point_class_matches_the_regex():
-    classes = mh._code_point_classes()
+    classes = mh._code_point_classes(EVERY_CODE_POINT.tobytes().decode("utf-32-le", "surrogatepass"))
     rng = np.random.default_rng(0)
     sample = np.concatenate((np.arange(0x3000), rng.integers(0x3000, 0x110000, 20_000)))
     for code in sample.tolist():
@@ -166,8 +171,8 @@ def test_unicode_signatures_match_datasketch_with_the_reference_hash():
 
 
 def test_code_point_tables_agree_with_str_lower_and_utf8():
-    lower = mh._lowercase_table()
-    length, term = mh._utf8_tables()
+    lower = mh._lowercase(EVERY_CODE_POINT)
+    length, term = mh._utf8_terms(EVERY_CODE_POINT)
     for code in range(0x110000):
         if 0xD800 <= code < 0xE000:
             continue
@@ -180,12 +185,29 @@ def test_code_point_tables_agree_with_str_lower_and_utf8():
             h = (h * mh.WORD_P + byte) & mh.MASK64
         assert (length[code], term[code]) == (len(encoded), h), hex(code)
     # Only NUL, U+0130 and U+03A3 send a text to str.lower(), which leaves none of them behind.
-    info, _ = mh._lowered_tables()
+    info, _ = mh._lowered_tables(EVERY_CODE_POINT)
     assert np.flatnonzero(info & mh.STR_LOWER_ONLY).tolist() == [0, 0x130, 0x3A3]
     text = "\u0130\u03a3\x00x\u03a3 \u03a3\u0130"
     words = mh.shingle_words(text)
     assert words == ["i", "\u0307", "σxς", "σi", "\u0307"]  # U+0307, the combining dot, is not \w
     assert mh.document_word_hashes([text])[0].tolist() == [mh.word_hash64(w) for w in words]
+
+
+def test_code_point_tables_filled_batch_by_batch_give_the_hashes_of_whole_tables():
+    # The tables are filled for the code points each batch meets; hashes must not depend on which
+    # batches came before (every language of data/multilingual, each batch alone, from empty tables).
+    texts = multilingual_texts()
+    assert len({t for t in texts if not t.isascii()}) > 500
+    mh._tables.cache_clear()
+    batch_by_batch = [mh.document_word_hashes(texts[i : i + 50]) for i in range(0, len(texts), 50)]
+    assert 1000 < int(mh._tables()[2].sum()) < 0x110000 // 10  # only the code points met
+    mh._lowered_tables(EVERY_CODE_POINT)  # whole tables, as before
+    for i, (fw, counts) in zip(range(0, len(texts), 50), batch_by_batch):
+        whole_fw, whole_counts = mh.document_word_hashes(texts[i : i + 50])
+        assert np.array_equal(fw, whole_fw) and np.array_equal(counts, whole_counts)
+    expected = [mh.shingle_words(t) for t in texts[:200]]
+    assert np.array_equal(mh.document_word_hashes(texts[:200])[0],
+                          np.array([mh.word_hash64(w) for ws in expected for w in ws], dtype=np.uint64))
 
 
 def test_lsh_params_match_datasketchs_optimiser_over_a_grid():

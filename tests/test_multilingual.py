@@ -15,7 +15,7 @@ from refinery.stages.language import LanguageFilter, load_language_model
 from refinery.stages.segment import segmenter, split_script_runs
 from refinery.stages.text import DocumentText
 from refinery.config import ConfigError, GopherQualityConfig, HeuristicConfig, LanguageConfig, parse_config
-from refinery.documents import PROVENANCE_SCHEMA
+from helpers.documents import provenance_frame
 from helpers.texts import BRACED_DOC
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "multilingual"
@@ -31,22 +31,8 @@ def _pages(name: str) -> list[dict]:
 
 
 def _frame(pages: list[dict]) -> pl.DataFrame:
-    n = len(pages)
-    return pl.DataFrame(
-        {
-            "doc_id": [f"ml/{i:07d}" for i in range(n)],
-            "url": [p["url"] for p in pages],
-            "source": ["docs"] * n,
-            "bucket": ["web"] * n,
-            "file": ["multilingual.jsonl.gz"] * n,
-            "record_index": list(range(n)),
-            "record_offset": list(range(n)),
-            "fetch_time": [None] * n,
-            "content_type": ["text/plain"] * n,
-            "text": [p["text"] for p in pages],
-        },
-        schema_overrides={**PROVENANCE_SCHEMA, "text": pl.String},
-    )
+    return provenance_frame([p["text"] for p in pages], [p["url"] for p in pages], doc_prefix="ml",
+                            source="docs", file="multilingual.jsonl.gz")
 
 
 def _funnel(pages: list[dict], heuristic: HeuristicFilter) -> set[str]:

@@ -11,7 +11,7 @@ import pytest
 from refinery.stages import exact_dedup as ex
 from refinery.stages import minhash as mh
 from refinery.stages import near_dedup as nd
-from refinery.documents import PROVENANCE_SCHEMA
+from helpers.documents import provenance_frame
 
 SETTINGS = nd.DedupSettings(num_perm=128, shingle_size=5, seed=1, threshold=0.8, bands=16, rows=8, hash_ranges=4)
 
@@ -134,16 +134,7 @@ def test_recall_and_precision_against_exact_jaccard():
 
 
 def _docs(texts: list, source: str = "web") -> pl.DataFrame:
-    n = len(texts)
-    return pl.DataFrame(
-        {
-            "doc_id": [f"{source}-a/{i:07d}" for i in range(n)], "url": [f"https://x.example/{i}" for i in range(n)],
-            "source": [source] * n, "bucket": ["web"] * n, "file": ["a.jsonl"] * n, "record_index": list(range(n)),
-            "record_offset": list(range(n)), "fetch_time": [None] * n, "content_type": ["text/plain"] * n,
-            "text": texts,
-        },
-        schema={**PROVENANCE_SCHEMA, "text": pl.String},
-    )
+    return provenance_frame(texts, doc_prefix=f"{source}-a", source=source)
 
 
 def test_signature_table_handles_null_empty_short_and_skipping_sources():

@@ -225,3 +225,17 @@ def test_a_registry_that_cannot_be_wired_is_refused():
     with pytest.raises(ValueError, match="'quality_model' names both asset 'quality_model' of stage 'quality_scored' and"):
         steps = (StepAsset("quality_model", ()),)
         registry.check_registry((*stages, dataclasses.replace(TOXICITY, steps=steps)))
+
+
+def test_editing_a_stages_record_changes_its_assets_version_and_no_others(monkeypatch):
+    """An asset's code version covers its registry record: rewiring a stage (its upstream, verdicts,
+    added columns) marks that stage changed for `refinery demo --changed`, and only that stage."""
+    from assets.provenance import stage_code_version
+
+    names = [s.name for s in registry.STAGES]
+    before = {name: stage_code_version(name, "code") for name in names}
+    edited = tuple(dataclasses.replace(s, upstream="extracted_text") if s.name == "heuristic_filtered" else s
+                   for s in registry.STAGES)
+    monkeypatch.setattr(registry, "STAGES", edited)
+    after = {name: stage_code_version(name, "code") for name in names}
+    assert [name for name in names if before[name] != after[name]] == ["heuristic_filtered"]

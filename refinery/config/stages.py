@@ -47,6 +47,16 @@ class ExtractConfig(Section):
     # decompression bomb costs bounded CPU as well as bounded memory. A CommonCrawl WARC file is
     # about 5 GB decompressed.
     max_file_bytes: int = Field(default=32 * 1024 * 1024 * 1024, ge=1024 * 1024)
+    # A compressed input file (gzip WARC or JSONL, Parquet) is read only while each stretch of
+    # inflation_floor_bytes decompressed comes from more than 1 / max_inflation_ratio of that in
+    # compressed bytes (a Parquet file: its text so far against the whole file's size); the rest of
+    # a file that inflates more is one `ingest/file_too_large` reject. Real WARC.gz and JSONL.gz
+    # inflate 3-10x, a decompression bomb 100-1000x: a 2.4 MB bomb of 800 MB stops after one or two
+    # stretches instead of 800 MB. None: no bound on the ratio (max_file_bytes alone).
+    max_inflation_ratio: float | None = Field(default=100.0, ge=2.0)
+    # The stretch of decompressed bytes max_inflation_ratio is measured over: a file is never
+    # refused before it, so a small file of repetitive text is read whole.
+    inflation_floor_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     # Deeper pages are rejected unparsed (extract/too_deep); Blink stops nesting at 512 levels.
     max_tag_depth: int = Field(default=1000, ge=1)
     html_content_types: list[str] = Field(default_factory=lambda: ["text/html", "application/xhtml+xml"])

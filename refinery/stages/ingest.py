@@ -22,7 +22,9 @@ by record, gzip decoded as it is read, tables a few rows at a time), and `stream
 the rows on in batches of at most `extract.batch_rows` records and `extract.batch_bytes` of text,
 which the asset writes as row groups (a record over `max_record_bytes` is an `ingest/too_large`
 reject, read no further). CPU is bounded per file: past `extract.max_file_bytes` decompressed, the
-rest of a file is one `ingest/file_too_large` reject and is not read (a decompression bomb).
+rest of a file is one `ingest/file_too_large` reject and is not read (a decompression bomb), and
+so is the rest of a compressed file that, past `extract.inflation_floor_bytes`, inflates more than
+`extract.max_inflation_ratio` times the compressed bytes read (a bomb is stopped early).
 `read_input_shard` puts the batches of a small file together.
 """
 
@@ -104,7 +106,8 @@ def stream_input_shard(
         write_rejects(rejects)
 
     result = ReadResult(sink=write_batch, batch_rows=extract.batch_rows, batch_bytes=extract.batch_bytes,
-                        max_file_bytes=extract.max_file_bytes)
+                        max_file_bytes=extract.max_file_bytes, max_inflation_ratio=extract.max_inflation_ratio,
+                        inflation_floor=extract.inflation_floor_bytes)
     outside = outside_folder(shard.path, shard.folder) if shard.folder is not None else None
     name = escaped_name(shard.path)
     if name != shard.path:

@@ -142,19 +142,13 @@ def _ascii_classes() -> np.ndarray:
 _ASCII_CLASS = _ascii_classes()
 
 
-def _every_code_point() -> str:
-    """U+0000 .. U+10FFFF in order, one string (surrogates included)."""
-    return np.arange(0x110000, dtype=np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
-
-
-@functools.cache
-def _code_point_classes() -> np.ndarray:
-    """Per Unicode code point: its class for `split_words`, read off the same regex classes (`\\w`
-    and `\\s` of str patterns) run over a string of every code point. 1.1 MB, about 0.04 s."""
-    every = _every_code_point()
-    classes = np.full(len(every), PUNCTUATION, dtype=np.int8)
+def _code_point_classes(chars: str) -> np.ndarray:
+    """Per character of `chars`: its class for `split_words`, read off the same regex classes (`\\w`
+    and `\\s` of str patterns) run over them (a class belongs to one character, whatever its
+    neighbours)."""
+    classes = np.full(len(chars), PUNCTUATION, dtype=np.uint8)
     for pattern, cls in ((r"\w+", WORD_CHAR), (r"\s+", WHITESPACE)):
-        for m in re.finditer(pattern, every):
+        for m in re.finditer(pattern, chars):
             classes[m.start() : m.end()] = cls
     return classes
 
@@ -165,23 +159,23 @@ def _code_point_classes() -> np.ndarray:
 _STR_LOWER_ONLY = ("\x00", "\u0130", "\u03a3")
 
 
-@functools.cache
-def _lowercase_table() -> np.ndarray:
-    """Per code point: its lowercase as str.lower() gives it (U+0130 and U+03A3 map to themselves;
-    see _STR_LOWER_ONLY). Lowercase code points map to themselves, so a text already lowered by
-    str.lower() passes through unchanged."""
-    # U+0130 is swapped for a letter first so that every code point lowers to exactly one.
-    lowered = _every_code_point().replace("\u0130", "a").lower()
-    table = np.frombuffer(lowered.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).copy()
-    table[[0x130, 0x3A3]] = [0x130, 0x3A3]
-    return table
+def _lowercase(codes: np.ndarray) -> np.ndarray:
+    """Per code point of `codes` (uint32): its lowercase as str.lower() gives it (U+0130 and U+03A3
+    map to themselves; see _STR_LOWER_ONLY). Lowercase code points map to themselves, so a text
+    already lowered by str.lower() passes through unchanged."""
+    # U+0130 is swapped for a letter first so that every code point lowers to exactly one; final
+    # sigma, the one lowercase that reads neighbours, is set apart below.
+    chars = codes.tobytes().decode("utf-32-le", "surrogatepass").replace("\u0130", "a").lower()
+    lowered = np.frombuffer(chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).copy()
+    apart = (codes == 0x130) | (codes == 0x3A3)
+    lowered[apart] = codes[apart]
+    return lowered
 
 
-@functools.cache
-def _utf8_tables() -> tuple[np.ndarray, np.ndarray]:
-    """Per code point: its UTF-8 length in bytes, and the Horner hash of those bytes mod 2^64 (the
-    term it adds to `word_hash64`), computed arithmetically from the UTF-8 bit layout."""
-    c = np.arange(0x110000, dtype=np.uint64)
+def _utf8_terms(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per code point of `codes`: its UTF-8 length in bytes, and the Horner hash of those bytes mod
+    2^64 (the term it adds to `word_hash64`), computed arithmetically from the UTF-8 bit layout."""
+    c = codes.astype(np.uint64)
     length = (1 + (c >= 0x80).astype(np.uint8) + (c >= 0x800) + (c >= 0x10000)).astype(np.uint8)
     cont = np.uint64(0x80)
     six = np.uint64(0x3F)
@@ -198,15 +192,31 @@ def _utf8_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.cache
-def _lowered_tables() -> tuple[np.ndarray, np.ndarray]:
+def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The process's code-point tables (`_lowered_tables`) and which code points they hold yet:
+    10 MB at most, filled only for the code points the batches meet (a whole-Unicode fill cost
+    0.2 CPU-s in every process that hashed one non-ASCII batch)."""
+    return np.zeros(0x110000, np.uint8), np.zeros(0x110000, np.uint64), np.zeros(0x110000, bool)
+
+
+def _lowered_tables(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per code point c, of its lowercase l: l's `split_words` class, plus 4 times l's UTF-8 length,
     plus STR_LOWER_ONLY for the code points of _STR_LOWER_ONLY (uint8, one lookup for all three);
-    and the Horner term of l's bytes (uint64)."""
-    lower = _lowercase_table()
-    length, term = _utf8_tables()
-    info = _code_point_classes()[lower] | (length[lower] << 2)
-    info[[ord(c) for c in _STR_LOWER_ONLY]] |= STR_LOWER_ONLY
-    return info, term[lower]
+    and the Horner term of l's bytes (uint64). Indexed by code point; filled for every code point
+    of `points` (uint32), and for those of earlier calls."""
+    info, term, known = _tables()
+    wanted = np.zeros(0x110000, bool)
+    wanted[points] = True
+    new = np.flatnonzero(wanted & ~known).astype(np.uint32)
+    if new.size:
+        lower = _lowercase(new)
+        length, lower_term = _utf8_terms(lower)
+        classes = _code_point_classes(lower.tobytes().decode("utf-32-le", "surrogatepass"))
+        flags = np.isin(new, [ord(c) for c in _STR_LOWER_ONLY]).astype(np.uint8) * STR_LOWER_ONLY
+        info[new] = classes | (length << 2) | flags
+        term[new] = lower_term
+        known[new] = True
+    return info, term
 
 
 def _runs(cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -233,14 +243,15 @@ def _ascii_word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _unicode_word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """The same for any text, on its code points (UTF-32) without a UTF-8 copy: lowercased,
     classified and hashed by table. A code point's bytes enter the hash as one term
-    (`_utf8_tables`), weighted by the bytes after it, so the hashes are those of the UTF-8 bytes."""
-    info, term = _lowered_tables()
+    (`_utf8_terms`), weighted by the bytes after it, so the hashes are those of the UTF-8 bytes."""
     prepared = texts
     points = np.frombuffer(" ".join(prepared).encode("utf-32-le"), dtype=np.uint32)
+    info, term = _lowered_tables(points)
     unit = info.take(points)  # take: about twice as fast as indexing with uint32 positions
     if unit.max(initial=0) >= STR_LOWER_ONLY:
         prepared = [t.replace("\x00", "").lower() if any(c in t for c in _STR_LOWER_ONLY) else t for t in texts]
         points = np.frombuffer(" ".join(prepared).encode("utf-32-le"), dtype=np.uint32)
+        info, term = _lowered_tables(points)  # str.lower() may give code points not met before
         unit = info.take(points)  # str.lower() leaves no flagged code point, so unit >> 2 is the length
     starts, ends = _runs(unit & np.uint8(3))
     byte_end = np.cumsum(unit >> np.uint8(2), dtype=np.int64)

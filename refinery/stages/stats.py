@@ -8,8 +8,10 @@ the documents it kept by changing their text (C4's line rules, PII placeholders,
 `bytes_in = bytes_out + bytes_dropped + bytes_rewritten`. `Drop` is the reason one document was
 removed; `rejects_frame` turns the drops of a table into its reject rows.
 
-Counters are `total`, `kept`, `dropped`, `dropped/<reason>`; reason strings are an API:
-`<rule family>/<rule>`, snake_case, e.g. `gopher_rep/dup_line_frac`.
+A stats file holds `docs_in`, `docs_out` (documents in, and kept), `bytes_in`, `bytes_out`,
+`bytes_rewritten`, `dropped` (removals by reason), `counters` (a stage's own counts) and `by_bucket`
+(the same in and out per bucket). Reason strings are an API: `<rule family>/<rule>`, snake_case,
+e.g. `gopher_rep/dup_line_frac`.
 """
 
 from __future__ import annotations

@@ -19,3 +19,18 @@ BRACED_DOC = (
     "The file may include other files, which are read in the order that the include lines give.\n"
     "Every value is a string unless it is written as a number, a boolean, or a list in brackets."
 )
+
+
+def multilingual_texts() -> list[str]:
+    """The text of every page of data/multilingual (real pages in ten languages, then the planted
+    spam), in file order."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    corpus = Path(__file__).resolve().parents[2] / "data" / "multilingual"
+    texts = []
+    for name in ("clean", "spam"):
+        with gzip.open(corpus / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+            texts += [json.loads(line)["text"] for line in f]
+    return texts

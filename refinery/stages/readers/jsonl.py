@@ -26,6 +26,7 @@ from refinery.stages.readers.records import (
     RawRecord,
     ReadResult,
     add_truncation,
+    compressed_position,
     excerpt_of,
     open_decompressed,
     take_fields,
@@ -66,7 +67,8 @@ def read_jsonl(
     with open_decompressed(path) as f, record_alarm(budget) as armed:
         try:
             for offset, line, length in _lines(f, limit, result.max_file_bytes):
-                if result.past_file_bound(length, index + 1, offset):
+                if result.past_file_bound(length, index + 1, offset) or result.past_inflation_bound(
+                        lambda: compressed_position(f), index + 1, offset):
                     return
                 reached = offset + length
                 if offset == 0 and line.startswith(codecs.BOM_UTF8):

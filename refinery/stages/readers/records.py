@@ -74,6 +74,10 @@ class ReadResult:
     held_bytes: int = 0  # `RawRecord.held_bytes` of `records`
     max_file_bytes: int = 1 << 62  # `extract.max_file_bytes`
     inflated: int = 0  # decompressed bytes of the file read so far (`past_file_bound`)
+    max_inflation_ratio: float | None = None  # `extract.max_inflation_ratio`
+    inflation_floor: int = 1 << 62  # `extract.inflation_floor_bytes`
+    window_inflated: int = 0  # `inflated` where the current window of `past_inflation_bound` starts
+    window_consumed: int = 0  # and the compressed bytes read by then
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -96,6 +100,32 @@ class ReadResult:
             "ingest/file_too_large", float(self.inflated),
             f"the file decompresses past max_file_bytes {self.max_file_bytes}: the rest of it, from record "
             f"{index} at offset {offset}, is not read")))
+        return True
+
+    def past_inflation_bound(self, consumed: Callable[[], int], index: int, offset: int,
+                             whole_file: bool = False) -> bool:
+        """Whether the file has inflated more than `max_inflation_ratio` times over its last
+        `inflation_floor` decompressed bytes (or more): their count against the compressed bytes
+        `consumed()` read meanwhile. A window of real text that passes starts the next, so a bomb
+        appended to real pages is caught within two windows of its start. With `whole_file`,
+        `consumed()` is the file's whole size and the one window is the whole file so far. If the
+        bound is passed, add the reject of the rest of the file (from the record `index` at
+        `offset` on) and answer True: the reader stops there. `consumed` may count bytes read ahead,
+        which only lowers a window's ratio."""
+        inflated = self.inflated - self.window_inflated
+        if self.max_inflation_ratio is None or inflated <= self.inflation_floor:
+            return False
+        position = consumed()
+        compressed = max(1, position - self.window_consumed)
+        if inflated <= self.max_inflation_ratio * compressed:
+            if not whole_file:
+                self.window_inflated, self.window_consumed = self.inflated, position
+            return False
+        self.add(RawRecord(index=index, offset=offset, url=None, fetch_time=None, content_type=None, drop=Drop(
+            "ingest/file_too_large", float(self.inflated),
+            f"{inflated} bytes decompressed from {compressed} compressed ({inflated / compressed:.0f}x), past "
+            f"max_inflation_ratio {self.max_inflation_ratio:g}: the rest of the file, from record {index} at "
+            f"offset {offset}, is not read")))
         return True
 
     def flush(self, keep_last: bool = False) -> None:
@@ -230,3 +260,8 @@ def is_gzip_member_start(path: str, offset: int) -> bool:
 def open_decompressed(path: str) -> IO[bytes]:
     """The file's bytes, gunzipped when it is gzip (whatever its name says)."""
     return gzip.open(path, "rb") if is_gzip_member_start(path, 0) else open(path, "rb")
+
+
+def compressed_position(f: IO[bytes]) -> int:
+    """Bytes of the file under `f` (from `open_decompressed`) read so far, read-ahead included."""
+    return f.fileobj.tell() if isinstance(f, gzip.GzipFile) else f.tell()

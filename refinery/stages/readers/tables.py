@@ -139,6 +139,9 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
     batches = (_parquet_batches(path, source, rows) if source.format == "parquet"
                else _hf_dataset_batches(path, source, rows))
     row = 0  # the next row's number; a damaged stretch is one reject numbered by its first row
+    # Parquet's pages are read in no order a position could follow: its text is set against the
+    # whole file's size.
+    size = os.path.getsize(path) if source.format == "parquet" else 0
     with record_alarm(budget) as armed:
         for batch in batches:
             if isinstance(batch, _TableDamage):
@@ -154,7 +157,8 @@ def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: 
                 failed = guarded("ingest", budget, armed, _take_row, rec, obj, source, extract, result)
                 if failed is not None:
                     rec.raw, rec.drop = None, failed
-                if result.past_file_bound(rec.payload_bytes, rec.index, rec.offset):
+                if result.past_file_bound(rec.payload_bytes, rec.index, rec.offset) or (
+                        size and result.past_inflation_bound(lambda: size, rec.index, rec.offset, whole_file=True)):
                     return
                 result.add(rec)
     if not result.read:

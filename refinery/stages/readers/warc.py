@@ -13,7 +13,9 @@ header), `ingest/bad_gzip_member` (a member that does not decompress) or
 read belongs to the records after it), and its detail names the byte range skipped. Damage with no
 record after it is one `ingest/truncated_file` with the range lost. A WARC compressed as one gzip
 member has no boundaries to resume at, so damage inside it ends reading there. Once the records'
-blocks add up past `extract.max_file_bytes`, the rest of the file is one `ingest/file_too_large`.
+blocks add up past `extract.max_file_bytes`, or a gzip WARC's past `extract.max_inflation_ratio`
+times the compressed bytes read (`ReadResult.past_inflation_bound`), the rest of the file is one
+`ingest/file_too_large`.
 
 The HTTP status, content type and charset are FastWARC's own parsing of the HTTP headers. A
 payload that is UTF-8 as it came (no codings, no BOM, declared UTF-8 or not at all) is checked and
@@ -128,7 +130,10 @@ def _warc_segment(path: str, start: int, gzipped: bool, index: int, source: Sour
                     # the next record's headers and block, so nothing it says past here is trusted.
                     seg.cut_at, seg.cut_why = record.stream_pos, "WARC header lines end in LF, not CRLF"
                     break
-                if result.past_file_bound(seg.last_length, seg.index, record.stream_pos):
+                # The ratio is of the records before this one (whose compressed bytes are read):
+                # a large first record of a real file is not taken for a bomb.
+                if (gzipped and result.past_inflation_bound(stream.inner_tell, seg.index, record.stream_pos)) \
+                        or result.past_file_bound(seg.last_length, seg.index, record.stream_pos):
                     seg.past_bound = True
                     break
                 if not record.record_type & wanted:
