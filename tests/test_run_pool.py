@@ -128,10 +128,15 @@ def test_ray_steps_reuse_the_run_workers_until_the_version_changes(tmp_path, ray
 @pytest.mark.slow  # the session's Ray cluster (about 30 s to start, once a session)
 @pytest.mark.parametrize("then", ["exit", "sigkill"])
 def test_no_ray_worker_outlives_its_run(tmp_path, ray_cluster, then):
-    process, pids = start_run_that_fans_out(ray_config(tmp_path, ray_cluster), then)
+    config = ray_config(tmp_path, ray_cluster)
+    process, pids = start_run_that_fans_out(config, then)
     workers = pids["workers"]
     # Three steps, one worker per node (one CPU each) serving all of them.
     assert len(workers) == 3 and all(alive(pid) for pid in workers)
+    if then == "exit":  # the next step's driver, a process of its own as under Dagster's multiprocess executor
+        process.wait(timeout=60)
+        process, pids = start_run_that_fans_out(config, then)
+        assert pids["workers"] == workers, "the next driver reused the run's workers"
     if then == "sigkill":
         process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
