@@ -146,14 +146,27 @@ def tree_cpu_s(root: int) -> float:
     return sum(parents.get(pid, (0.0, 0))[0] for pid in below)
 
 
+def process_name(argv: list[str]) -> str:
+    """A process's kind from its command line: a Ray worker's title (`ray::PoolWorker`), a binary's
+    name (`raylet`, `gcs_server`), or for a Python interpreter its script's or module's name."""
+    if not argv:
+        return "?"
+    words = argv[0].split() if argv[0].startswith("ray::") else argv
+    if not os.path.basename(words[0]).startswith("python"):
+        return os.path.basename(words[0]).split(".")[0]
+    rest = [w for w in words[1:] if w not in ("-u", "-B", "-O", "-s", "-E")]
+    if rest and rest[0] == "-m" and len(rest) > 1:
+        return rest[1]
+    return os.path.basename(rest[0]).removesuffix(".py") if rest else "python"
+
+
 def session_cpu_s(sessions: set[int]) -> float:
     """User + system CPU (and waited-for children's) of every live process in `sessions`."""
     return sum(session_cpu_by_process(sessions).values())
 
 
 def session_cpu_by_process(sessions: set[int]) -> dict[str, float]:
-    """`session_cpu_s` by kind of process: the first word of its command line (a Ray worker's is
-    its title, e.g. `ray::PoolWorker.run`, cut at the dot; a Python process's its script's name)."""
+    """`session_cpu_s` by kind of process (`process_name`)."""
     totals: dict[str, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -165,9 +178,7 @@ def session_cpu_by_process(sessions: set[int]) -> dict[str, float]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[3]) in sessions:  # field 6, the session id
-            words = [a.decode(errors="replace") for a in argv if a][:2]
-            name = os.path.basename(words[1] if len(words) > 1 and "python" in words[0] else (words or ["?"])[0])
-            name = name.split()[0].split(".")[0] if name else "?"
+            name = process_name([a.decode(errors="replace") for a in argv if a])
             cpu = sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
             totals[name] = totals.get(name, 0.0) + cpu
     return totals
