@@ -121,11 +121,9 @@ def code_digest() -> str:
 def pool_names(refinery: RefineryResource) -> tuple[str, str]:
     """(the prefix of every pool of this data root, the prefix of this version's pool: also its
     lease key)."""
-    from assets.fanout import config_digest
-
     cfg = refinery.config
     root = hashlib.sha256(str(cfg.resolve(cfg.data_root)).encode()).hexdigest()[:12]
-    version = hashlib.sha256("\0".join([code_digest(), config_digest(cfg), repr(refinery.worker_settings())])
+    version = hashlib.sha256("\0".join([code_digest(), cfg.model_dump_json(), repr(refinery.worker_settings())])
                              .encode()).hexdigest()[:12]
     return f"{PREFIX}-{root}-", f"{PREFIX}-{root}-{version}"
 
