@@ -146,41 +146,47 @@ class WorkerPool:
     settings: tuple
     memory: int
     slots: list[Slot] = field(default_factory=list)
+    starting: dict[str, tuple[str, Any, Any]] = field(default_factory=dict)  # name -> (node, actor, its pid's ref)
 
     def refresh(self) -> None:
         """Get or create the actor of every slot of every live node (its CPUs, as many as its memory
-        holds), drop the slots of nodes that left, and wait up to START_TIMEOUT_S for new ones."""
+        holds) and drop the slots of nodes that left. With no slot yet, wait up to START_TIMEOUT_S
+        for the new actors; with some, take those already started and leave the others (a node that
+        died but is not yet declared dead, one still busy) to a later refresh."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         alive = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
         self.slots = [s for s in self.slots if s.node in alive]
-        have = {s.name for s in self.slots}
-        actor_class = remote_class()
-        new = []
+        self.starting = {name: new for name, new in self.starting.items() if new[0] in alive}
+        have = {s.name for s in self.slots} | set(self.starting)
         for node, resources in sorted(alive.items()):
             for k in range(min(int(resources.get("CPU", 0)), int(resources.get("memory", 0) // self.memory))):
                 name = f"{self.name}-{node[:16]}-{k}"
                 if name in have:
                     continue
-                actor = actor_class.options(
+                actor = remote_class().options(
                     name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
                     memory=self.memory, max_restarts=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(self.settings, self.name)
-                new.append((node, name, actor, actor.pid.remote()))
-        if not new:
+                self.starting[name] = (node, actor, actor.pid.remote())
+        if not self.starting:
             return
-        started, waiting = ray.wait([ref for *_, ref in new], num_returns=len(new), timeout=START_TIMEOUT_S)
-        if waiting:
-            late = [name for _, name, _, ref in new if ref in set(waiting)]
-            raise TimeoutError(f"the Ray engine's workers {late} did not start within {START_TIMEOUT_S:g} s: each "
-                               f"asks its node for {self.memory} bytes of memory (execution.task_memory_mb)")
-        for node, name, actor, ref in new:
+        refs = [ref for _, _, ref in self.starting.values()]
+        started, _ = ray.wait(refs, num_returns=len(refs), timeout=0 if self.slots else START_TIMEOUT_S)
+        for name, (node, actor, ref) in list(self.starting.items()):
+            if ref not in started:
+                continue
+            del self.starting[name]
             try:
                 self.slots.append(Slot(node, name, actor, ray.get(ref)))
-            except ray.exceptions.RayActorError:
-                continue  # its node left while it started: the next refresh sees without it
+            except ray.exceptions.RayError:
+                continue  # it died or could not be placed (its node left): a later refresh makes it again
+        if not self.slots:
+            raise TimeoutError(f"none of the Ray engine's workers {sorted(self.starting)} started within "
+                               f"{START_TIMEOUT_S:g} s: each asks its node for {self.memory} bytes of memory "
+                               f"(execution.task_memory_mb)")
 
     def map(self, runner: str, task: Callable, items: list, max_retries: int) -> list[tuple[str, Any]]:
         """(node, result) of `task(resource, item, cache)` for every item, in item order, one task in
