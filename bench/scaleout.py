@@ -85,6 +85,7 @@ def child(config: str) -> None:
 
     import dagster as dg
 
+    from assets import ray_pool
     from assets.fanout import map_tasks
     from orchestration.definitions import build_definitions
     from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
@@ -96,6 +97,7 @@ def child(config: str) -> None:
     # driver leaves, Ray ends them and the raylet reaps them without accounting their time.
     node_sessions = {int(s) for s in os.environ.get(NODE_SESSIONS, "").split(",") if s}
     nodes_before = session_cpu_s(node_sessions)
+    nodes_before_by_process = session_cpu_by_process(node_sessions)
     start = time.perf_counter()
     with dg.DagsterInstance.ephemeral() as instance:
         materialize_graph(build_definitions(config), instance, [dg.AssetKey(k) for k in THROUGH_PII],
@@ -106,12 +108,16 @@ def child(config: str) -> None:
     assert map_tasks(refinery, list(range(NOOP_TASKS)), do_nothing) == list(range(NOOP_TASKS))
     per_task = (time.perf_counter() - start) / NOOP_TASKS
     nodes = session_cpu_s(node_sessions) - nodes_before
+    by_process = {name: round(cpu - nodes_before_by_process.get(name, 0.0), 2)
+                  for name, cpu in session_cpu_by_process(node_sessions).items()}
+    ray_pool.close()  # as `refinery demo` does at its end (after the nodes' CPU is read: a killed worker's is lost)
     # The local pool's workers are the fork server's children, not this process's: wait4 does not
     # see them, so their CPU (and the server's) is read here, while they still live.
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     pool = tree_cpu_s(server) if server is not None else 0.0
     print(MARK + json.dumps({"wall_s": round(wall, 2), "noop_task_ms": round(per_task * 1000, 3),
-                             "ray_nodes_cpu_s": round(nodes, 2), "pool_cpu_s": round(pool, 2)}), flush=True)
+                             "ray_nodes_cpu_s": round(nodes, 2), "pool_cpu_s": round(pool, 2),
+                             "ray_nodes_cpu_by_process": by_process}), flush=True)
 
 
 def process_cpu_s(pid: int) -> tuple[float, int]:
@@ -140,20 +146,42 @@ def tree_cpu_s(root: int) -> float:
     return sum(parents.get(pid, (0.0, 0))[0] for pid in below)
 
 
+def process_name(argv: list[str]) -> str:
+    """A process's kind from its command line: a Ray worker's title (`ray::PoolWorker`), a binary's
+    name (`raylet`, `gcs_server`), or for a Python interpreter its script's or module's name."""
+    if not argv:
+        return "?"
+    words = argv[0].split() if argv[0].startswith("ray::") else argv
+    if not os.path.basename(words[0]).startswith("python"):
+        return os.path.basename(words[0]).split(".")[0]
+    rest = [w for w in words[1:] if w not in ("-u", "-B", "-O", "-s", "-E")]
+    if rest and rest[0] == "-m" and len(rest) > 1:
+        return rest[1]
+    return os.path.basename(rest[0]).removesuffix(".py") if rest else "python"
+
+
 def session_cpu_s(sessions: set[int]) -> float:
     """User + system CPU (and waited-for children's) of every live process in `sessions`."""
-    total = 0
+    return sum(session_cpu_by_process(sessions).values())
+
+
+def session_cpu_by_process(sessions: set[int]) -> dict[str, float]:
+    """`session_cpu_s` by kind of process (`process_name`)."""
+    totals: dict[str, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[3]) in sessions:  # field 6, the session id
-            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-    return total / CLOCK_TICKS
+            name = process_name([a.decode(errors="replace") for a in argv if a])
+            cpu = sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
+            totals[name] = totals.get(name, 0.0) + cpu
+    return totals
 
 
 def run_setting(config: Path, node_sessions: set[int]) -> dict:

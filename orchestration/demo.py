@@ -239,6 +239,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
+    from assets import ray_pool
     from assets.partitions import register_input_batches
     from assets.training import POOL
     from orchestration.definitions import build_definitions
@@ -278,6 +279,8 @@ def run_demo(args: argparse.Namespace) -> int:
         except PoolBusy as busy:
             print(f"refinery demo: {busy}", file=sys.stderr)
             return STEP_FAILED
+        finally:
+            ray_pool.close()  # the run's Ray workers, if any: the run has ended
     print(demo_summary(args.config))
     print(f"\nOpen the UI on these runs with `make ui CONFIG={args.config}` (http://127.0.0.1:3000; PORT=N for another).")
     return 0

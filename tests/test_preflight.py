@@ -452,10 +452,8 @@ def test_host_cluster_joins_the_registered_address_and_names_it_before_any_task(
         init=lambda **kw: calls.append(("init", kw["address"])),
         nodes=lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0}},
                        {"Alive": False, "Resources": {"CPU": 8.0}}],
-        get_runtime_context=lambda: types.SimpleNamespace(gcs_address=address),
-        remote=lambda f: calls.append(("remote", f.__name__)))
+        get_runtime_context=lambda: types.SimpleNamespace(gcs_address=address))
     monkeypatch.setattr(ray_engine, "_connected_to", None)
-    monkeypatch.setattr(ray_engine, "_remote", None)
     monkeypatch.setenv("RAY_ADDRESS", address)
     try:
         data = demo_config(tmp_path / "out")
@@ -466,6 +464,6 @@ def test_host_cluster_joins_the_registered_address_and_names_it_before_any_task(
         ray_engine.connect("host-cluster")
     finally:
         server.stop(None)
-    assert calls == [("init", address), ("remote", "_run_task")]
+    assert calls == [("init", address)]
     assert capsys.readouterr().err == (f"refinery: joined the Ray cluster at {address} (execution.address host-cluster): "
                                        f"2 node(s), 3 CPU(s)\n")

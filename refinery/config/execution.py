@@ -35,11 +35,13 @@ class ExecutionConfig(Section):
     default) is a pool of `partitions.workers` processes on the run's machine. `engine: ray` sends
     every task to the Ray cluster at `address`; each task reads and writes the data root itself (a
     folder every node mounts at the same path, or S3) and returns only its stats, and the config
-    file must be readable at the same path on every node. A task whose worker or node dies is
-    retried up to `max_retries` times (outputs are written under a temporary name and renamed, so
-    a retry leaves no partial file). Each task reserves `task_memory_mb` of the node's memory
-    (default: 512 MiB plus four batches of `stages.extract.batch_bytes` or `max_record_bytes`,
-    whichever is larger) and one CPU, so Ray packs no more tasks on a node than fit."""
+    file must be readable at the same path on every node. The tasks run on the run's workers, kept
+    on the cluster from one step to the next: one per CPU of each node, as many as the node's
+    memory holds at `task_memory_mb` each (default: 512 MiB plus four batches of
+    `stages.extract.batch_bytes` or `max_record_bytes`, whichever is larger), each running one
+    task at a time. A task whose worker or node dies is sent to another worker, up to
+    `max_retries` times (outputs are written under a temporary name and renamed, so a retry leaves
+    no partial file)."""
 
     engine: Literal["local", "ray"] = "local"
     address: str | None = None
