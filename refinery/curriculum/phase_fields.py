@@ -88,7 +88,9 @@ class PhaseField:
     to compare (default: its `manifest` attribute); `compare` says what differs, one sentence per
     difference (None: not compared, with the reason beside the declaration). `given_by` names the
     config attributes it is given by when they are not `name` alone; `derived`: the schedule computes
-    its plan's value from the config (the budget, the weights after temperature) instead of copying it."""
+    its plan's value from the config (the budget, the weights after temperature) instead of copying it;
+    `with_files`: the manifest's attribute is written with the files it names by a builder of its own
+    (manifests.order_manifest: the band files), not by `manifest_fields`."""
 
     name: str
     schedule: tuple[str, ...] = ()
@@ -98,6 +100,7 @@ class PhaseField:
     compare: Callable[["PhaseField", str, PhaseConfig, Any, Any], list[str]] | None = unequal
     given_by: tuple[str, ...] = ()
     derived: bool = False
+    with_files: bool = False
 
     @property
     def config_fields(self) -> tuple[str, ...]:
@@ -121,8 +124,8 @@ PHASE_FIELDS: tuple[PhaseField, ...] = (
                stored=stored_rope_scaling),
     PhaseField("weights", (PLAN, SPAN), manifest="weights", compare=weights_differ, derived=True,
                pin=lambda phase, span, buckets: {b: float(w) for b, w in zip(buckets, span.weights)}),
-    # The manifest pins an order with its band files (manifests.order_manifest); its spec is compared.
-    PhaseField("order", pin=lambda phase, span, buckets: order_spec(phase.order),
+    # The manifest pins an order with its band files; its spec is compared.
+    PhaseField("order", manifest="order", with_files=True, pin=lambda phase, span, buckets: order_spec(phase.order),
                stored=lambda manifest: order_spec(manifest.order)),
     # A cut shows in the manifest as its buckets' quality cutoffs (and their kept selections).
     PhaseField("quality_top_fraction", (PLAN, SPAN), compare=cut_differs,
@@ -141,7 +144,7 @@ def schedule_fields(record: str) -> list[PhaseField]:
 
 def manifest_fields(phase: PhaseConfig, span: Any, buckets: tuple[str, ...]) -> dict[str, Any]:
     """PhaseManifest's attributes that pin the phase's fields, as the manifest builder writes them."""
-    return {f.manifest: f.pinned(phase, span, buckets) for f in PHASE_FIELDS if f.manifest is not None}
+    return {f.manifest: f.pinned(phase, span, buckets) for f in PHASE_FIELDS if f.manifest is not None and not f.with_files}
 
 
 def phase_differences(where: str, phase: PhaseConfig, span: Any, buckets: tuple[str, ...], manifest: Any) -> list[str]:
