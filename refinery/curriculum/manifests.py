@@ -364,7 +364,7 @@ def schedule_from_manifests(manifests: list[PhaseManifest], buckets: list[str] |
     ordered = sorted(manifests, key=lambda m: m.index)
     names = tuple(buckets) if buckets is not None else tuple(ordered[0].weights)
     pinned = [f for f in PHASE_FIELDS if PLAN in f.schedule and f.manifest is not None]
-    plans = [PhasePlan(**{**{f.name: getattr(m, f.manifest) for f in pinned},  # type: ignore[arg-type]
+    plans = [PhasePlan(**{**{f.name: getattr(m, f.manifest) for f in pinned},
                           "weights": np.array([m.weights.get(b, 0.0) for b in names])})
              for m in ordered]
     return place_phases(names, plans)

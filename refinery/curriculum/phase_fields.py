@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
 from refinery.config import PhaseConfig, RopeScalingConfig
 
 # Weights in a manifest went through JSON and the temperature; a difference below this is rounding.
@@ -69,8 +71,6 @@ def cut_differs(field: "PhaseField", where: str, phase: PhaseConfig, ours: Any, 
 
 def stored_rope_scaling(manifest: Any) -> Any:
     """The manifest's rope_scaling as the config's would be pinned; as written when the schema refuses it."""
-    from pydantic import ValidationError
-
     try:
         return rope_scaling_spec(manifest.rope_scaling)
     except ValidationError:
