@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from pydantic import Field
 
-from refinery.config import CurriculumConfig, PhaseConfig, RefineryConfig
+from refinery.config import CurriculumConfig, PhaseConfig, RefineryConfig, parse_config
 from refinery.curriculum import (PHASE_FIELDS, CurriculumMismatch, PhaseField, PhaseManifest, PhasePlan, PhaseSpan,
                                  build_phase_manifest, read_manifest, refuse_mismatch, validate_data_root,
                                  write_manifest)
@@ -88,3 +88,24 @@ def test_a_declared_field_is_pinned_and_its_mismatch_refused(tmp_path, monkeypat
         refuse_mismatch(dropout_config(tmp_path, 0.2), root)
     assert "curriculum.phases[1] (anneal).dropout: the config says 0.2, the manifest 0.1" in str(err.value)
     assert "phases[0]" not in str(err.value)
+
+
+def test_a_cut_ranked_otherwise_than_its_manifest_is_refused(tmp_path):
+    """quality_cut was left out of the hand list the comparison used to keep: a global cut trained
+    on manifests cut per language passed. Declared, it is compared."""
+    root = LocalDataRoot(tmp_path / "root")
+    for b, n in DOCS_PER_BUCKET.items():
+        write_final_shards(root, b, sample_docs(b, n))
+    built = parse_config(config_dict(tmp_path))  # the anneal's cut: per_language, the default
+    report, inventory, selections = validate_data_root(built, root)
+    for phase in ("main", "anneal"):
+        write_manifest(root, build_phase_manifest(built, root, phase, report, inventory, selections))
+    refuse_mismatch(built, root)
+    d = config_dict(tmp_path)
+    d["curriculum"]["phases"][1]["quality_cut"] = "global"
+    with pytest.raises(CurriculumMismatch) as err:
+        refuse_mismatch(parse_config(d), root)
+    assert "curriculum.phases[1] (anneal).quality_cut: the config says global, the manifest's cut is per_language" \
+        in str(err.value)
+    d["curriculum"]["phases"][0]["quality_cut"] = "global"  # a phase without a cut: nothing ranked, nothing differs
+    assert "phases[0]" not in str(pytest.raises(CurriculumMismatch, refuse_mismatch, parse_config(d), root).value)

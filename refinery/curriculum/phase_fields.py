@@ -69,6 +69,22 @@ def cut_differs(field: "PhaseField", where: str, phase: PhaseConfig, ours: Any, 
             f"{'has' if theirs else 'has no'} quality cutoff"]
 
 
+def ranking_differs(field: "PhaseField", where: str, phase: PhaseConfig, ours: Any, theirs: Any) -> list[str]:
+    """How a cut ranks, where both have a cut (a cut on one side only is quality_top_fraction's difference)."""
+    if ours is None or theirs is None or ours == theirs:
+        return []
+    return [f"{where}.quality_cut: the config says {ours}, the manifest's cut is {theirs}"]
+
+
+def stored_ranking(manifest: Any) -> str | None:
+    """How the manifest's quality cut ranked: a per-language cut pins each language's cutoff
+    (BucketSlice.quality_cutoffs), a global one only the bucket's; None without a cut."""
+    cut = [b for b in manifest.buckets.values() if b.quality_cutoff is not None]
+    if not cut:
+        return None
+    return "per_language" if any(b.quality_cutoffs is not None for b in cut) else "global"
+
+
 def stored_rope_scaling(manifest: Any) -> Any:
     """The manifest's rope_scaling as the config's would be pinned; as written when the schema refuses it."""
     try:
@@ -86,7 +102,7 @@ class PhaseField:
     shows it another way, read by `stored`). `pin(phase, span, buckets)` is the config's value as
     the manifest holds it (default: the attribute as is); `stored(manifest)` the manifest's value
     to compare (default: its `manifest` attribute); `compare` says what differs, one sentence per
-    difference (None: not compared, with the reason beside the declaration). `given_by` names the
+    difference. `given_by` names the
     config attributes it is given by when they are not `name` alone; `derived`: the schedule computes
     its plan's value from the config (the budget, the weights after temperature) instead of copying it;
     `with_files`: the manifest's attribute is written with the files it names by a builder of its own
@@ -97,7 +113,7 @@ class PhaseField:
     manifest: str | None = None
     pin: Callable[[PhaseConfig, Any, tuple[str, ...]], Any] | None = None
     stored: Callable[[Any], Any] | None = None
-    compare: Callable[["PhaseField", str, PhaseConfig, Any, Any], list[str]] | None = unequal
+    compare: Callable[["PhaseField", str, PhaseConfig, Any, Any], list[str]] = unequal
     given_by: tuple[str, ...] = ()
     derived: bool = False
     with_files: bool = False
@@ -131,9 +147,8 @@ PHASE_FIELDS: tuple[PhaseField, ...] = (
     PhaseField("quality_top_fraction", (PLAN, SPAN), compare=cut_differs,
                pin=lambda phase, span, buckets: phase.quality_top_fraction is not None,
                stored=lambda manifest: any(b.quality_cutoff is not None for b in manifest.buckets.values())),
-    # Not compared: how the cut ranks shows only as its per-language cutoffs, which a bucket without a
-    # language column lacks under either ranking; the kept selections are pinned by sha256 all the same.
-    PhaseField("quality_cut", compare=None),
+    PhaseField("quality_cut", compare=ranking_differs, stored=stored_ranking,
+               pin=lambda phase, span, buckets: phase.quality_cut if phase.quality_top_fraction is not None else None),
 )
 
 
@@ -150,5 +165,5 @@ def manifest_fields(phase: PhaseConfig, span: Any, buckets: tuple[str, ...]) -> 
 def phase_differences(where: str, phase: PhaseConfig, span: Any, buckets: tuple[str, ...], manifest: Any) -> list[str]:
     """What differs between a config phase (placed as `span` on a schedule over `buckets`) and its
     manifest, field by field of PHASE_FIELDS."""
-    return [line for f in PHASE_FIELDS if f.compare is not None
+    return [line for f in PHASE_FIELDS
             for line in f.compare(f, where, phase, f.pinned(phase, span, buckets), f.read(manifest))]
