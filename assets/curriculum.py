@@ -58,7 +58,7 @@ def build_manifest(version: str):
             manifest = cur.build_phase_manifest(cfg, root, phase, report, inventory, selections, run_tasks)
         context.log.info(f"phase_manifests[{phase}]: {run_tasks.tasks} tasks on {cfg.partitions.workers} workers")
         digest = write_manifest(root, manifest)
-        plot_sha = write_schedule_plot(cfg, root, cur.build_schedule(cfg), (report.contract.get("difficulty") or {}).get("bands"))
+        plot_sha = write_schedule_plot(cfg, root, report.schedule, (report.contract.get("difficulty") or {}).get("bands"))
         for finding in report.errors:
             context.log.error(f"phase_manifests[{phase}]: {finding}")
         hashes = {manifest_key(phase): digest, SCHEDULE_PLOT_KEY: plot_sha}

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from refinery.config import RefineryConfig, load_config
-from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, build_schedule, manifest_differences, stored_manifests,
+from refinery.curriculum import (CurriculumError, Schedule, ValidationReport, manifest_differences, stored_manifests,
                                  validate, validate_data_root, warmup_tokens)
 from refinery.curriculum.bands import served_difficulty
 from refinery.preflight import Needs
@@ -218,16 +218,16 @@ def run_validate(args: argparse.Namespace) -> int:
         else:
             report, _, _ = validate_data_root(cfg, root)
         plot = None
-        if report.contract is not None:
-            schedule = build_schedule(cfg)
-            bands = (report.contract.get("difficulty") or {}).get("bands")
+        schedule = report.schedule
+        if schedule is not None:
+            bands = ((report.contract or {}).get("difficulty") or {}).get("bands")
             if args.plot:
                 plot_schedule(cfg, schedule, args.plot, bands)
                 plot = str(Path(args.plot).resolve())
             else:
                 write_schedule_plot(cfg, root, schedule, bands)
                 plot = root.display(SCHEDULE_PLOT_KEY)
-        manifests = manifest_check(cfg, root) if report.contract is not None else None
+        manifests = manifest_check(cfg, root, schedule) if schedule is not None else None
     except (CurriculumError, ShardFormatError) as err:
         print(f"refinery validate: {err}", file=sys.stderr)
         return 2
@@ -256,14 +256,14 @@ def run_contract(cfg: RefineryConfig, root: DataRoot) -> ThroughputContract | No
     return throughput_contract(cfg.curriculum.total_tokens, cluster.gpus, cluster.days, root, list(cfg.buckets))
 
 
-def manifest_check(cfg: RefineryConfig, root: DataRoot) -> dict[str, Any] | None:
+def manifest_check(cfg: RefineryConfig, root: DataRoot, schedule: Schedule) -> dict[str, Any] | None:
     """Whether the data root's phase manifests were built from this curriculum (what `refinery train`
     checks before it starts); None when there are none yet."""
     assert cfg.curriculum is not None
     manifests = stored_manifests(root, {p.name for p in cfg.curriculum.phases})
     if not manifests:
         return None
-    differences = manifest_differences(cfg, manifests)
+    differences = manifest_differences(cfg, manifests, schedule)
     return {"match": not differences, "differences": differences}
 
 

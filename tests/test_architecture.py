@@ -4,8 +4,8 @@ Dagster over both, orchestration/ assembles everything (docs/architecture.md).
 Every import counts: top-level, inside functions, `importlib.import_module("...")` and
 `__import__("...")` with a literal name, and `python -m MODULE` launches written as a literal
 `"-m", "MODULE"` pair. A violation or an import cycle between the project's modules fails with the
-file and line that makes it. Imports under `if TYPE_CHECKING:` never run, so they count for the floors
-but not for cycles.
+file and line that makes it. Imports under `if TYPE_CHECKING:` count for both: one never runs, but a
+cycle it closes is still two modules that cannot be read apart.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ ALLOWED = {
 FORBIDDEN_THIRD_PARTY = {"refinery": {"dagster"}, "training": {"dagster"}}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def project_modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+def project_modules(root: Path = REPO) -> dict[str, Path]:
+    return {module_name(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))}
 
 
 def resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -48,16 +48,6 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
             return candidate
         parts.pop()
     return None
-
-
-def type_checking_lines(tree: ast.AST) -> set[int]:
-    """Lines inside `if TYPE_CHECKING:` blocks."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
 
 
 def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
@@ -90,14 +80,13 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[
     return found
 
 
-def dependency_graph() -> tuple[dict[str, set[str]], list[str]]:
-    modules = project_modules()
+def dependency_graph(root: Path = REPO) -> tuple[dict[str, set[str]], list[str]]:
+    modules = project_modules(root)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     violations = []
     for module, path in modules.items():
         floor = module.split(".")[0]
-        where = path.relative_to(REPO)
-        type_only = type_checking_lines(ast.parse(path.read_text(encoding="utf-8")))
+        where = path.relative_to(root)
         for name, line in imports_of(module, path, modules):
             top = name.split(".")[0]
             if top in FORBIDDEN_THIRD_PARTY.get(floor, set()) or top.startswith("dagster_") and floor in FORBIDDEN_THIRD_PARTY:
@@ -107,7 +96,7 @@ def dependency_graph() -> tuple[dict[str, set[str]], list[str]]:
             if top != floor and top not in ALLOWED[floor]:
                 violations.append(f"{where}:{line}: {floor}/ imports {name}")
             target = resolve(name, modules)
-            if target is not None and target != module and line not in type_only:
+            if target is not None and target != module:
                 graph[module].add(target)
     return graph, violations
 
@@ -174,6 +163,8 @@ def test_no_import_cycles_between_modules():
     ("import importlib\nimportlib.import_module('training.cli')\n", ["training.cli"]),
     ("cmd = ['python', '-m', 'orchestration.cli', 'train']\n", ["orchestration.cli"]),
     ("from .base import Stage\n", ["refinery.stages.base"]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from refinery.curriculum.manifests import PhaseManifest\n",
+     ["refinery.curriculum.manifests"]),
 ])
 def test_the_scanner_sees_every_kind_of_import(tmp_path, source, expected):
     """The checker itself: each way of importing is found (a checker that misses one passes anything)."""
@@ -187,3 +178,14 @@ def test_the_scanner_sees_every_kind_of_import(tmp_path, source, expected):
 def test_a_cycle_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_a_type_only_import_closes_a_cycle(tmp_path):
+    """A cycle closed by an import under `if TYPE_CHECKING:` is a cycle (refinery/curriculum/ had one:
+    schedule.py naming PhaseManifest for a type)."""
+    (tmp_path / "refinery").mkdir()
+    (tmp_path / "refinery/schedule.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from refinery.manifests import PhaseManifest\n")
+    (tmp_path / "refinery/manifests.py").write_text("from refinery.schedule import Schedule\n")
+    graph, violations = dependency_graph(tmp_path)
+    assert not violations and cycles(graph) == [["refinery.manifests", "refinery.schedule"]]

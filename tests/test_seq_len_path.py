@@ -46,6 +46,9 @@ OFF_PATH = {
     "refinery/curriculum/contract.py": "checks it against the packed window and whole optimizer steps; the "
                                        "contract's numbers",
     "refinery/validate.py": "prints and plots the contract",
+    "refinery/curriculum/phase_fields.py": "declares which records carry it (the plan, the span, the manifest) "
+                                           "and how a config and a manifest compare on it; the schedule and the "
+                                           "manifests copy it by that declaration",
     "refinery/testing/curriculum.py": "writes synthetic curricula and their manifests for tests",
     "refinery/init.py": "writes the YAML",
     "refinery/stages/tokenize.py": "packs shards as long as the longest phase",
@@ -183,7 +186,7 @@ def test_the_schedule_is_built_in_one_place():
     builder = {("refinery/curriculum/schedule.py", "place_phases")}
     assert call_sites("Schedule") == builder and call_sites("PhaseSpan") == builder
     assert call_sites("place_phases") == {("refinery/curriculum/schedule.py", "build_schedule"),
-                                          ("refinery/curriculum/schedule.py", "schedule_from_manifests")}
+                                          ("refinery/curriculum/manifests.py", "schedule_from_manifests")}
     assert call_sites("build_schedule", ("training",)) == set()
     assert call_sites("schedule_from_manifests") == {("training/schedule.py", "build")}
     assert call_sites("StepSchedule") == set()  # only StepSchedule.build makes one, as cls(...)

@@ -5,21 +5,23 @@ schedule.py holds the schedule maths (phase spans, blended mixtures, seq_len, th
 one builder of phase spans; inventory.py reads what the final shards hold per bucket and what a
 quality cutoff keeps of it; bands.py cuts an ordered phase's entries into difficulty bands and
 writes the band files; contract.py is the validation contract `refinery validate` prints;
-manifests.py writes and reads the phase manifests and checks the config against them.
+manifests.py writes and reads the phase manifests and checks the config against them;
+phase_fields.py declares the per-phase fields once, for the config, the schedule and the manifests.
 """
 
 from refinery.curriculum.contract import (CurriculumMismatch, Finding, ValidationReport, contract, refuse_invalid,
                                           structure_findings, validate, validate_data_root)
 from refinery.curriculum.inventory import BucketInventory, CountedTasks, QualitySelection, ShardRef, has_final_shards, phase_selections, read_bucket_inventory, read_inventory, select_top_quality
-from refinery.curriculum.manifests import MANIFEST_VERSION, WEIGHT_TOLERANCE, BucketSlice, ManifestError, PhaseManifest, apply_exclusions, build_phase_manifest, drawn_buckets, manifest_differences, read_manifest, read_selection, refuse_mismatch, selection_npy, stored_manifests, write_manifest
+from refinery.curriculum.manifests import MANIFEST_VERSION, BucketSlice, ManifestError, PhaseManifest, apply_exclusions, build_phase_manifest, drawn_buckets, manifest_differences, read_manifest, read_selection, refuse_mismatch, schedule_from_manifests, selection_npy, stored_manifests, write_manifest
+from refinery.curriculum.phase_fields import PHASE_FIELDS, WEIGHT_TOLERANCE, PhaseField
 from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, PhasePlan, PhaseSpan, Schedule,
                                           apply_temperature, batch_tokens, build_schedule, phase_budgets, phase_kind,
-                                          place_phases, schedule_from_manifests, warmup_tokens)
+                                          place_phases, warmup_tokens)
 
 __all__ = [
-    "MANIFEST_VERSION", "SUM_TOLERANCE", "WEIGHT_TOLERANCE",
+    "MANIFEST_VERSION", "PHASE_FIELDS", "SUM_TOLERANCE", "WEIGHT_TOLERANCE",
     "BucketInventory", "BucketSlice", "CountedTasks", "CurriculumError", "CurriculumMismatch", "Finding", "ManifestError",
-    "PhaseManifest", "PhasePlan", "PhaseSpan", "QualitySelection", "Schedule", "ShardRef", "ValidationReport",
+    "PhaseField", "PhaseManifest", "PhasePlan", "PhaseSpan", "QualitySelection", "Schedule", "ShardRef", "ValidationReport",
     "apply_exclusions", "apply_temperature", "batch_tokens", "build_phase_manifest", "build_schedule", "contract", "drawn_buckets",
     "has_final_shards", "manifest_differences", "phase_budgets", "phase_kind",
     "phase_selections", "place_phases", "read_bucket_inventory", "read_inventory", "read_manifest", "read_selection",

@@ -46,6 +46,9 @@ class ValidationReport:
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
     contract: dict[str, Any] | None = None  # None when the schedule itself could not be computed
+    # The schedule validated (None: it could not be computed): what the manifests are built from, so
+    # one validation computes it once. Not part of the report's JSON.
+    schedule: Schedule | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -314,7 +317,7 @@ def validate(
     if bands is not None:
         _check_order(cfg, schedule, bands, errors)
     return ValidationReport(ok=not errors, errors=errors, warnings=warnings,
-                            contract=contract(cfg, schedule, inventory, bands))
+                            contract=contract(cfg, schedule, inventory, bands), schedule=schedule)
 
 
 def phase_bands(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str, BucketInventory],
@@ -369,23 +372,29 @@ def quality_cut_shares(cfg: RefineryConfig, selections: dict[str, dict[str, Qual
 
 def structure_findings(cfg: RefineryConfig) -> list[Finding]:
     """The curriculum's blocking errors that need no inventory (see `refuse_invalid`)."""
+    return checked_structure(cfg)[0]
+
+
+def checked_structure(cfg: RefineryConfig) -> tuple[list[Finding], Schedule | None]:
+    """`structure_findings`, and the schedule when there are none."""
     errors: list[Finding] = []
     _check_structure(cfg, errors)
-    if not errors:
-        try:
-            build_schedule(cfg)
-        except CurriculumError as err:
-            errors.append(Finding("curriculum", str(err)))
-    return errors
+    if errors:
+        return errors, None
+    try:
+        return errors, build_schedule(cfg)
+    except CurriculumError as err:
+        return [Finding("curriculum", str(err))], None
 
 
-def refuse_invalid(cfg: RefineryConfig) -> None:
+def refuse_invalid(cfg: RefineryConfig) -> Schedule:
     """Raise CurriculumMismatch naming each field when the curriculum's structure is invalid
     (weights or shares not summing to 1, repeated phase names, unknown buckets, ...): the checks of
-    `validate` that need no inventory and that no manifest can make right."""
+    `validate` that need no inventory and that no manifest can make right. Returns the schedule."""
     if cfg.curriculum is None:
         raise CurriculumMismatch("curriculum: no curriculum declared; add a `curriculum:` section (see configs/demo.yaml)")
-    errors = structure_findings(cfg)
-    if errors:
+    errors, schedule = checked_structure(cfg)
+    if schedule is None:
         lines = "\n".join(f"  {e}" for e in errors)
         raise CurriculumMismatch(f"invalid curriculum; nothing was trained:\n{lines}")
+    return schedule

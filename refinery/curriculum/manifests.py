@@ -26,13 +26,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 import numpy as np
-from pydantic import ValidationError
-
-from refinery.config import RefineryConfig, RopeScalingConfig
+from refinery.config import RefineryConfig
 from refinery.curriculum.bands import Served, bucket_bands, write_band_file
 from refinery.curriculum.contract import CurriculumMismatch, ValidationReport, refuse_invalid
 from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, kept_entry_ids, table_slices
-from refinery.curriculum.schedule import CurriculumError, PhaseSpan, Schedule, build_schedule
+from refinery.curriculum.phase_fields import PLAN, PHASE_FIELDS, manifest_fields, order_spec, phase_differences
+from refinery.curriculum.schedule import CurriculumError, PhasePlan, PhaseSpan, Schedule, build_schedule, place_phases
 from refinery.layout import (MANIFESTS_PREFIX, bands_key, bucket_entries_key, exclusions_key, manifest_key, manifest_phase,
                              selection_key)
 from refinery.shard_format import read_index
@@ -124,15 +123,6 @@ class PhaseManifest:
             return cls(**{**d, "buckets": buckets})
         except (KeyError, TypeError) as err:
             raise ManifestError(f"malformed manifest: {err}") from None
-
-
-def rope_scaling_spec(declared: Any) -> str | dict[str, Any] | None:
-    """A phase's `rope_scaling` as the manifest stores it: the string, None, or every YaRN field
-    (defaults included, so a config and a manifest compare field by field). Raises
-    pydantic.ValidationError on YaRN fields the config schema refuses."""
-    if isinstance(declared, dict):
-        declared = RopeScalingConfig.model_validate(declared)
-    return declared.model_dump(mode="json") if isinstance(declared, RopeScalingConfig) else declared
 
 
 def write_manifest(root: DataRoot, manifest: PhaseManifest) -> str:
@@ -277,15 +267,6 @@ def apply_exclusions(root: DataRoot, manifest: PhaseManifest, excluded: set[str]
     return changed
 
 
-def order_spec(order: Any) -> dict[str, Any] | None:
-    """A phase's `order` (an OrderConfig, or a manifest's dict) as the fields a config and a manifest
-    compare: by, direction, bands; None = uniform."""
-    if order is None:
-        return None
-    fields = order.model_dump(mode="json") if hasattr(order, "model_dump") else order
-    return {k: fields[k] for k in ("by", "direction", "bands")}
-
-
 def order_manifest(root: "DataRoot", manifest: PhaseManifest, order: Any, run_tasks: RunTasks | None = None) -> PhaseManifest:
     """The manifest with its order pinned: per bucket the band file over the entries it serves
     (its selection, or every entry), cut and written by a task per final shard run by `run_tasks`
@@ -325,10 +306,11 @@ def build_phase_manifest(
     quality cutoff, the kept entries streamed into a sorted int64 .npy; plus the phase's budget,
     weights after temperature, seq_len, lr_scale, blend width and the validation result. Documents
     the contamination drop policy excluded from this phase stay excluded. What reads the entry
-    tables runs as a task per final shard, run by `run_tasks` (default: in this process)."""
+    tables runs as a task per final shard, run by `run_tasks` (default: in this process). The
+    schedule is the one `report` validated."""
 
     assert cfg.curriculum is not None
-    schedule = build_schedule(cfg)
+    schedule = report.schedule if report.schedule is not None else build_schedule(cfg)  # None: raises why
     names = [p.name for p in schedule.phases]
     if phase not in names:
         raise CurriculumError(f"unknown phase {phase!r}; the curriculum has {names}")
@@ -360,17 +342,11 @@ def build_phase_manifest(
             languages=sel.languages,
         )
     manifest = PhaseManifest(
-        phase=phase,
         index=span.index,
-        token_budget=span.tokens,
-        seq_len=span.seq_len,
-        lr_scale=span.lr_scale,
-        weights={b: float(w) for b, w in zip(schedule.buckets, span.weights)},
-        interpolation=cfg.curriculum.phases[span.index].interpolation,
         buckets=buckets,
-        rope_scaling=rope_scaling_spec(cfg.curriculum.phases[span.index].rope_scaling),
         validation=report.to_json(),
         config_fingerprint=cfg.fingerprint(),
+        **manifest_fields(cfg.curriculum.phases[span.index], span, schedule.buckets),
     )
     excluded_key = exclusions_key(phase)
     if root.exists(excluded_key):
@@ -379,19 +355,31 @@ def build_phase_manifest(
     return manifest if order is None else order_manifest(root, manifest, order, run_tasks)
 
 
-# Weights in a manifest went through JSON and the temperature; a difference below this is rounding.
-WEIGHT_TOLERANCE = 1e-9
+def schedule_from_manifests(manifests: list[PhaseManifest], buckets: list[str] | None = None) -> Schedule:
+    """The same schedule rebuilt from the phase manifests alone (what the trainer holds): each
+    schedule field phase_fields.py declares, from the manifest's attribute that pins it (the weights,
+    already after temperature, aligned with `buckets`)."""
+    if not manifests:
+        raise CurriculumError("no phase manifests; materialize phase_manifests first")
+    ordered = sorted(manifests, key=lambda m: m.index)
+    names = tuple(buckets) if buckets is not None else tuple(ordered[0].weights)
+    pinned = [f for f in PHASE_FIELDS if PLAN in f.schedule and f.manifest is not None]
+    plans = [PhasePlan(**{**{f.name: getattr(m, f.manifest) for f in pinned},
+                          "weights": np.array([m.weights.get(b, 0.0) for b in names])})
+             for m in ordered]
+    return place_phases(names, plans)
 
 
-def manifest_differences(cfg: RefineryConfig, manifests: dict[str, PhaseManifest]) -> list[str]:
-    """What differs between the config's curriculum and `manifests` (the data root's phase manifests
-    by phase name), one sentence per field; empty when the config is what they were built from.
+def manifest_differences(cfg: RefineryConfig, manifests: dict[str, PhaseManifest], schedule: Schedule) -> list[str]:
+    """What differs between the config's curriculum (placed as `schedule`) and `manifests` (the data
+    root's phase manifests by phase name), one sentence per field; empty when the config is what they
+    were built from. Every field phase_fields.PHASE_FIELDS declares is compared.
 
     A config phase without a manifest was added (or renamed: a manifest of another name sits at its
     position); a manifest at another position means phases before it were added or removed. Extra
     manifests of phases the config does not name (another anneal variant's) are not differences."""
     assert cfg.curriculum is not None
-    cur, schedule = cfg.curriculum, build_schedule(cfg)
+    cur = cfg.curriculum
     by_index = {m.index: name for name, m in manifests.items()}
     diffs: list[str] = []
     for i, (p, span) in enumerate(zip(cur.phases, schedule.phases)):
@@ -406,35 +394,12 @@ def manifest_differences(cfg: RefineryConfig, manifests: dict[str, PhaseManifest
             before = [by_index[j] for j in sorted(by_index) if j < m.index]
             diffs.append(f"{where}: its manifest was built for position {m.index} (after {before}): phases before it "
                          "were added, removed or reordered")
-        if m.token_budget != span.tokens:
-            field = "tokens" if p.tokens is not None else "share"
-            diffs.append(f"{where}.{field}: the config gives {span.tokens:,} tokens, the manifest {m.token_budget:,}")
-        for name in ("seq_len", "lr_scale", "interpolation"):
-            if getattr(p, name) != getattr(m, name):
-                diffs.append(f"{where}.{name}: the config says {getattr(p, name)}, the manifest {getattr(m, name)}")
-        try:
-            pinned = rope_scaling_spec(m.rope_scaling)
-        except ValidationError:
-            pinned = m.rope_scaling
-        if rope_scaling_spec(p.rope_scaling) != pinned:
-            diffs.append(f"{where}.rope_scaling: the config says {rope_scaling_spec(p.rope_scaling)}, the manifest "
-                         f"{m.rope_scaling}")
-        for b, w in zip(schedule.buckets, span.weights):
-            built = m.weights.get(b, 0.0)
-            if abs(float(w) - built) > WEIGHT_TOLERANCE:
-                diffs.append(f"{where}.weights.{b}: the config gives {float(w):.6g} (after temperature), the manifest "
-                             f"{built:.6g}")
+        diffs += phase_differences(where, p, span, schedule.buckets, m)
         for b, bs in sorted(m.buckets.items()):
             max_epochs = cur.buckets[b].max_epochs if b in cur.buckets else 1.0
             if bs.max_epochs != max_epochs:
                 diffs.append(f"curriculum.buckets.{b}.max_epochs: the config says {max_epochs:g}, manifest {p.name} "
                              f"{bs.max_epochs:g}")
-        if order_spec(p.order) != order_spec(m.order):
-            diffs.append(f"{where}.order: the config says {order_spec(p.order)}, the manifest {order_spec(m.order)}")
-        cut = any(bs.quality_cutoff is not None for bs in m.buckets.values())
-        if (p.quality_top_fraction is not None) != cut:
-            diffs.append(f"{where}.quality_top_fraction: the config says {p.quality_top_fraction}, the manifest "
-                         f"{'has' if cut else 'has no'} quality cutoff")
     built = [manifests[p.name] for p in cur.phases if p.name in manifests]
     built_total = sum(m.token_budget for m in built)
     if len(built) == len(cur.phases) and built_total != schedule.total_tokens:
@@ -463,12 +428,12 @@ def refuse_mismatch(cfg: RefineryConfig, root: "DataRoot") -> None:
     field from the manifests alone; this is where the config is held to them. A config whose
     fingerprint differs from the manifests' (any other section changed) passes when no field the
     manifests carry differs."""
-    refuse_invalid(cfg)
+    schedule = refuse_invalid(cfg)
     assert cfg.curriculum is not None
     manifests = stored_manifests(root, {p.name for p in cfg.curriculum.phases})
     if not manifests:
         raise CurriculumMismatch(f"{root.display('manifests')}: no phase manifests; materialize phase_manifests first")
-    diffs = manifest_differences(cfg, manifests)
+    diffs = manifest_differences(cfg, manifests, schedule)
     if diffs:
         lines = "\n".join(f"  {d}" for d in diffs)
         built_from = sorted({m.config_fingerprint for m in manifests.values()})

@@ -6,7 +6,8 @@ One place holds the schedule so the validator, the manifests and the trainer agr
 over a phase's first `interpolation` fraction of the schedule), the seq_len, and the LR multiplier.
 Everything is a pure function of tokens consumed, so a resumed run reconstructs its place from one
 integer. `place_phases` is the one builder of phase spans: `build_schedule` (from the config) and
-`schedule_from_manifests` (from the phase manifests) both go through it.
+`schedule_from_manifests` (manifests.py, from the phase manifests) both go through it; the per-phase
+fields a plan and a span carry are those refinery/curriculum/phase_fields.py declares for them.
 
 Weights are given per phase as fractions that sum to 1 and are then flattened by the mixture
 temperature, p_i ∝ w_i^(1/T) (seed 001, KempnerForge's `log w / T` softmax; a zero weight stays 0).
@@ -17,14 +18,11 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from refinery.config import CurriculumConfig, RefineryConfig
-
-if TYPE_CHECKING:
-    from refinery.curriculum.manifests import PhaseManifest
+from refinery.curriculum.phase_fields import PLAN, SPAN, schedule_fields
 
 # Weights and shares are typed by people; a sum within this of 1 is 1.
 SUM_TOLERANCE = 1e-6
@@ -229,19 +227,16 @@ def place_phases(buckets: tuple[str, ...], plans: list[PhasePlan]) -> Schedule:
     """The schedule of `plans` run one after the other: the one builder of phase spans. A phase's
     blend window is its `interpolation` of the whole schedule's tokens (none for the first)."""
     total = sum(p.tokens for p in plans)
+    carried = [f.name for f in schedule_fields(SPAN)]
     phases, start = [], 0
     for i, p in enumerate(plans):
         phases.append(
             PhaseSpan(
                 index=i,
-                name=p.name,
                 start=start,
                 end=start + p.tokens,
-                seq_len=p.seq_len,
-                lr_scale=p.lr_scale,
-                weights=p.weights,
                 blend_tokens=round(p.interpolation * total) if i > 0 else 0,
-                quality_top_fraction=p.quality_top_fraction,
+                **{name: getattr(p, name) for name in carried},
             )
         )
         start += p.tokens
@@ -256,6 +251,7 @@ def build_schedule(cfg: RefineryConfig) -> Schedule:
     if cur is None:
         raise CurriculumError("curriculum: no curriculum declared; add a `curriculum:` section (see configs/demo.yaml)")
     buckets = tuple(cfg.buckets)
+    as_given = [f.name for f in schedule_fields(PLAN) if not f.derived]  # the budget and the weights: below
     plans = []
     for i, (p, budget) in enumerate(zip(cur.phases, phase_budgets(cur))):
         raw = np.array([p.weights.get(b, 0.0) for b in buckets])
@@ -263,22 +259,8 @@ def build_schedule(cfg: RefineryConfig) -> Schedule:
             weights = apply_temperature(raw, cur.temperature)
         except CurriculumError as err:
             raise CurriculumError(f"curriculum.phases[{i}].weights ({p.name}): {err}") from None
-        plans.append(PhasePlan(name=p.name, tokens=budget, seq_len=p.seq_len, lr_scale=p.lr_scale, weights=weights,
-                               interpolation=p.interpolation, quality_top_fraction=p.quality_top_fraction))
+        plans.append(PhasePlan(tokens=budget, weights=weights, **{name: getattr(p, name) for name in as_given}))
     return place_phases(buckets, plans)
-
-
-def schedule_from_manifests(manifests: list["PhaseManifest"], buckets: list[str] | None = None) -> Schedule:
-    """The same schedule rebuilt from the phase manifests alone (what the trainer holds): their
-    budgets, seq_lens, lr_scales, weights (already after temperature) and blend widths."""
-    if not manifests:
-        raise CurriculumError("no phase manifests; materialize phase_manifests first")
-    ordered = sorted(manifests, key=lambda m: m.index)
-    names = tuple(buckets) if buckets is not None else tuple(ordered[0].weights)
-    plans = [PhasePlan(name=m.phase, tokens=m.token_budget, seq_len=m.seq_len, lr_scale=m.lr_scale,
-                       weights=np.array([m.weights.get(b, 0.0) for b in names]), interpolation=m.interpolation)
-             for m in ordered]
-    return place_phases(names, plans)
 
 
 def batch_tokens(cfg: RefineryConfig, seq_len: int) -> int:
