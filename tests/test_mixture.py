@@ -14,7 +14,8 @@ from refinery.curriculum import build_schedule
 from refinery.curriculum import PhaseManifest
 from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
-from training.sampler import CurriculumSampler, SamplerStateError, allocate_rows, quantize_rows
+from training.allocation import allocate_rows, quantize_rows
+from training.sampler import CurriculumSampler, SamplerStateError
 from training.schedule import StepSchedule
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 

@@ -13,7 +13,8 @@ from refinery.curriculum import BucketSlice, ManifestError, PhaseManifest, Shard
 from refinery.shard_format import ShardFormatError, ShardWriter
 from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
-from training.sampler import BucketExhausted, SamplerStateError
+from training.allocation import BucketExhausted
+from training.sampler import SamplerStateError
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from helpers.served import served_pieces
 
