@@ -154,7 +154,7 @@ class RowAllocator:
         return (parts[0] if len(parts) == 1 else np.concatenate(parts))[lo - first:hi - first]
 
     def allocate(self, phase: int, lo: int, hi: int, offset: np.ndarray,
-                  dropped: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
+                 dropped: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
         """(quota, rows) per (step, bucket) for steps [lo, hi) of the phase, continuing from `offset`."""
         G, length = self.schedule.global_batch, len(self.schedule.phase_steps(phase))
         horizon = min(length, hi + HORIZON_STEPS)
@@ -178,9 +178,10 @@ class RowAllocator:
             return length - lo
 
         return quota[: hi - lo], allocate_rows(quota, G, offset, hi - lo, beyond)
+
     def phase_allocation(self, phase: int, dropped: list[tuple[str, int]]) -> PhaseAllocation:
-        """Rows per (step, bucket) of the whole phase given the drops, as the
-        chunks plan them: for inspection and tests (O(steps of the phase))."""
+        """Rows per (step, bucket) of the whole phase given the drops, as the chunks plan them: for
+        inspection and tests (O(steps of the phase))."""
         steps = self.schedule.phase_steps(phase)
         cuts = sorted({s - steps.start for _, s in dropped if steps.start < s < steps.stop})
         counts = np.zeros((len(steps), len(self.buckets)), dtype=np.int64)

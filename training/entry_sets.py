@@ -105,6 +105,7 @@ class StreamWindow:
     def cursor_at(self, position: int) -> Cursor:
         return Cursor(*self.cursor_table(np.array([position]))[0].tolist())
 
+
 @dataclass
 class BlockTable:
     """One block of one pass, in the pass's order, less the entries earlier readers of the pass took

@@ -41,6 +41,7 @@ class ChunkStates:
                 "plan_offset": dict(zip(self.buckets, self.plan_offset[i].tolist())),
                 "dropped": [list(d) for d in self.shared["dropped"]]}
 
+
 @dataclass
 class ChunkPlan:
     """Consecutive steps of one phase: every row's entry set and stream start, the entries each set's
