@@ -19,7 +19,7 @@ from refinery.testing.curriculum import TINY_PHASES, SyntheticBucket, SyntheticP
 from training.data import CurriculumData
 from training.pass_order import BandedOrder, PassOrder
 from training.entry_sets import EntrySet
-from training.sampler import SamplerStateError
+from training.sampler_state import SamplerStateError
 
 from helpers.configs import write_config
 from helpers.exactly_once import assert_exactly_once_under_sigkill, pieces as consumed_pieces

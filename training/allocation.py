@@ -197,10 +197,10 @@ class RowAllocator:
         out = {}
         G = self.schedule.global_batch
         for j, name in enumerate(self.schedule.phase_names):
-            length, L = len(self.schedule.phase_steps(j)), self.schedule.manifests[j].seq_len
+            length, row_tokens = len(self.schedule.phase_steps(j)), self.schedule.step_tokens(j) // G
             units = [0] * len(self.buckets)
             for lo in range(0, length, 16 * HORIZON_STEPS):  # block by block: Python ints cannot overflow
                 block = quantize_rows(self.weights(j, lo, min(length, lo + 16 * HORIZON_STEPS), []), G).sum(axis=0)
                 units = [u + int(x) for u, x in zip(units, block.tolist())]
-            out[name] = {b: u / PLAN_SCALE * L for b, u in zip(self.buckets, units) if u}
+            out[name] = {b: u / PLAN_SCALE * row_tokens for b, u in zip(self.buckets, units) if u}
         return out

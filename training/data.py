@@ -35,8 +35,7 @@ from refinery.curriculum import BucketSlice, PhaseManifest, read_manifest
 from refinery.storage import DataRoot
 from refinery.shard_cache import ShardCache
 from training.entry_sets import EntrySet, ordinals
-from training.plans import ChunkPlan, StepPlan
-from training.sampler import CurriculumSampler
+from training.sampler import ChunkPlan, CurriculumSampler, StepPlan
 from training.schedule import StepSchedule
 from training.shard_pool import BucketIndex, ShardPool, VerifiedRecord
 from training.heldout import heldout_entries  # e-run-safety

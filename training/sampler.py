@@ -9,12 +9,14 @@ Its parts, each in its own module:
 - `training.entry_sets`: the entries each bucket serves in a phase, read as a token stream in pass
   orders (`training.pass_order`), and the cursor in it.
 - `training.handover`: a pass begun in one order and continued in another.
-- `training.plans`: the chunk and step plans handed to `training.data`, and the states after them.
+- `training.sampler_state`: the state a checkpoint holds, after a step or each step of a chunk,
+  and the checks a saved state passes.
 
-This module walks them: per chunk (`plan_steps`), the row allocation of the chunk's steps from the
-state at its start (rows served in the phase, the plan's offset from them); within a step, the rows'
-slots shuffled by a counter-based PRNG (splitmix64 of (seed, row)), so every rank's slice carries the
-mixture too; then each used set's stream walked over the tokens the chunk takes. Every quantity a
+This module walks them into plans (`ChunkPlan`, `StepPlan`, which `training.data` reads): per chunk
+(`plan_steps`), the row allocation of the chunk's steps from the state at its start (rows served in
+the phase, the plan's offset from them); within a step, the rows' slots shuffled by a counter-based
+PRNG (splitmix64 of (seed, row)), so every rank's slice carries the mixture too; then each used
+set's stream walked over the tokens the chunk takes. Every quantity a
 state holds is per bucket or per entry set, so a resumed sampler continues without replaying.
 
 A step that would run a set past its allowed passes raises `BucketExhausted` before anything is
@@ -26,6 +28,7 @@ set, which stream position per row, which entries); `training.data` reads tokens
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,22 +36,10 @@ import numpy as np
 from refinery.hashing import splitmix64
 from training.accounting import mixture_report
 from training.allocation import PLAN_SCALE, BucketExhausted, PhaseAllocation, RowAllocator
-from training.entry_sets import Cursor, EntrySet
+from training.entry_sets import Cursor, EntrySet, Pieces, StreamWindow
 from training.handover import Handover, read_by, settle, taken_sets
-from training.plans import ChunkPlan, ChunkStates, StepPlan
+from training.sampler_state import SAMPLER_STATE_VERSION, ChunkStates, refuse_foreign_state
 from training.schedule import StepSchedule
-
-# Version 4: cursors belong to groups of entry sets (one per bucket and selection, whatever the
-# order), and `handovers` says what a pass begun in another order took. Version 3 (cursors per set)
-# is read when it holds no ordered set's cursor: there the two mean the same. Version 3 computed
-# pass orders block by block, version 2 held each pass as a full permutation, version 1 drew each
-# row's bucket at random.
-SAMPLER_STATE_VERSION = 4
-
-
-class SamplerStateError(ValueError):
-    """A saved sampler state that does not fit this run; the message says what changed."""
-
 
 def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
@@ -58,6 +49,65 @@ def row_keys(seed: int, rows: np.ndarray) -> np.ndarray:
     """One pseudo-random uint64 per global row index, a pure function of (seed, row)."""
     with np.errstate(over="ignore"):
         return splitmix64(splitmix64(np.uint64(stable_hash(f"seed:{seed}")) ^ rows.astype(np.uint64)))
+
+
+@dataclass
+class ChunkPlan:
+    """Consecutive steps of one phase: every row's entry set and stream start, the entries each set's
+    stream reads, and what the state is after each step."""
+
+    step: int  # 0-based index of the first step
+    phase: int
+    seq_len: int
+    row_set: np.ndarray  # int (steps, global_batch), index into `sets`
+    row_start: np.ndarray  # int64 (steps, global_batch) stream position of each row in its set
+    sets: list[EntrySet]
+    windows: list[StreamWindow]  # per set: the entries its rows read
+    cursors: np.ndarray  # int64 (steps, len(sets)): each set's stream position after each step
+    cursors_before: dict[str, Cursor]  # every group's cursor before the first step
+    handovers: dict[str, Handover]  # every group's, the chunk's sets' as they read from its first step
+    served: np.ndarray  # int64 (steps, buckets): rows served in the phase after each step
+    plan_offset: np.ndarray  # int64 (steps, buckets): the plan minus those rows, 1/PLAN_SCALE units
+    dropped: list[str]  # buckets dropped for exhaustion at the first step
+
+    @property
+    def steps(self) -> int:
+        return len(self.row_set)
+
+    def pieces(self, rows: slice, steps: np.ndarray | None = None) -> Pieces:
+        """Pieces of global rows `rows` (a rank's slice) of the chosen steps (indices into this chunk,
+        ascending; default all). `row` counts the selected rows step-major from 0."""
+        steps = np.arange(self.steps) if steps is None else steps
+        row_set = self.row_set[steps, rows].reshape(-1)
+        row_start = self.row_start[steps, rows].reshape(-1)
+        parts = []
+        for si, window in enumerate(self.windows):
+            picked = np.flatnonzero(row_set == si)
+            if len(picked):
+                parts.append(window.pieces(row_start[picked], self.seq_len, si, picked))
+        return Pieces.concat(parts)
+
+    def step_plan(self, i: int) -> "StepPlan":
+        return StepPlan(self.step + i, self.phase, self.seq_len, self.row_set[i], self.row_start[i], self.sets,
+                        self.dropped if i == 0 else [], self)
+
+
+@dataclass
+class StepPlan:
+    """One optimizer step of the global order: every row's entry set and stream start."""
+
+    step: int
+    phase: int
+    seq_len: int
+    row_set: np.ndarray  # int, index into `sets`
+    row_start: np.ndarray  # int64 stream position of each row in its set
+    sets: list[EntrySet]
+    dropped: list[str]  # buckets dropped for exhaustion at this step
+    chunk: ChunkPlan = field(repr=False)
+
+    def pieces(self, rows: slice) -> Pieces:
+        """Pieces of global rows `rows` (a rank's slice), with `row` relative to `rows.start`."""
+        return self.chunk.pieces(rows, np.array([self.step - self.chunk.step]))
 
 
 class CurriculumSampler:
@@ -262,37 +312,7 @@ class CurriculumSampler:
 
     def load_state_dict(self, state: dict[str, Any], world_size: int) -> list[str]:
         """Restore; returns notes on what changed that is safe (e.g. the world size)."""
-        version = state.get("version")
-        ordered = [k for k in state.get("cursors", {}) if k in self.set_by_key and self.set_by_key[k].group != k]
-        if version != SAMPLER_STATE_VERSION and not (version == 3 and not ordered):
-            why = {
-                1: "that trainer drew each row's bucket at random, this one allocates rows to buckets exactly per step",
-                2: "that trainer held each pass's order as a full permutation of the set, this one computes it block by "
-                   "block (training/pass_order.py), so the same cursor names another entry",
-                3: f"that trainer gave the ordered sets {', '.join(ordered)} cursors of their own, restarting their "
-                   "buckets' passes, where this one continues each pass across orders",
-            }.get(version, f"this trainer reads {SAMPLER_STATE_VERSION}")
-            raise SamplerStateError(
-                f"sampler state version {version}: {why} (version {SAMPLER_STATE_VERSION}); the run's global order "
-                "cannot continue: resume with the trainer version that wrote the checkpoint, or start a new run"
-            )
-        if state["global_batch"] != self.schedule.global_batch:
-            raise SamplerStateError(
-                f"the checkpoint's global batch is {state['global_batch']} rows, this run's is "
-                f"{self.schedule.global_batch}; the global order depends on it, so set training.micro_batch_size * "
-                f"training.grad_accum_steps back to {state['global_batch']}"
-            )
-        if state["seed"] != self.seed:
-            raise SamplerStateError(f"the checkpoint's seed is {state['seed']}, this run's is {self.seed}; restore seed")
-        now = self.schedule.fingerprint_before(int(state["step"]))
-        if state["schedule"] != now:
-            saved, current = state.get("phases", {}), self.schedule.phase_fingerprints_before(int(state["step"]))
-            changed = [p for p in {**saved, **current} if saved.get(p) != current.get(p)]
-            raise SamplerStateError(
-                f"the manifests of the phases trained so far changed since the checkpoint: phases "
-                f"{', '.join(map(repr, changed))} (schedule fingerprint {state['schedule']} -> {now}); resume "
-                "against the manifests it was trained on, or start a new run"
-            )
+        refuse_foreign_state(state, self.schedule, self.seed, self.set_by_key)
         self.step = int(state["step"])
         self.cursors = {k: Cursor(*(int(x) for x in v)) for k, v in state["cursors"].items()}
         self.handovers = {g: Handover.from_dict(h) for g, h in state.get("handovers", {}).items()}

@@ -53,7 +53,7 @@ from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink, cut_bac
 from training.model import GPT, GPTConfig
 from training.run_lock import lock_all_ranks
 from training.run_store import RunMirror, run_base
-from training.sampler import SamplerStateError
+from training.sampler_state import SamplerStateError
 from training.status import RunStatus, read_status, record_refusal
 from training.validation import Evaluator
 
