@@ -57,6 +57,7 @@ from training.sampler_state import SamplerStateError
 from training.status import RunStatus, read_status, record_refusal
 from training.validation import Evaluator
 
+
 @dataclass
 class RunOptions:
     resume: str = "auto"  # "auto" | "never" | a checkpoint path (e.g. a previous phase's boundary checkpoint)
