@@ -66,11 +66,10 @@ def read_by(es: EntrySet, cursor: Cursor, handover: Handover | None,
     ordinals read so far join what the pass took, an entry it stopped inside is finished first, and
     `es` starts at its first ordinal not known taken (the pass's end when the other read its whole
     order)."""
-    h = handover
-    previous = h.reader if h is not None else es.group
+    previous = handover.reader if handover is not None else es.group
     if previous == es.key:
-        return cursor, h
-    current = h if h is not None and h.epoch == cursor.epoch else None
+        return cursor, handover
+    current = handover if handover is not None and handover.epoch == cursor.epoch else None
     taken = dict(current.taken) if current is not None else {}
     if current is not None and current.in_carry(cursor):
         partial = current.carry
@@ -87,8 +86,8 @@ def read_by(es: EntrySet, cursor: Cursor, handover: Handover | None,
         cursor = Cursor(cursor.position, cursor.epoch, start - 1, cursor.offset)
     else:
         cursor = Cursor(cursor.position, cursor.epoch, start, 0)
-    handover = Handover(es.key, cursor.epoch, tuple(sorted(taken.items())), partial, start - 1 if partial >= 0 else -1)
-    return cursor, settle(es.group, handover, cursor)
+    after = Handover(es.key, cursor.epoch, tuple(sorted(taken.items())), partial, start - 1 if partial >= 0 else -1)
+    return cursor, settle(es.group, after, cursor)
 
 
 def taken_sets(handover: Handover | None, cursor: Cursor,
