@@ -13,6 +13,7 @@ import yaml
 from assets import ablations
 from assets.partitions import Partitions
 from assets.provenance import MARKDOWN_INLINE_CHARS
+from helpers.kill_hook import kill_at_step_env
 from helpers.materialize import materialize, module_assets
 from helpers.verdict_corpus import write_verdict_corpus
 from orchestration.cli import main
@@ -22,7 +23,6 @@ from refinery.ablations.report import REPORT_KEY, results_key
 from refinery.config import load_config
 from training.proxy_run import main as proxy_main
 from training.proxy_run import run_proxy
-from training.trainer import KILL_AT_STEP_ENV
 
 VARIANTS = {"funnel": {}, "raw": {"base": "raw"}, "no_heuristic": {"without": ["heuristic"]}}
 PROXY = {"seeds": 2, "tokens": 2048, "model": {"n_layer": 1, "n_head": 2, "n_embd": 32}}
@@ -153,7 +153,8 @@ def test_a_run_on_a_ray_node_killed_midway_is_relaunched_to_the_same_figures(tmp
     reference = c.root.read_json(results_key("funnel", 1))
     c.root.delete(results_key("funnel", 1))
     c.root.delete("ablations/variants/funnel/runs/seed-1")
-    monkeypatch.setenv(KILL_AT_STEP_ENV, "16")  # REFINERY_* settings travel with the launch
+    for name, value in kill_at_step_env(16).items():  # REFINERY_* settings travel with the launch
+        monkeypatch.setenv(name, value)
     run = materialize([module_assets(ablations, c.config_path)["ablation_runs"]], c.config_path,
                       dg.MultiPartitionKey({"variant": "funnel", "seed": "1"}))
     meta = metadata(run, "ablation_runs")

@@ -13,8 +13,10 @@ from refinery.config import load_config
 from refinery.curriculum import build_schedule
 from refinery.curriculum import PhaseManifest
 from refinery.storage import LocalDataRoot
+from training.allocation import allocate_rows, quantize_rows
 from training.data import CurriculumData
-from training.sampler import CurriculumSampler, SamplerStateError, allocate_rows, quantize_rows
+from training.sampler import CurriculumSampler
+from training.sampler_state import SamplerStateError
 from training.schedule import StepSchedule
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 

@@ -18,7 +18,8 @@ from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import TINY_PHASES, SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
 from training.pass_order import BandedOrder, PassOrder
-from training.sampler import EntrySet, SamplerStateError
+from training.entry_sets import EntrySet
+from training.sampler_state import SamplerStateError
 
 from helpers.configs import write_config
 from helpers.exactly_once import assert_exactly_once_under_sigkill, pieces as consumed_pieces

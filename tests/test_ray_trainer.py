@@ -23,9 +23,9 @@ from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from training.metrics import JsonLines
 from training.phase_runs import phase_run_dir, phase_start_step
-from training.trainer import KILL_AT_STEP_ENV
 
 from helpers import processes
+from helpers.kill_hook import kill_at_step_env
 from helpers.materialize import materialize_in_workspace
 
 TRAINING = {"record_consumption": True, "resume_backoff_s": 0.01, "launch": "ray"}
@@ -56,7 +56,8 @@ def test_trainer_on_a_ray_node_is_relaunched_after_sigkill_and_trains_every_step
     end = phase_start_step(cfg, LocalDataRoot(cfg.resolve(cfg.data_root)), "main")  # warmup's last step
     kill_at = 2 * cfg.training.checkpoint_interval  # a checkpoint step: the relaunch resumes past it
     assert kill_at < end
-    monkeypatch.setenv(KILL_AT_STEP_ENV, str(kill_at))  # REFINERY_* settings travel with the launch
+    for name, value in kill_at_step_env(kill_at).items():  # REFINERY_* settings travel with the launch
+        monkeypatch.setenv(name, value)
 
     with dg.instance_for_test() as instance:
         result = materialize_in_workspace(config, instance, "training_run", "warmup")

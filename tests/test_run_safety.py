@@ -22,6 +22,8 @@ from training.status import read_status
 from refinery.testing.curriculum import tiny_run
 from training.trainer import RunOptions, Trainer
 
+from helpers.kill_hook import kill_at_step_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 # A trainer process whose steps are slowed down by a sink, so the test can act while it trains.
@@ -305,7 +307,7 @@ def test_torchrun_ranks_killed_mid_run_then_one_rank_resumes_exactly_once(tmp_pa
     log is cut back to step 4, and the two logs together name exactly what an uninterrupted run reads."""
     config = tiny_run(tmp_path, training={"record_consumption": True, "checkpoint_interval": 4})
     run_dir = tmp_path / "root/runs/demo"
-    agent = start_torchrun(tmp_path, config, pause=0.0, REFINERY_TRAIN_KILL_AT_STEP="6")
+    agent = start_torchrun(tmp_path, config, pause=0.0, **kill_at_step_env(6))
     out, _ = agent.communicate(timeout=180)
     assert agent.returncode != 0 and read_status(run_dir)["state"] == "running", out
     assert JsonLines(run_dir / "consumption-rank1.jsonl").read()[-1]["step"] == 6

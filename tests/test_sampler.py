@@ -12,8 +12,9 @@ from refinery.config import load_config
 from refinery.curriculum import BucketSlice, ManifestError, PhaseManifest, ShardRef, write_manifest
 from refinery.shard_format import ShardFormatError, ShardWriter
 from refinery.storage import LocalDataRoot
+from training.allocation import BucketExhausted
 from training.data import CurriculumData
-from training.sampler import BucketExhausted, SamplerStateError
+from training.sampler_state import SamplerStateError
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from helpers.served import served_pieces
 

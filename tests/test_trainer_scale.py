@@ -17,7 +17,7 @@ from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
 from training.pass_order import PassOrder
-from training.sampler import SamplerStateError
+from training.sampler_state import SamplerStateError
 
 
 def open_data(config_path, global_batch=4):

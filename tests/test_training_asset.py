@@ -18,8 +18,9 @@ from training.metrics import JsonLines, data_wait_share
 from training.phase_runs import phase_run_dir, phase_start_step
 from training.status import write_status
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
-from training.trainer import KILL_AT_STEP_ENV, RunOptions, Trainer
+from training.trainer import RunOptions, Trainer
 
+from helpers.kill_hook import kill_at_step_env
 from helpers.materialize import materialize_in_workspace
 
 TRAINING = {"record_consumption": True, "resume_backoff_s": 0.01}
@@ -58,7 +59,8 @@ def test_killed_trainer_is_relaunched_and_every_entry_is_consumed_once(tmp_path,
     main_start = phase_start_step(cfg, root, "main")
     kill_at = (main_start // interval + 2) * interval  # a checkpoint step inside main: the relaunch resumes past it
     assert main_start < kill_at < phase_start_step(cfg, root, "anneal")
-    monkeypatch.setenv(KILL_AT_STEP_ENV, str(kill_at))
+    for name, value in kill_at_step_env(kill_at).items():
+        monkeypatch.setenv(name, value)
 
     with dg.instance_for_test() as instance:
         results = {phase: materialize_in_workspace(config, instance, "training_run", phase) for phase in PHASES}

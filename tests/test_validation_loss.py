@@ -19,7 +19,7 @@ from training.checkpoint import ResumeRefused
 from training.trainer import RunOptions, Trainer
 from helpers.final_shards import bucket_entry_docs
 from training.heldout import choose_heldout, doc_rank_keys
-from training.validation import rising_buckets, val_rise
+from training.halt import rising_buckets, val_rise
 
 EVAL = {"eval_every_tokens": 256, "eval_entries_per_bucket": 8, "record_consumption": True}
 # an anneal whose LR is 40x the main phase's: the validation loss of both buckets climbs

@@ -15,7 +15,7 @@ import torch
 
 from training.data import CurriculumData, RowLayout
 from training.loader import Exhausted, StepBatch, StepStream, make_loader
-from training.sampler import ChunkStates
+from training.sampler_state import ChunkStates
 
 
 class TrainBatches:

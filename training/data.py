@@ -34,7 +34,8 @@ from refinery.config import RefineryConfig
 from refinery.curriculum import BucketSlice, PhaseManifest, read_manifest
 from refinery.storage import DataRoot
 from refinery.shard_cache import ShardCache
-from training.sampler import ChunkPlan, CurriculumSampler, EntrySet, StepPlan, ordinals
+from training.entry_sets import EntrySet, ordinals
+from training.sampler import ChunkPlan, CurriculumSampler, StepPlan
 from training.schedule import StepSchedule
 from training.shard_pool import BucketIndex, ShardPool, VerifiedRecord
 from training.heldout import heldout_entries  # e-run-safety
@@ -44,7 +45,7 @@ def entry_set_key(bucket: BucketSlice, bands: dict[str, Any] | None = None) -> s
     """One key per distinct (bucket, shards, selection, order): phases with the same key read the
     same order. An ordered set's key adds its band file's sha256 (its order is keyed by it); without
     `bands` the key is the set's group, shared by every order of the same entries, whose phases
-    share one cursor and its passes (`training.sampler.Handover`)."""
+    share one cursor and its passes (`training.handover.Handover`)."""
     ident = "|".join(sorted(s.sha256.get(".idx", s.prefix) for s in bucket.shards)) + f"|{bucket.selection_sha256}"
     if bands is not None:
         ident += f"|bands:{bands['sha256']}"

@@ -28,9 +28,11 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from training.allocation import BucketExhausted
 from training.data import CurriculumData, RowLayout
 from training.lifeline import worker_init
-from training.sampler import BucketExhausted, ChunkStates, CurriculumSampler
+from training.sampler import CurriculumSampler
+from training.sampler_state import ChunkStates
 
 # Each chunk is one hand-over to the consumer's thread, a GIL round trip for the producer, and one
 # planning call whose fixed part (cursor tables, windows, row keys, pieces) is paid per chunk: 2^21

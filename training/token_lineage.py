@@ -21,7 +21,8 @@ from refinery.layout import CHECKPOINTS_DIR
 from training.checkpoint import SAMPLER, CheckpointManager
 from training.data import CurriculumData
 from training.metrics import JsonLines
-from training.sampler import CurriculumSampler, SamplerStateError
+from training.sampler import CurriculumSampler
+from training.sampler_state import SamplerStateError
 
 
 class TokenLookupError(ValueError):

@@ -1,10 +1,10 @@
 """The curriculum training loop (torchtitan's shape: components own the work, the loop is glue).
 
 `Trainer(cfg, options).train()` resumes if asked, then runs steps until the curriculum ends, a
-phase named by `stop_after_phase` closes, a bucket runs dry (`halted`), the loss stays non-finite
-for `max_consecutive_nonfinite` steps (`halted`), a bucket's validation loss rises during the phase
-`training.anneal_halt_on_val_rise` watches (`halted`), or SIGTERM arrives (checkpoint, then `failed`
-so an orchestrator resumes it). It returns the final status dict.
+phase named by `stop_after_phase` closes, a halt rule fires (`halted`: `training.halt.HaltPolicy`),
+or SIGTERM arrives (checkpoint, then `failed` so an orchestrator resumes it). It returns the final
+status dict. Step hooks (`step_hooks`, installed through `training.halt.STEP_HOOKS_ENV`) run after
+each step's checkpoint decision.
 
 The components, each owning its state: `Distributed` (rank, world, device, DDP, collectives),
 `TrainBatches` (this process's batches and the sampler state), `RunAccounting` (tokens and loss per
@@ -25,8 +25,6 @@ so a SIGTERM that reaches any one rank checkpoints them all at the same step.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -46,19 +44,18 @@ from training.checkpoint import (MODEL, MODEL_ARGS, OPTIMIZER, RNG, SAMPLER, SCH
                                  ModelShape, PureLR, ResumeRefused, RNGState, SharedKey)
 from training.data import CurriculumData
 from training.distributed import Distributed
+from training.halt import Halt, HaltPolicy, StepHook, StepOutcome, install_step_hooks
 from training.length_jump import LengthJump
 from training.lifeline import ParentWatch, SigtermFlag
-from training.loader import Exhausted, StepBatch
+from training.loader import StepBatch
 from training.loss import IGNORE
 from training.metrics import ConsumptionLog, MetricsLogger, MetricsSink, cut_back_logs
 from training.model import GPT, GPTConfig
 from training.run_lock import lock_all_ranks
 from training.run_store import RunMirror, run_base
-from training.sampler import SamplerStateError
+from training.sampler_state import SamplerStateError
 from training.status import RunStatus, read_status, record_refusal
 from training.validation import Evaluator
-
-KILL_AT_STEP_ENV = "REFINERY_TRAIN_KILL_AT_STEP"  # chaos testing: SIGKILL self after this step
 
 
 @dataclass
@@ -103,8 +100,7 @@ class Trainer:
         self.length_jump = LengthJump(self.model, self.optimizer, self.schedule, tc.length_jump_adam)
         self.ddp = self.dist.wrap(self.model)
         self.accounting = RunAccounting(self.schedule, self.data.bucket_names)
-        self.evaluator = Evaluator(self.data, self.model, self.dist, tc.micro_batch_size, tc.eval_every_tokens,
-                                   tc.anneal_halt_on_val_rise)
+        self.evaluator = Evaluator(self.data, self.model, self.dist, tc.micro_batch_size, tc.eval_every_tokens)
         self.ckpt = Checkpointer(self.run_dir, tc.keep_last, {
             MODEL: self.model, MODEL_ARGS: ModelShape(self.model_args.to_dict()), OPTIMIZER: self.optimizer,
             SCHEDULER: PureLR(lambda: self.step), SAMPLER: self.batches,
@@ -116,6 +112,9 @@ class Trainer:
         self.status = RunStatus(self.run_dir, self.dist.rank, self.schedule, cfg.curriculum.allow_bucket_exhaustion,
                                 self.accounting, self.evaluator, self.ckpt, self.mirror, self.metrics.path)
         self.sigterm = SigtermFlag()
+        self.halt_policy = HaltPolicy(tc.max_consecutive_nonfinite, tc.anneal_halt_on_val_rise)
+        self.step_hooks: list[StepHook] = []  # run with the trainer after each step's checkpoint decision
+        install_step_hooks(self)
         self.step, self.tokens = 0, 0
         self.achieved = [0, 0.0]  # tokens trained and step seconds in this launch
         # On CUDA: fetch the next step's batch and build its device inputs while the device still runs
@@ -184,8 +183,9 @@ class Trainer:
             while self.step < self.schedule.total_steps:
                 t0 = time.perf_counter()
                 batch, wait, inputs = batches.next()
-                if isinstance(batch, Exhausted):
-                    return self._halt(f"bucket_exhausted: {batch.message}", "bucket_exhausted")
+                halt = self.halt_policy.before_step(batch)
+                if halt is not None:
+                    return self._halt(halt)
                 # Not across a phase's end: the loop may stop there, and the next phase may change shape.
                 ahead = (self.lookahead and self.step + 1 < self.schedule.total_steps
                          and not self.schedule.is_last_step_of_phase(self.step))
@@ -193,21 +193,19 @@ class Trainer:
                                                                     tc.stable_schedule, tc.min_lr_ratio),
                                          inputs, batches.fetch if ahead else None)
                 record.update({"time/data_wait_s": wait, "time/step_s": time.perf_counter() - t0})
-                val_rise = self.evaluator.after_step(self.step, self.tokens, batch.phase, record)
+                evaluated = self.evaluator.after_step(self.step, self.tokens, batch.phase, record)
                 self._log(batch, record)
                 closes = self.schedule.is_last_step_of_phase(self.step - 1)
                 boundary = self.schedule.phase_names[batch.phase] if closes else None
-                streak = self.accounting.nonfinite_streak
-                if streak >= tc.max_consecutive_nonfinite:
-                    return self._halt(f"nonfinite_loss: {streak} consecutive steps with a NaN/Inf loss "
-                                      f"or gradient (limit training.max_consecutive_nonfinite)", "nonfinite_loss", boundary)
-                if val_rise:
-                    return self._halt(val_rise, "val_loss_rise", boundary)
+                halt = self.halt_policy.after_step(StepOutcome(self.accounting.nonfinite_streak, evaluated,
+                                                               self.evaluator.val_history))
+                if halt is not None:
+                    return self._halt(halt, boundary)
                 stop = self.dist.any_rank(self.sigterm.raised)
                 if closes or self.step % tc.checkpoint_interval == 0 or stop:
                     self._save(boundary)
-                if os.environ.get(KILL_AT_STEP_ENV) == str(self.step):
-                    os.kill(os.getpid(), signal.SIGKILL)
+                for hook in self.step_hooks:
+                    hook(self)
                 if stop:
                     return self._status("failed", f"preempted: SIGTERM at step {self.step}; checkpoint saved, "
                                         "resume with --resume auto")
@@ -365,10 +363,10 @@ class Trainer:
         per_gpu = tokens / seconds / self.dist.world if seconds > 0 else None
         return self.status.write(state, reason, self.step, self.tokens, tokens_per_s_per_gpu=per_gpu, **extra)
 
-    def _halt(self, reason: str, kind: str, boundary: str | None = None) -> dict[str, Any]:
+    def _halt(self, halt: Halt, boundary: str | None = None) -> dict[str, Any]:
         self._save(boundary)
-        print(f"refinery train: halted at step {self.step}: {reason}")
-        return self._status("halted", reason, halt_kind=kind)
+        print(f"refinery train: halted at step {self.step}: {halt.reason}")
+        return self._status("halted", halt.reason, halt_kind=halt.kind)
 
     def _finish(self, reason: str) -> dict[str, Any]:
         return self._status("completed", reason, finished=self.step >= self.schedule.total_steps)

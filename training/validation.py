@@ -1,6 +1,6 @@
 """The anneal playbook's validation loss (seed 000): per-bucket loss on held-out entries (chosen in
-training/heldout.py), every `training.eval_every_tokens` trained tokens, and the rule that halts a
-run when a bucket's validation loss rises during the phase `training.anneal_halt_on_val_rise` watches.
+training/heldout.py), every `training.eval_every_tokens` trained tokens, with the history per phase
+that the rule halting a run on a rising validation loss reads (`training.halt.HaltPolicy`).
 
 `Evaluator` runs the evaluations (on rows of the phase's length, which `training.data` packs) and
 keeps their history; its state travels in the checkpoint's
@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from training.checkpoint import ResumeRefused
@@ -21,32 +20,9 @@ from training.heldout import heldout_fingerprints
 from training.loss import IGNORE
 
 if TYPE_CHECKING:
-    from refinery.config import ValRiseHaltConfig
     from training.data import CurriculumData
     from training.distributed import Distributed
     from training.model import GPT
-
-
-def val_rise(losses: list[float], patience: int, min_delta: float) -> tuple[float, list[float]] | None:
-    """The rule: the last `patience` evaluations each lie more than `min_delta` above the best loss
-    before them (all within one phase). Returns (that best, the rising losses) when it fires."""
-    if len(losses) <= patience:
-        return None
-    best_before = np.minimum.accumulate(np.asarray(losses, dtype=np.float64))
-    recent = range(len(losses) - patience, len(losses))
-    if all(losses[i] > best_before[i - 1] + min_delta for i in recent):
-        return float(best_before[len(losses) - patience - 1]), [float(losses[i]) for i in recent]
-    return None
-
-
-def rising_buckets(history: dict[str, list[float]], patience: int, min_delta: float) -> dict[str, tuple[float, list[float]]]:
-    """Buckets whose validation losses (in evaluation order, one phase) fire `val_rise`."""
-    out = {}
-    for bucket, losses in sorted(history.items()):
-        fired = val_rise(losses, patience, min_delta)
-        if fired is not None:
-            out[bucket] = fired
-    return out
 
 
 class Evaluator:
@@ -54,16 +30,16 @@ class Evaluator:
     per phase the halt rule reads."""
 
     def __init__(self, data: "CurriculumData", model: "GPT", dist: "Distributed", micro_batch_size: int,
-                 every_tokens: int, rule: "ValRiseHaltConfig | None"):
+                 every_tokens: int):
         self.data, self.model, self.dist = data, model, dist
-        self.micro_batch_size, self.every_tokens, self.rule = micro_batch_size, every_tokens, rule
+        self.micro_batch_size, self.every_tokens = micro_batch_size, every_tokens
         self.val_history: dict[str, dict[str, list[float]]] = {}  # phase -> bucket -> validation losses, in order
         self.val_last: dict[str, Any] = {}  # the latest evaluation: step and loss per bucket
 
     def after_step(self, step: int, tokens: int, phase_index: int, record: dict[str, Any]) -> str | None:
         """When the step of phase `phase_index` that brought the run to `tokens` crossed a multiple of
-        every_tokens: per-bucket validation loss into `record` (`val_loss/<bucket>`); returns the halt
-        reason when the anneal rule fires, else None."""
+        every_tokens: per-bucket validation loss into `record` (`val_loss/<bucket>`) and the phase's
+        history; returns the phase's name then, else None."""
         every = self.every_tokens
         if not every or tokens // every == (tokens - self.data.schedule.step_tokens(phase_index)) // every:
             return None
@@ -75,17 +51,7 @@ class Evaluator:
             self.val_history.setdefault(phase, {}).setdefault(name, []).append(loss)
         record["time/eval_s"] = time.perf_counter() - t0
         self.val_last = {"step": step, "phase": phase, "loss": losses}
-        rule = self.rule
-        if rule is None or phase != rule.phase:
-            return None
-        fired = rising_buckets(self.val_history.get(phase, {}), rule.patience, rule.min_delta)
-        if not fired:
-            return None
-        detail = "; ".join(f"{b}: best {best:.4f}, then {', '.join(f'{x:.4f}' for x in rising)}"
-                           for b, (best, rising) in fired.items())
-        return (f"val_loss_rise: validation loss of bucket(s) {sorted(fired)} rose during phase {phase!r} for "
-                f"{rule.patience} evaluation(s) in a row by more than {rule.min_delta:g} ({detail}); rule "
-                "training.anneal_halt_on_val_rise")
+        return phase
 
     def losses(self, phase: int) -> dict[str, float]:
         """Mean loss per bucket over its held-out entries packed into rows of phase `phase`'s length,

@@ -24,7 +24,9 @@ import torch
 from refinery.config import load_config
 from training.checkpoint import load_checkpoint
 from training.metrics import JsonLines
-from training.trainer import KILL_AT_STEP_ENV, RunOptions, Trainer
+from training.trainer import RunOptions, Trainer
+
+from helpers.kill_hook import kill_at_step_env
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = [(1, 0), (2, 2), (4, 0), (1, 2), (2, 0), (4, 2)]  # (simulated world size, workers)
@@ -61,7 +63,7 @@ def assert_exactly_once_under_sigkill(tmp_path: Path, config: Path) -> tuple[Tra
     for i, step in enumerate(kills):
         world, workers = LAYOUTS[i % len(LAYOUTS)]
         cmd = base + ["--simulate-world-size", str(world), "--num-workers", str(workers)]
-        out = subprocess.run(cmd, cwd=REPO, env={**os.environ, KILL_AT_STEP_ENV: str(step)},
+        out = subprocess.run(cmd, cwd=REPO, env={**os.environ, **kill_at_step_env(step)},
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == -9, f"kill at step {step} (W={world}, workers={workers}): {out.stderr[-2000:]}"
     out = subprocess.run(base + ["--simulate-world-size", "2", "--num-workers", "2"], cwd=REPO,
