@@ -31,7 +31,7 @@ import polars as pl  # noqa: E402
 
 from refinery.stages import difficulty as dfc  # noqa: E402
 from refinery.stages.quality import train_quality_model  # noqa: E402
-from refinery.stages.tokenize import encode_texts, train_tokenizer  # noqa: E402
+from refinery.global_steps.tokenize import encode_texts, train_tokenizer  # noqa: E402
 from refinery.testing.crawl import generate_corpus, load_source  # noqa: E402
 
 EOD = "<|endoftext|>"

@@ -101,9 +101,9 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     from orchestration.demo import materialize_graph
     from refinery.config import load_config
     from refinery.documents import input_shards
-    from refinery.stages import dedup_compute as dc
-    from refinery.stages import exact_dedup as ex
-    from refinery.stages import near_dedup as nd
+    from refinery.global_steps import dedup_compute as dc
+    from refinery.global_steps import exact_dedup as ex
+    from refinery.global_steps import near_dedup as nd
     from refinery.stages import quality as q
     from refinery.stages.pii import SafetyThenRedact
 

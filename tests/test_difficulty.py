@@ -20,9 +20,9 @@ from refinery import layout
 from refinery.config import load_config
 from refinery.documents import input_batches
 from refinery.stages import difficulty as dfc
-from refinery.stages import shuffle as shuffle_stage
-from refinery.stages import tokenize as tk
-from refinery.stages.tokenize import train_tokenizer
+from refinery.global_steps import shuffle as shuffle_stage
+from refinery.global_steps import tokenize as tk
+from refinery.global_steps.tokenize import train_tokenizer
 
 EOD = "<|endoftext|>"
 
