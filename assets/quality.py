@@ -1,7 +1,7 @@
 """`quality_model` (global), `quality_scored` and `pii_redacted` (per input batch, outputs per file).
 
 quality_model trains the classifier on every `deduped` partition of the positive and negative
-buckets, streamed in bounded batches (refinery/stages/quality_training.py), and publishes
+buckets, streamed in bounded batches (refinery/models/quality_training.py), and publishes
 `models/quality/quality-<hash>.pt` plus the `models/quality/latest.json` pointer. quality_scored
 scores each shard with the model the pointer names and writes its kept documents' scores as an
 attribute table (refinery/stages/attributes.py); pii_redacted runs the safety filter and then PII
@@ -23,10 +23,10 @@ from refinery.config import RefineryConfig
 from refinery.documents import InputShard
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
-from refinery.stages import quality as q
+from refinery.models import quality as q
 from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents
-from refinery.stages.quality_training import quality_settings, train_and_publish
+from refinery.models.quality_training import quality_settings, train_and_publish
 from refinery.stages.base import skips
 from refinery.storage import DataRoot
 

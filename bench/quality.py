@@ -1,6 +1,6 @@
 """The quality classifier against labels (docs/quality.md, issue 36).
 
-Trains the pipeline's classifier (`refinery.stages.quality.train_quality_model`, the default
+Trains the pipeline's classifier (`refinery.models.quality.train_quality_model`, the default
 settings) on the issue's setting, built from data/multilingual: a curated bucket of
 CURATED_PER_LANGUAGE clean pages in each of six languages (de en es fr ja zh) against a web bucket
 of every other clean page in all ten languages. Two trainings:
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from refinery.config import QualityConfig  # noqa: E402
 from refinery.curriculum.inventory import stratified_cutoffs, top_fraction_cutoff  # noqa: E402
-from refinery.stages import quality as q  # noqa: E402
-from refinery.stages import quality_metrics as qm  # noqa: E402
+from refinery.models import quality as q  # noqa: E402
+from refinery.models import quality_metrics as qm  # noqa: E402
 
 CURATED_LANGUAGES = ("de", "en", "es", "fr", "ja", "zh")
 CURATED_PER_LANGUAGE = 8

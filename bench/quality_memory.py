@@ -88,7 +88,7 @@ def holdout_accuracy_auc(cfg, root, model) -> dict:
     import polars as pl
 
     from refinery.documents import input_shards
-    from refinery.stages import quality as q
+    from refinery.models import quality as q
     from refinery.stages.attributes import read_stage_documents
 
     qc = cfg.stages.quality
@@ -113,8 +113,8 @@ def holdout_accuracy_auc(cfg, root, model) -> dict:
 def train_once(config_path: str, evaluate: bool) -> dict:
     """Run in the measuring process: train and publish, then report this process's peak RSS."""
     from refinery.config import load_config
-    from refinery.stages import quality as q
-    from refinery.stages.quality_training import train_and_publish
+    from refinery.models import quality as q
+    from refinery.models.quality_training import train_and_publish
     from refinery.storage import LocalDataRoot
 
     cfg = load_config(config_path)

@@ -104,7 +104,7 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     from refinery.global_steps import dedup_compute as dc
     from refinery.global_steps import exact_dedup as ex
     from refinery.global_steps import near_dedup as nd
-    from refinery.stages import quality as q
+    from refinery.models import quality as q
     from refinery.stages.pii import SafetyThenRedact
 
     config = write_config(tmp_path, demo_config(tmp_path / "out"), "demo.yaml")

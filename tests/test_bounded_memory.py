@@ -254,7 +254,7 @@ def test_quality_scores_are_the_same_bytes_whatever_the_batch_bounds():
     import numpy as np
     import torch
 
-    from refinery.stages import quality as q
+    from refinery.models import quality as q
 
     generator = torch.Generator().manual_seed(0)
     model = q.QualityModel(weight=torch.randn((1 << 12) + q.SHAPE_ROWS, generator=generator), bias=torch.tensor(0.25),

@@ -19,7 +19,7 @@ from orchestration.cli import main
 from refinery import layout
 from refinery.config import load_config
 from refinery.documents import input_batches
-from refinery.stages import difficulty as dfc
+from refinery.models import difficulty as dfc
 from refinery.global_steps import shuffle as shuffle_stage
 from refinery.global_steps import tokenize as tk
 from refinery.global_steps.tokenize import train_tokenizer

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from refinery.stages import quality as q
+from refinery.models import quality as q
 from refinery.config import ConfigError, parse_config
 from refinery.storage import LocalDataRoot
 

@@ -10,8 +10,8 @@ import pytest
 
 from assets.provenance import PROVENANCE_KEYS
 from assets import quality
-from refinery.stages.quality_training import training_batches
-from refinery.stages import quality as q
+from refinery.models.quality_training import training_batches
+from refinery.models import quality as q
 from refinery.stages.pii import PLACEHOLDERS
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id

@@ -12,9 +12,9 @@ import pytest
 
 from refinery.curriculum.inventory import (QualityCut, kept_entry_ids, read_bucket_inventory, select_top_quality,
                                            stratified_cutoffs)
-from refinery.stages import quality as q
-from refinery.stages import quality_metrics as qm
-from refinery.stages.quality_training import LabelledSetError, labelled_batches
+from refinery.models import quality as q
+from refinery.models import quality_metrics as qm
+from refinery.models.quality_training import LabelledSetError, labelled_batches
 from refinery.storage import LocalDataRoot
 
 from helpers.final_shards import write_entry_table_and_index

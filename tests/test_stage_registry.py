@@ -40,7 +40,7 @@ def test_every_derived_list_agrees_with_the_registry():
     from refinery.layout import ATTRIBUTE_STAGES
     from refinery.lineage import FUNNEL_STAGES
     from refinery.global_steps import dedup_compute
-    from refinery.stages import quality_training
+    from refinery.models import quality_training
     from refinery.why import STAGE_FACTS, STEPS
 
     verdicts = registry.verdicts()
@@ -67,7 +67,7 @@ def test_the_stages_code_agrees_with_its_record():
     from refinery.stages import extract, ingest, pii, safety
     from refinery.stages.heuristic import HeuristicFilter
     from refinery.stages.language import LanguageFilter
-    from refinery.stages.quality import QualityScorer
+    from refinery.models.quality import QualityScorer
 
     assert (ingest.STAGE, extract.STAGE, CLEAN_STAGE) == ("raw_documents", "extracted_text", "pii_redacted")
     for cls in (extract.Extractor, LanguageFilter, HeuristicFilter, QualityScorer):

@@ -51,7 +51,8 @@ from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key
 from refinery.global_steps import exact_dedup
-from refinery.stages import custom, heuristic, quality
+from refinery.models import quality
+from refinery.stages import custom, heuristic
 from refinery.stages import pii as pii_stage
 from refinery.stages.base import Stage, StageOutput
 from refinery.stages.attributes import stage_batches

@@ -15,7 +15,7 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
   and `index.json` (see docs/formats.md): one series per input file under
   `shards/tokenized/<bucket>/<file key>/`, read in order by the bucket's shuffle.
 - With `stages.difficulty.enabled`, each document is scored by the reference model as it is
-  encoded (`refinery.stages.difficulty`), and every entry of the document carries its `difficulty`
+  encoded (`refinery.models.difficulty`), and every entry of the document carries its `difficulty`
   beside `quality_score`; disabled, the column is null.
 """
 
@@ -41,7 +41,7 @@ from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix,
                              shard_index_key, shard_key)
-from refinery.stages import difficulty as dfc
+from refinery.models import difficulty as dfc
 from refinery.stages.attributes import stage_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
@@ -73,7 +73,7 @@ ENTRY_TABLE_SCHEMA: dict[str, pl.DataType] = {
     "window": pl.Int32(),
     "n_windows": pl.Int32(),
     "quality_score": pl.Float64(),
-    "difficulty": pl.Float64(),  # the document's mean token loss under the reference model (refinery/stages/difficulty.py)
+    "difficulty": pl.Float64(),  # the document's mean token loss under the reference model (refinery/models/difficulty.py)
     "language": pl.String(),  # language_filtered's language (null where a source skips it): a phase's quality cut is per language
 }
 

@@ -39,7 +39,7 @@ def peak_rss_kib(docs: int) -> int:
 
 
 if __name__ == "__main__":
-    from refinery.stages import quality as q
+    from refinery.models import quality as q
 
     n = int(sys.argv[1])
     q.train_quality_model(lambda: generated_tables(n), ["wiki"], ["web"], num_features=1 << 16, ngram=2, epochs=1,

@@ -30,7 +30,7 @@ from refinery.global_steps import dedup_compute as dc
 from refinery.stages import pii as pii_stage
 from refinery.global_steps import tokenize as tk
 from refinery.stages.attributes import publish_attributes
-from refinery.stages.quality_training import train_and_publish
+from refinery.models.quality_training import train_and_publish
 from refinery.storage import LocalDataRoot
 
 BLOCKED = "forbiddenword"

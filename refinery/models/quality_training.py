@@ -1,5 +1,5 @@
 """The quality classifier's training run over the corpus: stream its documents from the data root,
-fit it (`refinery.stages.quality`), publish the model and its `latest.json` pointer.
+fit it (`refinery.models.quality`), publish the model and its `latest.json` pointer.
 
 The classifier learns curated buckets (positive) against raw web (negative) from the `deduped`
 documents of those buckets, with their language. Those are read through deduped's attribute table
@@ -9,7 +9,7 @@ as whole tables, so the memory of training does not grow with the corpus.
 With `stages.quality.labelled_set` (data/labelled/), the labelled pages join them as the buckets
 `labelled/high` (positive), `labelled/low` and `labelled/spam` (negative): real low-value text among
 the negatives. Their held-out pages, chosen by doc_id hash like every other document's, are the
-labelled check set the model is measured on (refinery/stages/quality_metrics.py).
+labelled check set the model is measured on (refinery/models/quality_metrics.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import polars as pl
 
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.stages import quality as q
-from refinery.stages import quality_metrics as qm
+from refinery.models import quality as q
+from refinery.models import quality_metrics as qm
 from refinery.stages import registry
 from refinery.stages.attributes import stage_batches
 from refinery.storage import DataRoot

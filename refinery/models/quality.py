@@ -50,7 +50,7 @@ import polars as pl
 
 from refinery.config import QualityConfig
 from refinery.stages.base import Outcome, RecordStage, StageOutput
-from refinery.stages import quality_metrics as qm
+from refinery.models import quality_metrics as qm
 from refinery.stages.parquet_batches import batch_spans
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 from refinery.hashing import GOLDEN_GAMMA, splitmix64_finalizer
