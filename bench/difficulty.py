@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
 from refinery.models import difficulty as dfc  # noqa: E402
-from refinery.models.quality import train_quality_model  # noqa: E402
+from refinery.models.quality_fit import train_quality_model  # noqa: E402
 from refinery.global_steps.tokenize import encode_texts, train_tokenizer  # noqa: E402
 from refinery.testing.crawl import generate_corpus, load_source  # noqa: E402
 
