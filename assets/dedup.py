@@ -8,7 +8,7 @@
 
 No step holds every document: the range and band steps read only small per-document columns
 (doc_key and a hash) of every shard, the cluster step reads only edges, and the shard steps read
-their own shard. The steps are `refinery.stages.dedup_compute`; files live under `dedup/` in the
+their own shard. The steps are `refinery.global_steps.dedup_compute`; files live under `dedup/` in the
 data root (see docs/dedup.md).
 """
 
@@ -28,11 +28,11 @@ from assets.provenance import Provenance, code_version, stage_code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
-from refinery.stages import dedup_compute as dc
-from refinery.stages import exact_dedup as ex
-from refinery.stages import minhash as mh
-from refinery.stages import near_dedup as nd
-from refinery.stages.dedup_compute import STAGE, UPSTREAM, apply_to_shard, compute_band_edges, compute_clusters, compute_exact_range, compute_signatures
+from refinery.global_steps import dedup_compute as dc
+from refinery.global_steps import exact_dedup as ex
+from refinery.global_steps import minhash as mh
+from refinery.global_steps import near_dedup as nd
+from refinery.global_steps.dedup_compute import STAGE, UPSTREAM, apply_to_shard, compute_band_edges, compute_clusters, compute_exact_range, compute_signatures
 from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, signatures_key
 from refinery.stages.stats import StageStats
 

@@ -1,7 +1,7 @@
 """`quality_model` (global), `quality_scored` and `pii_redacted` (per input batch, outputs per file).
 
 quality_model trains the classifier on every `deduped` partition of the positive and negative
-buckets, streamed in bounded batches (refinery/stages/quality_training.py), and publishes
+buckets, streamed in bounded batches (refinery/models/quality_training.py), and publishes
 `models/quality/quality-<hash>.pt` plus the `models/quality/latest.json` pointer. quality_scored
 scores each shard with the model the pointer names and writes its kept documents' scores as an
 attribute table (refinery/stages/attributes.py); pii_redacted runs the safety filter and then PII
@@ -23,10 +23,12 @@ from refinery.config import RefineryConfig
 from refinery.documents import InputShard
 from refinery.funnel_report import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
-from refinery.stages import quality as q
+from refinery.models import quality as q
+from refinery.models import quality_features, quality_fit
+from refinery.models import quality_training as qt
 from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents
-from refinery.stages.quality_training import quality_settings, train_and_publish
+from refinery.models.quality_training import quality_settings, train_and_publish
 from refinery.stages.base import skips
 from refinery.storage import DataRoot
 
@@ -90,7 +92,7 @@ def score_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> Fi
     if not cfg.stages.quality.enabled:
         return stream_stage_file(name, UPSTREAM, refinery, shard, q.unscored, {"enabled": False})
     if "model" not in cache:
-        cache["model"] = q.load_published_model(refinery.root)
+        cache["model"] = qt.load_published_model(refinery.root)
     model, pointer = cache["model"]
     stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
     enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
@@ -139,7 +141,7 @@ def _safety_then_redact(cfg: RefineryConfig, source: str) -> pii_stage.SafetyThe
 
 
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
-    model_version = code_version(q)
+    model_version = code_version(q, quality_features, quality_fit, qt)
     quality_model = global_step_asset(
         "quality_model", train_model(model_version), version=model_version, group="funnel", kinds={"torch"},
         automation_condition=dg.AutomationCondition.on_missing(),

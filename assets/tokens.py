@@ -3,8 +3,8 @@
 task per input file and per key range), `lineage_index` (global, fanned out as a task per input file
 and per final shard).
 
-Thin wrappers: the work is in `refinery.stages.tokenize`, `refinery.stages.shuffle`,
-`refinery.stages.difficulty` and `refinery.lineage`. Tokenization is a per-batch stage like the
+Thin wrappers: the work is in `refinery.global_steps.tokenize`, `refinery.global_steps.shuffle`,
+`refinery.models.difficulty` and `refinery.lineage`. Tokenization is a per-batch stage like the
 funnel's (fanned out over the batch's files and `partitions.workers`); each bucket's shuffle reads the
 series of the files routed to it (a static partition mapping from input batch to bucket). The
 shuffle's and the lineage index's tasks run in the same pool of `partitions.workers` processes
@@ -25,9 +25,10 @@ from refinery import lineage as lin
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.layout import rejects_key, stats_key
-from refinery.stages import difficulty as dfc
-from refinery.stages import shuffle as sh
-from refinery.stages import tokenize as tk
+from refinery.models import difficulty as dfc
+from refinery.models import difficulty_published as dpub
+from refinery.global_steps import shuffle as sh
+from refinery.global_steps import tokenize as tk
 from refinery.storage import LocalDataRoot
 from refinery import tokenizer_file
 
@@ -84,12 +85,12 @@ def build_tokenizer(version: str):
 def build_difficulty_model(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         cfg, root = refinery.config, refinery.root
-        built = dfc.build_reference_model(root, cfg, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
+        built = dpub.build_reference_model(root, cfg, tk.read_tokenizer(root, cfg.tokenizer.eod_token))
         model = built.model
         context.log.info(f"difficulty_model: {model.order}-gram over {model.tokens} tokens ({built.source}), "
                          f"sha256 {built.sha256[:12]}")
         return StepResult(
-            Provenance(version, dfc.difficulty_settings(cfg), {layout.DIFFICULTY_MODEL_KEY: built.sha256},
+            Provenance(version, dpub.difficulty_settings(cfg), {layout.DIFFICULTY_MODEL_KEY: built.sha256},
                        wall_s=built.wall_s),
             {
                 "source": dg.MetadataValue.text(built.source),
@@ -109,7 +110,7 @@ def tokenize_file(refinery: RefineryResource, shard: InputShard, cache: dict) ->
     cfg, root = refinery.config, refinery.root
     if "tokenizer" not in cache:  # loaded once per fan-out worker
         cache["tokenizer"] = tk.read_tokenizer(root, cfg.tokenizer.eod_token)
-        cache["reference"] = dfc.load_published_model(root) if cfg.stages.difficulty.enabled else None
+        cache["reference"] = dpub.load_published_model(root) if cfg.stages.difficulty.enabled else None
     result = tk.tokenize_file(root, cfg, shard, cache["tokenizer"], reference=cache["reference"])
     key = rejects_key(TOKENIZE_STAGE, shard.key)
     hashes = {key: root.write_parquet(key, result.rejects), **_shard_hashes(result.index)}
@@ -196,7 +197,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         partition_mapping=dg.StaticPartitionMapping(to_bucket) if to_bucket else dg.AllPartitionMapping(),
     )
     every = dg.AllPartitionMapping()
-    tokenize_version = code_version(tk, tokenizer_file, dfc)
+    tokenize_version = code_version(tk, tokenizer_file, dfc, dpub)
     difficulty = cfg.stages.difficulty.enabled
     shuffle_version, lineage_version = code_version(sh), code_version(lin)
     difficulty_model = [global_step_asset(

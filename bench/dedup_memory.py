@@ -141,8 +141,8 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
     import polars as pl
 
     from refinery import layout
-    from refinery.stages import exact_dedup as ex
-    from refinery.stages import near_dedup as nd
+    from refinery.global_steps import exact_dedup as ex
+    from refinery.global_steps import near_dedup as nd
     from refinery.config import load_config
     from refinery.documents import input_shards
     from refinery.storage import LocalDataRoot
@@ -181,7 +181,7 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
 def run_step(config: str, step: str, key: str) -> dict[str, int]:
     """One partition of one step, in this process (the child side of `measure`); returns the
     step's counts where it has them (a band's splits and the documents its largest split held)."""
-    from refinery.stages import dedup_compute as dedup
+    from refinery.global_steps import dedup_compute as dedup
     from refinery.config import load_config
     from refinery.storage import LocalDataRoot
 
@@ -248,8 +248,8 @@ def main() -> int:
         print(RESULT_PREFIX + json.dumps({"peak_bytes": own_peak_bytes(), "counts": counts}), flush=True)
         return 0
 
-    from refinery.stages import exact_dedup as ex
-    from refinery.stages import near_dedup as nd
+    from refinery.global_steps import exact_dedup as ex
+    from refinery.global_steps import near_dedup as nd
     from refinery.config import load_config
     from refinery.documents import input_shards
 

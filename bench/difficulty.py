@@ -1,6 +1,6 @@
 """Cost of the difficulty score per document, beside the quality classifier's and the tokenizer's.
 
-The reference model (refinery/stages/difficulty.py, a trigram over token ids) is trained on the
+The reference model (refinery/models/difficulty.py, a trigram over token ids) is trained on the
 curated sources the bundled sample is built from (data/source/: the books and the wiki, each
 paragraph a document), with a byte-level BPE of 8,192 entries trained on them first. The documents
 scored are `refinery.testing.crawl.generate_corpus` documents (real English sentences, about 3.6 KB
@@ -29,9 +29,9 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from refinery.stages import difficulty as dfc  # noqa: E402
-from refinery.stages.quality import train_quality_model  # noqa: E402
-from refinery.stages.tokenize import encode_texts, train_tokenizer  # noqa: E402
+from refinery.models import difficulty as dfc  # noqa: E402
+from refinery.models.quality_fit import train_quality_model  # noqa: E402
+from refinery.global_steps.tokenize import encode_texts, train_tokenizer  # noqa: E402
 from refinery.testing.crawl import generate_corpus, load_source  # noqa: E402
 
 EOD = "<|endoftext|>"

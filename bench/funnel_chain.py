@@ -142,8 +142,8 @@ def write_multilingual_corpus(path: Path) -> int:
 def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -> dict:
     imports_from = cpu_seconds()
     from assets import dedup
-    from refinery.stages import exact_dedup as ex
-    from refinery.stages import near_dedup as nd
+    from refinery.global_steps import exact_dedup as ex
+    from refinery.global_steps import near_dedup as nd
     from refinery.stages.extract import Extractor
     from refinery.stages.heuristic import HeuristicFilter
     from refinery.stages.ingest import read_input_shard

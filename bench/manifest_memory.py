@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROW_GROUP = 65_536  # shuffled_shards' entry-table row group (refinery/stages/tokenize.py ENTRY_ROW_GROUP)
+ROW_GROUP = 65_536  # shuffled_shards' entry-table row group (refinery/global_steps/tokenize.py ENTRY_ROW_GROUP)
 
 
 def current_rss() -> int:

@@ -34,8 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from refinery.stages import minhash as mh  # noqa: E402
-from refinery.stages import near_dedup as nd  # noqa: E402
+from refinery.global_steps import minhash as mh  # noqa: E402
+from refinery.global_steps import near_dedup as nd  # noqa: E402
 
 PUNCT = [",", ".", ";", ":", "!", "?", "(", ")", "-"]
 ALPHABETS = {

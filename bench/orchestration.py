@@ -55,9 +55,9 @@ def bare_chain(config: Path) -> None:
     """Every funnel step on every file, called directly, in the order the graph runs them."""
     from assets import dedup, funnel, quality
     from assets.factory import run_stage_by_batches
-    from refinery.stages import exact_dedup as ex
+    from refinery.global_steps import exact_dedup as ex
     from refinery.stages import extract, heuristic, ingest, language
-    from refinery.stages import near_dedup as nd
+    from refinery.global_steps import near_dedup as nd
     from assets.resource import RefineryResource
     from refinery.documents import input_shards
 

@@ -1,6 +1,6 @@
 """The quality classifier against labels (docs/quality.md, issue 36).
 
-Trains the pipeline's classifier (`refinery.stages.quality.train_quality_model`, the default
+Trains the pipeline's classifier (`refinery.models.quality.train_quality_model`, the default
 settings) on the issue's setting, built from data/multilingual: a curated bucket of
 CURATED_PER_LANGUAGE clean pages in each of six languages (de en es fr ja zh) against a web bucket
 of every other clean page in all ten languages. Two trainings:
@@ -39,8 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from refinery.config import QualityConfig  # noqa: E402
 from refinery.curriculum.inventory import stratified_cutoffs, top_fraction_cutoff  # noqa: E402
-from refinery.stages import quality as q  # noqa: E402
-from refinery.stages import quality_metrics as qm  # noqa: E402
+from refinery.models import quality as q  # noqa: E402
+from refinery.models import quality_fit as qfit
+from refinery.models import quality_metrics as qm  # noqa: E402
 
 CURATED_LANGUAGES = ("de", "en", "es", "fr", "ja", "zh")
 CURATED_PER_LANGUAGE = 8
@@ -77,9 +78,9 @@ def labelled() -> pl.DataFrame:
                          for p in pages])
 
 
-def train(docs: pl.DataFrame, positive: list[str], negative: list[str]) -> tuple[q.QualityModel, q.TrainingReport]:
+def train(docs: pl.DataFrame, positive: list[str], negative: list[str]) -> tuple[q.QualityModel, qfit.TrainingReport]:
     d = QualityConfig()
-    return q.train_quality_model(docs.select("doc_id", "bucket", "language", "text"), positive, negative,
+    return qfit.train_quality_model(docs.select("doc_id", "bucket", "language", "text"), positive, negative,
                                  num_features=d.num_features, ngram=d.ngram, epochs=d.epochs,
                                  learning_rate=d.learning_rate, holdout_fraction=d.holdout_fraction,
                                  max_chars=d.max_chars, max_docs_per_class=d.max_train_docs_per_class, seed=SEED)
@@ -147,7 +148,7 @@ def main() -> int:
         "labelled": labelled_figures(pages, model.score(pages["text"])),
         "anneal": anneal_shares(web, web_scores),
     }
-    fold = (q.doc_hash_fraction(pages["doc_id"], SEED) * args.folds).astype(int)
+    fold = (qfit.doc_hash_fraction(pages["doc_id"], SEED) * args.folds).astype(int)
     out_of_fold = np.zeros(pages.height)
     spam_scores = []
     start = time.perf_counter()

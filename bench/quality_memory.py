@@ -88,17 +88,17 @@ def holdout_accuracy_auc(cfg, root, model) -> dict:
     import polars as pl
 
     from refinery.documents import input_shards
-    from refinery.stages import quality as q
+    from refinery.models import quality_fit as qfit
     from refinery.stages.attributes import read_stage_documents
 
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
     docs = pl.concat([read_stage_documents(root, "deduped", s.key).select("doc_id", "bucket", "text")
                       for s in input_shards(cfg) if s.bucket in wanted])
-    chosen = q.training_set(q.text_index(docs), list(qc.positive_buckets), list(qc.negative_buckets),
-                            qc.max_train_docs_per_class, cfg.seed)
+    chosen = qfit.training_set(qfit.text_index(docs), list(qc.positive_buckets), list(qc.negative_buckets),
+                               qc.max_train_docs_per_class, cfg.seed)
     labels = chosen["label"].to_numpy().astype(np.int64)
-    held = chosen.filter(pl.Series(q.split_holdout(labels, chosen["_key"].to_numpy(), qc.holdout_fraction)))
+    held = chosen.filter(pl.Series(qfit.split_holdout(labels, chosen["_key"].to_numpy(), qc.holdout_fraction)))
     held = held.join(docs.select("doc_id", "text"), on="doc_id", how="left", maintain_order="left")
     truth = held["label"].to_numpy() == 1
     scores = model.score(held["text"])
@@ -113,8 +113,8 @@ def holdout_accuracy_auc(cfg, root, model) -> dict:
 def train_once(config_path: str, evaluate: bool) -> dict:
     """Run in the measuring process: train and publish, then report this process's peak RSS."""
     from refinery.config import load_config
-    from refinery.stages import quality as q
-    from refinery.stages.quality_training import train_and_publish
+    from refinery.models import quality_training as qt
+    from refinery.models.quality_training import train_and_publish
     from refinery.storage import LocalDataRoot
 
     cfg = load_config(config_path)
@@ -129,7 +129,7 @@ def train_once(config_path: str, evaluate: bool) -> dict:
            "rss_after_imports_mb": round(base_mb), "sha256": pointer["sha256"][:16],
            "report_accuracy": report.accuracy, "train_docs": report.train_positive + report.train_negative}
     if evaluate:
-        out.update(holdout_accuracy_auc(cfg, root, q.load_published_model(root)[0]))
+        out.update(holdout_accuracy_auc(cfg, root, qt.load_published_model(root)[0]))
     return out
 
 

@@ -24,7 +24,7 @@ import time
 import polars as pl
 
 from refinery.stages.pii import PiiRedactor
-from refinery.stages.quality import train_quality_model
+from refinery.models.quality_fit import train_quality_model
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
          "they you were her she there been one all we their has would when if so no will can more about said out "

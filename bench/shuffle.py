@@ -25,9 +25,9 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from refinery.stages import shuffle as sh  # noqa: E402
+from refinery.global_steps import shuffle as sh  # noqa: E402
 from refinery import layout  # noqa: E402
-from refinery.stages import tokenize as tk  # noqa: E402
+from refinery.global_steps import tokenize as tk  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 
 SHARD_TOKENS = 4_000_000

@@ -319,7 +319,7 @@ def corpus_counts(config: Path) -> tuple[int, int]:
     from refinery import layout
     from refinery.config import load_config
     from refinery.funnel_report import load_stage_totals
-    from refinery.stages.tokenize import FINAL
+    from refinery.global_steps.tokenize import FINAL
     from refinery.storage import open_data_root
 
     cfg = load_config(config)

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 import yaml  # noqa: E402
 
-from refinery.stages import tokenize as tk  # noqa: E402
+from refinery.global_steps import tokenize as tk  # noqa: E402
 from refinery.config import load_config  # noqa: E402
 from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, input_shards, make_doc_id
 from refinery.layout import documents_key

@@ -208,7 +208,7 @@ def moved_ordinals(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[s
     (`<file key> <then>-><now>`)."""
     from assets.dedup import SHARD_ORDINALS
     from refinery.documents import input_batches
-    from refinery.stages.dedup_compute import shard_ordinals
+    from refinery.global_steps.dedup_compute import shard_ordinals
 
     cfg = defs.resources["refinery"].config
     ordinals = shard_ordinals(cfg)

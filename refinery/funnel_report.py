@@ -532,7 +532,7 @@ def quality_classifier_report(root: DataRoot, totals: dict[str, StageTotals]) ->
     held-out AUC, precision/recall/F1 at the decision threshold, per language, the labelled check,
     source-separation flags) and, once quality_scored ran, each language's share of the scored
     documents above the threshold. None before a model is published."""
-    from refinery.stages import quality as q
+    from refinery.models import quality as q
 
     if not root.exists(q.LATEST_KEY):
         return None

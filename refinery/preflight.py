@@ -273,7 +273,7 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
                                 f"give a local file, or remove {field} for the default)")
             elif isinstance(path, str) and field == "stages.difficulty.model_path":
-                from refinery.stages.difficulty import DifficultyModelError, check_model_file
+                from refinery.models.difficulty import DifficultyModelError, check_model_file
 
                 try:
                     check_model_file(_resolve(base_dir, path))

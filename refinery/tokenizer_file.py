@@ -1,7 +1,7 @@
 """The tokenizer.json file: parsing it, reading it from a local path or from the data root (where the
 `tokenizer` asset writes it), and the error either raises.
 
-Kept apart from refinery/stages/tokenize.py, which trains tokenizers and packs shards over polars
+Kept apart from refinery/global_steps/tokenize.py, which trains tokenizers and packs shards over polars
 tables, so that a reader of the file alone (a `refinery lineage` query decoding its text window)
 imports only `tokenizers`.
 """

@@ -139,7 +139,7 @@ class DocumentTrail:
         return self._signatures[partition]
 
     def _doc_id_of_key(self, doc_key: int) -> str:
-        from refinery.stages.exact_dedup import ROW_BITS
+        from refinery.global_steps.exact_dedup import ROW_BITS
 
         partition = self._shard_keys[doc_key >> ROW_BITS]
         return next(d for d, k in self._doc_keys(partition).items() if k == doc_key)
@@ -147,8 +147,8 @@ class DocumentTrail:
     def _dedup_table(self, name: str) -> pl.DataFrame:
         """The exact drop lists, the near-dup clusters or their edges, all ranges and bands at once."""
         if name not in self._dedup:
-            from refinery.stages.dedup_compute import scan_exact_drops
-            from refinery.stages.near_dedup import DedupSettings, band_keys
+            from refinery.global_steps.dedup_compute import scan_exact_drops
+            from refinery.global_steps.near_dedup import DedupSettings, band_keys
 
             if name == "exact":
                 frame = scan_exact_drops(self.cfg, self.root).select("doc_key", "kept_doc_id", "group_size").collect()

@@ -20,10 +20,11 @@ from refinery.config import ConfigError, load_config
 from refinery.curriculum import read_manifest, refuse_mismatch
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key, rejects_key
-from refinery.stages.exact_dedup import text_hashes
+from refinery.global_steps.exact_dedup import text_hashes
 from refinery.stages.heuristic import HeuristicFilter
 from refinery.stages.pii import PiiRedactor, SafetyThenRedact
-from refinery.stages.quality import QualityScorer, load_published_model
+from refinery.models.quality import QualityScorer
+from refinery.models.quality_training import load_published_model
 from refinery.storage import open_data_root
 
 from helpers.verdict_corpus import BLOCKED, EVAL_LINES, received_text, write_verdict_corpus

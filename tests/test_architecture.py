@@ -26,6 +26,21 @@ ALLOWED = {
 }
 # Third-party packages a floor may never import.
 FORBIDDEN_THIRD_PARTY = {"refinery": {"dagster"}, "training": {"dagster"}}
+# Inside refinery/, the three packages of the data's work and what each may import of the others:
+# per-document stages (with stats/base, the floor) stand alone, the trained models apply to documents
+# through the stages' Stage, and the global steps run over the whole corpus, scoring with the models.
+STAGE_PACKAGES = {
+    "refinery.stages": set(),
+    "refinery.models": {"refinery.stages"},
+    "refinery.global_steps": {"refinery.stages", "refinery.models"},
+}
+
+
+def stage_package_violation(module: str, name: str) -> bool:
+    """Whether `module` importing `name` crosses STAGE_PACKAGES the wrong way."""
+    here = next((p for p in STAGE_PACKAGES if module == p or module.startswith(p + ".")), None)
+    there = next((p for p in STAGE_PACKAGES if name == p or name.startswith(p + ".")), None)
+    return here is not None and there is not None and there != here and there not in STAGE_PACKAGES[here]
 
 
 def module_name(path: Path, root: Path = REPO) -> str:
@@ -95,6 +110,8 @@ def dependency_graph(root: Path = REPO) -> tuple[dict[str, set[str]], list[str]]
                 continue
             if top != floor and top not in ALLOWED[floor]:
                 violations.append(f"{where}:{line}: {floor}/ imports {name}")
+            if stage_package_violation(module, name):
+                violations.append(f"{where}:{line}: {module} imports {name} (STAGE_PACKAGES)")
             target = resolve(name, modules)
             if target is not None and target != module:
                 graph[module].add(target)
@@ -189,3 +206,16 @@ def test_a_type_only_import_closes_a_cycle(tmp_path):
     (tmp_path / "refinery/manifests.py").write_text("from refinery.schedule import Schedule\n")
     graph, violations = dependency_graph(tmp_path)
     assert not violations and cycles(graph) == [["refinery.manifests", "refinery.schedule"]]
+
+
+@pytest.mark.parametrize("module, name, broken", [
+    ("refinery.stages.pii", "refinery.global_steps.tokenize", True),
+    ("refinery.stages.heuristic.filter", "refinery.models.quality", True),
+    ("refinery.models.quality", "refinery.global_steps.dedup_compute", True),
+    ("refinery.global_steps.tokenize", "refinery.models.difficulty", False),
+    ("refinery.models.quality", "refinery.stages.base", False),
+    ("refinery.stages.base", "refinery.stages.stats", False),
+])
+def test_the_stage_packages_import_in_one_direction(module, name, broken):
+    assert stage_package_violation(module, name) is broken
+

@@ -101,10 +101,11 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     from orchestration.demo import materialize_graph
     from refinery.config import load_config
     from refinery.documents import input_shards
-    from refinery.stages import dedup_compute as dc
-    from refinery.stages import exact_dedup as ex
-    from refinery.stages import near_dedup as nd
-    from refinery.stages import quality as q
+    from refinery.global_steps import dedup_compute as dc
+    from refinery.global_steps import exact_dedup as ex
+    from refinery.global_steps import near_dedup as nd
+    from refinery.models import quality as q
+    from refinery.models import quality_training as qt
     from refinery.stages.pii import SafetyThenRedact
 
     config = write_config(tmp_path, demo_config(tmp_path / "out"), "demo.yaml")
@@ -139,7 +140,7 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     clusters = pl.scan_parquet(root.local_path(dc.NEAR_CLUSTERS_KEY)).filter(on_shard).collect()
     _, near = nd.apply_decisions(heuristic, ordinal, dc.scan_exact_drops(cfg, root).filter(on_shard).collect(), clusters)
     assert read_stage_documents(root, "deduped", shard.key).equals(near.documents)
-    model, pointer = q.load_published_model(root)
+    model, pointer = qt.load_published_model(root)
     scored = rerun(q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"]), near.documents)
     assert read_stage_documents(root, "quality_scored", shard.key).equals(scored)
     redacted = rerun(SafetyThenRedact.from_config(cfg.stages), scored)

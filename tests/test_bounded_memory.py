@@ -254,10 +254,11 @@ def test_quality_scores_are_the_same_bytes_whatever_the_batch_bounds():
     import numpy as np
     import torch
 
-    from refinery.stages import quality as q
+    from refinery.models import quality as q
+    from refinery.models import quality_features as qf
 
     generator = torch.Generator().manual_seed(0)
-    model = q.QualityModel(weight=torch.randn((1 << 12) + q.SHAPE_ROWS, generator=generator), bias=torch.tensor(0.25),
+    model = q.QualityModel(weight=torch.randn((1 << 12) + qf.SHAPE_ROWS, generator=generator), bias=torch.tensor(0.25),
                            num_features=1 << 12, ngram=2, max_chars=2000)
     rng = random.Random(5)
     words = ["river", "stone", "casino", "bonus", "harvest", "letters", "cheap", "council"]

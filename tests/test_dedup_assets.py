@@ -210,7 +210,7 @@ def test_global_steps_before_signatures_say_what_to_run(tmp_path):
 
 def test_no_input_files_gives_empty_decisions(tmp_path):
     from assets import dedup
-    from refinery.stages import near_dedup as nd
+    from refinery.global_steps import near_dedup as nd
 
     cfg = load_config(write_config(tmp_path, {
         "data_root": "out", "buckets": ["web"],
@@ -231,7 +231,7 @@ def test_no_input_files_gives_empty_decisions(tmp_path):
 def shingle_sets(texts: list[str]) -> list[set[int]]:
     """Each text's set of word 5-gram shingles (as near dedup shingles), every distinct shingle
     numbered once so set operations hash ints instead of re-hashing tuples."""
-    from refinery.stages import minhash as mh
+    from refinery.global_steps import minhash as mh
 
     ids: dict[tuple, int] = {}
     return [{ids.setdefault(s, len(ids)) for s in mh.shingles(mh.shingle_words(t), 5)} for t in texts]

@@ -19,10 +19,11 @@ from orchestration.cli import main
 from refinery import layout
 from refinery.config import load_config
 from refinery.documents import input_batches
-from refinery.stages import difficulty as dfc
-from refinery.stages import shuffle as shuffle_stage
-from refinery.stages import tokenize as tk
-from refinery.stages.tokenize import train_tokenizer
+from refinery.models import difficulty as dfc
+from refinery.models import difficulty_published as dpub
+from refinery.global_steps import shuffle as shuffle_stage
+from refinery.global_steps import tokenize as tk
+from refinery.global_steps.tokenize import train_tokenizer
 
 EOD = "<|endoftext|>"
 
@@ -116,10 +117,10 @@ def test_a_corrupt_or_missing_model_file_is_an_error_naming_it(tmp_path):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 5, "math/m": 5})
     with pytest.raises(dfc.DifficultyModelError, match=r"models/difficulty/reference\.npz: no difficulty reference "
                                                          r"model; materialize difficulty_model first"):
-        dfc.load_published_model(c.root)
+        dpub.load_published_model(c.root)
     c.root.write_bytes(layout.DIFFICULTY_MODEL_KEY, b"not a zip file")
     with pytest.raises(dfc.DifficultyModelError, match=r"reference\.npz: not a reference model file"):
-        dfc.load_published_model(c.root)
+        dpub.load_published_model(c.root)
 
 
 def scored_corpus(tmp_path, **difficulty):
@@ -127,7 +128,7 @@ def scored_corpus(tmp_path, **difficulty):
     c = make_corpus(tmp_path, docs_per_shard={"web/a": 40, "web/b": 30, "math/m": 30}, empty_docs=1,
                     stages={"difficulty": {"enabled": True, "reference_buckets": ["math"], **difficulty}})
     tok = tk.build_tokenizer(c.root, c.cfg).tokenizer
-    return c, tok, dfc.build_reference_model(c.root, c.cfg, tok)
+    return c, tok, dpub.build_reference_model(c.root, c.cfg, tok)
 
 
 def test_the_column_reaches_the_final_entries_beside_quality_score(tmp_path):
@@ -169,16 +170,16 @@ def test_a_named_model_file_is_used_and_checked_against_the_tokenizer(tmp_path):
     named.write_bytes(built.model.to_bytes())
     again = make_corpus(tmp_path / "b", docs_per_shard={"web/a": 40, "web/b": 30, "math/m": 30}, empty_docs=1,
                         stages={"difficulty": {"enabled": True, "model_path": str(named)}})
-    loaded = dfc.build_reference_model(again.root, again.cfg, tk.build_tokenizer(again.root, again.cfg).tokenizer)
+    loaded = dpub.build_reference_model(again.root, again.cfg, tk.build_tokenizer(again.root, again.cfg).tokenizer)
     assert loaded.source == str(named) and loaded.sha256 == built.sha256
     other = make_corpus(tmp_path / "c", docs_per_shard={"web/a": 40, "web/b": 30, "math/m": 30},
                         stages={"difficulty": {"enabled": True, "model_path": str(named)}},
                         tokenizer={"vocab_size": 300})
     with pytest.raises(dfc.DifficultyModelError, match="trained on token ids of tokenizer"):
-        dfc.build_reference_model(other.root, other.cfg, tk.build_tokenizer(other.root, other.cfg).tokenizer)
+        dpub.build_reference_model(other.root, other.cfg, tk.build_tokenizer(other.root, other.cfg).tokenizer)
     named.write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(dfc.DifficultyModelError, match=f"{named}: not a reference model file"):
-        dfc.build_reference_model(again.root, again.cfg, tk.read_tokenizer(again.root, EOD))
+        dpub.build_reference_model(again.root, again.cfg, tk.read_tokenizer(again.root, EOD))
 
 
 def test_assets_train_score_and_report_the_distribution(tmp_path):
@@ -226,7 +227,7 @@ def test_preflight_refuses_impossible_difficulty_settings(tmp_path, capsys, diff
 
 def test_the_demo_config_scores_difficulty():
     cfg = load_config(DEMO)
-    assert cfg.stages.difficulty.enabled and dfc.reference_buckets(cfg) == ["books", "wiki"]
+    assert cfg.stages.difficulty.enabled and dpub.reference_buckets(cfg) == ["books", "wiki"]
 
 
 def test_a_model_file_that_decompresses_to_far_more_than_it_holds_is_refused_from_its_headers(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from refinery.stages import exact_dedup as ex
+from refinery.global_steps import exact_dedup as ex
 
 
 def test_normalized_hash_ignores_case_and_whitespace_only():

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from refinery import layout
-from refinery.stages import tokenize as tk
+from refinery.global_steps import tokenize as tk
 from refinery import lineage as lin
 from orchestration.cli import COMMAND_MODULES, main
 from refinery.documents import CLEAN_STAGE, input_shards

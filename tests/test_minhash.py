@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasketch import MinHash, MinHashLSH
 
-from refinery.stages import minhash as mh
+from refinery.global_steps import minhash as mh
 from refinery.stages.text import split_words
 
 from helpers.texts import multilingual_texts

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from refinery.stages import exact_dedup as ex
-from refinery.stages import minhash as mh
-from refinery.stages import near_dedup as nd
+from refinery.global_steps import exact_dedup as ex
+from refinery.global_steps import minhash as mh
+from refinery.global_steps import near_dedup as nd
 from helpers.documents import provenance_frame
 
 SETTINGS = nd.DedupSettings(num_perm=128, shingle_size=5, seed=1, threshold=0.8, bands=16, rows=8, hash_ranges=4)

@@ -6,7 +6,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from refinery.stages import quality as q
+from refinery.models import quality as q
+from refinery.models import quality_features as qf
+from refinery.models import quality_fit as qfit
+from refinery.models import quality_training as qt
 from refinery.config import ConfigError, parse_config
 from refinery.storage import LocalDataRoot
 
@@ -38,13 +41,13 @@ def synthetic_corpus(n: int = 240, seed: int = 0) -> pl.DataFrame:
 
 @pytest.fixture(scope="module")
 def trained():
-    return q.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"], **SETTINGS)
+    return qfit.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"], **SETTINGS)
 
 
 # ---- features ------------------------------------------------------------------------------------
 
 
-K = q.SHAPE_SIGNALS
+K = qf.SHAPE_SIGNALS
 
 
 def ngrams(feats, doc: int) -> list[int]:
@@ -53,30 +56,30 @@ def ngrams(feats, doc: int) -> list[int]:
 
 
 def test_features_count_unigrams_and_bigrams_per_document():
-    feats = q.hash_features(pl.Series(["One two three", "", None, "four"]), 1 << 16, 2, 1000)
+    feats = qf.hash_features(pl.Series(["One two three", "", None, "four"]), 1 << 16, 2, 1000)
     # each document: its shape rows, then 3 unigrams + 2 bigrams; nothing; nothing; 1
     assert np.diff(feats.indptr).tolist() == [K + 5, K, K, K + 1]
     assert all(0 <= i < 1 << 16 for d in range(4) for i in ngrams(feats, d))
     shape = feats.indices[(feats.indptr[:-1, None] + np.arange(K)).ravel()]
-    assert shape.min() >= 1 << 16 and shape.max() < (1 << 16) + q.SHAPE_ROWS
+    assert shape.min() >= 1 << 16 and shape.max() < (1 << 16) + qf.SHAPE_ROWS
 
 
 def test_features_are_case_insensitive_and_stable_across_calls():
-    a = q.hash_features(pl.Series(["Hello World"]), 1 << 20, 2, 1000)
-    b = q.hash_features(pl.Series(["other text first", "hello world"]), 1 << 20, 2, 1000)
+    a = qf.hash_features(pl.Series(["Hello World"]), 1 << 20, 2, 1000)
+    b = qf.hash_features(pl.Series(["other text first", "hello world"]), 1 << 20, 2, 1000)
     assert a.indices.tolist() == b.indices[b.indptr[1] :].tolist()
     assert len(set(ngrams(a, 0))) == 3  # hello, world, "hello world" land in different buckets
 
 
 def test_bigrams_never_cross_document_boundaries():
-    joined = q.hash_features(pl.Series(["alpha beta"]), 1 << 20, 2, 1000)
-    split = q.hash_features(pl.Series(["alpha", "beta"]), 1 << 20, 2, 1000)
+    joined = qf.hash_features(pl.Series(["alpha beta"]), 1 << 20, 2, 1000)
+    split = qf.hash_features(pl.Series(["alpha", "beta"]), 1 << 20, 2, 1000)
     assert split.indptr.tolist() == [0, K + 1, 2 * K + 2]
     assert set(ngrams(split, 0) + ngrams(split, 1)) < set(ngrams(joined, 0))
 
 
 def test_features_read_only_the_first_max_chars():
-    feats = q.hash_features(pl.Series(["aa bb " + "cc " * 1000]), 1 << 16, 1, 5)
+    feats = qf.hash_features(pl.Series(["aa bb " + "cc " * 1000]), 1 << 16, 1, 5)
     assert feats.indptr.tolist() == [0, K + 2]
 
 
@@ -101,29 +104,29 @@ def test_training_separates_curated_from_web_on_held_out_documents(trained):
 def test_training_is_byte_identical_and_independent_of_row_order(trained):
     model, _ = trained
     shuffled = synthetic_corpus().sample(fraction=1.0, shuffle=True, seed=3)
-    again, _ = q.train_quality_model(shuffled, ["books", "wiki"], ["web"], **SETTINGS)
+    again, _ = qfit.train_quality_model(shuffled, ["books", "wiki"], ["web"], **SETTINGS)
     assert again.to_bytes() == model.to_bytes()
 
 
 def test_training_is_the_same_however_the_documents_are_batched(trained):
     model, _ = trained
     shuffled = synthetic_corpus().sample(fraction=1.0, shuffle=True, seed=3)
-    sliced, _ = q.train_quality_model(lambda: shuffled.iter_slices(7), ["books", "wiki"], ["web"], **SETTINGS)
+    sliced, _ = qfit.train_quality_model(lambda: shuffled.iter_slices(7), ["books", "wiki"], ["web"], **SETTINGS)
     assert sliced.to_bytes() == model.to_bytes()
 
 
 def test_training_in_small_chunks_is_deterministic_and_still_separates_the_classes():
     settings = {**SETTINGS, "chunk_bytes": 4096}  # about 34 documents of 119 features each
-    model, report = q.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"], **settings)
+    model, report = qfit.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"], **settings)
     shuffled = synthetic_corpus().sample(fraction=1.0, shuffle=True, seed=3)
-    again, _ = q.train_quality_model(lambda: shuffled.iter_slices(50), ["books", "wiki"], ["web"], **settings)
+    again, _ = qfit.train_quality_model(lambda: shuffled.iter_slices(50), ["books", "wiki"], ["web"], **settings)
     assert again.to_bytes() == model.to_bytes()
     assert report.accuracy >= 0.95
 
 
 def test_training_featurizes_bounded_slices_and_holds_bounded_chunks(monkeypatch):
     featurized, chunks = [], []
-    hash_features, read = q.hash_features, q.FeatureSpill.read
+    hash_features, read = qf.hash_features, qfit.FeatureSpill.read
 
     def counting_hash_features(texts, *args):
         featurized.append(len(texts))
@@ -134,12 +137,12 @@ def test_training_featurizes_bounded_slices_and_holds_bounded_chunks(monkeypatch
         chunks.append(feats.indices.nbytes)
         return feats
 
-    monkeypatch.setattr(q, "hash_features", counting_hash_features)
-    monkeypatch.setattr(q.FeatureSpill, "read", counting_read)
-    _, report = q.train_quality_model(synthetic_corpus(1000), ["books", "wiki"], ["web"],
+    monkeypatch.setattr(qfit, "hash_features", counting_hash_features)
+    monkeypatch.setattr(qfit.FeatureSpill, "read", counting_read)
+    _, report = qfit.train_quality_model(synthetic_corpus(1000), ["books", "wiki"], ["web"],
                                       **{**SETTINGS, "chunk_bytes": 16_384})
     # One table of 1,000 documents in: featurized once each, FEATURIZE_DOCS at a time at most.
-    assert sum(featurized) == 1000 and max(featurized) <= q.FEATURIZE_DOCS and len(featurized) >= 4
+    assert sum(featurized) == 1000 and max(featurized) <= qfit.FEATURIZE_DOCS and len(featurized) >= 4
     assert report.train_positive + report.train_negative + report.holdout_size == 1000
     # 800 training documents of 476 bytes of features are 24 chunks an epoch, each within 16 KiB.
     assert max(chunks) <= 16_384 and len(chunks) >= SETTINGS["epochs"] * 24
@@ -155,12 +158,12 @@ def test_peak_memory_of_training_does_not_grow_with_the_corpus():
 
 def test_a_different_seed_gives_a_different_model(trained):
     model, _ = trained
-    other, _ = q.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"], **{**SETTINGS, "seed": 8})
+    other, _ = qfit.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"], **{**SETTINGS, "seed": 8})
     assert other.to_bytes() != model.to_bytes()
 
 
 def test_max_docs_per_class_caps_each_class():
-    _, report = q.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"],
+    _, report = qfit.train_quality_model(synthetic_corpus(), ["books", "wiki"], ["web"],
                                       **{**SETTINGS, "max_docs_per_class": 50})
     assert report.train_positive + sum(v for b, v in report.holdout_by_bucket.items() if b != "web") == 50
     assert report.train_negative + report.holdout_by_bucket["web"] == 50
@@ -169,22 +172,22 @@ def test_max_docs_per_class_caps_each_class():
 def test_holdout_leaves_every_class_something_to_train_on():
     labels = np.array([1, 0, 0, 1, 1, 1])
     keys = np.array([0.9, 0.5, 0.1, 0.3, 0.2, 0.8])
-    assert q.split_holdout(labels, keys, 0.5).tolist() == [False, False, True, True, True, False]
-    assert q.split_holdout(labels, keys, 0.99).tolist() == [False, False, True, True, True, True]
-    assert q.split_holdout(np.array([1, 0]), np.array([0.1, 0.2]), 0.5).tolist() == [False, False]
+    assert qfit.split_holdout(labels, keys, 0.5).tolist() == [False, False, True, True, True, False]
+    assert qfit.split_holdout(labels, keys, 0.99).tolist() == [False, False, True, True, True, True]
+    assert qfit.split_holdout(np.array([1, 0]), np.array([0.1, 0.2]), 0.5).tolist() == [False, False]
 
 
 @pytest.mark.parametrize("positive,negative,field", [(["code"], ["web"], "positive_buckets"),
                                                      (["wiki"], ["math"], "negative_buckets")])
 def test_no_documents_for_a_class_names_the_config_field(positive, negative, field):
-    with pytest.raises(q.NoTrainingData, match=rf"stages\.quality\.{field}"):
-        q.train_quality_model(synthetic_corpus(), positive, negative, **SETTINGS)
+    with pytest.raises(qfit.NoTrainingData, match=rf"stages\.quality\.{field}"):
+        qfit.train_quality_model(synthetic_corpus(), positive, negative, **SETTINGS)
 
 
 def test_documents_without_text_do_not_count_as_training_data():
     docs = pl.DataFrame({"doc_id": ["a", "b", "c"], "bucket": ["wiki", "web", "web"], "text": ["", None, "spam"]})
-    with pytest.raises(q.NoTrainingData, match="positive_buckets"):
-        q.train_quality_model(docs, ["wiki"], ["web"], **SETTINGS)
+    with pytest.raises(qfit.NoTrainingData, match="positive_buckets"):
+        qfit.train_quality_model(docs, ["wiki"], ["web"], **SETTINGS)
 
 
 def test_unknown_bucket_in_positive_buckets_is_a_config_error():
@@ -201,11 +204,11 @@ def test_unknown_bucket_in_positive_buckets_is_a_config_error():
 def test_published_model_round_trips_and_is_named_by_its_hash(trained, tmp_path):
     model, report = trained
     root = LocalDataRoot(tmp_path)
-    pointer = q.publish_model(root, model, report, {"seed": 7})
+    pointer = qt.publish_model(root, model, report, {"seed": 7})
     assert pointer["model_key"] == f"models/quality/quality-{pointer['model_hash']}.pt"
     assert root.sha256(pointer["model_key"]) == pointer["sha256"]
     assert root.read_json(q.LATEST_KEY)["accuracy"] == pytest.approx(report.accuracy)
-    loaded, _ = q.load_published_model(root)
+    loaded, _ = qt.load_published_model(root)
     texts = synthetic_corpus()["text"]
     assert np.array_equal(loaded.score(texts), model.score(texts))
 
@@ -213,15 +216,15 @@ def test_published_model_round_trips_and_is_named_by_its_hash(trained, tmp_path)
 def test_a_model_file_that_does_not_match_its_pointer_is_refused(trained, tmp_path):
     model, report = trained
     root = LocalDataRoot(tmp_path)
-    pointer = q.publish_model(root, model, report, {})
+    pointer = qt.publish_model(root, model, report, {})
     root.write_bytes(pointer["model_key"], root.read_bytes(pointer["model_key"])[:-1] + b"x")
     with pytest.raises(ValueError, match="re-materialize quality_model"):
-        q.load_published_model(root)
+        qt.load_published_model(root)
 
 
 def test_missing_model_says_what_to_materialize(tmp_path):
     with pytest.raises(FileNotFoundError, match="materialize quality_model first"):
-        q.load_published_model(LocalDataRoot(tmp_path))
+        qt.load_published_model(LocalDataRoot(tmp_path))
 
 
 # ---- scoring stage -------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import pytest
 
 from assets.provenance import PROVENANCE_KEYS
 from assets import quality
-from refinery.stages.quality_training import training_batches
-from refinery.stages import quality as q
+from refinery.models.quality_training import training_batches
+from refinery.models import quality_fit as qfit
 from refinery.stages.pii import PLACEHOLDERS
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
@@ -250,14 +250,14 @@ def test_training_streams_only_the_capped_documents_and_trains_the_same_model(tm
     config_path = write_config(tmp_path, max_train_docs_per_class=5)
     cfg, root = seed_deduped(config_path)
     read = training_batches(cfg, root)
-    assert max(batch.height for batch in read()) <= q.FEATURIZE_DOCS
-    chosen = q.streamed_training_set(read, ["books", "wiki"], ["web"], 5, cfg.seed)
+    assert max(batch.height for batch in read()) <= qfit.FEATURIZE_DOCS
+    chosen = qfit.streamed_training_set(read, ["books", "wiki"], ["web"], 5, cfg.seed)
     assert chosen.group_by(pl.col("bucket") == "web").len()["len"].to_list() == [5, 5]
     everything = pl.concat([read_stage_documents(root, "deduped", s.key) for s in input_shards(cfg)])
     args = dict(num_features=4096, ngram=2, epochs=5, learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000,
                 max_docs_per_class=5, seed=cfg.seed)
-    from_stream, _ = q.train_quality_model(read, ["books", "wiki"], ["web"], **args)
-    from_all, _ = q.train_quality_model(everything, ["books", "wiki"], ["web"], **args)
+    from_stream, _ = qfit.train_quality_model(read, ["books", "wiki"], ["web"], **args)
+    from_all, _ = qfit.train_quality_model(everything, ["books", "wiki"], ["web"], **args)
     assert from_stream.to_bytes() == from_all.to_bytes()
 
 

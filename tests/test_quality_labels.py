@@ -12,9 +12,9 @@ import pytest
 
 from refinery.curriculum.inventory import (QualityCut, kept_entry_ids, read_bucket_inventory, select_top_quality,
                                            stratified_cutoffs)
-from refinery.stages import quality as q
-from refinery.stages import quality_metrics as qm
-from refinery.stages.quality_training import LabelledSetError, labelled_batches
+from refinery.models import quality_fit as qfit
+from refinery.models import quality_metrics as qm
+from refinery.models.quality_training import LabelledSetError, labelled_batches
 from refinery.storage import LocalDataRoot
 
 from helpers.final_shards import write_entry_table_and_index
@@ -154,7 +154,7 @@ def english_only_positives():
                                                      for p in low[:40]]
     rows += [{"doc_id": p["url"], "bucket": "web", "language": p["lang"], "text": p["text"]}
              for p in clean + spam if p["lang"] in ("de", "fr")]
-    model, report = q.train_quality_model(pl.DataFrame(rows), ["books"], ["web"], **SETTINGS)
+    model, report = qfit.train_quality_model(pl.DataFrame(rows), ["books"], ["web"], **SETTINGS)
     return model, report, clean, spam
 
 
@@ -190,7 +190,7 @@ def test_the_labelled_check_set_is_measured_on_held_out_labelled_pages():
     pages = [p for p in read_jsonl(DATA / "labelled" / "labelled.jsonl.gz") if p["lang"] in ("en", "de")]
     docs = pl.DataFrame([{"doc_id": f"labelled:{p['url']}", "bucket": qm.LABELLED_BUCKETS[p["label"]],
                           "language": p["lang"], "text": p["text"]} for p in pages])
-    _, report = q.train_quality_model(docs, [qm.LABELLED_BUCKETS["high"]],
+    _, report = qfit.train_quality_model(docs, [qm.LABELLED_BUCKETS["high"]],
                                       [qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]], **SETTINGS)
     check = report.metrics["check"]
     held = report.holdout_by_bucket

@@ -51,7 +51,7 @@ OFF_PATH = {
                                            "manifests copy it by that declaration",
     "refinery/testing/curriculum.py": "writes synthetic curricula and their manifests for tests",
     "refinery/init.py": "writes the YAML",
-    "refinery/stages/tokenize.py": "packs shards as long as the longest phase",
+    "refinery/global_steps/tokenize.py": "packs shards as long as the longest phase",
     "training/token_lineage.py": "bounds a looked-up position by its step's seq_len",
 }
 MAX_PATH_FILES = 6

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 
 from refinery import layout
-from refinery.stages import shuffle as sh
-from refinery.stages import tokenize as tk
+from refinery.global_steps import shuffle as sh
+from refinery.global_steps import tokenize as tk
 from refinery.documents import input_shards
 from refinery.shard_format import HEADER, ShardFormatError, ShardReader
 from helpers.corpus import bucket_parts, make_corpus, series_indexes, shuffle, tokenize_all

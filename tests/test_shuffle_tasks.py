@@ -12,8 +12,8 @@ from assets.fanout import task_pool
 from assets.resource import RefineryResource
 from refinery import layout
 from refinery import lineage as lin
-from refinery.stages import shuffle as sh
-from refinery.stages import tokenize as tk
+from refinery.global_steps import shuffle as sh
+from refinery.global_steps import tokenize as tk
 from refinery.documents import input_shards
 from refinery.tasks import in_process
 from helpers.corpus import bucket_parts, make_corpus, tokenize_all

@@ -39,7 +39,8 @@ def test_every_derived_list_agrees_with_the_registry():
     from refinery.funnel_report import FUNNEL_ORDER
     from refinery.layout import ATTRIBUTE_STAGES
     from refinery.lineage import FUNNEL_STAGES
-    from refinery.stages import dedup_compute, quality_training
+    from refinery.global_steps import dedup_compute
+    from refinery.models import quality_training
     from refinery.why import STAGE_FACTS, STEPS
 
     verdicts = registry.verdicts()
@@ -62,10 +63,11 @@ def test_every_derived_list_agrees_with_the_registry():
 def test_the_stages_code_agrees_with_its_record():
     """Each stage class's name, reason family, `skip_key` and added columns are its verdict's."""
     from refinery.documents import CLEAN_STAGE
-    from refinery.stages import extract, ingest, near_dedup, pii, safety
+    from refinery.global_steps import near_dedup
+    from refinery.stages import extract, ingest, pii, safety
     from refinery.stages.heuristic import HeuristicFilter
     from refinery.stages.language import LanguageFilter
-    from refinery.stages.quality import QualityScorer
+    from refinery.models.quality import QualityScorer
 
     assert (ingest.STAGE, extract.STAGE, CLEAN_STAGE) == ("raw_documents", "extracted_text", "pii_redacted")
     for cls in (extract.Extractor, LanguageFilter, HeuristicFilter, QualityScorer):

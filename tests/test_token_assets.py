@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 
 from refinery import layout
-from refinery.stages import tokenize as tk
+from refinery.global_steps import tokenize as tk
 from assets import tokens
 from refinery.documents import input_batches
 from refinery import lineage as lin

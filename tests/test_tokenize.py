@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from refinery import layout
-from refinery.stages import tokenize as tk
+from refinery.global_steps import tokenize as tk
 from refinery.config import parse_config
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key

@@ -92,7 +92,7 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
     import numpy as np
 
     from refinery.ablations.bpb import BitsPerByte, cells_to_json, totals_by
-    from refinery.stages.tokenize import encode_texts, read_tokenizer
+    from refinery.global_steps.tokenize import encode_texts, read_tokenizer
     from training.status import read_status
 
     model, digest = trained_model(vcfg)

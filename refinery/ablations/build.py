@@ -6,7 +6,7 @@ the project's Trainer runs on unchanged (`variant_config`).
     tokenizer/tokenizer.json, info.json           the run's tokenizer, copied
     shards/tokenized/..., shards/final/<bucket>/  tokenized, packed and shuffled by the functions the main
                                                   graph's tokenized_shards and shuffled_shards call
-                                                  (refinery.stages.tokenize, refinery.stages.shuffle)
+                                                  (refinery.global_steps.tokenize, refinery.global_steps.shuffle)
     manifests/ablation.json                       ONE phase, built by phase_manifests' functions
                                                   (refinery.curriculum), whose budget is the ablation budget
     summary.json                                  its counts: documents, tokens (all it holds), bytes,
@@ -39,8 +39,8 @@ from refinery.ablations.verdicts import verdicts_digest
 from refinery.config import ConfigError, RefineryConfig
 from refinery.config.ablations import FUNNEL_VARIANT
 from refinery.documents import CLEAN_STAGE, InputShard, input_shards
-from refinery.stages import shuffle as sh
-from refinery.stages import tokenize as tk
+from refinery.global_steps import shuffle as sh
+from refinery.global_steps import tokenize as tk
 from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 from refinery.stages.registry import TEXT_STAGE, funnel_order

@@ -50,7 +50,9 @@ from refinery.config import RefineryConfig
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key
-from refinery.stages import custom, exact_dedup, heuristic, quality
+from refinery.global_steps import exact_dedup
+from refinery.models import quality, quality_training
+from refinery.stages import custom, heuristic
 from refinery.stages import pii as pii_stage
 from refinery.stages.base import Stage, StageOutput
 from refinery.stages.attributes import stage_batches
@@ -199,7 +201,7 @@ class Judges:
         return stage
 
     def _quality(self) -> Stage:
-        model, pointer = quality.load_published_model(self.root)
+        model, pointer = quality_training.load_published_model(self.root)
         # Left out: scored (quality_top ranks by it) but never dropped on score.
         enforce = not self.sel.readmits("quality_scored", "quality/below_threshold")
         return quality.QualityScorer(model, self.cfg.stages.quality.threshold, enforce, pointer["model_hash"])

@@ -12,7 +12,7 @@ Two word splits, each for its users:
   (`\\w+|[^\\w\\s]+`), so "Hello, world." is `Hello , world .`, as datatrove's spaCy tokenizer
   splits ordinary prose. Gopher's repetition rules count n-grams of these tokens, which keeps
   their verdicts on datatrove's side of a threshold, and MinHash shingles them
-  (refinery/stages/minhash.py).
+  (refinery/global_steps/minhash.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import polars as pl
 
 from refinery.config import load_config
 from refinery.layout import TOKENIZER_KEY
-from refinery.stages.tokenize import train_tokenizer
+from refinery.global_steps.tokenize import train_tokenizer
 from refinery.storage import LocalDataRoot
 from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum
 

@@ -101,7 +101,7 @@ _INGEST_SCRIPT = textwrap.dedent("""
 
 
 def write_difficulty_model_bomb(path: Path, total_bytes: int) -> None:
-    """A reference model file (refinery/stages/difficulty.py's layout, order 1, 1,000 training
+    """A reference model file (refinery/models/difficulty.py's layout, order 1, 1,000 training
     tokens) whose `ngram_counts_1` member declares `total_bytes` of zeros; everything else fits."""
     import io
     import zipfile

@@ -11,8 +11,8 @@ import polars as pl
 import yaml
 
 from refinery import layout
-from refinery.stages import shuffle as sh
-from refinery.stages import tokenize as tk
+from refinery.global_steps import shuffle as sh
+from refinery.global_steps import tokenize as tk
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, input_shards, make_doc_id
 from refinery.layout import documents_key

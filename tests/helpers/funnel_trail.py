@@ -1,7 +1,7 @@
 """A crafted data root whose every document's fate is known: two input files of one web source,
 their stage tables written by hand up to heuristic_filtered (the stages between the extracted and
 the redacted text as attribute tables, as the funnel writes them), real dedup decisions
-(refinery/stages/dedup_compute.py, no Dagster) after it, then quality_scored, pii_redacted and the
+(refinery/global_steps/dedup_compute.py, no Dagster) after it, then quality_scored, pii_redacted and the
 final shards' entry table. `refinery why` and the per-language funnel are tested on it.
 
     a/0 en   kept to the final shards (two windows)
@@ -26,9 +26,9 @@ from helpers.configs import write_config
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA, input_shards
 from refinery.layout import ATTRIBUTE_STAGES, bucket_entries_key, documents_key, final_index_key, rejects_key
-from refinery.stages import dedup_compute as dc
-from refinery.stages import exact_dedup as ex
-from refinery.stages import near_dedup as nd
+from refinery.global_steps import dedup_compute as dc
+from refinery.global_steps import exact_dedup as ex
+from refinery.global_steps import near_dedup as nd
 from refinery.stages.attributes import publish_attributes, read_stage_documents
 from refinery.storage import LocalDataRoot
 

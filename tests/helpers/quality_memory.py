@@ -39,10 +39,10 @@ def peak_rss_kib(docs: int) -> int:
 
 
 if __name__ == "__main__":
-    from refinery.stages import quality as q
+    from refinery.models import quality_fit as qfit
 
     n = int(sys.argv[1])
-    q.train_quality_model(lambda: generated_tables(n), ["wiki"], ["web"], num_features=1 << 16, ngram=2, epochs=1,
+    qfit.train_quality_model(lambda: generated_tables(n), ["wiki"], ["web"], num_features=1 << 16, ngram=2, epochs=1,
                           learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000, max_docs_per_class=n,
                           seed=0, chunk_bytes=1 << 20)
     # VmHWM, this process image's own peak in KiB: ru_maxrss keeps the forking parent's peak across exec.

@@ -69,7 +69,7 @@ def peak_of_signatures(workdir: Path, docs: int) -> dict:
 if __name__ == "__main__":
     from refinery.config import load_config
     from refinery.documents import input_shards
-    from refinery.stages.dedup_compute import compute_signatures
+    from refinery.global_steps.dedup_compute import compute_signatures
     from refinery.storage import LocalDataRoot
 
     cfg = load_config(sys.argv[1])

@@ -26,11 +26,11 @@ from helpers.configs import write_config
 from refinery.config import RefineryConfig, load_config
 from refinery.documents import PROVENANCE_SCHEMA, REJECTS_SCHEMA, input_shards, make_doc_id
 from refinery.layout import documents_key, rejects_key
-from refinery.stages import dedup_compute as dc
+from refinery.global_steps import dedup_compute as dc
 from refinery.stages import pii as pii_stage
-from refinery.stages import tokenize as tk
+from refinery.global_steps import tokenize as tk
 from refinery.stages.attributes import publish_attributes
-from refinery.stages.quality_training import train_and_publish
+from refinery.models.quality_training import train_and_publish
 from refinery.storage import LocalDataRoot
 
 BLOCKED = "forbiddenword"

@@ -42,7 +42,7 @@ import polars as pl
 from refinery.hashing import splitmix64
 from refinery.layout import bucket_entries_key, bucket_shards_prefix, shard_index_key, shard_key
 from refinery.shard_format import SHARD_SUFFIXES, ShardFormatError, ShardReader, shard_files
-from refinery.stages.tokenize import (ENTRY_ROW_GROUP, ENTRY_TABLE_SCHEMA, FINAL, INDEX_VERSION, TOKENIZED, ShardSeries,
+from refinery.global_steps.tokenize import (ENTRY_ROW_GROUP, ENTRY_TABLE_SCHEMA, FINAL, INDEX_VERSION, TOKENIZED, ShardSeries,
                                       publish_file, staging_dir)
 from refinery.storage import DataRoot, LocalDataRoot
 from refinery.tasks import RunTasks, in_process

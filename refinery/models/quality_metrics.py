@@ -15,7 +15,7 @@ import polars as pl
 
 # A language gets its own figures when both its classes have at least this many documents.
 MIN_LANGUAGE_DOCS = 10
-# Buckets the labelled set's documents take in training (refinery/stages/quality_training.py).
+# Buckets the labelled set's documents take in training (refinery/models/quality_training.py).
 LABELLED_PREFIX = "labelled/"
 LABELLED_BUCKETS = {"high": f"{LABELLED_PREFIX}high", "low": f"{LABELLED_PREFIX}low", "spam": f"{LABELLED_PREFIX}spam"}
 UNKNOWN_LANGUAGE = "unknown"

@@ -10,8 +10,8 @@ from typing import Iterator
 
 import polars as pl
 
-from refinery.stages import exact_dedup as ex
-from refinery.stages import near_dedup as nd
+from refinery.global_steps import exact_dedup as ex
+from refinery.global_steps import near_dedup as nd
 from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.config import RefineryConfig

@@ -15,7 +15,7 @@ No Dagster here. `assets/tokens.py` wires these into the `tokenizer` and `tokeni
   and `index.json` (see docs/formats.md): one series per input file under
   `shards/tokenized/<bucket>/<file key>/`, read in order by the bucket's shuffle.
 - With `stages.difficulty.enabled`, each document is scored by the reference model as it is
-  encoded (`refinery.stages.difficulty`), and every entry of the document carries its `difficulty`
+  encoded (`refinery.models.difficulty`), and every entry of the document carries its `difficulty`
   beside `quality_score`; disabled, the column is null.
 """
 
@@ -41,7 +41,8 @@ from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, empty_rejects, input_shards
 from refinery.layout import (TOKENIZER_INFO_KEY, TOKENIZER_KEY, bucket_entries_key, bucket_shards_prefix,
                              shard_index_key, shard_key)
-from refinery.stages import difficulty as dfc
+from refinery.models import difficulty as dfc
+from refinery.models import difficulty_published as dpub
 from refinery.stages.attributes import stage_batches
 from refinery.shard_format import SHARD_SUFFIXES, ShardWriter, shard_files, split_windows, token_dtype
 from refinery.storage import DataRoot, LocalDataRoot
@@ -73,7 +74,7 @@ ENTRY_TABLE_SCHEMA: dict[str, pl.DataType] = {
     "window": pl.Int32(),
     "n_windows": pl.Int32(),
     "quality_score": pl.Float64(),
-    "difficulty": pl.Float64(),  # the document's mean token loss under the reference model (refinery/stages/difficulty.py)
+    "difficulty": pl.Float64(),  # the document's mean token loss under the reference model (refinery/models/difficulty.py)
     "language": pl.String(),  # language_filtered's language (null where a source skips it): a phase's quality cut is per language
 }
 
@@ -432,7 +433,7 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
     so tokenization fans out like the funnel (the shuffle then reads a bucket's files in order).
 
     With `stages.difficulty.enabled`, documents are scored by `reference` (the model and its file's
-    sha256, as `difficulty.load_published_model` gives them; read from the data root when None)."""
+    sha256, as `difficulty_published.load_published_model` gives them; read from the data root when None)."""
     t0 = time.perf_counter()
     fields = series_fields(cfg, tokenizer)
     window, overlap, dtype = fields.pop("window"), fields.pop("overlap"), np.dtype(fields.pop("dtype"))
@@ -441,7 +442,7 @@ def tokenize_file(root: DataRoot, cfg: RefineryConfig, shard: InputShard, tokeni
     reject_parts: list[pl.DataFrame] = []
     windowed = 0
     if cfg.stages.difficulty.enabled and reference is None:
-        reference = dfc.load_published_model(root)
+        reference = dpub.load_published_model(root)
     model = reference[0] if cfg.stages.difficulty.enabled else None
     extra = {**fields, "window": window, "overlap": overlap,
              **({"difficulty_model_sha256": reference[1]} if model is not None else {})}

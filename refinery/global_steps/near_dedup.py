@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from refinery.stages import exact_dedup as ex
+from refinery.global_steps import exact_dedup as ex
 from refinery.stages.base import StageOutput, stage_output, without_drops
 from refinery.stages.stats import Drop, StageStats
-from refinery.stages.minhash import EMPTY_HASH, MinHasher, bottom_k_jaccard, lsh_params
+from refinery.global_steps.minhash import EMPTY_HASH, MinHasher, bottom_k_jaccard, lsh_params
 from refinery.config import RefineryConfig
 
 # Stats files and reject rows both name the two dedups by these (the asset names).
