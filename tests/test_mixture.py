@@ -16,7 +16,7 @@ from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
 from training.sampler import CurriculumSampler, SamplerStateError, allocate_rows, quantize_rows
 from training.schedule import StepSchedule
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
 

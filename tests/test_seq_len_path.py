@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCANNED = ("refinery", "training")
+SCANNED = ("refinery", "training", "synthetic")
 PACKAGES = ("refinery", "training", "assets", "orchestration")  # where a schedule could be built
 SEQ_LEN_WORD = re.compile(r"(?:^|_)seq_lens?(?:_|$)")
 OTHER_QUANTITIES = {"max_seq_len", "original_seq_len"}
@@ -45,9 +45,9 @@ MODEL = {
 OFF_PATH = {
     "refinery/curriculum/contract.py": "checks it against the packed window and whole optimizer steps; the "
                                        "contract's numbers",
-    "refinery/validate.py": "prints and plots the contract",
-    "refinery/testing/curriculum.py": "writes synthetic curricula and their manifests for tests",
-    "refinery/init.py": "writes the YAML",
+    "refinery/reports/contract.py": "prints and plots the contract",
+    "synthetic/curriculum.py": "writes synthetic curricula and their manifests for tests",
+    "refinery/commands/init.py": "writes the YAML",
     "refinery/stages/tokenize.py": "packs shards as long as the longest phase",
     "training/token_lineage.py": "bounds a looked-up position by its step's seq_len",
 }
