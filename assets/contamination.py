@@ -26,10 +26,11 @@ from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import contamination as cont
+from refinery import contamination_tasks as ctasks
 from refinery.config import RefineryConfig
 from refinery.curriculum import read_manifest
 from refinery.drop_policy import scan_phase_under_policy
-from refinery.scan import excluded_doc_ids
+from refinery.reports.exclusions import excluded_doc_ids
 
 CHECK_NAME = "contamination_below_limit"
 HITS_SHOWN = 10
@@ -50,21 +51,21 @@ def check_result(phase: str, final: cont.ScanReport, verdict: str, summary: dict
                               dg.AssetCheckSeverity.WARN if final.not_scanned else dg.AssetCheckSeverity.ERROR)
 
 
-def scan_table_task(refinery: RefineryResource, partition: str, cache: dict) -> cont.PartialRun:
+def scan_table_task(refinery: RefineryResource, partition: str, cache: dict) -> ctasks.PartialRun:
     """One task: the partial of one clean table (the eval index built once per worker)."""
     if "index" not in cache:
         cache["index"] = cont.EvalIndex.build(refinery.config)
-        cache["digest"] = cont.index_digest(cache["index"])
-    return cont.ensure_partial(refinery.root, cache["index"], partition, cache["digest"])
+        cache["digest"] = ctasks.index_digest(cache["index"])
+    return ctasks.ensure_partial(refinery.root, cache["index"], partition, cache["digest"])
 
 
-def scan_tables(context: dg.AssetExecutionContext, refinery: RefineryResource, phase: str) -> list[cont.PartialRun]:
+def scan_tables(context: dg.AssetExecutionContext, refinery: RefineryResource, phase: str) -> list[ctasks.PartialRun]:
     """Store the partial of every clean table holding `phase`'s documents, fanned out over
     `partitions.workers` processes; nothing when there is nothing to scan for."""
     cfg, root = refinery.config, refinery.root
     if cont.unscannable(cfg.contamination, cont.EvalIndex.build(cfg)) is not None:
         return []
-    partitions = cont.phase_partitions(root, read_manifest(root, phase))
+    partitions = ctasks.phase_partitions(root, read_manifest(root, phase))
     runs = map_tasks(refinery, partitions, scan_table_task)
     for run in runs:
         if run.damaged:

@@ -22,7 +22,7 @@ from refinery import curriculum as cur
 from refinery.config import RefineryConfig
 from refinery.curriculum import write_manifest
 from refinery.layout import manifest_key
-from refinery.validate import bucket_rows, markdown_table, phase_rows, summary_lines, write_schedule_plot
+from refinery.reports.contract import bucket_rows, markdown_table, phase_rows, summary_lines, write_schedule_plot
 from refinery.layout import SCHEDULE_PLOT_KEY
 
 CHECK_NAME = "curriculum_valid"

@@ -21,7 +21,7 @@ from assets.provenance import Provenance, code_version, image_markdown, stage_co
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
-from refinery.funnel_report import files_stage_stats, funnel_chart_png
+from refinery.reports.funnel import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
 from refinery.models import quality as q
 from refinery.models import quality_features, quality_fit

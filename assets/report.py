@@ -1,7 +1,7 @@
 """`funnel_report` (global): the whole corpus's funnel on one asset page.
 
 It is `refinery funnel` as an asset: every input batch's stats merged per stage
-(refinery/funnel_report.py), drawn as the funnel chart and printed as the command's table, with
+(refinery/reports/funnel.py), drawn as the funnel chart and printed as the command's table, with
 retention per stage, bucket and language, the top removal reasons and the raw-input budget. The chart and the
 JSON report are written to the data root too, so the page and the files agree.
 
@@ -17,7 +17,7 @@ from assets.factory import StepResult, global_step_asset
 from assets.partitions import Partitions
 from assets.provenance import TOP_REASONS, Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
-from refinery import funnel_report as fr
+from refinery.reports import funnel as fr
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import FUNNEL_CHART_KEY, FUNNEL_REPORT_KEY, STATS_PREFIX

@@ -4,7 +4,7 @@ task per input file and per key range), `lineage_index` (global, fanned out as a
 and per final shard).
 
 Thin wrappers: the work is in `refinery.global_steps.tokenize`, `refinery.global_steps.shuffle`,
-`refinery.models.difficulty` and `refinery.lineage`. Tokenization is a per-batch stage like the
+`refinery.models.difficulty` and `refinery.lineage_index`. Tokenization is a per-batch stage like the
 funnel's (fanned out over the batch's files and `partitions.workers`); each bucket's shuffle reads the
 series of the files routed to it (a static partition mapping from input batch to bucket). The
 shuffle's and the lineage index's tasks run in the same pool of `partitions.workers` processes
@@ -21,7 +21,7 @@ from assets.fanout import FileResult, task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
-from refinery import lineage as lin
+from refinery import lineage_index as lin
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.layout import rejects_key, stats_key

@@ -40,7 +40,7 @@ class TrainingRunRefused(dg.Failure):
 
 def contamination_gate(cfg: RefineryConfig, root, phase: str) -> str:
     """Refuse to train a phase whose latest contamination scan is missing, stale or failing."""
-    from refinery.contamination import scan_is_current
+    from refinery.contamination_tasks import scan_is_current
 
     if not cfg.contamination.eval_sets:
         return "no eval sets configured; contamination gate not applied"

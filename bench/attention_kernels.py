@@ -3,7 +3,7 @@ backward, per kernel path, on CUDA.
 
     python bench/attention_kernels.py [--rows 4] [--seq-len 4096] [--reps 20] [--autotune] [--sweep]
 
-Rows of packed documents with geometric lengths of mean 2,000 (as refinery/testing/curriculum.py draws them),
+Rows of packed documents with geometric lengths of mean 2,000 (as synthetic/curriculum.py draws them),
 12 heads of 64, bf16. Each path runs forward and backward of one attention call; the time is the
 median over --reps of CUDA-event-timed calls after warm-up. Paths:
 - flex: FlexAttention with training.attention's document_block_mask (the trainer's CUDA path);

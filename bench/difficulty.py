@@ -3,7 +3,7 @@
 The reference model (refinery/models/difficulty.py, a trigram over token ids) is trained on the
 curated sources the bundled sample is built from (data/source/: the books and the wiki, each
 paragraph a document), with a byte-level BPE of 8,192 entries trained on them first. The documents
-scored are `refinery.testing.crawl.generate_corpus` documents (real English sentences, about 3.6 KB
+scored are `synthetic.crawl.generate_corpus` documents (real English sentences, about 3.6 KB
 each). Three costs are measured on the same documents, each as CPU seconds (`time.process_time`,
 which counts every thread of the process), median of `--repeats`:
 
@@ -32,7 +32,8 @@ import polars as pl  # noqa: E402
 from refinery.models import difficulty as dfc  # noqa: E402
 from refinery.models.quality_fit import train_quality_model  # noqa: E402
 from refinery.global_steps.tokenize import encode_texts, train_tokenizer  # noqa: E402
-from refinery.testing.crawl import generate_corpus, load_source  # noqa: E402
+from synthetic.documents import load_source  # noqa: E402
+from synthetic.crawl import generate_corpus  # noqa: E402
 
 EOD = "<|endoftext|>"
 

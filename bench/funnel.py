@@ -1,6 +1,6 @@
 """Funnel stage throughput next to the bare library call, on one generated corpus, in one run.
 
-The corpus is `refinery.testing.crawl.write_corpus` as a per-record-gzip WARC of HTML pages (real English
+The corpus is `synthetic.crawl.write_corpus` as a per-record-gzip WARC of HTML pages (real English
 sentences, about 550 words a document), read once by `read_input_shard`. Each stage gets the
 previous stage's output, so every stage sees the documents it would see in the funnel.
 
@@ -50,7 +50,7 @@ from refinery.stages.ingest import read_input_shard  # noqa: E402
 from refinery.stages.language import LanguageFilter, LanguageModel, bundled_model_path  # noqa: E402
 from refinery.config import ExtractConfig, HeuristicConfig, LanguageConfig, SourceConfig  # noqa: E402
 from refinery.documents import InputShard  # noqa: E402
-from refinery.testing.crawl import write_corpus  # noqa: E402
+from synthetic.crawl import write_corpus  # noqa: E402
 
 # datatrove's chain as FineWeb ran it over a JSONL file of {"text": ...}; prints the CPU seconds of
 # each repeat and every document's keep decision as JSON. Run by the interpreter with datatrove.

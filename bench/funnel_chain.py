@@ -5,7 +5,7 @@ datatrove's comparable chain on the same documents, in the same run.
         --datatrove-python /tmp/dtvenv/bin/python
     python bench/funnel_chain.py --corpus multilingual --repeats 5 --datatrove-python /tmp/dtvenv/bin/python
 
-The `synth` corpus is `refinery.testing.crawl.write_corpus` JSONL (real English sentences, about 3.6 KB per
+The `synth` corpus is `synthetic.crawl.write_corpus` JSONL (real English sentences, about 3.6 KB per
 document, 5% exact and 5% near copies). The `multilingual` corpus is the project's own:
 data/multilingual (documentation pages in ten languages and planted spam) and the JSONL sources of
 data/sample (wiki, books, math, code; the deliberately broken `-9x` files left out), every
@@ -188,7 +188,7 @@ def run_our_chain(jsonl: str, work: str, languages: str | list[str] = ("en",)) -
 
 def main() -> None:
     from refinery.stages.language import bundled_model_path
-    from refinery.testing.crawl import write_corpus
+    from synthetic.crawl import write_corpus
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=20_000)

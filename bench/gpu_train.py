@@ -6,7 +6,7 @@
 
 Each shape SEQ_LEN:MICRO_BATCH is one run of the trainer itself (`Trainer.train`, its CUDA path: bf16
 autocast, training.attention, the per-step loader) on a one-phase synthetic curriculum
-(`refinery/testing/curriculum.py`: two buckets of random-token documents of 2,000 tokens on average, cut into
+(`synthetic/curriculum.py`: two buckets of random-token documents of 2,000 tokens on average, cut into
 windows of SEQ_LEN) of exactly `--steps` steps of MICRO_BATCH rows. The first `--skip` steps (kernel
 autotuning, compilation, the page cache) are left out; figures are over the rest:
 
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from refinery.config import load_config  # noqa: E402
 from training.attention import document_block_mask  # noqa: E402
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
 from training.trainer import RunOptions, Trainer  # noqa: E402
 
 MODELS = {"124m": {"n_layer": 12, "n_head": 12, "n_embd": 768}, "small": {"n_layer": 2, "n_head": 4, "n_embd": 256},

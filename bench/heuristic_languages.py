@@ -1,6 +1,6 @@
 """heuristic_filtered CPU time on English and on the multilingual corpus, against another checkout.
 
-Inputs are made once, in this checkout: `refinery.testing.crawl` English documents (a WARC, extracted as
+Inputs are made once, in this checkout: `synthetic.crawl` English documents (a WARC, extracted as
 the funnel does) and data/multilingual's clean and spam pages, both through language ID with
 `languages: all`. Each checkout named by `--baseline` (a folder holding an older tree, e.g. made
 with `git archive COMMIT | tar -x -C DIR`) and this one then time `HeuristicFilter(HeuristicConfig())
@@ -56,7 +56,7 @@ def make_inputs(tmp: Path, docs: int) -> dict[str, Path]:
     from refinery.stages.language import LanguageFilter, load_language_model
     from refinery.config import ExtractConfig, LanguageConfig, SourceConfig
     from refinery.documents import PROVENANCE_SCHEMA, InputShard
-    from refinery.testing.crawl import write_corpus
+    from synthetic.crawl import write_corpus
 
     language = LanguageFilter(LanguageConfig(languages="all", min_score=0.0), load_language_model(None))
     warc = tmp / "en.warc.gz"

@@ -1,6 +1,6 @@
 """Throughput of `read_input_shard` (raw_documents) next to the bare library loop, in one process.
 
-- WARC: a per-record-gzip WARC of HTML pages written by `refinery.testing.crawl.write_corpus`. Baseline:
+- WARC: a per-record-gzip WARC of HTML pages written by `synthetic.crawl.write_corpus`. Baseline:
   FastWARC's `ArchiveIterator` with HTTP parsing, reading each payload and decoding it as UTF-8
   into a list of (url, text) — the least any reader must do.
 - JSONL: the same documents as gzip JSONL. Baseline: `gzip.open`, `json.loads` per line.
@@ -39,7 +39,7 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from refinery.stages.ingest import read_input_shard  # noqa: E402
 from refinery.config import ExtractConfig, SourceConfig  # noqa: E402
 from refinery.documents import InputShard  # noqa: E402
-from refinery.testing.crawl import write_corpus  # noqa: E402
+from synthetic.crawl import write_corpus  # noqa: E402
 
 
 def bare_warc(path: Path) -> int:

@@ -45,6 +45,7 @@ import yaml  # noqa: E402
 
 from refinery.global_steps import tokenize as tk  # noqa: E402
 from refinery import lineage as lin  # noqa: E402
+from refinery import lineage_index as lindex  # noqa: E402
 from refinery.config import load_config  # noqa: E402
 from refinery.documents import CLEAN_STAGE, PROVENANCE_SCHEMA, input_shards, make_doc_id  # noqa: E402
 from refinery.layout import TOKENIZER_KEY, documents_key  # noqa: E402
@@ -135,7 +136,7 @@ def build_in_this_process(folder: Path) -> None:
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     rss_before = peak_rss_mb()
     t0 = time.perf_counter()
-    index = lin.build_lineage_index(root, cfg)
+    index = lindex.build_lineage_index(root, cfg)
     wall = time.perf_counter() - t0
     print(json.dumps({"wall_s": wall, "peak_rss_mb": peak_rss_mb(), "import_rss_mb": rss_before,
                       "documents": index["documents"]}))

@@ -52,7 +52,7 @@ from refinery.config import load_config  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 from training.data import CurriculumData  # noqa: E402
 from training.loader import CHUNK_TOKENS, StepStream, make_loader, ring_chunks  # noqa: E402
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum  # noqa: E402
 
 
 LITDATA_SCRIPT = textwrap.dedent(

@@ -104,7 +104,7 @@ def dagster_funnel(config: Path, home: Path) -> int:
 
 def records_read(config: Path) -> int:
     from refinery.config import load_config
-    from refinery.funnel_report import load_stage_totals
+    from refinery.reports.funnel import load_stage_totals
     from refinery.storage import open_data_root
 
     cfg = load_config(config)

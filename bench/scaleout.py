@@ -2,7 +2,7 @@
 
     python bench/scaleout.py [--docs 3000] [--docs-per-file 250] [--repeats 3] [--nodes 1 2 3] [--workdir DIR] [--out FILE]
 
-A corpus of `--docs` generated pages (`refinery.testing.crawl.write_corpus`, WARC.gz files of
+A corpus of `--docs` generated pages (`synthetic.crawl.write_corpus`, WARC.gz files of
 `--docs-per-file` pages each, partitions by file) runs through the funnel up to `pii_redacted`
 (ingest, extraction, language ID, heuristics, dedup signatures, exact and near dedup, quality
 scoring, PII) as `refinery demo` runs it (`orchestration.demo.materialize_graph`), once per setting:
@@ -51,7 +51,7 @@ NODE_SESSIONS = "SCALEOUT_RAY_NODE_SESSIONS"
 
 
 def write_corpus(work: Path, docs: int, docs_per_file: int, seed: int) -> Path:
-    from refinery.testing.crawl import write_corpus as write_warc
+    from synthetic.crawl import write_corpus as write_warc
 
     folder = work / "crawl"
     folder.mkdir(parents=True)
@@ -216,7 +216,7 @@ def output_digest(config: Path) -> str:
 
 def raw_docs(config: Path) -> int:
     from refinery.config import load_config
-    from refinery.funnel_report import load_stage_totals
+    from refinery.reports.funnel import load_stage_totals
     from refinery.storage import open_data_root
 
     cfg = load_config(config)

@@ -10,7 +10,7 @@
   seconds of this process (both run here; CPU time is less disturbed by a shared machine's load).
 
 Each figure is the median of `--repeats` runs, alternating the two sides; the corpus is
-`refinery.testing.crawl.write_corpus` as a per-record-gzip WARC, read once by `read_input_shard`.
+`synthetic.crawl.write_corpus` as a per-record-gzip WARC, read once by `read_input_shard`.
 
     python bench/stage_isolation.py --docs 5000 --repeats 5
 """
@@ -36,7 +36,7 @@ from refinery.stages.isolation import shared_worker  # noqa: E402
 from refinery.stages.language import LanguageFilter, LanguageModel  # noqa: E402
 from refinery.config import ExtractConfig, HeuristicConfig, LanguageConfig, SourceConfig  # noqa: E402
 from refinery.documents import InputShard  # noqa: E402
-from refinery.testing.crawl import write_corpus  # noqa: E402
+from synthetic.crawl import write_corpus  # noqa: E402
 
 
 def timed(clock, fn) -> float:

@@ -7,7 +7,7 @@ of each step and of its largest task, tasks, data-root size.
     python bench/stage_scale.py --summarize OUT.json [OUT.json ...]   # runs split over invocations
 
 The base corpus is the bundled sample plus two generated sources: `grown` (bucket web), `--files`
-WARC.gz files of `--docs-per-file` pages (`refinery.testing.crawl.write_corpus`: real English
+WARC.gz files of `--docs-per-file` pages (`synthetic.crawl.write_corpus`: real English
 sentences, about 3.6 KB a page, 5% exact and 5% near duplicates), and `tomes` (bucket books),
 `--tome-files` JSONL.gz files of `--tomes-per-file` book-sized records of about `--tome-kib` KiB
 (real English sentences with a seeded share of their words swapped, so no two are near
@@ -112,7 +112,7 @@ def tome(sentences: list[str], words: list[str], size: int, rng: random.Random) 
 
 
 def write_tomes(folder: Path, corpus: Corpus, seed: int) -> None:
-    from refinery.testing.crawl import english_sentences
+    from synthetic.documents import english_sentences
 
     sentences = english_sentences()
     words = sorted({w for s in sentences for w in s.split() if w.isalpha()})
@@ -126,7 +126,7 @@ def write_tomes(folder: Path, corpus: Corpus, seed: int) -> None:
 
 def write_config(work: Path, corpus: Corpus, seed: int, batch_bytes: int, workers: int) -> Path:
     """The demo config with the `grown` and `tomes` sources of `corpus`; returns its path."""
-    from refinery.testing.crawl import write_corpus
+    from synthetic.crawl import write_corpus
 
     grown = work / "grown"
     grown.mkdir(parents=True)
@@ -318,7 +318,7 @@ def corpus_counts(config: Path) -> tuple[int, int]:
     """Raw documents read and final tokens over every bucket."""
     from refinery import layout
     from refinery.config import load_config
-    from refinery.funnel_report import load_stage_totals
+    from refinery.reports.funnel import load_stage_totals
     from refinery.global_steps.tokenize import FINAL
     from refinery.storage import open_data_root
 

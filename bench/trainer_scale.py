@@ -182,7 +182,7 @@ def build_corpus(workdir: Path, entries: int, seed: int) -> Path:
     from refinery.curriculum.manifests import selection_npy
     from refinery.layout import selection_key
     from refinery.storage import LocalDataRoot
-    from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config
+    from synthetic.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config
 
     t0 = time.perf_counter()
     root = LocalDataRoot(shape / "root")

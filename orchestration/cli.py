@@ -1,6 +1,6 @@
 """The `refinery` command: every subcommand, each from its own module.
 
-Each command's module exposes `register(subparsers)` (refinery/commands.py says what it sets), and
+Each command's module exposes `register(subparsers)` (refinery/commands/__init__.py says what it sets), and
 keeps heavy imports (dagster, torch) inside its command function so `refinery --help` is instant.
 A command line that names its command imports that command's module only: a `refinery lineage`
 query does not pay for the imports of scan, demo, validate and the rest.
@@ -19,14 +19,14 @@ from refinery import commands
 # lists them.
 COMMAND_MODULES = {
     "demo": "orchestration.demo",
-    "scan": "refinery.scan",
+    "scan": "refinery.commands.scan",
     "lineage": "orchestration.lineage",
-    "funnel": "refinery.funnel_report",
-    "why": "refinery.why",
-    "validate": "refinery.validate",
-    "init": "refinery.init",
-    "compare": "refinery.compare",
-    "ablations": "refinery.ablations.cli",
+    "funnel": "refinery.commands.funnel",
+    "why": "refinery.commands.why",
+    "validate": "refinery.commands.validate",
+    "init": "refinery.commands.init",
+    "compare": "refinery.commands.compare",
+    "ablations": "refinery.commands.ablations",
     "train": "training.cli",
 }
 

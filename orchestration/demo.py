@@ -190,7 +190,7 @@ def scan_summary(root: DataRoot, phase: str) -> str:
     and every document the drop policy has removed from the phase, by this scan and earlier ones."""
     from refinery.contamination import verdict
     from refinery.layout import scan_report_key
-    from refinery.scan import excluded_doc_ids
+    from refinery.reports.exclusions import excluded_doc_ids
 
     if not root.exists(scan_report_key(phase)):
         return f"{phase:<10} never scanned; materialize contamination_scan[{phase}]"
@@ -207,9 +207,9 @@ def demo_summary(config_path: str) -> str:
     per-phase, per-bucket training tokens and loss."""
     from refinery.config import load_config
     from refinery.curriculum import validate_data_root
-    from refinery.funnel_report import build_report, bytes_per_token, format_report, load_stage_totals
+    from refinery.reports.funnel import build_report, bytes_per_token, format_report, load_stage_totals
     from refinery.storage import open_data_root
-    from refinery.validate import render_text
+    from refinery.reports.contract import render_text
     from training.cli import format_table
     from training.phase_runs import phase_names, phase_run_dir
     from training.status import read_status

@@ -8,14 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refinery.lineage import CONTEXT_TOKENS, LineageError, format_lineage, resolve_token
+from refinery.lineage import CONTEXT_TOKENS, format_lineage, resolve_token
+from refinery.lineage_index import LineageError
 from refinery.preflight import Needs
 from refinery.shard_header import ShardFormatError
 from refinery.storage import dumps_json, open_data_root
 
 
 def run_lineage(args: argparse.Namespace) -> int:
-    cfg = args.loaded_config  # the preflight's (refinery/commands.py), so the YAML is parsed once
+    cfg = args.loaded_config  # the preflight's (refinery/commands/__init__.py), so the YAML is parsed once
     root = open_data_root(cfg.resolve(cfg.data_root))
     shard, offset, trained = args.shard, args.offset, None
     if args.run is not None:

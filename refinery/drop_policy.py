@@ -15,6 +15,7 @@ import polars as pl
 
 from refinery import layout
 from refinery import contamination as cont
+from refinery import contamination_tasks as ctasks
 from refinery.config import RefineryConfig
 from refinery.curriculum import apply_exclusions, read_manifest, write_manifest
 from refinery.storage import DataRoot
@@ -39,7 +40,7 @@ def scan_and_apply_policy(cfg: RefineryConfig, root: DataRoot, phase: str,
     """Scan `phase`; under the drop policy remove what was found and scan the rebuilt manifest.
     Returns (first scan, final scan, newly dropped doc ids)."""
     index = cont.EvalIndex.build(cfg)
-    first = cont.scan_phase(cfg, root, phase, index, log)
+    first = ctasks.scan_phase(cfg, root, phase, index, log)
     if not first.hits or cfg.contamination.policy != "drop":
         return first, first, []
     key = layout.exclusions_key(phase)
@@ -47,7 +48,7 @@ def scan_and_apply_policy(cfg: RefineryConfig, root: DataRoot, phase: str,
     found = {h.doc_id for h in first.hits}
     root.write_json(key, sorted(excluded | found))
     write_manifest(root, apply_exclusions(root, read_manifest(root, phase), excluded | found))
-    return first, cont.scan_phase(cfg, root, phase, index), sorted(found - excluded)
+    return first, ctasks.scan_phase(cfg, root, phase, index), sorted(found - excluded)
 
 
 def scan_phase_under_policy(cfg: RefineryConfig, root: DataRoot, phase: str,

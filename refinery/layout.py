@@ -142,7 +142,7 @@ def documents_part_key(input_key: str) -> str:
 
 
 def shard_lineage_key(shard_prefix: str) -> str:
-    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.rows` (refinery/lineage.py's rows file)."""
+    """`shards/final/web/shard-00003` -> `lineage/final/web/shard-00003.rows` (refinery/lineage_index.py's rows)."""
     return "lineage/" + shard_prefix.removeprefix("shards/") + ".rows"
 
 

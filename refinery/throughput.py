@@ -21,6 +21,9 @@ from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
 
 DEFAULT_BYTES_PER_TOKEN = 4.0
+# Bytes of clean text per token of the demo's tokenizer (byte-level BPE, vocab 4096, trained on the
+# sample's clean text by the `tokenizer` asset): 3.37 on data/sample's JSONL text.
+DEMO_BYTES_PER_TOKEN = 3.4
 SECONDS_PER_DAY = 86_400
 TOKENIZE_STAGE = "tokenized_shards"
 

@@ -12,7 +12,7 @@ from helpers.generated_pages import article_text
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import InputShard
 from refinery.stages.ingest import read_input_shard
-from refinery.testing.crawl import BLOCKLISTED_DOMAINS, jaccard
+from synthetic.documents import BLOCKLISTED_DOMAINS, jaccard
 
 REPO = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("build_crawl", REPO / "data" / "ablations" / "build_crawl.py")

@@ -219,3 +219,33 @@ def test_a_type_only_import_closes_a_cycle(tmp_path):
 def test_the_stage_packages_import_in_one_direction(module, name, broken):
     assert stage_package_violation(module, name) is broken
 
+
+def command_modules(modules: dict[str, Path]) -> set[str]:
+    """The command modules of the library: refinery/commands/ (orchestration/ is above assets/ anyway;
+    assets/pipes_train.py is the `train` command run under Dagster Pipes, so it builds training/cli.py's parser)."""
+    return {m for m in modules if m == "refinery.commands" or m.startswith("refinery.commands.")}
+
+
+def command_imports(module: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """`path:line: imports M` for each command module `module` imports."""
+    commands = command_modules(modules)
+    return [f"{path.name}:{line}: imports {target}" for name, line in imports_of(module, path, modules)
+            if (target := resolve(name, modules)) in commands]
+
+
+def test_assets_import_no_command_module():
+    """Report helpers live in refinery/reports/, which commands and assets both import; an asset that
+    needs a command's module has found a helper that belongs there."""
+    modules = project_modules()
+    found = [hit for module, path in modules.items() if module.split(".")[0] == "assets"
+             for hit in command_imports(module, path, modules)]
+    assert not found, "assets/ imports command modules:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", ["from refinery.commands.scan import run_scan\n",
+                                    "def f():\n    from refinery import commands\n",
+                                    "import refinery.commands.validate\n"])
+def test_an_asset_importing_a_command_is_found(tmp_path, source):
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    assert len(command_imports("assets.probe", path, project_modules())) == 1

@@ -30,7 +30,7 @@ from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import REJECTS_SCHEMA, InputShard, make_doc_id
 from refinery.stages.ingest import RAW_SCHEMA, read_input_shard, stream_input_shard
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
-from refinery.testing.crawl import gzip_member, http_response, warc_record
+from synthetic.warc import gzip_member, http_response, warc_record
 
 from helpers.bombs import peak_rss_of_ingest, write_jsonl_bomb, write_parquet_bomb, write_warc_bomb
 from helpers.configs import demo_config

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from refinery.config import load_config
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from training.checkpoint import CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from training.trainer import RunOptions, Trainer
 

@@ -12,7 +12,7 @@ from orchestration.cli import COMMAND_MODULES, build_parser, main
 from refinery.layout import exclusions_key, hits_key, scan_report_key
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key
-from refinery.scan import dropped_documents, format_dropped
+from refinery.reports.exclusions import dropped_documents, format_dropped
 from refinery.storage import LocalDataRoot
 
 from helpers.configs import write_config

@@ -10,7 +10,7 @@ import polars as pl
 import torch
 
 from orchestration.cli import main as refinery
-from refinery.compare import compare_roots
+from refinery.commands.compare import compare_roots
 from refinery.layout import documents_key, stats_key
 from refinery.storage import LocalDataRoot
 from refinery.storage.base import sha256_file

@@ -15,7 +15,7 @@ from assets.provenance import ALWAYS_KEYS, PROVENANCE_KEYS
 from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
 from refinery.config import load_config
-from refinery.contamination import phase_doc_ids
+from refinery.contamination_tasks import phase_doc_ids
 from refinery.layout import exclusions_key, scan_report_key
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key

@@ -13,7 +13,7 @@ import pytest
 
 from refinery.config import load_config
 from refinery.documents import PROVENANCE_SCHEMA, input_shards, make_doc_id
-from refinery.funnel_report import stage_partitions
+from refinery.reports.funnel import stage_partitions
 from refinery.stages.attributes import read_stage_documents, write_stage_documents
 from refinery.storage import LocalDataRoot, sha256_file
 

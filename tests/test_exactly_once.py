@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.exactly_once import assert_exactly_once_under_sigkill
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 
 
 @pytest.mark.slow

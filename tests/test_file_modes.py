@@ -14,7 +14,7 @@ import pytest
 from orchestration.cli import main
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from training.trainer import RunOptions, Trainer
 
 

@@ -12,11 +12,11 @@ import pytest
 from assets import funnel
 from refinery.config import load_config
 from refinery.documents import input_batches, input_shards, make_doc_id
-from refinery.funnel_report import stage_partitions
+from refinery.reports.funnel import stage_partitions
 from refinery.layout import kept_documents_key, rejects_key, stats_key
 from refinery.stages.attributes import read_stage_documents
 from refinery.storage import LocalDataRoot
-from refinery.testing.crawl import gzip_member, http_response, warc_record
+from synthetic.warc import gzip_member, http_response, warc_record
 
 from helpers.configs import demo_config, write_config
 from helpers.materialize import materialize, module_assets

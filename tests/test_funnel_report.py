@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from orchestration.cli import main
-from refinery.funnel_report import stage_order
-from refinery.init import DEMO_BYTES_PER_TOKEN
+from refinery.reports.funnel import stage_order
+from refinery.throughput import DEMO_BYTES_PER_TOKEN
 from refinery.storage import LocalDataRoot
 
 from helpers.funnel_stats import stats, write_funnel_config
@@ -79,7 +79,7 @@ def test_table_report_for_people(materialized, capsys):
 
 
 def test_b_t_is_measured_from_the_token_shards_once_they_exist(tmp_path):
-    from refinery.funnel_report import bytes_per_token
+    from refinery.reports.funnel import bytes_per_token
     from refinery.layout import final_index_key
     from refinery.stages.stats import StageStats
 

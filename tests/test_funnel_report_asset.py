@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets import report
-from refinery.funnel_report import FUNNEL_ORDER, funnel_chart_png, load_stage_totals
+from refinery.reports.funnel import FUNNEL_ORDER, funnel_chart_png, load_stage_totals
 from refinery.layout import FUNNEL_CHART_KEY, FUNNEL_REPORT_KEY
 from orchestration.cli import main
 from refinery.storage import LocalDataRoot

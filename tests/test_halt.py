@@ -10,7 +10,7 @@ import yaml
 from orchestration.cli import main
 from training.metrics import JsonLines
 from training.status import read_status
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 
 # math holds ~6 x 30 tokens and may be read once, but half of 4096 tokens are asked of it
 OVER_DEMAND = dict(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from refinery.config import ValRiseHaltConfig, load_config
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from training.halt import STEP_HOOKS_ENV, Halt, HaltPolicy, StepOutcome, install_step_hooks
 from training.loader import Exhausted
 from training.trainer import RunOptions, Trainer

@@ -18,7 +18,7 @@ from refinery.documents import InputShard, make_doc_id
 from refinery.layout import rejects_key
 from refinery.stages.attributes import read_stage_documents
 from refinery.storage import LocalDataRoot
-from refinery.testing.crawl import gzip_member, http_response, warc_record
+from synthetic.warc import gzip_member, http_response, warc_record
 
 from helpers.configs import write_config
 from helpers.texts import PROSE

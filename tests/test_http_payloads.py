@@ -13,7 +13,7 @@ import pytest
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import InputShard
 from refinery.stages.ingest import read_input_shard
-from refinery.testing.crawl import gzip_member, http_response, warc_record
+from synthetic.warc import gzip_member, http_response, warc_record
 
 PAGE = "<html><body><p>Grüße aus Köln, a page of text.</p></body></html>"
 

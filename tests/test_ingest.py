@@ -14,7 +14,7 @@ from refinery.stages.ingest import RAW_SCHEMA, config_relative_file, read_input_
 from refinery.stages.readers import gzip_damage_offset
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import InputShard, make_doc_id
-from refinery.testing.crawl import gzip_member, http_request, http_response, warc_record
+from synthetic.warc import gzip_member, http_request, http_response, warc_record
 
 HTML = "<html><head><title>{t}</title></head><body><p>{t}: {body}</p></body></html>"
 

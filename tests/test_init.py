@@ -12,8 +12,9 @@ import yaml
 
 from orchestration.cli import main as refinery
 from refinery.config import ConfigError, load_config
-from refinery.init import BUDGET_MARGIN, MICRO_BATCH_SIZE, SHORT_SEQ_LEN, plan_curriculum, scan
-from refinery.testing.crawl import generate_corpus
+from refinery.commands.init import BUDGET_MARGIN, MICRO_BATCH_SIZE, SHORT_SEQ_LEN, plan_curriculum
+from refinery.commands.init_sources import scan
+from synthetic.crawl import generate_corpus
 
 DOCS = list(generate_corpus(24, seed=3, dup_fraction=0.0, near_dup_fraction=0.0))
 
@@ -79,7 +80,7 @@ def test_refusals(tmp_path, capsys):
     assert load_config(config).sources[0].text_field == "content"
     write_jsonl_gz(data / "books" / "b.jsonl.gz", [{"content": "A few words."}])
     with pytest.raises(ConfigError, match="too few for a curriculum"):
-        from refinery.init import write_config
+        from refinery.commands.init import write_config
         write_config(str(data), str(config), force=True, log=lambda _: None)
 
 
@@ -136,7 +137,7 @@ def test_the_main_language_of_one_file_is_kept_and_compressed_files_join_their_p
 
 
 def test_the_language_rule_is_the_one_documented():
-    from refinery.init import keeps_language
+    from refinery.commands.init_sources import keeps_language
 
     assert not keeps_language(2, 0.9, 1.0, True), "fewer than 3 documents is language ID's noise"
     assert keeps_language(3, 0.1, 0.0, False)

@@ -21,7 +21,7 @@ from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
 from refinery import preflight
 from refinery.config import ExtractConfig, load_config
 from refinery.documents import input_shards
-from refinery.init import write_config as init_config
+from refinery.commands.init import write_config as init_config
 from refinery.layout import documents_key, stats_key
 from refinery.stages.ingest import read_input_shard
 from refinery.storage import LocalDataRoot

@@ -14,7 +14,7 @@ from orchestration.definitions import build_definitions
 from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
 from refinery.config import ExtractConfig, load_config
 from refinery.documents import input_shards
-from refinery.init import scan
+from refinery.commands.init_sources import scan
 from refinery.layout import documents_key, rejects_key
 from refinery.stages.ingest import read_input_shard
 from refinery.storage import LocalDataRoot

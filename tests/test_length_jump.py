@@ -15,7 +15,7 @@ from training.length_jump import attention_parameters, renorm_second_moments, re
 from training.model import GPT, GPTConfig
 from training.rope import RopeScaling, rope_tables, yarn_frequencies
 from training.schedule import phase_rope_scalings
-from refinery.testing.curriculum import SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticPhase, tiny_run
 from training.trainer import RunOptions, Trainer
 
 torch.set_num_threads(1)

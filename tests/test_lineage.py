@@ -19,6 +19,7 @@ import pytest
 from refinery import layout
 from refinery.global_steps import tokenize as tk
 from refinery import lineage as lin
+from refinery import lineage_index as lindex
 from orchestration.cli import COMMAND_MODULES, main
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key
@@ -35,7 +36,7 @@ def built(tmp_path_factory):
     tokenize_all(c)
     for bucket in c.cfg.buckets:
         shuffle(c, bucket, c.cfg.seed, c.cfg.shards.shard_tokens, c.cfg.shards.shuffle_buffer_mb)
-    lin.build_lineage_index(c.root, c.cfg)
+    lindex.build_lineage_index(c.root, c.cfg)
     return c
 
 
@@ -59,9 +60,9 @@ def read_arrow(c, key: str) -> pl.DataFrame:
 def read_rows(c, key: str, entries: int) -> pl.DataFrame:
     """Every row of a lineage rows file, read one at a time as a query reads it."""
     path = c.root.local_path(key)
-    rows = [lin.read_row(path, i) for i in range(entries)]
-    with pytest.raises(lin.LineageError, match=f"row {entries} asked of {entries}"):
-        lin.read_row(path, entries)
+    rows = [lindex.read_row(path, i) for i in range(entries)]
+    with pytest.raises(lindex.LineageError, match=f"row {entries} asked of {entries}"):
+        lindex.read_row(path, entries)
     return pl.DataFrame(rows)
 
 
@@ -167,7 +168,7 @@ def test_overlap_prefix_is_flagged(built):
     ],
 )
 def test_queries_outside_the_shards_are_clear_errors(built, shard, offset, message):
-    with pytest.raises(lin.LineageError, match=message):
+    with pytest.raises(lindex.LineageError, match=message):
         lin.resolve_token(built.root, built.cfg, shard, offset)
 
 
@@ -176,7 +177,7 @@ def test_changed_shard_index_is_detected(tmp_path):
     tokenize_all(c)
     for bucket in c.cfg.buckets:
         shuffle(c, bucket, c.cfg.seed, 1024, 1)
-    lin.build_lineage_index(c.root, c.cfg)
+    lindex.build_lineage_index(c.root, c.cfg)
     idx = c.root.local_path("shards/final/web/shard-00000.idx")
     raw = bytearray(idx.read_bytes())
     raw[-4] ^= 1  # the low byte of the last overlap length: still a well-formed index
@@ -184,12 +185,12 @@ def test_changed_shard_index_is_detected(tmp_path):
     with pytest.raises(ShardFormatError, match="content hash does not match"):
         lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
     with pytest.raises(ShardFormatError, match="does not match the manifest"):
-        lin.build_lineage_index(c.root, c.cfg)
+        lindex.build_lineage_index(c.root, c.cfg)
 
 
 def test_missing_lineage_index_says_what_to_materialize(tmp_path):
     c = make_corpus(tmp_path)
-    with pytest.raises(lin.LineageError, match="materialize the `lineage_index` asset"):
+    with pytest.raises(lindex.LineageError, match="materialize the `lineage_index` asset"):
         lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
 
 
@@ -221,7 +222,7 @@ def test_each_final_shard_has_a_lineage_file_of_its_own_entries(built):
             side = reader_of(c, ref["prefix"]).entries
             assert listed["entries"] == rows.height == ref["entries"] == side.height
             assert rows.select("doc_id", "window", "n_windows").equals(side.select("doc_id", "window", "n_windows"))
-            assert rows.columns == lin.ENTRY_COLUMNS + index["columns"]
+            assert rows.columns == lindex.ENTRY_COLUMNS + index["columns"]
             assert [c.buckets[d] for d in rows["doc_id"]] == [bucket] * rows.height
             assert rows["text_bytes"].to_list() == [len(c.texts[d].encode()) for d in rows["doc_id"]]
             assert listed["bytes"] == c.root.local_path(listed["key"]).stat().st_size
@@ -232,11 +233,11 @@ def test_rebuild_is_byte_identical_and_drops_stale_files(tmp_path):
     tokenize_all(c)
     for bucket in c.cfg.buckets:
         shuffle(c, bucket, c.cfg.seed, 1024, 1)
-    first = lin.build_lineage_index(c.root, c.cfg)
+    first = lindex.build_lineage_index(c.root, c.cfg)
     files = {key: c.root.read_bytes(key) for key in c.root.list("lineage")}
     c.root.write_bytes("lineage/documents.arrow", b"an earlier layout")
     c.root.write_bytes(lin.shard_lineage_key("shards/final/web/shard-00099"), b"a shard of a larger run")
-    second = lin.build_lineage_index(c.root, c.cfg)
+    second = lindex.build_lineage_index(c.root, c.cfg)
     assert {key: c.root.read_bytes(key) for key in c.root.list("lineage")} == files
     assert first["sha256"] == second["sha256"] == hashlib.sha256(files[layout.LINEAGE_INDEX_KEY]).hexdigest()
     assert len(files) == 1 + 1 + 3 + sum(1 + b["shards"] for b in first["buckets"].values())
@@ -250,8 +251,8 @@ def test_shards_holding_a_document_no_clean_table_has_are_refused(tmp_path):
     key = documents_key(CLEAN_STAGE, "web-a")
     clean = c.root.read_parquet(key)
     c.root.write_parquet(key, clean.filter(pl.col("doc_id") != "web-a/0000006"))
-    with pytest.raises(lin.LineageError, match="doc_id 'web-a/0000006' is in the shards but no clean table has it"):
-        lin.build_lineage_index(c.root, c.cfg)
+    with pytest.raises(lindex.LineageError, match="doc_id 'web-a/0000006' is in the shards but no clean table has it"):
+        lindex.build_lineage_index(c.root, c.cfg)
     assert not c.root.exists(layout.LINEAGE_INDEX_KEY)
 
 
@@ -346,11 +347,11 @@ def test_a_damaged_lineage_rows_file_is_refused_by_name(built, tmp_path):
     source = built.root.local_path(lin.shard_lineage_key("shards/final/web/shard-00001"))
     damaged = tmp_path / "damaged.rows"
     damaged.write_bytes(source.read_bytes()[:-3])
-    with pytest.raises(lin.LineageError, match=r"damaged.rows: not a lineage rows file .*materialize lineage_index again"):
-        lin.read_row(damaged, 0)
+    with pytest.raises(lindex.LineageError, match=r"damaged.rows: not a lineage rows file .*materialize lineage_index again"):
+        lindex.read_row(damaged, 0)
     damaged.write_bytes(b"rows")
-    with pytest.raises(lin.LineageError, match=r"damaged.rows: 4 bytes, too short"):
-        lin.read_row(damaged, 0)
+    with pytest.raises(lindex.LineageError, match=r"damaged.rows: 4 bytes, too short"):
+        lindex.read_row(damaged, 0)
 
 
 def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(tmp_path, capsys):
@@ -358,7 +359,7 @@ def test_lineage_without_a_tokenizer_still_traces_and_says_why_there_is_no_text(
     tokenize_all(c)
     for bucket in c.cfg.buckets:
         shuffle(c, bucket, c.cfg.seed, 1024, 1)
-    lin.build_lineage_index(c.root, c.cfg)
+    lindex.build_lineage_index(c.root, c.cfg)
     c.root.delete(layout.TOKENIZER_KEY)
     r = lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)
     assert r["doc_id"] in c.texts and r["text"]["token"] is None
@@ -381,12 +382,12 @@ def test_lineage_index_older_than_the_shards_is_refused(tmp_path):
     tokenize_all(c)
     for bucket in c.cfg.buckets:
         shuffle(c, bucket, c.cfg.seed, 1024, 1)
-    lin.build_lineage_index(c.root, c.cfg)
+    lindex.build_lineage_index(c.root, c.cfg)
     shuffle(c, "web", c.cfg.seed + 1, 1024, 1)
-    with pytest.raises(lin.LineageError, match="materialize lineage_index again"):
+    with pytest.raises(lindex.LineageError, match="materialize lineage_index again"):
         lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)
     assert lin.resolve_token(c.root, c.cfg, "math/shard-00000", 0)["bucket"] == "math"
-    lin.build_lineage_index(c.root, c.cfg)
+    lindex.build_lineage_index(c.root, c.cfg)
     assert lin.resolve_token(c.root, c.cfg, "web/shard-00000", 0)["bucket"] == "web"
 
 
@@ -398,7 +399,7 @@ def test_answers_from_damaged_files_are_refused_naming_the_file(tmp_path, capsys
     tokenize_all(c)
     for bucket in c.cfg.buckets:
         shuffle(c, bucket, c.cfg.seed, 1024, 1)
-    lin.build_lineage_index(c.root, c.cfg)
+    lindex.build_lineage_index(c.root, c.cfg)
     final = lin.resolve_token(c.root, c.cfg, "web/shard-00000", 3)
     tokenized_shard = shard_refs(c, tk.TOKENIZED)[0]["prefix"]
     tokenized = lin.resolve_token(c.root, c.cfg, tokenized_shard, 3)

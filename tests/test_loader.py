@@ -12,7 +12,7 @@ from refinery.config import load_config
 from refinery.storage import LocalDataRoot
 from training.data import CurriculumData
 from training.loader import Exhausted, Prefetcher, StepStream, make_loader
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from training.metrics import ConsumptionLog, JsonLines, LogCut, MetricsLogger, cut_back_logs
 from training.run_store import RunMirror
 from training.trainer import RunOptions, Trainer

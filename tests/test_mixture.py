@@ -18,7 +18,7 @@ from training.data import CurriculumData
 from training.sampler import CurriculumSampler
 from training.sampler_state import SamplerStateError
 from training.schedule import StepSchedule
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
 

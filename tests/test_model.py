@@ -287,7 +287,7 @@ def test_flex_block_mask_passes_through_compiled_blocks():
 
 def test_the_trainer_hands_its_switches_to_the_model(tmp_path):
     from refinery.config import load_config
-    from refinery.testing.curriculum import tiny_run
+    from synthetic.curriculum import tiny_run
     from training.trainer import Trainer
 
     config = tiny_run(tmp_path, training={"compile": True, "activation_checkpointing": True, "attention": "sdpa"})

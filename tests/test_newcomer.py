@@ -16,10 +16,10 @@ from orchestration.cli import main as refinery
 from refinery.config import load_config
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key
-from refinery.init import DEMO_BYTES_PER_TOKEN
+from refinery.throughput import DEMO_BYTES_PER_TOKEN
 from refinery.curriculum import read_manifest
 from refinery.storage import LocalDataRoot
-from refinery.testing.crawl import generate_corpus
+from synthetic.crawl import generate_corpus
 from training.phase_runs import phase_run_dir
 from training.status import read_status
 

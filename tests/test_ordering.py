@@ -15,7 +15,7 @@ from refinery.config import parse_config, load_config
 from refinery.curriculum.bands import served_difficulty
 from refinery.curriculum import CurriculumMismatch, build_schedule, build_phase_manifest, read_selection, refuse_mismatch, validate_data_root, write_manifest
 from refinery.storage import LocalDataRoot
-from refinery.testing.curriculum import TINY_PHASES, SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import TINY_PHASES, SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
 from training.pass_order import BandedOrder, PassOrder
 from training.entry_sets import EntrySet

@@ -16,7 +16,7 @@ from orchestration.demo import QUIET_RUN_CONFIG, execution_plan, materialize_gra
 from refinery.config import ConfigError, load_config
 from refinery.documents import input_batches, input_shards
 from refinery.layout import documents_key, kept_documents_key, rejects_key, stats_key
-from refinery.funnel_report import files_stage_stats, funnel_chart_png
+from refinery.reports.funnel import files_stage_stats, funnel_chart_png
 from refinery.storage import LocalDataRoot
 
 from helpers import configs

@@ -66,7 +66,7 @@ def test_long_commands_stay_quiet_when_piped_and_draw_a_bar_when_forced(tmp_path
     import subprocess
     import sys
 
-    from refinery.testing.curriculum import tiny_run
+    from synthetic.curriculum import tiny_run
 
     config = tiny_run(tmp_path)
     base = [sys.executable, "-m", "orchestration.cli", "train", "--config", str(config)]

@@ -180,7 +180,7 @@ def test_pii_redacted_carries_the_shards_funnel_chart(run):
     import base64
     import re
 
-    from refinery.funnel_report import files_stage_stats, funnel_chart_png
+    from refinery.reports.funnel import files_stage_stats, funnel_chart_png
 
     cfg, root, results = run
     shard = input_shards(cfg)[0]

@@ -20,7 +20,7 @@ from assets.ray_trainer import run_on_ray
 from assets.trainer_actor import NODE_LOST_EXIT
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from training.metrics import JsonLines
 from training.phase_runs import phase_run_dir, phase_start_step
 

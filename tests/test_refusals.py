@@ -12,7 +12,7 @@ import pytest
 import training.checkpoint as checkpoint_mod
 from orchestration.cli import main
 from refinery.config import load_config
-from refinery.testing.curriculum import TINY_BUCKETS, TINY_PHASES, SyntheticBucket, tiny_run, write_synthetic_curriculum
+from synthetic.curriculum import TINY_BUCKETS, TINY_PHASES, SyntheticBucket, tiny_run, write_synthetic_curriculum
 from training.launcher import PhaseTrainingFailed, train_phase
 from training.phase_runs import phase_run_dir
 from training.status import read_status, write_status

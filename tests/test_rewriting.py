@@ -12,7 +12,7 @@ import pytest
 from orchestration.cli import main
 from refinery.config import ConfigError, HeuristicConfig, parse_config
 from refinery.config.stages import LINE_RULES
-from refinery.funnel_report import StageTotals, build_report, format_report
+from refinery.reports.funnel import StageTotals, build_report, format_report
 from refinery.stages.heuristic import HeuristicFilter
 from refinery.stages.pii import PiiRedactor
 from refinery.stages.stats import BucketCounts, StageStats, count_in_out

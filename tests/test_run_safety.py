@@ -19,7 +19,7 @@ from refinery.config import load_config
 from training.metrics import JsonLines
 from training.run_lock import RunDirBusy, RunLock, RunLocked
 from training.status import read_status
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from training.trainer import RunOptions, Trainer
 
 from helpers.kill_hook import kill_at_step_env

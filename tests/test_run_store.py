@@ -13,7 +13,7 @@ from refinery.storage import LocalDataRoot
 from refinery.storage.s3 import S3DataRoot
 from training.metrics import JsonLines
 from training.run_store import RunMirror, run_base
-from refinery.testing.curriculum import SyntheticBucket, tiny_run
+from synthetic.curriculum import SyntheticBucket, tiny_run
 from training.trainer import RunOptions, Trainer
 
 URL = "s3://bkt/tiny"

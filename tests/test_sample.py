@@ -12,7 +12,9 @@ from helpers.generated_pages import article_text
 from refinery.stages.ingest import read_input_shard
 from refinery.config import ExtractConfig, SourceConfig, load_config
 from refinery.documents import InputShard, input_shards
-from refinery.testing.crawl import BLOCKLISTED_DOMAINS, SPAM_KINDS, build_sample, generate_corpus, jaccard, write_corpus
+from synthetic.documents import BLOCKLISTED_DOMAINS, SPAM_KINDS, jaccard
+from synthetic.sample import build_sample
+from synthetic.crawl import generate_corpus, write_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"

@@ -15,7 +15,7 @@ from refinery.storage import LocalDataRoot
 from training.allocation import BucketExhausted
 from training.data import CurriculumData
 from training.sampler_state import SamplerStateError
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from helpers.served import served_pieces
 
 
@@ -158,7 +158,7 @@ def test_incompatible_state_is_refused_with_the_fix(tiny):
 def test_a_later_phase_may_change_after_a_checkpoint_but_not_one_already_read(tmp_path):
     """An anneal variant may resume from main's boundary state with its own anneal manifest; a state
     taken inside a phase whose manifest then changed is refused."""
-    from refinery.testing.curriculum import TINY_BUCKETS, TINY_PHASES, write_synthetic_curriculum
+    from synthetic.curriculum import TINY_BUCKETS, TINY_PHASES, write_synthetic_curriculum
 
     config = tiny_run(tmp_path)
     _, data = open_data(config)

@@ -22,7 +22,7 @@ import pytest
 
 from helpers.configs import write_config
 from helpers.ray_cluster import node_env
-from refinery.testing.crawl import generate_corpus
+from synthetic.crawl import generate_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "scale-out.md"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCANNED = ("refinery", "training")
+SCANNED = ("refinery", "training", "synthetic")
 PACKAGES = ("refinery", "training", "assets", "orchestration")  # where a schedule could be built
 SEQ_LEN_WORD = re.compile(r"(?:^|_)seq_lens?(?:_|$)")
 OTHER_QUANTITIES = {"max_seq_len", "original_seq_len"}
@@ -45,12 +45,12 @@ MODEL = {
 OFF_PATH = {
     "refinery/curriculum/contract.py": "checks it against the packed window and whole optimizer steps; the "
                                        "contract's numbers",
-    "refinery/validate.py": "prints and plots the contract",
+    "refinery/reports/contract.py": "prints and plots the contract",
     "refinery/curriculum/phase_fields.py": "declares which records carry it (the plan, the span, the manifest) "
                                            "and how a config and a manifest compare on it; the schedule and the "
                                            "manifests copy it by that declaration",
-    "refinery/testing/curriculum.py": "writes synthetic curricula and their manifests for tests",
-    "refinery/init.py": "writes the YAML",
+    "synthetic/curriculum.py": "writes synthetic curricula and their manifests for tests",
+    "refinery/commands/init.py": "writes the YAML",
     "refinery/global_steps/tokenize.py": "packs shards as long as the longest phase",
     "training/token_lineage.py": "bounds a looked-up position by its step's seq_len",
 }

@@ -11,7 +11,7 @@ import pytest
 from assets.fanout import task_pool
 from assets.resource import RefineryResource
 from refinery import layout
-from refinery import lineage as lin
+from refinery import lineage_index as lin
 from refinery.global_steps import shuffle as sh
 from refinery.global_steps import tokenize as tk
 from refinery.documents import input_shards

@@ -36,12 +36,12 @@ def test_the_registry_is_todays_funnel():
 def test_every_derived_list_agrees_with_the_registry():
     from assets.provenance import CONFIG_READ
     from refinery.config import BUILTIN_FAMILIES, SKIPPABLE_STAGES, SourceConfig
-    from refinery.funnel_report import FUNNEL_ORDER
+    from refinery.reports.funnel import FUNNEL_ORDER
     from refinery.layout import ATTRIBUTE_STAGES
     from refinery.lineage import FUNNEL_STAGES
     from refinery.global_steps import dedup_compute
     from refinery.models import quality_training
-    from refinery.why import STAGE_FACTS, STEPS
+    from refinery.reports.trail import STAGE_FACTS, STEPS
 
     verdicts = registry.verdicts()
     assert FUNNEL_ORDER == registry.funnel_order()
@@ -122,7 +122,7 @@ def with_toxicity(stages: tuple[FunnelStage, ...]) -> tuple[FunnelStage, ...]:
 def test_a_stage_added_to_the_registry_appears_in_every_derived_list(monkeypatch):
     monkeypatch.setattr(registry, "STAGES", with_toxicity(registry.STAGES))
     registry.check_registry(registry.STAGES)
-    from refinery.why import Step, funnel_steps
+    from refinery.reports.trail import Step, funnel_steps
 
     order = registry.funnel_order()
     assert order[order.index("quality_scored") + 1:] == ("toxicity_scored", "pii_redacted")
@@ -148,10 +148,10 @@ from tests.test_stage_registry import with_toxicity
 registry.STAGES = with_toxicity(registry.STAGES)
 from assets.provenance import CONFIG_READ
 from refinery.config import BUILTIN_FAMILIES, SKIPPABLE_STAGES, SourceConfig
-from refinery.funnel_report import FUNNEL_ORDER
+from refinery.reports.funnel import FUNNEL_ORDER
 from refinery.layout import ATTRIBUTE_STAGES, kept_documents_key
 from refinery.lineage import FUNNEL_STAGES
-from refinery.why import STAGE_FACTS, STEPS
+from refinery.reports.trail import STAGE_FACTS, STEPS
 source = SourceConfig(name="web", path="*.jsonl", format="jsonl", bucket="web", skip=["toxicity"])
 print(json.dumps({{"order": FUNNEL_ORDER, "steps": [s.stage for s in STEPS], "facts": STAGE_FACTS,
     "lineage": FUNNEL_STAGES, "attributes": ATTRIBUTE_STAGES, "skip": SKIPPABLE_STAGES, "source_skip": source.skip,

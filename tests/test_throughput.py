@@ -79,7 +79,7 @@ def test_bytes_per_token_is_measured_from_the_shards_when_they_exist(tmp_path):
 def test_the_trainer_records_what_it_achieves_per_gpu_against_the_contract(tmp_path):
     from assets.training import throughput_metadata
     from refinery.config import load_config
-    from refinery.testing.curriculum import tiny_run
+    from synthetic.curriculum import tiny_run
     from training.metrics import JsonLines
 
     config = tiny_run(tmp_path, training={"cluster": {"gpus": 8, "days": 1}})

@@ -13,7 +13,7 @@ import torch
 from orchestration.cli import main
 from refinery.config import load_config
 from training.status import read_status
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from training.checkpoint import ResumeRefused
 from training.model import GPT
 from training.trainer import RunOptions, Trainer

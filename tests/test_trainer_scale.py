@@ -14,7 +14,7 @@ import pytest
 
 from refinery.config import load_config
 from refinery.storage import LocalDataRoot
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from training.data import CurriculumData
 from training.pass_order import PassOrder
 from training.sampler_state import SamplerStateError

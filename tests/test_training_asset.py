@@ -17,7 +17,7 @@ from refinery.storage import LocalDataRoot
 from training.metrics import JsonLines, data_wait_share
 from training.phase_runs import phase_run_dir, phase_start_step
 from training.status import write_status
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, tiny_run
 from training.trainer import RunOptions, Trainer
 
 from helpers.kill_hook import kill_at_step_env
@@ -124,7 +124,7 @@ def test_a_finished_main_branches_into_anneal_variants_without_touching_it(tmp_p
     trains from the same main boundary checkpoint into a run directory of its own."""
     import hashlib
 
-    from refinery.testing.curriculum import TINY_BUCKETS, TINY_PHASES, TINY_TRAINING, synthetic_config, write_synthetic_curriculum
+    from synthetic.curriculum import TINY_BUCKETS, TINY_PHASES, TINY_TRAINING, synthetic_config, write_synthetic_curriculum
 
     config = tiny_run(tmp_path, training=TRAINING)
     variant_phases = [*TINY_PHASES[:2], SyntheticPhase("anneal_math", 2048, {"web": 0.2, "math": 0.8}, seq_len=64,

@@ -8,7 +8,7 @@ import pytest
 
 from assets.training import training_curves
 from training.metrics import TENSORBOARD_DIR, JsonLines, data_wait_share, loss_by_bucket_png, tensorboard_sink
-from refinery.testing.curriculum import tiny_run
+from synthetic.curriculum import tiny_run
 from refinery.config import load_config
 from training.trainer import RunOptions, Trainer
 

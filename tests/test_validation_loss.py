@@ -14,7 +14,7 @@ from refinery.config import ConfigError, load_config
 from refinery.storage import LocalDataRoot
 from training.metrics import JsonLines
 from training.status import read_status
-from refinery.testing.curriculum import TINY_PHASES, SyntheticPhase, tiny_run
+from synthetic.curriculum import TINY_PHASES, SyntheticPhase, tiny_run
 from training.checkpoint import ResumeRefused
 from training.trainer import RunOptions, Trainer
 from helpers.final_shards import bucket_entry_docs

@@ -10,7 +10,7 @@ import pytest
 from helpers.funnel_trail import write_trail_corpus
 from orchestration.cli import main
 from refinery.config import load_config
-from refinery.why import DocumentTrail
+from refinery.reports.trail import DocumentTrail
 
 KEPT_PATH = ["raw_documents", "extracted_text", "language_filtered", "heuristic_filtered", "exact_deduped",
              "near_deduped", "quality_scored", "pii_redacted"]

@@ -41,9 +41,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from refinery.testing.crawl import (  # noqa: E402
-    BLOCKLISTED_DOMAINS, SPAM_KINDS, Doc, SampleBuilder, gzip_member, spam_doc, warc_bytes, web_entries, write_bytes,
-)
+from synthetic.documents import BLOCKLISTED_DOMAINS, SPAM_KINDS, Doc, spam_doc
+from synthetic.warc import gzip_member, warc_bytes, web_entries, write_bytes
+from synthetic.sample import SampleBuilder
 
 DATA = HERE.parent
 LABELLED = DATA / "labelled" / "labelled.jsonl.gz"

@@ -5,7 +5,7 @@ raise an error that does not say which file it read. `reading_table(path)` turns
 (any from pyarrow or polars, or an OSError other than a missing file, which keeps its own meaning)
 into `DamagedTableError` naming the file and what the reader found; `named_batches` does the same
 for a reader's batches as they are drawn. `refinery` commands print it as one line and exit 2
-(refinery/commands.py).
+(refinery/commands/__init__.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from refinery.storage.base import DataRoot, create_temporary
+from refinery.storage.base import TEMPORARY_SUFFIX, DataRoot, create_temporary
 
 ENDPOINT_ENV_VARS = ("REFINERY_S3_ENDPOINT", "AWS_ENDPOINT_URL")
 CACHE_DIR_ENV = "REFINERY_CACHE_DIR"
@@ -223,18 +223,25 @@ class S3DataRoot(DataRoot):
         )
 
     @contextmanager
-    def writer(self, key: str) -> Iterator[Path]:
-        object_key = self._object_key(key)
+    def _staged(self, suffix: str = TEMPORARY_SUFFIX) -> Iterator[Path]:
+        """A new empty file in the staging folder, gone on the way out: moved into the cache by a
+        complete transfer, removed after a failed one."""
         self._staging.mkdir(parents=True, exist_ok=True)
-        fd, tmp_path = create_temporary(self._staging, ".")
+        fd, tmp_path = create_temporary(self._staging, ".", suffix)
         os.close(fd)
         try:
+            yield tmp_path
+        finally:
+            tmp_path.unlink(missing_ok=True)
+
+    @contextmanager
+    def writer(self, key: str) -> Iterator[Path]:
+        object_key = self._object_key(key)
+        with self._staged() as tmp_path:
             yield tmp_path
             self._call("upload", key, lambda: self.client.upload_file(str(tmp_path), self.bucket, object_key))
             etag = self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=object_key))["ETag"]
             self.cache.put(key, etag, tmp_path)
-        finally:
-            tmp_path.unlink(missing_ok=True)
 
     def etag(self, key: str) -> str:
         object_key = self._object_key(key)
@@ -246,16 +253,11 @@ class S3DataRoot(DataRoot):
         if cached is not None:
             return cached
         object_key = self._object_key(key)
-        self._staging.mkdir(parents=True, exist_ok=True)
-        fd, tmp_path = create_temporary(self._staging, ".", ".part")
-        os.close(fd)
-        try:
+        with self._staged(".part") as tmp_path:
             self._call(
                 "download", key, lambda: self.client.download_file(self.bucket, object_key, str(tmp_path))
             )
             return self.cache.put(key, etag, tmp_path)
-        finally:
-            tmp_path.unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
         try:

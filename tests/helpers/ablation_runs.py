@@ -1,5 +1,5 @@
 """A proxy run's inputs without the funnel: a variant's data root of synthetic token shards in one
-phase (refinery/testing/curriculum.py) with a small BPE tokenizer beside them, and evaluation
+phase (synthetic/curriculum.py) with a small BPE tokenizer beside them, and evaluation
 documents in two domains and two languages. For the proxy-run and report tests; the variants' own
 selection is tested with the real graph."""
 
@@ -13,7 +13,7 @@ from refinery.config import load_config
 from refinery.layout import TOKENIZER_KEY
 from refinery.global_steps.tokenize import train_tokenizer
 from refinery.storage import LocalDataRoot
-from refinery.testing.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum
+from synthetic.curriculum import SyntheticBucket, SyntheticPhase, synthetic_config, write_synthetic_curriculum
 
 EVAL_TEXTS = [
     ("docs", "en", "The pipeline reads every shard once and writes its tokens in order. " * 3),

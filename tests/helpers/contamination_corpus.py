@@ -13,6 +13,7 @@ import polars as pl
 
 from helpers.configs import write_config
 from refinery import contamination as cont
+from refinery import contamination_tasks as ctasks
 from refinery.config import load_config
 from refinery.curriculum import BucketSlice, PhaseManifest, read_manifest, selection_npy, write_manifest
 from refinery.curriculum.inventory import ShardRef
@@ -126,7 +127,7 @@ def one_process_scan(config: Path, phase: str) -> cont.ScanReport:
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
     index = cont.EvalIndex.build(cfg)
     manifest = read_manifest(root, phase)
-    wanted = cont.phase_doc_ids(root, manifest)
+    wanted = ctasks.phase_doc_ids(root, manifest)
 
     def documents():
         for bucket in sorted(wanted):
@@ -136,4 +137,4 @@ def one_process_scan(config: Path, phase: str) -> cont.ScanReport:
                 for doc_id, url, text in rows.iter_rows():
                     yield doc_id, url, bucket, text
 
-    return cont.scan(phase, cfg.contamination, index, documents(), cont.current_fingerprint(root, phase, index))
+    return cont.scan(phase, cfg.contamination, index, documents(), ctasks.current_fingerprint(root, phase, index))

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Iterable
 
-from refinery.compare import strip_timing  # timing fields: all two runs of one config may disagree on
+from refinery.commands.compare import strip_timing  # timing fields: all two runs of one config may disagree on
 
 
 def digests(items: Iterable[tuple[str, bytes]]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Reading back the HTML pages that refinery.testing.crawl renders (render_page)."""
+"""Reading back the HTML pages that synthetic/warc.py renders (render_page)."""
 
 import html
 import re

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from refinery.testing.crawl import generate_corpus
+from synthetic.crawl import generate_corpus
 
 from helpers.configs import write_config
 

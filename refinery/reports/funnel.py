@@ -1,5 +1,6 @@
-"""`refinery funnel`: retention of every materialized funnel stage, overall and per bucket, and the
-raw-input budget that retention implies.
+"""The funnel report (what `refinery funnel` prints and the funnel report asset draws): retention of
+every materialized funnel stage, overall and per bucket, and the raw-input budget that retention
+implies.
 
 Stages are whatever folders exist under `stats/` in the data root, in funnel order (FUNNEL_ORDER;
 stages it does not name come last, alphabetically), each the merge of its partitions' stats files.
@@ -18,33 +19,20 @@ Per language, from language ID on: the documents and bytes each language keeps a
 joined from the documents and rejects tables (stats files count by bucket only; a language is known
 once language_filtered has run: its kept rows carry it, its rejects name it in `detail`). A document
 with no language (its source skips language ID, or the model failed on it) counts as `unknown`.
-
-`--explain URL_OR_DOC_ID` instead finds that document in `language_filtered` (the heuristic
-stage's input), runs every heuristic rule on it with its source's and language's settings, then
-the config's custom filters (on the text the rules keep, as the stage does), and lists each rule
-it fails with the measured value and the threshold, not only the first one the stage reports, so
-a user sees what a threshold change would buy.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from refinery.stages import registry
 from refinery.stages.stats import StageStats
-from refinery.config import ConfigError, RefineryConfig, load_config
+from refinery.config import RefineryConfig
 from refinery.layout import kept_documents_key, kept_documents_prefix, rejects_key, stats_key
-from refinery.preflight import READ_ONLY
 from refinery.progress import Progress
-from refinery.storage import DataRoot, open_data_root
-
-if TYPE_CHECKING:
-    import polars as pl
+from refinery.storage import DataRoot
 
 # The funnel's stats folders in the order documents flow (refinery/stages/registry.py).
 FUNNEL_ORDER = registry.funnel_order()
@@ -168,7 +156,7 @@ def language_retention(root: DataRoot) -> dict[str, dict[str, Any]]:
     can print it with `format_language_retention`."""
     import polars as pl
 
-    from refinery.why import LANGUAGE_RULES_WITH_LANGUAGE, STEPS
+    from refinery.reports.trail import LANGUAGE_RULES_WITH_LANGUAGE, STEPS
 
     from refinery.stages.attributes import READ_BYTES, READ_ROWS, read_stage_documents, stage_batches
 
@@ -234,10 +222,10 @@ def format_language_retention(languages: dict[str, dict[str, Any]]) -> str:
               f"{v['byte_retention']:.1%}"] for lang, v in languages.items()]
     return "\n".join([
         "Per language, documents (entering language ID, then left after each stage)",
-        _table(["language", "in", *stages, "kept"], docs),
+        format_table(["language", "in", *stages, "kept"], docs),
         "",
         "Per language, bytes of text",
-        _table(["language", "in", *stages, "kept"], sizes),
+        format_table(["language", "in", *stages, "kept"], sizes),
     ])
 
 
@@ -249,8 +237,7 @@ def bytes_per_token(root: DataRoot | None, buckets: list[str], given: float | No
     """b_t for the budget, and which figure it is: the one given, the corpus's measured one under
     `root`, or the estimate (always, with no root: the `funnel_report` asset runs before tokenization,
     and its report must not change with what ran after it)."""
-    from refinery.init import DEMO_BYTES_PER_TOKEN
-    from refinery.throughput import measured_bytes_per_token
+    from refinery.throughput import DEMO_BYTES_PER_TOKEN, measured_bytes_per_token
 
     if given is not None:
         return given, "as given (--bytes-per-token)"
@@ -340,7 +327,7 @@ def _human_bytes(n: float | None) -> str:
     return f"{n / 1000**i:,.2f} {units[i]}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def format_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
 
     def line(cells: list[str]) -> str:
@@ -368,7 +355,7 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     header = ["stage", "parts", "docs in", "docs out", "kept", "bytes in", "dropped", "rewritten", "bytes out",
               "bytes kept"]
-    out = ["Funnel", _table(header, rows),
+    out = ["Funnel", format_table(header, rows),
            "dropped: bytes of the documents a stage removed; rewritten: bytes it cut from the documents it kept "
            "(negative where it added some)",
            "parts: the partitions the stage wrote (input files; hash ranges for exact_deduped, LSH bands for "
@@ -389,7 +376,7 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     if bucket_rows:
         out += ["", "Per bucket"]
-        out.append(_table(["bucket", *stage_names, "docs kept", "bytes kept", "raw bytes/token"], bucket_rows))
+        out.append(format_table(["bucket", *stage_names, "docs kept", "bytes kept", "raw bytes/token"], bucket_rows))
         out.append("a stage's column: the share of the bucket's documents it kept; docs kept, bytes kept: the "
                    "share through every stage; raw bytes/token: raw input to collect per clean token (b_t / bytes kept)")
     o, bud = report["overall"], report["budget"]
@@ -412,119 +399,6 @@ def stage_partitions(root: DataRoot, stage: str) -> list[str]:
     prefix = kept_documents_prefix(stage) + "/"
     return [k.removeprefix(prefix).removesuffix(".parquet") for k in root.list(kept_documents_prefix(stage))
             if k.endswith(".parquet")]
-
-
-def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str] | None:
-    """The first `language_filtered` document whose doc_id or url is `key`, as a one-row table with
-    every column (a custom filter may read any), and the table it came from (its attribute table)."""
-    import polars as pl
-
-    from refinery.stages.attributes import read_stage_documents
-    from refinery.stages.language import STAGE as LANGUAGE_STAGE
-
-    for partition in stage_partitions(root, LANGUAGE_STAGE):
-        ids = read_stage_documents(root, LANGUAGE_STAGE, partition, columns=["doc_id", "url"])
-        hit = ids.with_row_index().filter((pl.col("doc_id") == key) | (pl.col("url") == key))
-        if hit.height:
-            return (read_stage_documents(root, LANGUAGE_STAGE, partition).slice(int(hit["index"][0]), 1),
-                    root.display(kept_documents_key(LANGUAGE_STAGE, partition)))
-    return None
-
-
-def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str, Any] | None:
-    """Every heuristic rule and custom filter the document fails ({rule, value, threshold}), or None
-    when no document of the heuristic stage's input has that doc_id or url."""
-    from refinery.stages.heuristic.explain import explain_record
-
-    found = find_heuristic_input(root, key)
-    if found is None:
-        return None
-    frame, table = found
-    row = frame.row(0, named=True)
-    try:
-        source = cfg.source(row["source"])
-    except KeyError:
-        raise ConfigError(
-            f"{key} comes from source {row['source']!r}, which the config does not declare; pass the "
-            f"config the data root was materialized with"
-        ) from None
-    explanation = explain_record(cfg, frame, source)
-    return {
-        "doc_id": row["doc_id"],
-        "url": row["url"],
-        "source": row["source"],
-        "language": row["language"],
-        "language_score": row["language_score"],
-        "table": table,
-        "heuristic_skipped_by_source": "heuristic" in source.skip,
-        "rules_off": explanation.rules_off,
-        "custom_filters": [spec.name for spec in cfg.stages.custom_filters],
-        "failures": [{"rule": rule, "value": value, "threshold": detail} for rule, value, detail in explanation.failures],
-    }
-
-
-def format_explanation(exp: dict[str, Any]) -> str:
-    score = f" ({exp['language_score']:.2f})" if exp["language_score"] is not None else ""
-    out = [
-        f"doc_id {exp['doc_id']}  url {exp['url']}",
-        f"source {exp['source']}  language {exp['language'] or 'none (read as en)'}{score}  from {exp['table']}",
-    ]
-    if exp["rules_off"]:
-        out.append(f"rules off for it: {', '.join(exp['rules_off'])}")
-    if exp["custom_filters"]:
-        out.append(f"custom filters, after the rules: {', '.join(exp['custom_filters'])}")
-    if exp["heuristic_skipped_by_source"]:
-        out.append("its source skips heuristic_filtered, so no rule removes it; had it run:")
-    failures = exp["failures"]
-    if not failures:
-        out.append("passes every heuristic rule")
-        return "\n".join(out)
-    out.append(f"fails {len(failures)} heuristic rule(s); the stage reports the first:")
-    rows = [[f["rule"], "-" if f["value"] is None else f"{f['value']:.4g}", f["threshold"]] for f in failures]
-    out.append(_table(["rule", "value", "threshold"], rows))
-    return "\n".join(out)
-
-
-def run_explain(cfg: RefineryConfig, root: DataRoot, key: str, as_json: bool) -> int:
-    exp = explain_document(cfg, root, key)
-    if exp is None:
-        print(
-            f"refinery funnel: no document with doc_id or url {key!r} in language_filtered (the input of "
-            f"heuristic_filtered) under {root.display('documents')}; materialize language_filtered first, "
-            f"or look the document up with `refinery lineage` to see which stage removed it",
-            file=sys.stderr,
-        )
-        return 1
-    print(json.dumps(exp, indent=2, sort_keys=True, ensure_ascii=False) if as_json else format_explanation(exp))
-    return 0
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
-    root = open_data_root(cfg.resolve(cfg.data_root))
-    if args.explain is not None:
-        return run_explain(cfg, root, args.explain, args.json)
-    try:
-        totals = load_stage_totals(root)
-    except UnreadableStats as err:
-        print(f"refinery funnel: {err}", file=sys.stderr)
-        return 1
-    if not totals:
-        # `refinery demo` trains too, so it needs a curriculum; the UI materializes the funnel alone.
-        demo = f"`refinery demo --config {args.config}` (every asset), or " if cfg.curriculum is not None else ""
-        print(
-            f"refinery funnel: nothing materialized yet under {root.display('stats')}; materialize the graph on "
-            f"this config first: {demo}`make ui CONFIG={args.config}` and materialize the funnel group from the UI",
-            file=sys.stderr,
-        )
-        return 1
-    report = build_report(totals, target_tokens(cfg, args.target_tokens),
-                          bytes_per_token(root, list(cfg.buckets), args.bytes_per_token))
-    report["languages"] = language_retention(root)
-    report["quality"] = quality_classifier_report(root, totals)
-    text = format_report(report) + ("" if report["quality"] is None else "\n\n" + format_quality(report["quality"]))
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else text)
-    return 0
 
 
 def quality_classifier_report(root: DataRoot, totals: dict[str, StageTotals]) -> dict[str, Any] | None:
@@ -561,48 +435,9 @@ def format_quality(report: dict[str, Any]) -> str:
             rows.append([f"labelled check {name.replace('_', ' ')}", *(_figure(m.get(k)) for k in ("auc", "precision", "recall", "f1"))])
             rows += [[f"  {lang}", *(_figure(v.get(k)) for k in ("auc", "precision", "recall", "f1"))]
                      for lang, v in m.get("by_language", {}).items()]
-    lines.append(_table(["set", "AUC", "precision", "recall", "F1"], rows))
+    lines.append(format_table(["set", "AUC", "precision", "recall", "F1"], rows))
     shares = report.get("corpus_share_above_threshold") or report.get("share_above_threshold") or {}
     if shares:
         lines.append("share above the threshold, per language: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     lines += [f"warning: {flag}" for flag in report.get("flags", [])]
     return "\n".join(lines)
-
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    return parse
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "funnel",
-        help="retention per funnel stage, bucket and language, and the raw-input budget it implies",
-        description="Retention of every materialized funnel stage (documents and bytes in and out), overall, per "
-                    "bucket and per language (from language ID on), the top removal reasons, and the raw-input budget B0 = N * b_t / prod(r_j): the "
-                    "raw bytes to collect for N clean tokens at this retention, at b_t bytes per token (measured from the "
-                    "token shards, else the demo tokenizer's estimate). With --explain, every heuristic rule "
-                    "and custom filter one document fails, with the measured value and the threshold. It reads what "
-                    "the graph wrote under the data root; materialize the funnel first (`refinery demo --config C`).",
-        epilog="examples:\n  refinery funnel --config configs/demo.yaml\n"
-               "  refinery funnel --config configs/demo.yaml --target-tokens 1000000000 --json\n"
-               "  refinery funnel --config configs/demo.yaml --explain https://example.com/page",
-    )
-    p.add_argument("--config", required=True, help="the run's YAML config (e.g. configs/demo.yaml)")
-    p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
-    p.add_argument(
-        "--target-tokens",
-        type=_positive(int),
-        default=None,
-        help=f"N in the budget (default: curriculum.total_tokens, else {DEFAULT_TARGET_TOKENS:,})",
-    )
-    p.add_argument("--bytes-per-token", type=_positive(float), default=None,
-                   help="b_t in the budget (default: measured from the token shards, else the demo tokenizer's estimate)")
-    p.add_argument("--explain", metavar="URL_OR_DOC_ID", default=None,
-                   help="list every heuristic rule and custom filter that document fails, with its value and threshold")
-    p.set_defaults(func=run, needs=READ_ONLY)

@@ -1,5 +1,6 @@
-"""What every `refinery` subcommand shares: the help layout, the preflight before the command, and
-the exit codes for a config or input problem.
+"""The library's `refinery` subcommands, a module each (scan, funnel, why, validate, init, compare,
+ablations; their report helpers are refinery/reports/), and here what every subcommand shares: the
+help layout, the preflight before the command, and the exit codes for a config or input problem.
 
 A subcommand's module exposes `register(subparsers)`, whose parser sets `func(args) -> int` and
 `needs` (a `refinery.preflight.Needs`, or a function of the parsed arguments giving one). `run`
