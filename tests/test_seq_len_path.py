@@ -53,6 +53,12 @@ OFF_PATH = {
     "refinery/commands/init.py": "writes the YAML",
     "refinery/global_steps/tokenize.py": "packs shards as long as the longest phase",
     "training/token_lineage.py": "bounds a looked-up position by its step's seq_len",
+    "refinery/config/ablations.py": "declares ablations.seq_len, the proxy runs' one phase length",
+    "refinery/config/run.py": "refuses an ablations.tokens budget that is not whole proxy steps of it",
+    "refinery/ablations/build.py": "writes ablations.seq_len into each variant's one-phase curriculum, which then "
+                                   "takes the path above",
+    "refinery/ablations/bpb.py": "cuts the evaluation documents into windows of the proxy's seq_len (forward only)",
+    "training/proxy_run.py": "reads the variant's phase seq_len for the evaluation windows and records it",
 }
 MAX_PATH_FILES = 6
 
