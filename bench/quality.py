@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from refinery.config import QualityConfig  # noqa: E402
-from refinery.curriculum.inventory import stratified_cutoffs, top_fraction_cutoff  # noqa: E402
+from refinery.curriculum.quality_cut import stratified_cutoffs, top_fraction_cutoff  # noqa: E402
 from refinery.models import quality as q  # noqa: E402
 from refinery.models import quality_fit as qfit
 from refinery.models import quality_metrics as qm  # noqa: E402

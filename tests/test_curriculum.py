@@ -9,7 +9,7 @@ import pytest
 from refinery.config import parse_config
 from refinery.curriculum import (CurriculumError, PhaseManifest, apply_temperature, build_schedule, read_bucket_inventory,
                                  schedule_from_manifests, select_top_quality, validate)
-from refinery.curriculum.inventory import kept_entry_ids
+from refinery.curriculum.quality_cut import kept_entry_ids
 from refinery.storage import LocalDataRoot
 
 from helpers.final_shards import write_entry_table_and_index

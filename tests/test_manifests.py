@@ -322,9 +322,10 @@ def test_streamed_cutoff_is_exact_at_every_histogram_level(tmp_path, monkeypatch
     batch: one histogram and a bracket (1 << 20), histograms down to a bin of at most 40 entries, and
     no bracket at all (every level down to one exact score). Each gives the whole-table ranking."""
     from refinery.curriculum import inventory as inv_mod
+    from refinery.curriculum import quality_cut as cut_mod
 
     monkeypatch.setattr(inv_mod, "ENTRY_BATCH_ROWS", 37)
-    monkeypatch.setattr(inv_mod, "BRACKET_ENTRIES", bracket)
+    monkeypatch.setattr(cut_mod, "BRACKET_ENTRIES", bracket)
     rng = np.random.default_rng(3)
     scores = [None if i % 11 == 5 else float(s) for i, s in enumerate(rng.choice([-0.25, 0.0, 0.125, 0.5, 0.5000001, 0.75, 1.0], 700)
                                                                      + rng.integers(0, 3, 700) * 1e-9)]
@@ -333,27 +334,29 @@ def test_streamed_cutoff_is_exact_at_every_histogram_level(tmp_path, monkeypatch
     inv = inv_mod.read_bucket_inventory(root, "web")
     for top_fraction in (0.001, 0.1, 0.25, 0.5, 0.93, 1.0):
         cutoff, documents, kept, tokens = reference_selection(entries, top_fraction)
-        sel = inv_mod.select_top_quality(root, inv, top_fraction)
+        sel = cut_mod.select_top_quality(root, inv, top_fraction)
         assert (sel.cutoff, sel.documents, sel.entries, sel.tokens) == (cutoff, documents, len(kept), tokens), top_fraction
-        assert np.concatenate(list(inv_mod.kept_entry_ids(root, inv, sel.cutoff))).tolist() == kept
+        assert np.concatenate(list(cut_mod.kept_entry_ids(root, inv, sel.cutoff))).tolist() == kept
 
 
 def test_every_score_equal_keeps_every_scored_document(tmp_path, monkeypatch):
     from refinery.curriculum import inventory as inv_mod
+    from refinery.curriculum import quality_cut as cut_mod
 
-    monkeypatch.setattr(inv_mod, "BRACKET_ENTRIES", 0)
+    monkeypatch.setattr(cut_mod, "BRACKET_ENTRIES", 0)
     root = LocalDataRoot(tmp_path / "root")
     entries = write_scored_bucket(root, [0.5] * 9 + [None])
-    sel = inv_mod.select_top_quality(root, inv_mod.read_bucket_inventory(root, "web"), 0.1)
+    sel = cut_mod.select_top_quality(root, inv_mod.read_bucket_inventory(root, "web"), 0.1)
     assert (sel.cutoff, sel.documents, sel.entries, sel.tokens) == (0.5, 9, 10, sum(e[1] for e in entries[:10]))
 
 
 def test_no_scored_document_keeps_nothing(tmp_path):
     from refinery.curriculum import inventory as inv_mod
+    from refinery.curriculum import quality_cut as cut_mod
 
     root = LocalDataRoot(tmp_path / "root")
     write_scored_bucket(root, [None] * 4)
-    sel = inv_mod.select_top_quality(root, inv_mod.read_bucket_inventory(root, "web"), 0.5)
+    sel = cut_mod.select_top_quality(root, inv_mod.read_bucket_inventory(root, "web"), 0.5)
     assert (sel.cutoff, sel.documents, sel.entries, sel.tokens) == (math.inf, 0, 0, 0)
 
 
@@ -428,9 +431,10 @@ def test_manifest_memory_does_not_grow_with_the_bucket(tmp_path, monkeypatch):
     entries stays within 1.25x (a whole-bucket per-entry table, as doc ids or score arrays, would
     grow it about 4x)."""
     from refinery.curriculum import inventory as inv_mod
+    from refinery.curriculum import quality_cut as cut_mod
 
     monkeypatch.setattr(inv_mod, "ENTRY_BATCH_ROWS", 500)
-    monkeypatch.setattr(inv_mod, "BRACKET_ENTRIES", 100)
+    monkeypatch.setattr(cut_mod, "BRACKET_ENTRIES", 100)
     largest = []
     reader = inv_mod.entry_batches
 
@@ -439,7 +443,7 @@ def test_manifest_memory_does_not_grow_with_the_bucket(tmp_path, monkeypatch):
             largest.append(len(batch.tokens))
             yield batch
 
-    monkeypatch.setattr(inv_mod, "entry_batches", spy)
+    monkeypatch.setattr(cut_mod, "entry_batches", spy)
     manifest_peak_bytes(tmp_path / "warm", 1_000)  # the first build's lazy imports are not the build's memory
     small = manifest_peak_bytes(tmp_path / "small", 10_000)
     large = manifest_peak_bytes(tmp_path / "large", 40_000)

@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from refinery.curriculum.inventory import (QualityCut, kept_entry_ids, read_bucket_inventory, select_top_quality,
-                                           stratified_cutoffs)
+from refinery.curriculum.inventory import read_bucket_inventory
+from refinery.curriculum.quality_cut import QualityCut, kept_entry_ids, select_top_quality, stratified_cutoffs
 from refinery.models import quality_fit as qfit
 from refinery.models import quality_metrics as qm
 from refinery.models.quality_training import LabelledSetError, labelled_batches

@@ -8,7 +8,7 @@ back from the tables the graph wrote (no stage is rerun to decide what it decide
   (refinery/stages/registry.py `left_out`: a stage, a verdict, or one rule family of it).
 - `quality_top: F`: of those, the documents at or above the quality_score of the document ranked
   ceil(F x documents) within their bucket and language (the phase quality cut's rule and code:
-  `refinery.curriculum.inventory.stratified_cutoffs`); a document without a score (the quality
+  `refinery.curriculum.quality_cut.stratified_cutoffs`); a document without a score (the quality
   stage off, or a `raw` document the funnel removed before scoring it) is not kept.
 
 What "ignored" means for a document a stage removed, which no later stage ever saw:
@@ -47,7 +47,8 @@ import polars as pl
 from refinery.ablations.eval_set import held_out_mask
 from refinery.ablations.verdicts import VERDICT_TABLES, dedup_hashes, partition_rejects, recorded_facts
 from refinery.config import RefineryConfig
-from refinery.curriculum.inventory import UNKNOWN_LANGUAGE, stratified_cutoffs
+from refinery.curriculum.inventory import UNKNOWN_LANGUAGE
+from refinery.curriculum.quality_cut import stratified_cutoffs
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key
 from refinery.global_steps import exact_dedup

@@ -4,7 +4,7 @@ and the band file the phase manifest pins.
 
 The entries served are the bucket's (or the phase's selection: a quality cutoff, less excluded
 documents). Their difficulty is streamed from the bucket's entry table in batches of
-`ENTRY_BATCH_ROWS`, as quality cutoffs are (inventory.py): one pass histograms the leading 16 bits
+`ENTRY_BATCH_ROWS`, as quality cutoffs are (quality_cut.py): one pass histograms the leading 16 bits
 of each score's order-preserving 64-bit key, a second pass the next 16 bits of the bins holding a
 cutoff, so each cutoff is the 32-bit key prefix of the entry at its rank. Entries whose keys share
 those 32 bits (sign, exponent and 20 mantissa bits: scores within about one part in a million) fall
@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from refinery.curriculum.inventory import (ENTRY_BATCH_ROWS, EntryBatch, QualityCut, TableSlice, batch_languages, has_language,
-                                          run_chunked, score_keys, slice_batches)
+from refinery.curriculum.inventory import (ENTRY_BATCH_ROWS, EntryBatch, TableSlice, batch_languages, has_language, run_chunked,
+                                          slice_batches)
+from refinery.curriculum.quality_cut import QualityCut, score_keys
 from refinery.curriculum.schedule import CurriculumError
 from refinery.tasks import RunTasks, in_process
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from refinery.config import ConfigError, RefineryConfig
 from refinery.curriculum.bands import Served, bucket_bands, difficulty_progress
-from refinery.curriculum.inventory import (BucketInventory, QualitySelection, has_final_shards, inventory_slices,
-                                           phase_selections, read_inventory)
+from refinery.curriculum.inventory import BucketInventory, has_final_shards, inventory_slices, read_inventory
+from refinery.curriculum.quality_cut import QualitySelection, phase_selections
 from refinery.curriculum.schedule import (SUM_TOLERANCE, CurriculumError, Schedule, batch_tokens, build_schedule,
                                           phase_kind)
 

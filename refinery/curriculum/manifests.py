@@ -29,7 +29,8 @@ import numpy as np
 from refinery.config import RefineryConfig
 from refinery.curriculum.bands import Served, bucket_bands, write_band_file
 from refinery.curriculum.contract import CurriculumMismatch, ValidationReport, refuse_invalid
-from refinery.curriculum.inventory import BucketInventory, QualitySelection, ShardRef, kept_entry_ids, table_slices
+from refinery.curriculum.inventory import BucketInventory, ShardRef, table_slices
+from refinery.curriculum.quality_cut import QualitySelection, kept_entry_ids
 from refinery.curriculum.phase_fields import PLAN, PHASE_FIELDS, manifest_fields, order_spec, phase_differences
 from refinery.curriculum.schedule import CurriculumError, PhasePlan, PhaseSpan, Schedule, build_schedule, place_phases
 from refinery.layout import (MANIFESTS_PREFIX, bands_key, bucket_entries_key, exclusions_key, manifest_key, manifest_phase,
