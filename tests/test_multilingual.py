@@ -335,6 +335,17 @@ def test_language_overrides_merge_over_the_built_in_ones():
     assert HeuristicFilter(cfg).rules_for("en").gopher_quality == GopherQualityConfig()
 
 
+def test_a_language_override_is_checked_as_the_stage_applies_it_over_the_built_in_band():
+    """The config checks a language's thresholds merged as the stage merges them (stage-wide, then the
+    built-in ones, then the entry's): a minimum word length of 6 is within the stage-wide band (3-10)
+    but above Chinese's built-in maximum of 5, so it is refused at load, not at the first Chinese page."""
+    with pytest.raises(ConfigError, match="languages.zh.gopher_quality"):
+        parse_config(_config({"heuristic": {"languages": {"zh": {"gopher_quality": {"min_avg_word_length": 6.0}}}}}))
+    cfg = parse_config(_config({"heuristic": {"languages": {"zh": {"gopher_quality": {"min_avg_word_length": 4.0}}}}}))
+    band = HeuristicFilter(cfg.stages.heuristic).rules_for("zh").gopher_quality
+    assert (band.min_avg_word_length, band.max_avg_word_length) == (4.0, 5.0)
+
+
 def test_committed_spam_regenerates_from_the_clean_pages():
     """The builder's seeded spam generator, rerun on the committed clean pages, gives the committed
     spam pages exactly (clean pages need the Debian packages, so only the spam is rebuilt here)."""

@@ -123,15 +123,26 @@ class HeuristicConfig(Section):
         if unknown:
             raise ValueError(f"{where}: unknown rule(s) {unknown}; valid rule names are {valid}")
 
+    def language_section(self, language: str, section: str) -> Any:
+        """A rule section as documents of `language` read it: the stage-wide settings, then the
+        built-in ones of that language (refinery/config/languages.py), then `languages.<language>`'s.
+        The one merge: the validator checks each configured language through it, and the stage
+        applies it (refinery/stages/heuristic/language_rules.py)."""
+        override: dict[str, Any] = {}
+        for settings in (default_language_heuristics().get(language), self.languages.get(language)):
+            if settings is not None:
+                override.update(getattr(settings, section))
+        stage_wide = getattr(self, section)
+        return RULE_SECTIONS[section].model_validate({**stage_wide.model_dump(), **override}) if override else stage_wide
+
     @model_validator(mode="after")
     def _rule_names(self) -> "HeuristicConfig":
         self.check_rule_names(self.rules_off, "rules_off")
         for lang, settings in self.languages.items():
             self.check_rule_names(settings.rules_off, f"languages.{lang}.rules_off")
             for section in RULE_SECTIONS:
-                merged = {**getattr(self, section).model_dump(), **getattr(settings, section)}
                 try:
-                    RULE_SECTIONS[section].model_validate(merged)
+                    self.language_section(lang, section)
                 except ValidationError as err:
                     first = err.errors()[0]
                     where = ".".join(str(part) for part in (lang, section, *first["loc"]))

@@ -58,17 +58,13 @@ def resolve_rules(cfg: HeuristicConfig, language: str | None) -> LanguageRules:
     def setting(name: str) -> Any:
         return getattr(own if own is not None and name in own.model_fields_set else builtin, name)
 
-    def section(name: str, stage_wide: Any) -> Any:
-        override = {key: value for settings in declared for key, value in getattr(settings, name).items()}
-        return type(stage_wide).model_validate({**stage_wide.model_dump(), **override}) if override else stage_wide
-
     segmenter_name = setting("segmenter")
     return LanguageRules(
         language=language,
-        gopher_quality=section("gopher_quality", cfg.gopher_quality),
-        gopher_repetition=section("gopher_repetition", cfg.gopher_repetition),
-        c4=section("c4", cfg.c4),
-        fineweb=section("fineweb", cfg.fineweb),
+        gopher_quality=cfg.language_section(language, "gopher_quality"),
+        gopher_repetition=cfg.language_section(language, "gopher_repetition"),
+        c4=cfg.language_section(language, "c4"),
+        fineweb=cfg.language_section(language, "fineweb"),
         stop_words=stop_words(language, setting("stop_words")),
         segment=None if segmenter_name == "whitespace" else segmenter(segmenter_name),
         off=frozenset(cfg.rules_off).union(*(settings.rules_off for settings in declared)),
