@@ -43,7 +43,8 @@ def source_comments(cls: type) -> dict[str, str]:
     for line in inspect.getsource(cls).splitlines():
         comment = _COMMENT_LINE.match(line)
         if comment:
-            above.append(comment.group(1).strip())
+            # A `# ---- group ----` line heads a group of fields; it describes none of them.
+            above = [] if comment.group(1).startswith("----") else [*above, comment.group(1).strip()]
             continue
         field = _FIELD_LINE.match(line)
         if field and field.group(1) in cls.model_fields:

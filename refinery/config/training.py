@@ -83,7 +83,7 @@ class TrainingConfig(Section):
     # attention parameters' moments afresh, "renorm" rescales every second moment once to the new
     # gradients' scale (training/length_jump.py).
     length_jump_adam: Literal["none", "reset", "renorm"] = "none"
-    # ---- run safety and the anneal playbook (training/lifeline.py, training/validation.py) ----
+    # ---- run safety and the anneal playbook (training/lifeline.py, training/halt.py) ----
     # Seconds a rank whose launcher died may spend checkpointing before it exits regardless.
     orphan_grace_s: float = Field(default=60.0, gt=0.0)
     # Per-bucket validation loss on held-out entries every this many trained tokens; 0 = never.
