@@ -127,10 +127,11 @@ def distinct_free_ports(count: int) -> list[int]:
 def cluster_nodes(address: str) -> list[dict]:
     """`ray.nodes()` of the cluster, asked from a short-lived process (this one stays no driver);
     [] while the cluster does not answer (its last words in `LAST_ANSWER`)."""
-    # log_to_driver off: a raylet's log line (a loaded machine's "Job ... already started") would
-    # land on stdout after the answer.
+    # The answer is the line marked NODES: Ray prints to stdout what log_to_driver does not stop (a
+    # loaded machine's "Job ... already started", "The node ... has been marked dead" and its
+    # continuation lines), before or after it.
     code = ("import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
-            "print(json.dumps(ray.nodes()))" % address)
+            "print('NODES ' + json.dumps(ray.nodes()), flush=True)" % address)
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=node_env(), timeout=60)
     except subprocess.TimeoutExpired:
@@ -139,7 +140,11 @@ def cluster_nodes(address: str) -> list[dict]:
     if out.returncode != 0:
         LAST_ANSWER[address] = out.stderr[-2000:]
         return []
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    answers = [line for line in out.stdout.splitlines() if line.startswith("NODES ")]
+    if not answers:
+        LAST_ANSWER[address] = f"no NODES line in: {out.stdout[-2000:]}"
+        return []
+    return json.loads(answers[-1].removeprefix("NODES "))
 
 
 def start_cluster(workdir: Path, workers: int = 2) -> RayCluster:
