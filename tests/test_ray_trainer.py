@@ -181,7 +181,9 @@ def test_the_trainer_actor_hands_over_whole_message_lines_and_stops_its_trainer_
     actor.start(["-c", child, str(actor.messages), str(go)], {})
 
     def poll_until(text: bytes) -> tuple[list[str], bytes]:
-        """Poll until `text` is in the log, then once more: the child wrote its messages before it."""
+        """Poll until `text` is in the log, then once more: the child wrote its messages before it.
+        `text` is a whole line: under PYTHONUNBUFFERED (as in CI) print writes a line and its newline
+        in two calls, and a poll may land between them."""
         lines, log, seen = [], b"", False
         while not seen:
             seen = text in log
@@ -190,8 +192,8 @@ def test_the_trainer_actor_hands_over_whole_message_lines_and_stops_its_trainer_
             lines, log = lines + new_lines, log + new_log
         return lines, log
 
-    assert poll_until(b"started") == (['{"a": 1}'], b"started\n")
+    assert poll_until(b"started\n") == (['{"a": 1}'], b"started\n")
     go.touch()
-    assert poll_until(b"second") == (['{"b": 2}'], b"second\n")
+    assert poll_until(b"second\n") == (['{"b": 2}'], b"second\n")
     assert actor.stop(grace_s=10) == -15
     assert not actor.workdir.exists()
