@@ -14,17 +14,19 @@ import polars as pl
 import pytest
 
 from refinery.ablations import build
-from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, eval_documents, held_out_mask
+from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, eval_documents
+from refinery.holdout import held_out_mask
 from refinery.commands import input_problem
 from refinery.config import ConfigError, load_config
 from refinery.curriculum import read_manifest, refuse_mismatch
 from refinery.documents import CLEAN_STAGE, input_shards
 from refinery.layout import documents_key, rejects_key
 from refinery.global_steps.exact_dedup import text_hashes
+from refinery.stages.attributes import stage_batches
 from refinery.stages.heuristic import HeuristicFilter
 from refinery.stages.pii import PiiRedactor, SafetyThenRedact
 from refinery.models.quality import QualityScorer
-from refinery.models.quality_training import load_published_model
+from refinery.models.quality_training import load_published_model, training_batches
 from refinery.storage import open_data_root
 
 from helpers.verdict_corpus import BLOCKED, EVAL_LINES, received_text, write_verdict_corpus
@@ -260,6 +262,23 @@ def test_the_evaluation_set_is_disjoint_from_every_variant_and_chosen_without_th
     assert lines.select("doc_id", "domain", "language").rows() == [
         ("bench/q1", "bench", "en"), ("bench/q2", "bench", "de"), ("extra/7", "extra", "en")]
     assert lines["text"].to_list() == [line["text"] for name in ("bench", "extra") for line in EVAL_LINES[name]]
+
+
+def test_the_quality_classifier_never_trains_on_an_evaluation_document(built):
+    """The classifier that `quality_top` ranks by learns the curated bucket less its held-out pages:
+    one that learned them would rank web pages by their likeness to the very pages scored."""
+    from assets.provenance import CONFIG_READ, config_digest
+
+    c, _ = built
+    trained = set(pl.concat(list(training_batches(c.cfg, c.root)()))["doc_id"].to_list())
+    held = {d for d in eval_ids(c) if d in c.extracted}
+    reached = {d for s in input_shards(c.cfg) for b in stage_batches(c.root, "deduped", s.key, 1000) for d in b["doc_id"]}
+    assert held & reached  # held-out pages reach the classifier's input, and stay out of it
+    assert trained == reached - held
+    assert load_published_model(c.root)[1]["settings"]["held_out"] == {"eval_fraction": 0.2, "eval_buckets": ["wiki"]}
+    # another hold-out is another training set: the model's asset version follows it
+    other = c.cfg.model_copy(update={"ablations": c.cfg.ablations.model_copy(update={"eval_fraction": 0.3})})
+    assert config_digest(other, CONFIG_READ["quality_model"]) != config_digest(c.cfg, CONFIG_READ["quality_model"])
 
 
 def test_a_budget_a_variant_cannot_fill_is_refused_naming_the_field_and_the_variant(built, tmp_path):

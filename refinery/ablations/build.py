@@ -32,7 +32,8 @@ import polars as pl
 
 from refinery import curriculum as cur
 from refinery import layout
-from refinery.ablations.eval_set import ensure_eval_set, eval_buckets, held_out_mask
+from refinery.ablations.eval_set import ensure_eval_set
+from refinery.holdout import eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
                                           variant_batches, variant_selection)
 from refinery.ablations.verdicts import verdicts_digest

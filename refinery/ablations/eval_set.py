@@ -6,9 +6,10 @@ Three kinds of documents, each with a `domain` and a `language`:
   classifier's positive buckets, stages.quality.positive_buckets, that a source feeds: the buckets
   the config already names as the reference of good text; a crawl bucket is what the funnel
   filters, so it is no fixed reference). A document is held out when the hash of the run's seed and
-  its doc id falls below `ablations.eval_fraction`: a function of the document alone, decided from
-  extracted_text before any verdict or variant, so it is the same set whatever the variants are
-  and however they are drawn, and every variant leaves it out (`held_out_mask`). Its text is the
+  its doc id falls below `ablations.eval_fraction` (refinery/holdout.py): a function of the document
+  alone, decided from extracted_text before any verdict or variant, so it is the same set whatever
+  the variants are and however they are drawn; every variant leaves it out, and so does the quality
+  classifier's training. Its text is the
   extracted text, its domain its bucket, its language the funnel's language column where the
   language stage recorded one (kept or rejected), else the same fastText detector's;
 - the contamination eval sets (`contamination.eval_sets`): domain the set's name;
@@ -38,6 +39,7 @@ from refinery.contamination import eval_set_lines
 from refinery.config.run import eval_set_domain
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE
 from refinery.documents import input_shards
+from refinery.holdout import eval_buckets, held_out_mask
 from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 from refinery.stages.registry import TEXT_STAGE
@@ -47,30 +49,6 @@ EVAL_DOCUMENTS_KEY = "ablations/eval/documents.parquet"
 EVAL_INFO_KEY = "ablations/eval/info.json"  # what the documents were chosen from, and their counts
 EVAL_SCHEMA = {"doc_id": pl.String(), "text": pl.String(), "domain": pl.String(), "language": pl.String()}
 BATCH_ROWS = 4096
-_HASH_SPACE = 1 << 64
-
-
-def eval_buckets(cfg: RefineryConfig) -> list[str]:
-    """The curated buckets the held-out documents come from (see the module docstring)."""
-    assert cfg.ablations is not None
-    if cfg.ablations.eval_buckets is not None:
-        return list(cfg.ablations.eval_buckets)
-    fed = {s.bucket for s in cfg.sources}
-    return [b for b in cfg.stages.quality.positive_buckets if b in fed]
-
-
-def _holdout_key(seed: int, doc_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"ablations-eval:{seed}:{doc_id}".encode(), digest_size=8).digest(), "big")
-
-
-def held_out_mask(cfg: RefineryConfig, doc_ids: pl.Series, buckets: pl.Series) -> pl.Series:
-    """True for the documents the evaluation set holds out: in a curated bucket, and the hash of
-    the seed and the doc id below `ablations.eval_fraction` of the hash space."""
-    assert cfg.ablations is not None
-    curated = set(eval_buckets(cfg))
-    limit = cfg.ablations.eval_fraction * _HASH_SPACE
-    return pl.Series([b in curated and _holdout_key(cfg.seed, d) < limit
-                      for d, b in zip(doc_ids.to_list(), buckets.to_list())], dtype=pl.Boolean)
 
 
 def eval_set_files(cfg: RefineryConfig) -> list[tuple[str, Path]]:

@@ -44,7 +44,7 @@ from typing import Iterator
 import numpy as np
 import polars as pl
 
-from refinery.ablations.eval_set import held_out_mask
+from refinery.holdout import held_out_mask
 from refinery.ablations.verdicts import VERDICT_TABLES, dedup_hashes, partition_rejects, recorded_facts
 from refinery.config import RefineryConfig
 from refinery.curriculum.inventory import UNKNOWN_LANGUAGE

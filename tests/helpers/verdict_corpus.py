@@ -86,7 +86,7 @@ def config_data(data_root: str = "out", **ablations) -> dict:
         "seed": 11, "data_root": data_root, "buckets": ["web", "wiki"],
         "sources": [{"name": b, "path": f"in/{b}/*.jsonl", "format": "jsonl", "bucket": b} for b in FILES],
         # quality's buckets left at their defaults (books, wiki): the curated bucket is the one fed, wiki
-        "stages": {"safety": {"blocked_words": [BLOCKED]}, "quality": {"num_features": 4096, "threshold": 0.5}},
+        "stages": {"safety": {"blocked_words": [BLOCKED]}, "quality": {"num_features": 4096, "threshold": 0.3}},
         "tokenizer": {"vocab_size": 300, "train_docs": 500},
         "shards": {"max_seq_len": 64, "overlap": 8, "shard_tokens": 2048, "shuffle_buffer_mb": 1},
         "contamination": {"eval_sets": [{"name": "bench", "path": "evals/bench.jsonl"}]},
