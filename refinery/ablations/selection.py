@@ -28,7 +28,7 @@ What "ignored" means for a document a stage removed, which no later stage ever s
 - Near dedup is NOT run on it (its clusters are global; MinHash over the corpus is not redone):
   `without: [heuristic]` also keeps heuristic removals that near dedup would have removed next, an
   upper bound by those near copies of what leaving the stage out of the graph would let through.
-- Documents the evaluation set holds out (refinery/ablations/eval_set.py) are in no variant.
+- Documents the evaluation set holds out (refinery/holdout.py) are in no variant.
 
 Memory: one record batch of a table at a time, plus one partition's rejected doc ids and its
 recorded facts (doc_id, language, quality_score: no text); per corpus, only what exact dedup's
