@@ -77,6 +77,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def seed_all(seed: int) -> None:
+    """Seed every RNG a checkpoint saves (torch and CUDA, numpy's and Python's global ones), so that
+    a run's checkpoints are the same bytes run to run, not only its model: nothing in the trainer
+    draws from numpy's or Python's global RNG today, but their states are saved and restored."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
 def rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {

@@ -41,7 +41,7 @@ from training.accounting import RunAccounting
 from training.attention import resolve_attention
 from training.batches import Lookahead, StepInputs, TrainBatches
 from training.checkpoint import (MODEL, MODEL_ARGS, OPTIMIZER, RNG, SAMPLER, SCHEDULER, TRAIN_STATE, Checkpointer,
-                                 ModelShape, PureLR, ResumeRefused, RNGState, SharedKey)
+                                 ModelShape, PureLR, ResumeRefused, RNGState, SharedKey, seed_all)
 from training.data import CurriculumData
 from training.distributed import Distributed
 from training.halt import Halt, HaltPolicy, StepHook, StepOutcome, install_step_hooks
@@ -91,7 +91,7 @@ class Trainer:
                                     ranks, data_world)
         self.model_args = GPTConfig(vocab_size=tc.model.vocab_size or cfg.tokenizer.vocab_size, n_layer=tc.model.n_layer,
                                     n_head=tc.model.n_head, n_embd=tc.model.n_embd, dropout=tc.model.dropout)
-        torch.manual_seed(cfg.seed)
+        seed_all(cfg.seed)
         self.model = GPT(self.model_args, resolve_attention(tc.attention, self.device, tc.model.dropout),
                          tc.activation_checkpointing).to(self.device)
         if tc.compile:
