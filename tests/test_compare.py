@@ -31,8 +31,8 @@ def write_demo_like_root(folder: Path, seconds: float, texts: tuple[str, ...] = 
     root.write_json(stats_key("pii_redacted", "web-00"), {"total": 2, "kept": 2, "wall_s": seconds})
     run = folder / "runs" / "demo" / "main"
     (run / "checkpoints").mkdir(parents=True)
-    # the Python and numpy RNG states differ run to run (the trainer seeds torch only)
-    rng = {"torch": torch.arange(4, dtype=torch.uint8), "python": [int(seconds * 10), 1], "numpy": {"pos": int(seconds)}}
+    # every RNG state a checkpoint saves is seeded from the run's seed (training/checkpoint.py seed_all)
+    rng = {"torch": torch.arange(4, dtype=torch.uint8), "python": [7, 1], "numpy": {"pos": 3}}
     torch.save({"model": {"w": torch.arange(6.0)}, "train": {"step": 3, "tokens": 384}, "rng": rng},
                run / "checkpoints" / "step-00000003.pt")
     (run / "checkpoints" / "step-00000003.json").write_text(json.dumps(
@@ -76,7 +76,7 @@ def test_one_changed_document_names_its_file(tmp_path, capsys):
     (b / "manifests" / "main.json").write_text(json.dumps(
         {"phase": "main", "buckets": {"web": {"tokens": 65, "sha256": "cd"}}}))
     torch.save({"model": {"w": torch.arange(6.0) + 1}, "train": {"step": 3, "tokens": 384},
-                "rng": {"torch": torch.arange(4, dtype=torch.uint8) + 1}},
+                "rng": {"torch": torch.arange(4, dtype=torch.uint8) + 1, "python": [8, 1], "numpy": {"pos": 3}}},
                b / "runs" / "demo" / "main" / "checkpoints" / "step-00000003.pt")
     (b / "shards" / "final" / "web" / "shard-00001.bin").write_bytes(b"\0")
 
@@ -87,7 +87,7 @@ def test_one_changed_document_names_its_file(tmp_path, capsys):
         "documents/pii_redacted/web-00.parquet": "bytes differ",
         "documents/pii_redacted/web-01.parquet": "bytes differ",
         "manifests/main.json": "fields differ: buckets/web/sha256, buckets/web/tokens",
-        "runs/demo/main/checkpoints/step-00000003.pt": "fields differ: model/w, rng/torch",
+        "runs/demo/main/checkpoints/step-00000003.pt": "fields differ: model/w, rng/python[0], rng/torch",
     }
     assert report["only_in_b"] == ["shards/final/web/shard-00001.bin"] and report["only_in_a"] == []
     assert "runs/demo/main/metrics.jsonl" in report["identical"]

@@ -6,10 +6,11 @@ machine) must write the same bytes. This walks both local data roots and compare
 - JSON and JSON-lines files field by field, without the fields that time a run (`TIMING_FIELDS`,
   `time/...` and `throughput/...` metrics) and with each root's own path read as `<root>` (a
   training status names its checkpoint by absolute path); a difference names the fields.
-- Training checkpoints (`.pt`) by their contents (model, optimizer, sampler state, step, tokens, torch's
-  RNG), without the Python and numpy RNG states they carry (`UNSEEDED_RNG`: the trainer seeds torch
-  only, so these start from OS entropy in each run and drive nothing it computes); and so a checkpoint's
-  sidecar (`checkpoints/step-N.json`) without the checkpoint file's sha256 and size.
+- Training checkpoints (`.pt`) by their contents (model, optimizer, sampler state, step, tokens, and
+  the torch, numpy and Python RNG states, all seeded from the run's seed: training/checkpoint.py
+  `seed_all`), so a difference names the fields; their sidecars (`checkpoints/step-N.json`) carry the
+  checkpoint file's sha256, which two runs of the same config share. A root written before the
+  trainer seeded numpy and Python (before 2026-11-28) differs from a newer one in those two states.
 - Every other file (Parquet tables, token shards, models, plots) by its bytes (sha256, read in chunks).
 
 Set aside, uncompared: `stats/` (each partition's counters, which carry wall times and docs/s; the
@@ -34,8 +35,6 @@ TIMING_FIELDS = frozenset({"wall_s", "docs_per_s", "tokens_per_s", "tokens_per_s
                            "started_at", "finished_at", "updated"})
 TIMING_PREFIXES = ("time/", "throughput/")
 ROOT_MARK = "<root>"
-UNSEEDED_RNG = ("python", "numpy")  # a checkpoint's `rng` entries that differ run to run
-CHECKPOINT_FILE_FIELDS = ("sha256", "bytes")  # a checkpoint sidecar's hash and size of the checkpoint file
 MAX_NAMED_FIELDS = 5  # differing fields named per file; the count says how many more
 
 
@@ -102,20 +101,13 @@ def _roots(root: Path) -> tuple[str, ...]:
 
 def _load(path: Path, roots: tuple[str, ...]) -> Any:
     if path.suffix == ".json":
-        value = strip_timing(json.loads(path.read_text(encoding="utf-8")), roots)
-        if path.parent.name == "checkpoints" and isinstance(value, dict):
-            for key in CHECKPOINT_FILE_FIELDS:
-                value.pop(key, None)
-        return value
+        return strip_timing(json.loads(path.read_text(encoding="utf-8")), roots)
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as f:
             return [strip_timing(json.loads(line), roots) for line in f if line.strip()]
     import torch
 
-    value = strip_timing(torch.load(path, map_location="cpu", weights_only=True), roots)
-    if isinstance(value, dict) and isinstance(value.get("rng"), dict):
-        value["rng"] = {k: v for k, v in value["rng"].items() if k not in UNSEEDED_RNG}
-    return value
+    return strip_timing(torch.load(path, map_location="cpu", weights_only=True), roots)
 
 
 def compare_file(a_root: Path, b_root: Path, rel: str) -> str | None:
@@ -163,8 +155,7 @@ class Comparison:
                 out += [f"  {rel}" for rel in files]
         out.append(f"set aside, not compared: {len(self.set_aside):,} file(s) (stats/ counters with wall times, "
                    "TensorBoard events, launch logs, locks); JSON compared without its timing fields ("
-                   + ", ".join(sorted(TIMING_FIELDS)) + ", time/*, throughput/*), checkpoints without their "
-                   "unseeded Python and numpy RNG states")
+                   + ", ".join(sorted(TIMING_FIELDS)) + ", time/*, throughput/*)")
         out.append("SAME: every compared output is identical" if self.same else
                    f"DIFFERENT: {len(self.differ) + len(self.only_in_a) + len(self.only_in_b):,} file(s) differ "
                    "or are in one root only")
