@@ -5,7 +5,9 @@ stage, bucket and language, the raw-input budget it implies, and the quality cla
 stage's input), runs every heuristic rule on it with its source's and language's settings, then
 the config's custom filters (on the text the rules keep, as the stage does), and lists each rule
 it fails with the measured value and the threshold, not only the first one the stage reports, so
-a user sees what a threshold change would buy.
+a user sees what a threshold change would buy. It streams each file's doc ids and urls to find the
+document, then the file that holds it up to its row: memory is a record batch's (`READ_ROWS` rows,
+`READ_BYTES` of text), never a file's.
 """
 
 from __future__ import annotations

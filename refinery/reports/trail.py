@@ -10,8 +10,23 @@ is located in the final shards (bucket, shard, token offset of each window, from
 `entries.parquet`), which is what `refinery lineage --shard S --offset N` takes, and any phase that
 the contamination drop policy excluded it from is named.
 
-`DocumentTrail` keeps every table it reads (per stage and input file), so on one data root only the
-first query of a partition pays for reading Parquet; later ones are dictionary lookups.
+Memory is bounded per query, never per file or corpus: every lookup reads only the rows that match
+the document (`matching_rows`, refinery/stages/parquet_batches.py), one record batch (at most 10,000
+rows of the columns read, never the text) at a time, and row groups whose min/max statistics rule
+the value out are not read at all. By doc_id: each stage table of its input file (the text table
+and every attribute table of the chain), each rejects file, its signature table (doc ids are in
+record order, so statistics prune to the row groups that can hold it); by doc_key: a signature
+table, the exact drop lists (a streaming scan), the near-dup clusters and every band's edges (as src
+or dst); by url: every `raw_documents` table and ingest's rejects, their url column streamed; a kept
+document's windows: its bucket's final entry table, streamed (it is in shuffled order), after its
+sha256 is checked against the index (once per bucket, hashed a chunk at a time). What a query holds
+is then one batch plus the rows it names: the document's, and, for a url, those of every document
+with that url. The one read that is not per document: the contamination drop policy's exclusion
+lists (JSON, one per curriculum phase, read whole once), which hold the doc ids the policy removed,
+a count set by how much of the corpus matches the eval sets, not by the corpus's size.
+
+`DocumentTrail` keeps the rows it read, keyed by document, so a repeated query reads nothing again;
+what it keeps grows with the queries asked, not with the tables.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ same batches give the same bytes. It writes to the path it is given (a data root
 which the root publishes atomically); its sha256 is known once it is closed. `parquet_batches`
 reads a table back row group by row group, in frames of a bounded number of rows and, when asked,
 of bytes (the string and binary values a frame holds: `row_bytes`). `bounded_batches` cuts a frame
-already in memory the same way, for a stage's inner loop.
+already in memory the same way, for a stage's inner loop. `matching_rows` reads only the rows where a
+column equals a value (a query about one document: `refinery why`), a batch at a time, and skips the
+row groups whose statistics rule the value out.
 """
 
 from __future__ import annotations
