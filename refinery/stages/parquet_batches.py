@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from refinery.storage.base import PARQUET_COMPRESSION, sha256_file
@@ -199,7 +200,7 @@ def matching_rows(path: Any, where: dict[str, Any], columns: list[str] | None = 
     shown = list(names) if columns is None else list(columns)
     read = list(dict.fromkeys([*shown, *where]))
     matches = pl.any_horizontal([pl.col(c) == v for c, v in where.items()])
-    found = [pl.from_arrow(pf.schema_arrow.empty_table().select(read))]
+    found = [pl.from_arrow(pa.Table.from_batches([], pf.schema_arrow).select(read))]  # (empty_table imports pandas)
     for group in range(pf.num_row_groups):
         if not _may_hold(pf.metadata.row_group(group), names, where):
             continue
