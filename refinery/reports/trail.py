@@ -94,6 +94,7 @@ class DocumentTrail:
 
     def __init__(self, cfg: RefineryConfig, root: DataRoot):
         self.cfg, self.root = cfg, root
+        self._written: dict[tuple[str, str], bool] = {}  # (stage, input file): its kept documents' table exists
         self._rows: dict[tuple[str, str, str], dict[str, Any] | None] = {}
         self._removals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self._entries: dict[tuple[str, str], list[dict[str, Any]] | None] = {}
@@ -114,7 +115,9 @@ class DocumentTrail:
             return matching_rows(path, where, columns)
 
     def _materialized(self, folder: str, partition: str) -> bool:
-        return self.root.exists(kept_documents_key(folder, partition))
+        if (folder, partition) not in self._written:
+            self._written[(folder, partition)] = self.root.exists(kept_documents_key(folder, partition))
+        return self._written[(folder, partition)]
 
     def _row(self, folder: str, partition: str, doc_id: str) -> dict[str, Any] | None:
         """The identity and fact columns of `doc_id` among stage `folder`'s kept documents of
