@@ -228,3 +228,18 @@ def test_a_query_reads_only_the_row_groups_that_can_hold_its_documents(tmp_path,
         for path, group in ordered:
             ids = set(pq.ParquetFile(path).read_row_group(group, columns=["doc_id"]).column("doc_id").to_pylist())
             assert ids & named, (doc_id, path, group, ids)
+
+
+def test_the_same_answers_from_an_s3_data_root(trail, tmp_path, moto_s3):
+    """The per-document reads go through the root's local copies (`local_path`), so an S3 data root
+    answers every query as the local one does."""
+    from refinery.storage.s3 import S3DataRoot
+
+    s3 = S3DataRoot("s3://bkt/why", cache_dir=tmp_path / "cache")
+    for path in sorted(p for p in trail.root.root.rglob("*") if p.is_file()):
+        s3.write_bytes(str(path.relative_to(trail.root.root)), path.read_bytes())
+    cfg = load_config(trail.config)
+    local, remote = DocumentTrail(cfg, trail.root), DocumentTrail(cfg, s3)
+    keys = [*trail.doc_ids.values(), trail.urls["a/0"]]
+    assert [[remote.trace(d) for d in remote.doc_ids(k)] for k in keys] == \
+        [[local.trace(d) for d in local.doc_ids(k)] for k in keys]
