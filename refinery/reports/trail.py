@@ -141,8 +141,8 @@ class DocumentTrail:
                     path = self.root.local_path(key)
                     with reading_table(path):
                         names = set(pq.read_schema(path).names)
-                    found = self._matching(key, {"doc_id": doc_id},
-                                           list(dict.fromkeys(["doc_id", *(c for c in wanted if c in names and c not in row)])))
+                    columns = ["doc_id", *(c for c in wanted if c in names and c not in row and c != "doc_id")]
+                    found = self._matching(key, {"doc_id": doc_id}, columns)
                     if found.height == 0:
                         row = None
                         break
@@ -261,13 +261,13 @@ class DocumentTrail:
                 out["stages"].append({"stage": step.stage, "status": "not materialized"})
                 out["not_materialized"] = step.stage
                 return out
+            row = self._row(step.documents, partition, doc_id) or {}  # first, as a damaged table is refused first
             removals = [r for r in self._rejected(step.rejects, partition, doc_id) if r["stage"] == step.stage]
             if removals:
                 removed = self._removal(removals[0], partition)
                 out["stages"].append({"stage": step.stage, "status": "removed", **removed})
                 out["removed"] = {"stage": step.stage, **removed}
                 return out
-            row = self._row(step.documents, partition, doc_id) or {}
             facts = {c: row[c] for c in STAGE_FACTS.get(step.stage, ()) if c in row}
             out["stages"].append({"stage": step.stage, "status": "kept", **facts})
         self._locate(out)
