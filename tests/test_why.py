@@ -169,3 +169,77 @@ def test_final_shard_locations_from_a_changed_entry_table_are_refused(tmp_path, 
     err = one_line_refusal(capsys, ["why", t.doc_ids["a/0"], "--config", str(t.config)])
     assert err == (f"refinery why: {table}: content hash does not match {t.root.display('shards/final/web/index.json')}; "
                    f"the file changed after it was written; materialize shuffled_shards again\n")
+
+
+def test_a_query_reads_only_the_row_groups_that_can_hold_its_documents(tmp_path, monkeypatch, capsys):
+    """Scale: at 15 billion documents a query about one must not read a stage's table, a file's
+    rejects or signatures, a bucket's entry table or the dedup decisions into memory. Every table
+    here has one row per row group: no whole-table reader may run, every read is one row group, and
+    of the tables in record order (doc ids sorted) only the row groups holding a document the answer
+    names are read. The answers are those of the same rows in one row group each."""
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    from helpers.funnel_trail import one_row_per_row_group
+    from refinery.stages import attributes
+    from refinery.storage.base import DataRoot
+
+    t = write_trail_corpus(tmp_path)
+    queries = [[*cmd, key, "--config", str(t.config)] for key in [*t.doc_ids.values(), t.urls["a/0"], t.urls["b/1"]]
+               for cmd in (["why"], ["why", "--json"], ["funnel", "--explain"])]
+
+    def answers() -> list[tuple[int, str, str]]:
+        return [(main(argv), *capsys.readouterr()) for argv in queries]
+
+    expected = answers()
+    one_row_per_row_group(t)
+
+    def whole_table(*args, **kwargs):
+        raise AssertionError(f"a whole table read for one document: {args}")
+
+    for owner, name in ((pl, "read_parquet"), (pq, "read_table"), (DataRoot, "read_parquet"),
+                        (attributes, "read_stage_documents")):
+        monkeypatch.setattr(owner, name, whole_table)
+    reads: list[tuple[str, tuple[int, ...]]] = []
+
+    class RecordedFile(pq.ParquetFile):
+        def __init__(self, source, **kwargs):
+            super().__init__(source, **kwargs)
+            self.source_path = str(source)
+
+        def iter_batches(self, *args, row_groups=None, **kwargs):
+            reads.append((self.source_path, tuple(row_groups or range(self.num_row_groups))))
+            return super().iter_batches(*args, row_groups=row_groups, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", RecordedFile)
+    assert answers() == expected
+    assert reads and all(len(groups) == 1 for _, groups in reads)
+
+    in_record_order = ("documents/", "attributes/", "rejects/", "dedup/signatures/")
+    for doc_id in t.doc_ids.values():
+        reads.clear()
+        assert main(["why", doc_id, "--config", str(t.config), "--json"]) == 0
+        [answer] = json.loads(capsys.readouterr().out)
+        removed = answer["removed"] or {}
+        named = {doc_id, removed.get("nearest"), (removed.get("kept_instead") or {}).get("doc_id")}
+        ordered = [(path, group) for path, [group] in reads
+                   if any(f"/{folder}" in path.removeprefix(str(t.root.root)) for folder in in_record_order)]
+        assert ordered
+        for path, group in ordered:
+            ids = set(pq.ParquetFile(path).read_row_group(group, columns=["doc_id"]).column("doc_id").to_pylist())
+            assert ids & named, (doc_id, path, group, ids)
+
+
+def test_the_same_answers_from_an_s3_data_root(trail, tmp_path, moto_s3):
+    """The per-document reads go through the root's local copies (`local_path`), so an S3 data root
+    answers every query as the local one does."""
+    from refinery.storage.s3 import S3DataRoot
+
+    s3 = S3DataRoot("s3://bkt/why", cache_dir=tmp_path / "cache")
+    for path in sorted(p for p in trail.root.root.rglob("*") if p.is_file()):
+        s3.write_bytes(str(path.relative_to(trail.root.root)), path.read_bytes())
+    cfg = load_config(trail.config)
+    local, remote = DocumentTrail(cfg, trail.root), DocumentTrail(cfg, s3)
+    keys = [*trail.doc_ids.values(), trail.urls["a/0"]]
+    assert [[remote.trace(d) for d in remote.doc_ids(k)] for k in keys] == \
+        [[local.trace(d) for d in local.doc_ids(k)] for k in keys]

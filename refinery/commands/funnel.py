@@ -5,7 +5,9 @@ stage, bucket and language, the raw-input budget it implies, and the quality cla
 stage's input), runs every heuristic rule on it with its source's and language's settings, then
 the config's custom filters (on the text the rules keep, as the stage does), and lists each rule
 it fails with the measured value and the threshold, not only the first one the stage reports, so
-a user sees what a threshold change would buy.
+a user sees what a threshold change would buy. It streams each file's doc ids and urls to find the
+document, then the file that holds it up to its row: memory is a record batch's (`READ_ROWS` rows,
+`READ_BYTES` of text), never a file's.
 """
 
 from __future__ import annotations
@@ -29,19 +31,34 @@ if TYPE_CHECKING:
 
 def find_heuristic_input(root: DataRoot, key: str) -> tuple["pl.DataFrame", str] | None:
     """The first `language_filtered` document whose doc_id or url is `key`, as a one-row table with
-    every column (a custom filter may read any), and the table it came from (its attribute table)."""
+    every column (a custom filter may read any), and the table it came from (its attribute table).
+    Each file's doc ids and urls are streamed a batch at a time to find it, then the file that holds
+    it is streamed again with every column up to its row: memory is a batch's, never a file's."""
     import polars as pl
 
-    from refinery.stages.attributes import read_stage_documents
+    from refinery.stages.attributes import READ_ROWS, stage_batches
     from refinery.stages.language import STAGE as LANGUAGE_STAGE
 
     for partition in stage_partitions(root, LANGUAGE_STAGE):
-        ids = read_stage_documents(root, LANGUAGE_STAGE, partition, columns=["doc_id", "url"])
-        hit = ids.with_row_index().filter((pl.col("doc_id") == key) | (pl.col("url") == key))
-        if hit.height:
-            return (read_stage_documents(root, LANGUAGE_STAGE, partition).slice(int(hit["index"][0]), 1),
-                    root.display(kept_documents_key(LANGUAGE_STAGE, partition)))
+        position = 0
+        for ids in stage_batches(root, LANGUAGE_STAGE, partition, READ_ROWS, columns=["doc_id", "url"]):
+            hit = ids.with_row_index().filter((pl.col("doc_id") == key) | (pl.col("url") == key))
+            if hit.height:
+                return (_row_at(root, LANGUAGE_STAGE, partition, position + int(hit["index"][0])),
+                        root.display(kept_documents_key(LANGUAGE_STAGE, partition)))
+            position += ids.height
     return None
+
+
+def _row_at(root: DataRoot, stage: str, partition: str, position: int) -> "pl.DataFrame":
+    """Row `position` of `stage`'s kept documents of one file, with every column, as a one-row table."""
+    from refinery.stages.attributes import READ_BYTES, READ_ROWS, stage_batches
+
+    for batch in stage_batches(root, stage, partition, READ_ROWS, max_bytes=READ_BYTES):
+        if position < batch.height:
+            return batch.slice(position, 1)
+        position -= batch.height
+    raise IndexError(f"{root.display(kept_documents_key(stage, partition))} holds no row {position}")
 
 
 def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str, Any] | None:

@@ -10,8 +10,23 @@ is located in the final shards (bucket, shard, token offset of each window, from
 `entries.parquet`), which is what `refinery lineage --shard S --offset N` takes, and any phase that
 the contamination drop policy excluded it from is named.
 
-`DocumentTrail` keeps every table it reads (per stage and input file), so on one data root only the
-first query of a partition pays for reading Parquet; later ones are dictionary lookups.
+Memory is bounded per query, never per file or corpus: every lookup reads only the rows that match
+the document (`matching_rows`, refinery/stages/parquet_batches.py), one record batch (at most 10,000
+rows of the columns read, never the text) at a time, and row groups whose min/max statistics rule
+the value out are not read at all. By doc_id: each stage table of its input file (the text table
+and every attribute table of the chain), each rejects file, its signature table (doc ids are in
+record order, so statistics prune to the row groups that can hold it); by doc_key: a signature
+table, the exact drop lists (a streaming scan), the near-dup clusters and every band's edges (as src
+or dst); by url: every `raw_documents` table and ingest's rejects, their url column streamed; a kept
+document's windows: its bucket's final entry table, streamed (it is in shuffled order), after its
+sha256 is checked against the index (once per bucket, hashed a chunk at a time). What a query holds
+is then one batch plus the rows it names: the document's, and, for a url, those of every document
+with that url. The one read that is not per document: the contamination drop policy's exclusion
+lists (JSON, one per curriculum phase, read whole once), which hold the doc ids the policy removed,
+a count set by how much of the corpus matches the eval sets, not by the corpus's size.
+
+`DocumentTrail` keeps the rows it read, keyed by document, so a repeated query reads nothing again;
+what it keeps grows with the queries asked, not with the tables.
 """
 
 from __future__ import annotations
@@ -21,16 +36,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.layout import (NEAR_CLUSTERS_KEY, bucket_entries_key, exclusions_key, final_index_key, kept_documents_key,
-                             near_edges_key, rejects_key, signatures_key)
+from refinery.layout import (ATTRIBUTE_STAGES, NEAR_CLUSTERS_KEY, bucket_entries_key, documents_key, exclusions_key,
+                             final_index_key, kept_documents_key, near_edges_key, rejects_key, signatures_key)
 from refinery.lineage import check_hash
 from refinery.stages import registry
-from refinery.stages.attributes import read_stage_documents, stage_columns
+from refinery.stages.attributes import check_row_count
+from refinery.stages.parquet_batches import matching_rows
 from refinery.storage import DataRoot
-from refinery.storage.damaged import DamagedTableError
+from refinery.storage.damaged import DamagedTableError, reading_table
 
 TOKENIZE_STAGE = "tokenized_shards"
 EXACT_RULE_FAMILY = "exact_dedup/"
@@ -72,104 +89,146 @@ def shard_name(bucket: str, number: int) -> str:
 
 
 class DocumentTrail:
-    """`why` queries on one data root, with every table read once and kept."""
+    """`why` queries on one data root. It reads the rows of the documents asked about and keeps them,
+    so a repeated query reads nothing again; what it keeps grows with the queries, not the tables."""
 
     def __init__(self, cfg: RefineryConfig, root: DataRoot):
         self.cfg, self.root = cfg, root
-        self._tables: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = {}
-        self._rejects: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
-        self._final: dict[str, dict[str, list[dict[str, Any]]] | None] = {}
-        self._signatures: dict[str, dict[str, int]] = {}
-        self._urls: dict[str, list[str]] | None = None
+        self._written: dict[tuple[str, str], bool] = {}  # (stage, input file): its kept documents' table exists
+        self._rows: dict[tuple[str, str, str], dict[str, Any] | None] = {}
+        self._removals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self._entries: dict[tuple[str, str], list[dict[str, Any]] | None] = {}
+        self._checked_entries: set[str] = set()
+        self._keys: dict[str, int] = {}
+        self._ids_of_keys: dict[int, str] = {}
+        self._dedup: dict[tuple[str, int], pl.DataFrame] = {}
+        self._urls: dict[str, list[str]] = {}
         self._exclusions: dict[str, set[str]] | None = None
-        self._dedup: dict[str, pl.DataFrame] = {}
         self._shard_keys = [s.key for s in input_shards(cfg)]
 
-    # ---- cached reads ----------------------------------------------------------------------------
+    # ---- reads of one document's rows, kept ------------------------------------------------------
 
-    def _table(self, folder: str, partition: str) -> dict[str, dict[str, Any]] | None:
-        """doc_id -> identity and fact columns of stage `folder`'s kept documents of `partition` (read
-        through its attribute tables, refinery/stages/attributes.py), None if not written."""
-        if (folder, partition) not in self._tables:
-            rows = None
-            if self.root.exists(kept_documents_key(folder, partition)):
-                names = set(stage_columns(self.root, folder, partition))
-                wanted = [c for c in (*IDENTITY_COLUMNS, *(c for cs in STAGE_FACTS.values() for c in cs)) if c in names]
-                table = read_stage_documents(self.root, folder, partition, columns=wanted)
-                rows = {r["doc_id"]: r for r in table.iter_rows(named=True)}
-            self._tables[(folder, partition)] = rows
-        return self._tables[(folder, partition)]
+    def _matching(self, key: str, where: dict[str, Any], columns: list[str]) -> pl.DataFrame:
+        """`matching_rows` of the table at `key`, a damaged table named."""
+        path = self.root.local_path(key)
+        with reading_table(path):
+            return matching_rows(path, where, columns)
 
-    def _rejected(self, folder: str, name: str) -> dict[str, list[dict[str, Any]]]:
-        """doc_id -> its rows in rejects/<folder>/<name> (empty when the file does not exist)."""
-        if (folder, name) not in self._rejects:
-            key = rejects_key(folder, name)
-            by_id: dict[str, list[dict[str, Any]]] = {}
-            if self.root.exists(key):
-                for r in self.root.read_parquet(key, columns=list(REJECT_COLUMNS)).iter_rows(named=True):
-                    by_id.setdefault(r["doc_id"], []).append(r)
-            self._rejects[(folder, name)] = by_id
-        return self._rejects[(folder, name)]
+    def _materialized(self, folder: str, partition: str) -> bool:
+        if (folder, partition) not in self._written:
+            self._written[(folder, partition)] = self.root.exists(kept_documents_key(folder, partition))
+        return self._written[(folder, partition)]
 
-    def _final_entries(self, bucket: str) -> dict[str, list[dict[str, Any]]] | None:
-        """doc_id -> its windows in the bucket's final shards, None before shuffled_shards ran."""
-        if bucket not in self._final:
+    def _row(self, folder: str, partition: str, doc_id: str) -> dict[str, Any] | None:
+        """The identity and fact columns of `doc_id` among stage `folder`'s kept documents of
+        `partition`, None when it kept no such document or the stage was not materialized. An
+        attribute stage's row is its text table's row and that of every attribute table from there
+        to `folder` (refinery/stages/attributes.py), each table's rows counted against its stats
+        first, as `stage_batches` does; a document missing from one of them was not kept."""
+        if (folder, partition, doc_id) not in self._rows:
+            row: dict[str, Any] | None = None
+            if self._materialized(folder, partition):
+                chain = [folder]
+                while chain[-1] in ATTRIBUTE_STAGES:
+                    chain.append(ATTRIBUTE_STAGES[chain[-1]])
+                tables = [(s, kept_documents_key(s, partition)) for s in reversed(chain)]
+                if len(tables) > 1:
+                    for stage, key in tables:
+                        check_row_count(self.root, stage, partition, self.root.local_path(key))
+                wanted = (*IDENTITY_COLUMNS, *(c for cs in STAGE_FACTS.values() for c in cs))
+                row = {}
+                for _, key in tables:
+                    path = self.root.local_path(key)
+                    with reading_table(path):
+                        names = set(pq.read_schema(path).names)
+                    columns = ["doc_id", *(c for c in wanted if c in names and c not in row and c != "doc_id")]
+                    found = self._matching(key, {"doc_id": doc_id}, columns)
+                    if found.height == 0:
+                        row = None
+                        break
+                    row.update(found.row(found.height - 1, named=True))
+            self._rows[(folder, partition, doc_id)] = row
+        return self._rows[(folder, partition, doc_id)]
+
+    def _rejected(self, folder: str, partition: str, doc_id: str) -> list[dict[str, Any]]:
+        """`doc_id`'s rows in rejects/<folder>/<partition> (none when the file does not exist)."""
+        if (folder, partition, doc_id) not in self._removals:
+            key = rejects_key(folder, partition)
+            rows = (self._matching(key, {"doc_id": doc_id}, list(REJECT_COLUMNS)).to_dicts()
+                    if self.root.exists(key) else [])
+            self._removals[(folder, partition, doc_id)] = rows
+        return self._removals[(folder, partition, doc_id)]
+
+    def _final_entries(self, bucket: str, doc_id: str) -> list[dict[str, Any]] | None:
+        """`doc_id`'s windows in the bucket's final shards, None before shuffled_shards ran. The
+        table is checked against the sha256 its index records once per bucket (a streamed hash)."""
+        if (bucket, doc_id) not in self._entries:
             key = bucket_entries_key("final", bucket)
-            by_id = None
+            windows = None
             if self.root.exists(key):
-                by_id = {}
                 index_key = final_index_key(bucket)  # the table's sha256, recorded when the shards were written
-                if self.root.exists(index_key):
+                if bucket not in self._checked_entries and self.root.exists(index_key):
                     recorded = self.root.read_json(index_key).get("entries_table", {}).get("sha256", "")
                     check_hash(str(self.root.local_path(key)), recorded, self.root.display(index_key),
                                "materialize shuffled_shards again", DamagedTableError)
-                table = self.root.read_parquet(key, columns=["doc_id", "shard", "start", "tokens", "window", "n_windows"])
-                for r in table.iter_rows(named=True):
-                    by_id.setdefault(r.pop("doc_id"), []).append(r)
-            self._final[bucket] = by_id
-        return self._final[bucket]
+                self._checked_entries.add(bucket)
+                windows = self._matching(key, {"doc_id": doc_id},
+                                         ["shard", "start", "tokens", "window", "n_windows"]).to_dicts()
+            self._entries[(bucket, doc_id)] = windows
+        return self._entries[(bucket, doc_id)]
 
-    def _doc_keys(self, partition: str) -> dict[str, int]:
-        """doc_id -> dedup's doc_key for one input file (its signature table)."""
-        if partition not in self._signatures:
-            sigs = self.root.read_parquet(signatures_key(partition), columns=["doc_key", "doc_id"])
-            self._signatures[partition] = dict(zip(sigs["doc_id"].to_list(), sigs["doc_key"].to_list()))
-        return self._signatures[partition]
+    def _doc_key(self, partition: str, doc_id: str) -> int:
+        """Dedup's doc_key of `doc_id` (its input file's signature table)."""
+        if doc_id not in self._keys:
+            found = self._matching(signatures_key(partition), {"doc_id": doc_id}, ["doc_key"])
+            self._keys[doc_id] = found["doc_key"][found.height - 1]
+        return self._keys[doc_id]
 
     def _doc_id_of_key(self, doc_key: int) -> str:
         from refinery.global_steps.exact_dedup import ROW_BITS
 
-        partition = self._shard_keys[doc_key >> ROW_BITS]
-        return next(d for d, k in self._doc_keys(partition).items() if k == doc_key)
+        if doc_key not in self._ids_of_keys:
+            partition = self._shard_keys[doc_key >> ROW_BITS]
+            self._ids_of_keys[doc_key] = self._matching(signatures_key(partition), {"doc_key": doc_key},
+                                                        ["doc_id"])["doc_id"][0]
+        return self._ids_of_keys[doc_key]
 
-    def _dedup_table(self, name: str) -> pl.DataFrame:
-        """The exact drop lists, the near-dup clusters or their edges, all ranges and bands at once."""
-        if name not in self._dedup:
+    def _dedup_rows(self, name: str, doc_key: int) -> pl.DataFrame:
+        """The document's rows of the exact drop lists, the near-dup clusters or their edges (as
+        src or dst), every range and band read a batch at a time."""
+        if (name, doc_key) not in self._dedup:
             from refinery.global_steps.dedup_compute import scan_exact_drops
             from refinery.global_steps.near_dedup import DedupSettings, band_keys
 
             if name == "exact":
-                frame = scan_exact_drops(self.cfg, self.root).select("doc_key", "kept_doc_id", "group_size").collect()
+                frame = (scan_exact_drops(self.cfg, self.root).filter(pl.col("doc_key") == doc_key)
+                         .select("doc_key", "kept_doc_id", "group_size").collect(engine="streaming"))
             elif name == "clusters":
-                frame = self.root.read_parquet(NEAR_CLUSTERS_KEY, columns=["doc_key", "keeper_doc_id", "cluster_size"])
+                frame = self._matching(NEAR_CLUSTERS_KEY, {"doc_key": doc_key},
+                                       ["doc_key", "keeper_doc_id", "cluster_size"])
             else:
                 bands = band_keys(DedupSettings.from_config(self.cfg).bands)
-                frame = pl.concat([self.root.read_parquet(near_edges_key(b), columns=["src", "dst", "similarity"])
-                                   for b in bands])
-            self._dedup[name] = frame
-        return self._dedup[name]
+                frame = pl.concat([self._matching(near_edges_key(b), {"src": doc_key, "dst": doc_key},
+                                                  ["src", "dst", "similarity"]) for b in bands])
+            self._dedup[(name, doc_key)] = frame
+        return self._dedup[(name, doc_key)]
 
-    def _url_index(self) -> dict[str, list[str]]:
-        """url -> doc_ids, over every raw_documents table and ingest's rejects."""
-        if self._urls is None:
-            self._urls = {}
+    def _with_url(self, url: str) -> list[str]:
+        """The doc_ids of every raw_documents table and ingest's rejects whose url is `url` (a
+        rejected document's by its first reject row), each table streamed for that url alone."""
+        if url not in self._urls:
+            found: list[str] = []
             for partition in self._shard_keys:
-                kept = {d: row["url"] for d, row in (self._table("raw_documents", partition) or {}).items()}
-                removed = {d: rows[0]["url"] for d, rows in self._rejected("raw_documents", partition).items()}
-                for doc_id, url in {**kept, **removed}.items():
-                    if url is not None:
-                        self._urls.setdefault(url, []).append(doc_id)
-        return self._urls
+                kept = (self._matching(documents_key("raw_documents", partition), {"url": url}, ["doc_id"])["doc_id"]
+                        if self._materialized("raw_documents", partition) else pl.Series(dtype=pl.String))
+                removed = (self._matching(rejects_key("raw_documents", partition), {"url": url}, ["doc_id"])["doc_id"]
+                           if self.root.exists(rejects_key("raw_documents", partition)) else pl.Series(dtype=pl.String))
+                for doc_id in dict.fromkeys([*kept.to_list(), *removed.to_list()]):
+                    rejected = self._rejected("raw_documents", partition, doc_id)
+                    if (rejected[0]["url"] if rejected else url) == url:
+                        found.append(doc_id)
+            self._urls[url] = found
+        return self._urls[url]
 
     def _excluded_from(self, doc_id: str) -> list[str]:
         """The phases whose manifests the contamination drop policy took the document out of."""
@@ -185,31 +244,30 @@ class DocumentTrail:
         """The documents `key` names: itself when it is a doc_id, else every document with that url."""
         partition = partition_of(key)
         if partition in self._shard_keys and (
-            key in (self._table("raw_documents", partition) or {}) or key in self._rejected("raw_documents", partition)
+            self._row("raw_documents", partition, key) is not None or self._rejected("raw_documents", partition, key)
         ):
             return [key]
-        return sorted(self._url_index().get(key, []))
+        return sorted(self._with_url(key))
 
     def trace(self, doc_id: str) -> dict[str, Any]:
         """The document's path: identity, one entry per stage it reached, and where it ended."""
         partition = partition_of(doc_id)
-        identity = (self._table("raw_documents", partition) or {}).get(doc_id) or \
-            self._rejected("raw_documents", partition)[doc_id][0]
+        identity = self._row("raw_documents", partition, doc_id) or \
+            self._rejected("raw_documents", partition, doc_id)[0]
         out: dict[str, Any] = {k: identity[k] for k in IDENTITY_COLUMNS}
         out["stages"], out["removed"] = [], None
         for step in STEPS:
-            docs = self._table(step.documents, partition)
-            if docs is None:
+            if not self._materialized(step.documents, partition):
                 out["stages"].append({"stage": step.stage, "status": "not materialized"})
                 out["not_materialized"] = step.stage
                 return out
-            removals = [r for r in self._rejected(step.rejects, partition).get(doc_id, []) if r["stage"] == step.stage]
+            row = self._row(step.documents, partition, doc_id) or {}  # first, as a damaged table is refused first
+            removals = [r for r in self._rejected(step.rejects, partition, doc_id) if r["stage"] == step.stage]
             if removals:
                 removed = self._removal(removals[0], partition)
                 out["stages"].append({"stage": step.stage, "status": "removed", **removed})
                 out["removed"] = {"stage": step.stage, **removed}
                 return out
-            row = docs.get(doc_id, {})
             facts = {c: row[c] for c in STAGE_FACTS.get(step.stage, ()) if c in row}
             out["stages"].append({"stage": step.stage, "status": "kept", **facts})
         self._locate(out)
@@ -218,20 +276,20 @@ class DocumentTrail:
     def _locate(self, out: dict[str, Any]) -> None:
         """Tokenization's verdict and the final shard windows of a document every stage kept."""
         bucket, doc_id = out["bucket"], out["doc_id"]
-        removals = self._rejected(TOKENIZE_STAGE, partition_of(doc_id)).get(doc_id)  # tokenized per input file
+        removals = self._rejected(TOKENIZE_STAGE, partition_of(doc_id), doc_id)  # tokenized per input file
         if removals:
             removed = self._removal(removals[0], partition_of(doc_id))
             out["stages"].append({"stage": TOKENIZE_STAGE, "status": "removed", **removed})
             out["removed"] = {"stage": TOKENIZE_STAGE, **removed}
             return
-        entries = self._final_entries(bucket)
+        entries = self._final_entries(bucket, doc_id)
         if entries is None:
             out["not_materialized"] = "shuffled_shards"
             return
         out["final_shards"] = [
             {"bucket": bucket, "shard": shard_name(bucket, e["shard"]), "offset": e["start"], "tokens": e["tokens"],
              "window": e["window"], "n_windows": e["n_windows"]}
-            for e in entries.get(doc_id, [])
+            for e in entries
         ]
         out["excluded_from_phases"] = self._excluded_from(doc_id)
 
@@ -257,22 +315,22 @@ class DocumentTrail:
     def _kept_instead(self, doc_id: str | None) -> dict[str, Any]:
         if doc_id is None:
             return {"doc_id": None, "url": None}
-        row = (self._table("raw_documents", partition_of(doc_id)) or {}).get(doc_id, {})
+        row = self._row("raw_documents", partition_of(doc_id), doc_id) or {}
         return {"doc_id": doc_id, "url": row.get("url")}
 
     def _exact_duplicate(self, doc_id: str, partition: str) -> dict[str, Any]:
-        key = self._doc_keys(partition)[doc_id]
-        [(_, kept, size)] = self._dedup_table("exact").filter(pl.col("doc_key") == key).rows()
+        key = self._doc_key(partition, doc_id)
+        [(_, kept, size)] = self._dedup_rows("exact", key).rows()
         return {"kept_instead": self._kept_instead(kept), "group_size": size,
                 "threshold": "identical text after lowercasing and collapsing whitespace; the first copy in "
                              "source order is kept"}
 
     def _near_duplicate(self, doc_id: str, partition: str) -> dict[str, Any]:
-        key = self._doc_keys(partition)[doc_id]
-        [(_, keeper, size)] = self._dedup_table("clusters").filter(pl.col("doc_key") == key).rows()
+        key = self._doc_key(partition, doc_id)
+        [(_, keeper, size)] = self._dedup_rows("clusters", key).rows()
         # Clusters are unions of verified pairs: the keeper may be reached through other members, so
         # the measured value is the document's best verified similarity to any member.
-        nearest = (self._dedup_table("edges").filter((pl.col("src") == key) | (pl.col("dst") == key))
+        nearest = (self._dedup_rows("edges", key)
                    .select(pl.when(pl.col("src") == key).then("dst").otherwise("src").alias("other"), "similarity")
                    .sort("similarity", "other", descending=[True, False]).row(0, named=True))
         return {"kept_instead": self._kept_instead(keeper), "cluster_size": size,

@@ -7,7 +7,9 @@ same batches give the same bytes. It writes to the path it is given (a data root
 which the root publishes atomically); its sha256 is known once it is closed. `parquet_batches`
 reads a table back row group by row group, in frames of a bounded number of rows and, when asked,
 of bytes (the string and binary values a frame holds: `row_bytes`). `bounded_batches` cuts a frame
-already in memory the same way, for a stage's inner loop.
+already in memory the same way, for a stage's inner loop. `matching_rows` reads only the rows where a
+column equals a value (a query about one document: `refinery why`), a batch at a time, and skips the
+row groups whose statistics rule the value out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from refinery.storage.base import PARQUET_COMPRESSION, sha256_file
@@ -166,3 +169,41 @@ def parquet_batches(path: Any, rows: int, columns: list[str] | None = None,
                     held, held_rows, held_bytes = [], 0, 0
         if held:
             yield held[0] if len(held) == 1 else pl.concat(held, rechunk=True)
+
+
+def _may_hold(group: Any, names: list[str], where: dict[str, Any]) -> bool:
+    """Whether a row group's min/max statistics leave room for a row matching `where` (no
+    statistics, or values the statistics cannot be compared with: it may; no rows: it cannot)."""
+    if group.num_rows == 0:
+        return False
+    for column, value in where.items():
+        stats = group.column(names.index(column)).statistics
+        if stats is None or not stats.has_min_max:
+            return True
+        try:
+            if stats.min <= value <= stats.max:
+                return True
+        except TypeError:
+            return True
+    return False
+
+
+def matching_rows(path: Any, where: dict[str, Any], columns: list[str] | None = None,
+                  rows: int = 10_000) -> pl.DataFrame:
+    """The rows of the table at `path` where any column named in `where` equals its value, in table
+    order (only `columns` of them, in that order): each row group read in batches of at most `rows`
+    rows, each batch cut to its matching rows, and every row group whose min/max statistics rule all
+    the values out skipped unread. Memory is one batch and the matching rows, never the file; a table
+    sorted by a column (doc ids in record order) is read only where the value can be."""
+    pf = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
+    names = pf.schema_arrow.names
+    shown = list(names) if columns is None else list(columns)
+    read = list(dict.fromkeys([*shown, *where]))
+    matches = pl.any_horizontal([pl.col(c) == v for c, v in where.items()])
+    found = [pl.from_arrow(pa.Table.from_batches([], pf.schema_arrow).select(read))]  # (empty_table imports pandas)
+    for group in range(pf.num_row_groups):
+        if not _may_hold(pf.metadata.row_group(group), names, where):
+            continue
+        for batch in pf.iter_batches(batch_size=rows, row_groups=[group], columns=read, use_threads=False):
+            found.append(pl.from_arrow(batch).filter(matches))
+    return pl.concat(found).select(shown)
