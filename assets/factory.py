@@ -37,7 +37,6 @@ from refinery.stages.attributes import stage_batches
 from refinery.stages.base import StageOutput
 from refinery.stages.stage_tables import stage_tables
 from refinery.stages.stats import StageStats
-from refinery.storage import DataRoot
 
 DEFAULT_KINDS = frozenset({"polars", "parquet"})
 

@@ -27,7 +27,6 @@ import polars as pl
 
 from refinery.config import ContaminationConfig, RefineryConfig
 from refinery.storage import sha256_file
-from refinery.stages.parquet_batches import parquet_batches
 
 _WORD_HASH_SEED = 0x5EED
 # An odd 64-bit multiplier for the polynomial n-gram hash; arithmetic wraps mod 2**64 on purpose.

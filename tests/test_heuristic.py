@@ -4,7 +4,6 @@ the n-gram arithmetic against a plain reference, C4's line removal, and the stag
 import random
 from collections import Counter
 
-import polars as pl
 import pytest
 
 from refinery.stages.heuristic import (

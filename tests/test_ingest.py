@@ -80,7 +80,7 @@ def test_warc_rows_provenance_and_skipped_record_types(tmp_path, compress):
     assert docs["url"].to_list() == ["https://a.example/1", "https://a.example/2", "file:///notes.txt"]
     assert docs["record_index"].to_list() == [2, 3, 5]
     assert docs["record_offset"].to_list() == [offsets[2], offsets[3], offsets[5]]
-    assert docs["doc_id"].to_list() == [make_doc_id(f"web-a", i) for i in (2, 3, 5)]
+    assert docs["doc_id"].to_list() == [make_doc_id("web-a", i) for i in (2, 3, 5)]
     assert docs["content_type"].to_list() == ["text/html", "text/html", "text/plain"]
     assert docs["raw"][0] == page(1).decode()
     assert docs["raw"][2] == "plain resource text"

@@ -17,10 +17,9 @@ removes most of its sample, with the line that switches it.
 from __future__ import annotations
 
 import argparse
-import glob
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml

@@ -16,7 +16,7 @@ from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, rejects_key, signatures_key, stats_key
+from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, signatures_key, stats_key
 from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter
 from refinery.stages.stage_tables import stage_tables

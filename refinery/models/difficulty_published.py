@@ -44,8 +44,6 @@ def reference_documents(root: DataRoot, cfg: RefineryConfig, tokenizer) -> Itera
     """The token ids of the reference buckets' clean documents, file by file in input order,
     encoded ENCODE_BATCH_DOCS documents and at most ENCODE_BATCH_BYTES of text at a time (a
     consumer that stops early stops the reading)."""
-    from refinery.stages.parquet_batches import parquet_batches
-
     wanted = set(reference_buckets(cfg))
     for shard in input_shards(cfg):
         if shard.bucket not in wanted:
