@@ -171,7 +171,11 @@ def test_the_trainer_actor_hands_over_whole_message_lines_and_stops_its_trainer_
     from assets.trainer_actor import TrainerProcess
 
     go = tmp_path / "go"
-    child = ("import pathlib, sys, time\n"
+    # The child stands in for the trainer, which installs its own SIGTERM handler and unblocks the
+    # signal (training/lifeline.py SigtermFlag): a pytest worker may hand SIGTERM down ignored or
+    # blocked (CI once saw stop() end in SIGKILL, -9, after the grace period).
+    child = ("import pathlib, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n"
              "out = open(sys.argv[1], 'a')\n"
              "out.write('{\"a\": 1}\\n{\"b\": '); out.flush(); print('started', flush=True)\n"
              "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.02)\n"

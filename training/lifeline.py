@@ -89,8 +89,9 @@ class ParentWatch:
 
 class SigtermFlag:
     """`raised` once SIGTERM arrived between `install()` and `restore()` (which puts back the
-    handler found). Installed explicitly: a process may inherit SIGTERM ignored, and then a
-    preemption would go unseen."""
+    handler found). Installed explicitly, and SIGTERM unblocked in this thread: a process may
+    inherit SIGTERM ignored or blocked (a signal mask survives fork and exec), and then a preemption
+    would go unseen."""
 
     def __init__(self):
         self.raised = False
@@ -98,6 +99,7 @@ class SigtermFlag:
 
     def install(self) -> None:
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def restore(self) -> None:
         signal.signal(signal.SIGTERM, self._previous)
