@@ -23,6 +23,7 @@ import dagster as dg
 
 from assets.factory import StepResult, global_step_asset
 from assets.partitions import Partitions
+from assets.pipes_messages import WholeLineMessages
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
@@ -73,7 +74,7 @@ class PipesLaunch:
         with dg.open_pipes_session(
             context=self.context,
             context_injector=dg.PipesTempFileContextInjector(),
-            message_reader=dg.PipesTempFileMessageReader(),
+            message_reader=WholeLineMessages(),
         ) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "PYTHONUNBUFFERED": "1"}
             code = run_logged(command, REPO, env, log_path, lambda: self.drain(session))
