@@ -79,10 +79,10 @@ _MARK_BEFORE = re.compile(r"(?:[§#№]|\b[Nn][or]\.|\bv)\s*$")
 _ATTACHED_BEFORE = re.compile(r"(?:[^\W\d_][-_]|(?<![\d:])\d:)$")
 _SUFFIX_AFTER = re.compile(r"[-+~][0-9A-Za-z]")
 # What may open a heading line before its number: spaces, list bullets, Markdown heading marks.
-_LINE_OPENING = re.compile(r"(?:^|\n)[ \t*#>•·|\-–—]*$")
+_LINE_OPENING = re.compile(r"(?:^|\n)(?:[^\S\n]|[*#>•·|\-–—])*$")
 # After a heading number: `.` or `)` and a space, or a space and a capitalized word or one of a
 # script without case.
-_HEADING_AFTER = re.compile(r"[.)][ \t]|[ \t]+[^\W\d_a-z]")
+_HEADING_AFTER = re.compile(r"[.)][^\S\n]|[^\S\n]+[^\W\d_a-z]")  # `[^\S\n]`: a space, no-break too
 _LOOK = 40  # characters either side a context rule reads
 
 
