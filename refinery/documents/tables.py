@@ -87,6 +87,23 @@ def empty_rejects() -> pl.DataFrame:
     return pl.DataFrame(schema=polars_schema("REJECTS_SCHEMA"))
 
 
+# Input files whose records are rows of a table: their `record_offset` is the row's number, not a byte.
+TABLE_SUFFIXES = (".parquet", ".arrow")
+LINE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")
+
+
+def record_position(file: str | None, record_index: int | None, record_offset: int | None) -> str:
+    """Where a record sits in its input file, labelled as what the number is: a table's row (a
+    Parquet file, a Hugging Face dataset folder), a JSONL record with its line's byte offset in the
+    decompressed text, a WARC record at its byte offset."""
+    name = (file or "").lower().rstrip("/")
+    if name.endswith(TABLE_SUFFIXES) or "." not in name.rsplit("/", 1)[-1]:
+        return f"row {record_offset}"
+    if name.endswith(LINE_SUFFIXES):
+        return f"line record {record_index}, at byte {record_offset} of the decompressed text"
+    return f"record {record_index} at byte {record_offset}"
+
+
 def make_doc_id(partition: str, record_index: int) -> str:
     """Stable, readable, and unique across the corpus: the input shard plus the record's index."""
     return f"{partition}/{record_index:07d}"
