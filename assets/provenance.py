@@ -78,9 +78,9 @@ CONFIG_READ: dict[str, tuple[str, ...]] = {
 }
 
 
-def config_digest(cfg: Any, paths: tuple[str, ...]) -> str:
-    """A short hash of the values at `paths` of the config (each as JSON, with its path), less the
-    trainer's launch fields: where the trainer runs changes none of its outputs."""
+def config_values(cfg: Any, paths: tuple[str, ...]) -> dict[str, Any]:
+    """The values at `paths` of the config, as JSON, less the trainer's launch fields: where the
+    trainer runs changes none of its outputs."""
     data = cfg.model_dump(mode="json", exclude={"training": set(LAUNCH_FIELDS)})
     values = {}
     for path in paths:
@@ -88,7 +88,12 @@ def config_digest(cfg: Any, paths: tuple[str, ...]) -> str:
         for part in path.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         values[path] = value
-    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+    return values
+
+
+def config_digest(cfg: Any, paths: tuple[str, ...]) -> str:
+    """A short hash of `config_values` (each with its path)."""
+    return hashlib.sha256(json.dumps(config_values(cfg, paths), sort_keys=True).encode()).hexdigest()[:8]
 
 
 def config_versioned(cfg: Any) -> Callable[[dg.AssetSpec], dg.AssetSpec]:

@@ -20,6 +20,12 @@ each gone batch is recorded as observed empty, so the instance matches the input
 doc_key holds its file's shard ordinal among all inputs: a batch whose files' ordinals moved (an
 input added or removed before them) has its dedup signatures planned ("input files moved").
 
+A new code version names what changed: each asset's config values, by the digest its version
+carries, are kept in the instance folder once it is materialized (`record_config_values`,
+`config_versions/<asset>-<digest>.json`), so the plan names each config field that moved (dotted
+path, old -> new) or says the code changed. `--until ASSET` plans only ASSET and what it reads
+(`until_selection`), and says what it leaves stale past it.
+
 A phase's files (its manifest, selection and band files, schedule plot) are checked against the
 sha256s its latest phase_manifests materialization recorded: one edited or removed since makes the
 trainer refuse the phase, so the plan rebuilds it ("its files changed since written", naming them).
@@ -27,9 +33,11 @@ trainer refuse the phase, so the plan rebuilds it ("its files changed since writ
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dagster import AssetKey
 
@@ -41,6 +49,8 @@ MISSING, CODE_CHANGED, UPSTREAM_CHANGED, UPSTREAM_RERUNS = (
 INPUTS_CHANGED, INPUTS_REMOVED, INPUTS_MOVED = "input files changed", "input files removed", "input files moved"
 WRITTEN_CHANGED = "its files changed since written"
 NAMED = 10  # input files a plan line names before "and N more"
+CONFIG_VERSIONS = "config_versions"  # under the instance folder: each asset's config values by digest
+CODE_EDITED = "code edited"
 
 
 @dataclass
@@ -85,6 +95,7 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
     from dagster._core.loader import LoadingContextForTest
 
     graph = defs.resolve_asset_graph()
+    cfg = defs.resources["refinery"].config
     # The loading context Dagster gives a caller outside a UI request.
     resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
     changed_inputs = input_changes(defs, instance)
@@ -105,6 +116,8 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
             details: list[str] = []
             for partition in keys:
                 reason = _stale_reason(resolver, key, partition)
+                if reason == CODE_CHANGED:
+                    details += [c for c in version_changes(instance, graph, key, partition, cfg) if c not in details]
                 if reason is None and key == RAW_DOCUMENTS and partition in changed_inputs:
                     reason = INPUTS_CHANGED
                     details += changed_inputs[partition]
@@ -133,6 +146,66 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
                                 f"this plan rebuilds, and move to {run_dir}.archived-<UTC time>"
                                 for phase, run_dir in restarts.items()]
     return plan
+
+
+def _history(instance: dg.DagsterInstance) -> Path:
+    return Path(instance.root_directory) / CONFIG_VERSIONS
+
+
+def record_config_values(defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[dg.AssetKey]) -> None:
+    """Keep the config values each of `keys` read (`CONFIG_READ`), under the digest its code version
+    carries, once it has been materialized: what a later plan names a changed field against. One
+    small JSON file per asset and config digest, written once (temp name, then rename)."""
+    from assets.provenance import CONFIG_READ, config_digest, config_values
+
+    cfg = defs.resources["refinery"].config
+    folder = _history(instance)
+    folder.mkdir(parents=True, exist_ok=True)
+    for key in keys:
+        name = key.to_user_string()
+        if name not in CONFIG_READ:
+            continue
+        path = folder / f"{name}-{config_digest(cfg, CONFIG_READ[name])}.json"
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(config_values(cfg, CONFIG_READ[name]), sort_keys=True))
+            os.replace(tmp, path)
+
+
+def _leaves(value: Any, path: str) -> dict[str, Any]:
+    """A config value as dotted paths to its leaves (a list is one leaf)."""
+    if isinstance(value, dict) and value:
+        return {k: v for key, sub in value.items() for k, v in _leaves(sub, f"{path}.{key}").items()}
+    return {path: value}
+
+
+def version_changes(instance: dg.DagsterInstance, graph, key: dg.AssetKey, partition: str | None, cfg) -> list[str]:
+    """What moved in `key`'s code version since this partition's latest materialization: each config
+    field (`stages.heuristic.gopher_quality.min_words 50 -> 30`), and `code edited` when its code's
+    part of the version differs."""
+    import dagster as dg
+
+    from assets.provenance import CONFIG_READ, config_values
+
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(
+        asset_key=key, asset_partitions=None if partition is None else [partition]), limit=1).records
+    entry = records[0].asset_materialization.metadata.get("code_version") if records else None
+    now = graph.get(key).code_version or ""
+    if entry is None or "-c" not in now or "-c" not in str(entry.value):
+        return []
+    (old_code, old_digest), (new_code, new_digest) = str(entry.value).rsplit("-c", 1), now.rsplit("-c", 1)
+    out = [CODE_EDITED] if old_code != new_code else []
+    if old_digest != new_digest:
+        name = key.to_user_string()
+        recorded = _history(instance) / f"{name}-{old_digest}.json"
+        if not recorded.exists():
+            return out + ["config it read changed (its values then were not recorded)"]
+        cfg_now = config_values(cfg, CONFIG_READ[name])
+        old = {k: v for path, value in json.loads(recorded.read_text()).items() for k, v in _leaves(value, path).items()}
+        new = {k: v for path, value in cfg_now.items() for k, v in _leaves(value, path).items()}
+        out += [f"{path} {json.dumps(old.get(path))} -> {json.dumps(new.get(path))}"
+                for path in sorted(old.keys() | new.keys()) if old.get(path) != new.get(path)]
+    return out
 
 
 RAW_DOCUMENTS, PHASE_MANIFESTS, TRAINING_RUN = AssetKey("raw_documents"), AssetKey("phase_manifests"), AssetKey("training_run")

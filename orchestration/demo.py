@@ -118,6 +118,9 @@ def materialize_step(
                 log(line)
         if not result.success:
             raise record_failure(instance, result, single or (f"{chunk[0]}..{chunk[-1]}" if chunk else ""))
+    from orchestration.changed import record_config_values
+
+    record_config_values(defs, instance, step.keys)
     return len(keys) or 1, len(chunks)
 
 
@@ -153,8 +156,20 @@ def materialize_graph(
     return runs
 
 
+def until_selection(defs: dg.Definitions, target: str) -> list[dg.AssetKey]:
+    """`target` and every asset it reads, directly or not: what `--until target` materializes."""
+    import dagster as dg
+
+    graph = defs.resolve_asset_graph()
+    key = dg.AssetKey(target)
+    if key not in graph.materializable_asset_keys:
+        names = sorted(k.to_user_string() for k in graph.materializable_asset_keys)
+        raise ValueError(f"--until {target}: no such asset; use one of {', '.join(names)}")
+    return sorted(dg.AssetSelection.assets(key).upstream().resolve(graph), key=lambda k: k.to_user_string())
+
+
 def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callable[[str], None] = print,
-                run_config: dict | None = None) -> list:
+                run_config: dict | None = None, selection: list[dg.AssetKey] | None = None) -> list:
     """Print the plan, then materialize it step by step (orchestration/demo.py's steps, limited to
     the planned assets and partitions); returns the plan. A training phase whose checkpoints the
     plan's manifests invalidate has its run directory archived right before training starts
@@ -164,13 +179,20 @@ def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callabl
     from training.run_store import archive_run
 
     cfg = defs.resources["refinery"].config
-    plan = stale_plan(defs, instance)
+    plan = stale_plan(defs, instance, selection)
+    left = [] if selection is None else [p for p in stale_plan(defs, instance) if p.key not in selection]
     if not plan:
         log("Nothing to run: every asset and partition is materialized and up to date.")
-        return plan
-    log(f"Will materialize {len(plan)} asset(s), missing or stale:")
+    else:
+        log(f"Will materialize {len(plan)} asset(s), missing or stale:")
     for planned in plan:
         log(planned.line())
+    if left:
+        log(f"Left stale past --until ({len(left)} asset(s); `refinery demo --changed` runs them):")
+        for planned in left:
+            log(planned.line())
+    if not plan:
+        return plan
     removed = removed_batches(defs, instance)
     restarts = training_restarts(cfg, plan)
     partitions = {p.key: p.partitions for p in plan}
@@ -181,7 +203,8 @@ def run_changed(defs: dg.Definitions, instance: dg.DagsterInstance, log: Callabl
         wanted = {k for key in step.keys for k in (partitions[key] or [])}
         materialize_step(defs, instance, step, run_config, wanted or None, log)
         log(f"  ran {', '.join(k.to_user_string() for k in step.keys)}")
-    record_removed_batches(instance, removed)
+    if selection is None:  # past --until, the readers of a gone batch have not run yet
+        record_removed_batches(instance, removed)
     return plan
 
 
@@ -262,11 +285,16 @@ def run_demo(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         run_config = None if args.verbose else QUIET_RUN_CONFIG
         try:
+            selection = until_selection(defs, args.until) if args.until else None
+        except ValueError as err:
+            print(f"refinery demo: {err}", file=sys.stderr)
+            return 2
+        try:
             if args.changed:
-                run_changed(defs, instance, run_config=run_config)
+                run_changed(defs, instance, run_config=run_config, selection=selection)
                 print(f"Missing and stale assets materialized in {time.perf_counter() - start:.0f}s\n")
             else:
-                runs = materialize_graph(defs, instance, run_config=run_config)
+                runs = materialize_graph(defs, instance, selection, run_config=run_config)
                 print(f"Graph materialized in {runs} Dagster runs, {time.perf_counter() - start:.0f}s\n")
         except StepsFailed as failed:
             for line in failed.lines:
@@ -281,7 +309,11 @@ def run_demo(args: argparse.Namespace) -> int:
             return STEP_FAILED
         finally:
             ray_pool.close()  # the run's Ray workers, if any: the run has ended
-    print(demo_summary(args.config))
+    if args.until:  # the contract, scans and training may not be there yet: the funnel alone
+        print(demo_summary(args.config).split("\n\n== Curriculum contract")[0])
+        print(f"\nStopped at {args.until} (--until): what reads it is left as it was")
+    else:
+        print(demo_summary(args.config))
     print(f"\nOpen the UI on these runs with `make ui CONFIG={args.config}` (http://127.0.0.1:3000; PORT=N for another).")
     return 0
 
@@ -299,12 +331,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n  refinery demo                       # configs/demo.yaml on data/sample/\n"
                "  refinery demo --config my.yaml      # your own data\n"
                "  refinery demo --changed             # only what is missing or stale, after an edit\n"
+               "  refinery demo --changed --until phase_manifests   # the same, stopping before training\n"
                "  make ui CONFIG=my.yaml              # the runs in the Dagster UI",
     )
     p.add_argument("--config", default="configs/demo.yaml", help="the run's YAML config (default configs/demo.yaml)")
     p.add_argument("--changed", action="store_true",
                    help="materialize only the assets and partitions that are missing or stale (new code version, "
                         "changed upstream data, or reading one that reruns), printing each and why first")
+    p.add_argument("--until", metavar="ASSET", default=None,
+                   help="materialize only ASSET and what it reads (e.g. phase_manifests: every data step, no "
+                        "training); with --changed the plan also names what it leaves stale past ASSET")
     p.add_argument("--verbose", action="store_true",
                    help="print every Dagster event and a failed step's tracebacks (otherwise one line per failed "
                         "step, naming the log file that holds them)")

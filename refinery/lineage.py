@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from refinery.config import RefineryConfig
 from refinery.documents import PROVENANCE_COLUMNS, input_shards
+from refinery.documents.tables import record_position
 from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENIZER_KEY, bucket_lineage_key,
                              bucket_shards_prefix, documents_part_key, shard_index_key, shard_lineage_key)
 from refinery.lineage_index import (ENTRY_COLUMNS, LINEAGE_VERSION, SHARD_STAGES, LineageError, documents_by_id,
@@ -366,7 +367,7 @@ def format_lineage(r: dict[str, Any]) -> str:
         f"{r['entry_start']}..{r['entry_end'] - 1}, window {r['window'] + 1} of {r['n_windows']}",
         f"document  {r['doc_id']}",
         f"url       {r['url'] or '-'}",
-        f"source    {r['source']}: {r['file']} record {r['record_index']} at byte {r['record_offset']}",
+        f"source    {r['source']}: {r['file']} {record_position(r['file'], r['record_index'], r['record_offset'])}",
         f"fetched   {r['fetch_time'] or '-'} ({r['content_type'] or '-'}, {r['text_bytes']} bytes of clean text)",
         "funnel:",
     ]

@@ -65,7 +65,10 @@ def test_two_runs_of_one_config_are_identical_apart_from_stats_and_timings(tmp_p
 
     assert refinery(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1:6] == ["identical: 8 file(s)", "  documents/pii_redacted/: 2", "  manifests/: 1",
+    # These stats files are not a stage's, so no funnel summary: the file list alone.
+    assert out[1].startswith("no funnel summary: a stats, manifest or shard index file is not what a run writes")
+    files = out.index("Files: every output but stats and timings")
+    assert out[files + 1:files + 6] == ["identical: 8 file(s)", "  documents/pii_redacted/: 2", "  manifests/: 1",
                         "  runs/demo/main/: 2", "  runs/demo/main/checkpoints/: 2"]
     assert "differ: 0 file(s)" in out and out[-1] == "SAME: every compared output is identical"
 
@@ -102,7 +105,10 @@ def test_one_changed_document_names_its_file(tmp_path, capsys):
 def test_a_config_names_its_data_root_and_a_missing_root_is_refused(tmp_path, capsys):
     config = write_config(tmp_path, {**config_dict(tmp_path), "data_root": "out"})
     a = write_demo_like_root(tmp_path / "out", seconds=1.0)
-    assert refinery(["compare", str(config), str(a)]) == 0
-    capsys.readouterr()
+    b = write_demo_like_root(tmp_path / "other", seconds=2.0)
+    assert refinery(["compare", str(config), str(b)]) == 0
+    assert f"comparing {a} (A) with {b} (B)" in capsys.readouterr().out
+    assert refinery(["compare", str(config), str(a)]) == 2  # the config's own root: one folder
+    assert "are one folder" in capsys.readouterr().err
     assert refinery(["compare", str(a), str(tmp_path / "nowhere")]) == 2
     assert f"{tmp_path / 'nowhere'} is not a folder; give two local data roots" in capsys.readouterr().err

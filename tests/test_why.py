@@ -246,3 +246,10 @@ def test_the_same_answers_from_an_s3_data_root(trail, tmp_path, moto_s3):
     keys = [*trail.doc_ids.values(), trail.urls["a/0"]]
     assert [[remote.trace(d) for d in remote.doc_ids(k)] for k in keys] == \
         [[local.trace(d) for d in local.doc_ids(k)] for k in keys]
+
+
+def test_the_input_record_is_labelled_by_what_its_number_is(trail, capsys):
+    [t] = why_json(trail, trail.urls["a/2"], capsys)
+    assert t["record"] == "a.jsonl line record 2, at byte 0 of the decompressed text"
+    assert main(["why", trail.urls["a/2"], "--config", str(trail.config)]) == 0
+    assert "input  a.jsonl line record 2, at byte 0 of the decompressed text" in capsys.readouterr().out

@@ -1,4 +1,11 @@
-"""`refinery compare ROOT_A ROOT_B`: which outputs of two data roots are identical and which differ.
+"""`refinery compare ROOT_A ROOT_B`: what a change did to the funnel, then which outputs of two data
+roots are identical and which differ.
+
+First a summary of the two roots' funnels (refinery/reports/funnel_diff.py): documents and bytes kept
+per stage, bucket and language, removals per rule (as first failing rule and failing at all), and
+the tokens of the final shards per bucket and phase, each with the difference: what an experiment
+(one threshold changed) did. Two roots that are one folder are refused (exit 2): such a comparison
+says SAME whatever the configs say.
 
 Two runs of one config and seed (local and on Ray, today's code and yesterday's, here and on another
 machine) must write the same bytes. This walks both local data roots and compares every file by kind:
@@ -26,9 +33,12 @@ import hashlib
 import json
 import os
 import pickle
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from refinery.reports.funnel_diff import format_difference, funnel_difference
 
 # Fields that time a run: the only thing two runs of the same config may disagree on.
 TIMING_FIELDS = frozenset({"wall_s", "docs_per_s", "tokens_per_s", "tokens_per_s_per_gpu", "elapsed_s",
@@ -134,13 +144,20 @@ class Comparison:
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
     set_aside: list[str] = field(default_factory=list)  # in either root, not compared
+    funnel: dict[str, Any] = field(default_factory=dict)  # funnel_difference of the two roots
 
     @property
     def same(self) -> bool:
         return not (self.differ or self.only_in_a or self.only_in_b)
 
     def lines(self) -> list[str]:
-        out = [f"comparing {self.root_a} (A) with {self.root_b} (B): every output but stats and timings"]
+        out = [f"comparing {self.root_a} (A) with {self.root_b} (B)"]
+        if "unreadable" in self.funnel:
+            out += [f"no funnel summary: a stats, manifest or shard index file is not what a run writes "
+                    f"({self.funnel['unreadable']})", ""]
+        elif self.funnel:
+            out += format_difference(self.funnel) + [""]
+        out.append("Files: every output but stats and timings")
         by_folder: dict[str, int] = {}
         for rel in self.identical:
             folder = rel.rsplit("/", 1)[0] if "/" in rel else "."
@@ -175,8 +192,17 @@ def compare_roots(root_a: str | Path, root_b: str | Path) -> Comparison:
     for root in (a, b):
         if not root.is_dir():
             raise FileNotFoundError(f"{root} is not a folder; give two local data roots (a config's data_root)")
+    if os.path.realpath(a) == os.path.realpath(b):
+        raise SameFolder(f"{root_a} and {root_b} are one folder ({os.path.realpath(a)}): a comparison of it with "
+                         f"itself says SAME whatever made it; give each run its own data_root")
     in_a, in_b = _files(a), _files(b)
     result = Comparison(str(a), str(b))
+    from refinery.storage import open_data_root
+
+    try:
+        result.funnel = funnel_difference(open_data_root(str(a)), open_data_root(str(b)))
+    except (KeyError, TypeError, ValueError) as err:  # a hand-made or older root: files only
+        result.funnel = {"unreadable": f"{type(err).__name__}: {err}"}
     result.set_aside = sorted(rel for rel in in_a | in_b if set_aside(rel))
     compared_a, compared_b = in_a - set(result.set_aside), in_b - set(result.set_aside)
     result.only_in_a, result.only_in_b = sorted(compared_a - compared_b), sorted(compared_b - compared_a)
@@ -187,6 +213,10 @@ def compare_roots(root_a: str | Path, root_b: str | Path) -> Comparison:
         else:
             result.differ[rel] = how
     return result
+
+
+class SameFolder(ValueError):
+    """Two roots (or two configs' roots) that resolve to one folder."""
 
 
 def data_root_of(path: str) -> str:
@@ -202,7 +232,11 @@ def data_root_of(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = compare_roots(data_root_of(args.root_a), data_root_of(args.root_b))
+    try:
+        result = compare_roots(data_root_of(args.root_a), data_root_of(args.root_b))
+    except SameFolder as err:
+        print(f"refinery compare: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(result.to_json(), indent=1) if args.json else "\n".join(result.lines()))
     return 0 if result.same else 1
 
@@ -210,18 +244,19 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "compare", help="which outputs of two data roots are identical and which differ",
-        description="Compare two local data roots written by runs of one config (the local engine and Ray, two "
-                    "versions of the code, two machines): every file under both, Parquet tables, token shards and "
+        description="Compare two local data roots: first what a change did to the funnel (documents and bytes "
+                    "kept per stage, bucket and language, removals per rule as first failing rule and failing at "
+                    "all, final shard tokens per bucket and phase, with the difference), then every file under both, Parquet tables, token shards and "
                     "models by their bytes, JSON and JSON lines field by field without the fields that time a run, "
                     "checkpoints by their contents. It names every file that differs (and the fields of a JSON "
                     "file), every file only one root has, and how many are identical per folder; stats/ counters, "
                     "TensorBoard events, logs and locks are set aside. Exit status 0 when every output is the "
-                    "same, 1 when one differs.",
+                    "same, 1 when one differs, 2 when both name one folder.",
         epilog="examples:\n  refinery compare out/local out/ray\n"
                "  refinery compare local.yaml ray.yaml --json    # each config's data root",
     )
     p.add_argument("root_a", metavar="ROOT_A", help="a data root folder, or a config whose data root it is")
     p.add_argument("root_b", metavar="ROOT_B", help="the other data root, or its config")
-    p.add_argument("--json", action="store_true", help="print one JSON object: identical, differ, only_in_a, "
-                   "only_in_b, set_aside, same")
+    p.add_argument("--json", action="store_true", help="print one JSON object: funnel (the summary), identical, "
+                   "differ, only_in_a, only_in_b, set_aside, same")
     p.set_defaults(func=run)

@@ -5,7 +5,8 @@ A document table is one Parquet file per partition. Every stage carries the prov
 through unchanged and may add its own (language, scores, cluster ids); `doc_id` and `url` are
 never dropped. Removed documents go to a rejects table of a fixed schema.
 
-The schemas are written as polars type names and built into `PROVENANCE_SCHEMA` and
+The schemas are written as polars type names (a list of one type for a list column, a dict for a
+struct) and built into `PROVENANCE_SCHEMA` and
 `REJECTS_SCHEMA` on first use (the module's `__getattr__`), so a reader of the column names alone (a
 `refinery lineage` query) does not import polars.
 """
@@ -42,6 +43,10 @@ REJECTS_TYPES = {
     "value": "Float64",
     "detail": "String",
     "excerpt": "String",
+    # Every rule the document failed at its stage, in the order they run, the first being `rule`:
+    # the heuristic stage measures a dropped document against every rule, so a rule that takes over
+    # from another when a threshold moves is counted (`refinery compare`). A list of one elsewhere.
+    "failures": [{"rule": "String", "value": "Float64"}],
 }
 # The polars schemas this module provides, by name, and the column types each is built from.
 SCHEMA_TYPES = {"PROVENANCE_SCHEMA": PROVENANCE_TYPES, "REJECTS_SCHEMA": REJECTS_TYPES}
@@ -55,7 +60,18 @@ def polars_schema(name: str) -> dict[str, pl.DataType]:
     """The schema `name` of SCHEMA_TYPES as polars types; one dict per name, as a constant would be."""
     import polars as pl
 
-    return {column: getattr(pl, dtype)() for column, dtype in SCHEMA_TYPES[name].items()}
+    return {column: _polars_type(dtype) for column, dtype in SCHEMA_TYPES[name].items()}
+
+
+def _polars_type(spec: str | list | dict) -> pl.DataType:
+    """A type name, `[item type]` (a list) or `{field: type}` (a struct) as a polars type."""
+    import polars as pl
+
+    if isinstance(spec, list):
+        return pl.List(_polars_type(spec[0]))
+    if isinstance(spec, dict):
+        return pl.Struct({name: _polars_type(t) for name, t in spec.items()})
+    return getattr(pl, spec)()
 
 
 def __getattr__(name: str) -> dict[str, pl.DataType]:
@@ -69,6 +85,23 @@ def empty_rejects() -> pl.DataFrame:
     import polars as pl
 
     return pl.DataFrame(schema=polars_schema("REJECTS_SCHEMA"))
+
+
+# Input files whose records are rows of a table: their `record_offset` is the row's number, not a byte.
+TABLE_SUFFIXES = (".parquet", ".arrow")
+LINE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".ndjson.gz")
+
+
+def record_position(file: str | None, record_index: int | None, record_offset: int | None) -> str:
+    """Where a record sits in its input file, labelled as what the number is: a table's row (a
+    Parquet file, a Hugging Face dataset folder), a JSONL record with its line's byte offset in the
+    decompressed text, a WARC record at its byte offset."""
+    name = (file or "").lower().rstrip("/")
+    if name.endswith(TABLE_SUFFIXES) or "." not in name.rsplit("/", 1)[-1]:
+        return f"row {record_offset}"
+    if name.endswith(LINE_SUFFIXES):
+        return f"line record {record_index}, at byte {record_offset} of the decompressed text"
+    return f"record {record_index} at byte {record_offset}"
 
 
 def make_doc_id(partition: str, record_index: int) -> str:

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
+from refinery.documents.tables import record_position
 from refinery.layout import (ATTRIBUTE_STAGES, NEAR_CLUSTERS_KEY, bucket_entries_key, documents_key, exclusions_key,
                              final_index_key, kept_documents_key, near_edges_key, rejects_key, signatures_key)
 from refinery.lineage import check_hash
@@ -75,6 +76,7 @@ STEPS = funnel_steps()
 # What a kept document's row shows for a stage (the columns that stage adds).
 STAGE_FACTS = registry.stage_facts()
 IDENTITY_COLUMNS = ("doc_id", "url", "source", "bucket")
+POSITION_COLUMNS = ("file", "record_index", "record_offset")  # where the record sits in its input file
 REJECT_COLUMNS = ("doc_id", "url", "source", "bucket", "stage", "rule", "value", "detail")
 
 
@@ -135,7 +137,7 @@ class DocumentTrail:
                 if len(tables) > 1:
                     for stage, key in tables:
                         check_row_count(self.root, stage, partition, self.root.local_path(key))
-                wanted = (*IDENTITY_COLUMNS, *(c for cs in STAGE_FACTS.values() for c in cs))
+                wanted = (*IDENTITY_COLUMNS, *POSITION_COLUMNS, *(c for cs in STAGE_FACTS.values() for c in cs))
                 row = {}
                 for _, key in tables:
                     path = self.root.local_path(key)
@@ -255,6 +257,9 @@ class DocumentTrail:
         identity = self._row("raw_documents", partition, doc_id) or \
             self._rejected("raw_documents", partition, doc_id)[0]
         out: dict[str, Any] = {k: identity[k] for k in IDENTITY_COLUMNS}
+        if identity.get("file") is not None:  # a raw_documents row (an ingest reject has no position)
+            out["record"] = f"{identity['file']} " + record_position(
+                identity["file"], identity.get("record_index"), identity.get("record_offset"))
         out["stages"], out["removed"] = [], None
         for step in STEPS:
             if not self._materialized(step.documents, partition):
@@ -341,6 +346,8 @@ class DocumentTrail:
 def format_trail(t: dict[str, Any], config: str) -> str:
     """The trail for people; `config` is the path the follow-up commands it prints should name."""
     out = [f"doc_id {t['doc_id']}  url {t['url']}", f"source {t['source']}  bucket {t['bucket']}"]
+    if t.get("record"):
+        out.append(f"input  {t['record']}")
     for s in t["stages"]:
         if s["status"] == "kept":
             facts = "  ".join(f"{k} {_show(v)}" for k, v in s.items() if k not in ("stage", "status") and v is not None)

@@ -26,11 +26,19 @@ from refinery.documents import EXCERPT_CHARS, REJECTS_SCHEMA, empty_rejects
 
 
 class Drop(NamedTuple):
-    """Why one document was removed: its rule, the measured value, and a detail (the threshold)."""
+    """Why one document was removed: its rule, the measured value, and a detail (the threshold);
+    `others`, the further rules it fails, as (rule, value), where a stage measured them (the
+    heuristic stage does)."""
 
     rule: str
     value: float | None = None
     detail: str = ""
+    others: tuple[tuple[str, float | None], ...] = ()
+
+    def failures(self) -> list[dict[str, Any]]:
+        """Every rule the document fails, this one first: a reject's `failures` cell."""
+        return [{"rule": rule, "value": None if value is None else float(value)}
+                for rule, value in ((self.rule, self.value), *self.others)]
 
 
 @dataclass
@@ -199,6 +207,7 @@ def rejects_frame(df: pl.DataFrame, stage: str, drops: dict[int, Drop], text_col
             "value": [None if drops[i].value is None else float(drops[i].value) for i in rows],
             "detail": [drops[i].detail for i in rows],
             "excerpt": excerpt,
+            "failures": [drops[i].failures() for i in rows],
         },
         schema=REJECTS_SCHEMA,
     )

@@ -103,7 +103,8 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
         return pl.DataFrame(columns, schema=schema)
 
     def rejects(stage: str, docs: list[str]) -> pl.DataFrame:
-        rows = [(doc_ids[d], urls[d], "web", "web", stage, *DROPPED_AT[d][1:], TEXTS[d]) for d in docs]
+        rows = [(doc_ids[d], urls[d], "web", "web", stage, *DROPPED_AT[d][1:], TEXTS[d],
+                 [{"rule": DROPPED_AT[d][1], "value": DROPPED_AT[d][2]}]) for d in docs]
         return pl.DataFrame(rows, schema=REJECTS_SCHEMA, orient="row")
 
     stages = ("raw_documents", "extracted_text", "language_filtered", "heuristic_filtered")

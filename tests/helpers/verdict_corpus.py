@@ -145,9 +145,10 @@ def write_verdict_corpus(folder: Path, **ablations) -> VerdictCorpus:
 
         def rejects(verdicts: tuple[str, ...], upstream: pl.DataFrame, removed: dict = removed) -> tuple[pl.DataFrame, pl.DataFrame]:
             gone = [d for d in upstream["doc_id"].to_list() if d in removed and removed[d][0] in verdicts]
-            out = [(d, None, None, c.bucket[d], removed[d][0], removed[d][1],
-                    0.1 if removed[d][1].startswith("quality") else 1.0,
-                    c.language[d] if removed[d][1].startswith("language") else "", None) for d in gone]
+            value = {d: 0.1 if removed[d][1].startswith("quality") else 1.0 for d in gone}
+            out = [(d, None, None, c.bucket[d], removed[d][0], removed[d][1], value[d],
+                    c.language[d] if removed[d][1].startswith("language") else "", None,
+                    [{"rule": removed[d][1], "value": value[d]}]) for d in gone]
             if verdicts == ("quality_scored",):
                 for d in gone:
                     c.score[d] = 0.1
