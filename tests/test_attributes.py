@@ -143,5 +143,5 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     model, pointer = qt.load_published_model(root)
     scored = rerun(q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"]), near.documents)
     assert read_stage_documents(root, "quality_scored", shard.key).equals(scored)
-    redacted = rerun(SafetyThenRedact.from_config(cfg.stages), scored)
+    redacted = rerun(SafetyThenRedact.from_config(cfg.stages, model.score), scored)
     assert root.read_parquet(documents_key("pii_redacted", shard.key)).equals(redacted)
