@@ -45,12 +45,18 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*[^\S\n]+(?=\S)|[。！？]+[」�
 # the page (bench/heuristic_docs.py has the evidence, docs/languages.md the rule).
 _FENCES = ("```", "~~~")
 _CODE_ENDS = ("{", "}", ";", "{}", "};", "})", "});", "},", "\\")
+# A brace that is syntax inside a prose line: glued to the word before it (`ATTR{stat}`,
+# `.tar.{gz,xz}`, `%{Referer}i`), empty (find's `{}`), or holding alternatives (a synopsis's
+# `{start|stop}`). A brace after a space that holds a word (`now {click} here`), or a `{{`, is
+# not.
+_CODE_BRACE = re.compile(r"[^\s{]\{[^{}]*\}?|\{\}|\{[^{}]*\|[^{}]*\}")
 EXCERPT_CHARS = 120
 
 
 def code_line(line: str) -> bool:
-    """Whether a stripped line outside a fence reads as code."""
-    return line.endswith(_CODE_ENDS) or line.startswith(("}", "{", "$ ")) or "${" in line
+    """Whether a stripped line outside a fence reads as code, or holds braces only as syntax."""
+    return (line.endswith(_CODE_ENDS) or line.startswith(("}", "{", "$ ")) or "${" in line
+            or "{" not in _CODE_BRACE.sub("", line))
 
 
 def excerpt(line: str) -> str:
