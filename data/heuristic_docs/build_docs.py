@@ -44,8 +44,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE.parent / "multilingual"))
+sys.path.insert(0, str(HERE.parent / "labelled"))
 
-from build_corpus import man_text, unpacked, write_jsonl_gz  # noqa: E402
+from build_corpus import man_text, unpacked  # noqa: E402
+from build_labelled import write_with_sources  # noqa: E402
 
 from refinery.stages.html import main_content_text  # noqa: E402
 from refinery.stages.language import LanguageModel  # noqa: E402
@@ -238,14 +240,7 @@ def main() -> int:
         root, versions = unpacked(names, args.debs, Path(tmp))
         rows = clean_pages(root, LanguageModel(), rng)
         rows += index_pages(root, rng) + wordlist_pages(root, rng) + catalogue_pages(root) + package_file_pages(root)
-    write_jsonl_gz(args.out, rows)
-    counts: dict[str, dict[str, int]] = {}
-    for r in rows:
-        counts.setdefault(r["lang"], {}).setdefault(r["label"], 0)
-        counts[r["lang"]][r["label"]] += 1
-    sources = {"packages": {p: versions[p] for p in names}, "pages": dict(sorted(counts.items())), "seed": SEED}
-    (args.out.parent / "SOURCES.json").write_text(json.dumps(sources, indent=2, ensure_ascii=False) + "\n")
-    print(json.dumps(sources["pages"]))
+    write_with_sources(args.out, rows, {p: versions[p] for p in names}, SEED)
     return 0
 
 
