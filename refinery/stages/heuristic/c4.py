@@ -11,8 +11,10 @@ dropped from the text, and counted by rule in the stage counters; Wikipedia cita
 cut (`c4_lines/citation`); every kept line is stripped and the lines are joined with "\n"
 (`c4_lines/whitespace`: indentation, trailing spaces, `\r\n` and blank lines at either end go).
 With all of them off a kept document's text is unchanged byte for byte. The document is kept if it
-still has `min_num_sentences` sentences. "lorem ipsum" and "{" drop the whole document
-(`c4/lorem_ipsum`, `c4/curly_bracket`; too few sentences left is `c4/too_few_sentences`). This
+still has `min_num_sentences` sentences. "lorem ipsum" and a "{" in a prose line drop the whole
+document (`c4/lorem_ipsum`, `c4/curly_bracket`; too few sentences left is `c4/too_few_sentences`);
+with `curly_bracket_skip_code` a "{" in a code line, or one used as syntax, does not (C4 drops on
+any "{"; see `code_line`). This
 keeps pages whose navigation crumbs and cookie banners survived extraction, and feeds the FineWeb
 rules the same text FineWeb fed them. The bytes the line rules take out of kept documents are the
 stage's `bytes_rewritten` (refinery/stages/stats.py); docs/languages.md has the table.
