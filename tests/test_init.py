@@ -185,7 +185,7 @@ MULTILINGUAL = Path(__file__).resolve().parents[1] / "data" / "multilingual" / "
 
 def write_man_pages(root: Path) -> None:
     """The issue's man-page corpus in small: 40 pages each of de, fr and ja, the 7 zh pages of which
-    5 quote C with braces, 4 English pages (3% of the sample) in a folder of their own, 2 Korean pages
+    5 quote C with braces and a template's placeholder, 4 English pages (3% of the sample) in a folder of their own, 2 Korean pages
     in another, 3 Spanish pages among the French ones (what a crawl picks up along the way) and one
     Romanian page among the German ones (language ID noise, as far as init can tell)."""
     with gzip.open(MULTILINGUAL, "rt", encoding="utf-8") as f:
@@ -193,7 +193,9 @@ def write_man_pages(root: Path) -> None:
     by_lang: dict[str, list[dict]] = {}
     for p in pages:
         by_lang.setdefault(p["lang"], []).append(p)
-    braced = [p for p in by_lang["zh"] if "{" in p["text"]]
+    # C4's rule reads a brace in C or a synopsis as code now (refinery/stages/heuristic/c4.py), so the
+    # braced pages also get a template's placeholder in a prose line, which it still drops.
+    braced = [{**p, "text": p["text"] + "\n把 {名字} 换成用户的名字，页面会替你填写它。"} for p in by_lang["zh"] if "{" in p["text"]]
     plain = [p for p in by_lang["zh"] if "{" not in p["text"]]
     folders = {"de": by_lang["de"][:40] + by_lang["ro"][:1], "fr": by_lang["fr"][:40] + by_lang["es"][:3], "ja": by_lang["ja"][:40],
                "zh": braced + plain[:2], "en": [p for p in by_lang["en"] if "{" not in p["text"]][:4],

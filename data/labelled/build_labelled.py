@@ -282,16 +282,21 @@ def main() -> int:
         low = (licence_pages(root) + package_file_pages(root, names) + catalogue_pages(root) + wordlist_pages(root)
                + navigation_pages(root) + templated_pages(args.debs or Path(tmp) / "debs"))
     spam = [{**page, "label": "spam", "synthetic": True} for page in spam_pages(high, SEED)]
-    rows = high + low + spam
-    write_jsonl_gz(args.out, rows)
+    write_with_sources(args.out, high + low + spam, {p: versions[p] for p in names}, SEED)
+    return 0
+
+
+def write_with_sources(out: Path, rows: list[dict], versions: dict[str, str], seed: int) -> None:
+    """`rows` to `out`, and SOURCES.json beside it: the packages' versions, pages per language and
+    label, the seed; prints the page counts."""
+    write_jsonl_gz(out, rows)
     counts: dict[str, dict[str, int]] = {}
     for r in rows:
         counts.setdefault(r["lang"], {}).setdefault(r["label"], 0)
         counts[r["lang"]][r["label"]] += 1
-    sources = {"packages": {p: versions[p] for p in names}, "pages": dict(sorted(counts.items())), "seed": SEED}
-    (args.out.parent / "SOURCES.json").write_text(json.dumps(sources, indent=2, ensure_ascii=False) + "\n")
+    sources = {"packages": versions, "pages": dict(sorted(counts.items())), "seed": seed}
+    (out.parent / "SOURCES.json").write_text(json.dumps(sources, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps(sources["pages"]))
-    return 0
 
 
 if __name__ == "__main__":

@@ -81,6 +81,9 @@ class C4Config(Section):
     filter_lorem_ipsum: bool = True
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
+    # False: C4 as published, any `{` drops the page. True: a `{` in a code line (fenced, or a line
+    # that opens, closes or ends a block or statement) does not (refinery/stages/heuristic/c4.py).
+    curly_bracket_skip_code: bool = True
     filter_policy: bool = True
 
 

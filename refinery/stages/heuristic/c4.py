@@ -11,8 +11,10 @@ dropped from the text, and counted by rule in the stage counters; Wikipedia cita
 cut (`c4_lines/citation`); every kept line is stripped and the lines are joined with "\n"
 (`c4_lines/whitespace`: indentation, trailing spaces, `\r\n` and blank lines at either end go).
 With all of them off a kept document's text is unchanged byte for byte. The document is kept if it
-still has `min_num_sentences` sentences. "lorem ipsum" and "{" drop the whole document
-(`c4/lorem_ipsum`, `c4/curly_bracket`; too few sentences left is `c4/too_few_sentences`). This
+still has `min_num_sentences` sentences. "lorem ipsum" and a "{" in a prose line drop the whole
+document (`c4/lorem_ipsum`, `c4/curly_bracket`; too few sentences left is `c4/too_few_sentences`);
+with `curly_bracket_skip_code` a "{" in a code line, or one used as syntax, does not (C4 drops on
+any "{"; see `code_line`). This
 keeps pages whose navigation crumbs and cookie banners survived extraction, and feeds the FineWeb
 rules the same text FineWeb fed them. The bytes the line rules take out of kept documents are the
 stage's `bytes_rewritten` (refinery/stages/stats.py); docs/languages.md has the table.
@@ -39,6 +41,29 @@ C4_POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses co
 # A sentence ends at terminal punctuation (optionally closed by quotes or brackets) followed by
 # spaces and more text on the same line; CJK full stops need no space after them.
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*[^\S\n]+(?=\S)|[。！？]+[」』”’）]*(?=\S)")
+# A line that is code, where C4's `{` rule does not look when `c4.curly_bracket_skip_code` is set: a
+# line inside a ``` or ~~~ fence, one that opens, closes or ends a block or a statement, or one that
+# expands a shell variable. Documentation quotes code this way; a `{` in a prose line still drops
+# the page (bench/heuristic_docs.py has the evidence, docs/languages.md the rule).
+_FENCES = ("```", "~~~")
+_CODE_ENDS = ("{", "}", ";", "{}", "};", "})", "});", "},", "\\")
+# A brace that is syntax inside a prose line: glued to the word before it (`ATTR{stat}`,
+# `.tar.{gz,xz}`, `%{Referer}i`), empty (find's `{}`), or holding alternatives (a synopsis's
+# `{start|stop}`). A brace after a space that holds a word (`now {click} here`), or a `{{`, is
+# not.
+_CODE_BRACE = re.compile(r"[^\s{]\{[^{}]*\}?|\{\}|\{[^{}]*\|[^{}]*\}")
+EXCERPT_CHARS = 120
+
+
+def code_line(line: str) -> bool:
+    """Whether a stripped line outside a fence reads as code, or holds braces only as syntax."""
+    return (line.endswith(_CODE_ENDS) or line.startswith(("}", "{", "$ ")) or "${" in line
+            or "{" not in _CODE_BRACE.sub("", line))
+
+
+def excerpt(line: str) -> str:
+    """The start of a line, for a reject's detail."""
+    return line if len(line) <= EXCERPT_CHARS else line[:EXCERPT_CHARS] + "..."
 
 
 def c4_lines(
@@ -62,6 +87,8 @@ def c4_lines(
     check_js = cfg.filter_javascript and "c4_lines/javascript" not in off
     check_policy = cfg.filter_policy and "c4_lines/policy" not in off
     check_lorem, check_curly = cfg.filter_lorem_ipsum, cfg.filter_curly_bracket
+    skip_code = cfg.curly_bracket_skip_code
+    fenced = False
     cut_citations = "c4_lines/citation" not in off
     tidy = "c4_lines/whitespace" not in off
     # Untidied, a kept line is written back as it came, with its own line break, so the lines of a
@@ -72,6 +99,8 @@ def c4_lines(
     kept_words = 0
     for i, raw_line in enumerate(doc.lines):
         stripped = raw_line.strip()
+        if stripped.startswith(_FENCES):
+            fenced = not fenced
         segments = line_words[i] if line_words is not None else None
         # A line no longer than max_word_length cannot hold a longer word; most lines skip the check.
         if check_long and len(stripped) > max_len and any(len(w) > max_len for w in (segments or stripped.split())):
@@ -93,8 +122,12 @@ def c4_lines(
         if check_js and "javascript" in lower:
             removed["c4_lines/javascript"] += 1
             continue
-        if check_curly and "{" in line:
-            if v.fail("c4/curly_bracket", None, "'{' in a line"):
+        if check_curly and "{" in line and not (skip_code and (fenced or code_line(line))):
+            # The value is the line's number (from 1), the detail the line itself: on a long chapter
+            # the user need not hunt for the `{`.
+            where = "a line that is not code" if skip_code else "a line"
+            detail = f"'{{' in {where}: {excerpt(line)!r}"
+            if v.fail("c4/curly_bracket", i + 1, detail):
                 return None, v.drops[start], None
             check_curly = False  # explain mode: reported once
         if check_policy and any(p in lower for p in C4_POLICY_PHRASES):
