@@ -5,7 +5,9 @@ buckets, streamed in bounded batches (refinery/models/quality_training.py), and 
 `models/quality/quality-<hash>.pt` plus the `models/quality/latest.json` pointer. quality_scored
 scores each shard with the model the pointer names and writes its kept documents' scores as an
 attribute table (refinery/stages/attributes.py); pii_redacted runs the safety filter and then PII
-redaction (`refinery.stages.pii`) and stores the final text.
+redaction (`refinery.stages.pii`), scores the documents whose text redaction changed again with the
+same published model (so the `quality_score` a clean document carries is its kept text's), and
+stores the final text.
 """
 
 from collections import Counter
@@ -14,8 +16,8 @@ from functools import partial
 import dagster as dg
 import polars as pl
 
-from assets.factory import StepResult, batch_stage_asset, global_step_asset, pure_stage_asset, stream_stage_file
-from assets.fanout import FileResult, run_stage
+from assets.factory import StepResult, batch_stage_asset, global_step_asset, stream_stage_file
+from assets.fanout import FileResult, run_stage, stage_config_summary
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown, stage_code_version
 from assets.resource import RefineryResource
@@ -24,6 +26,7 @@ from refinery import holdout
 from refinery.documents import InputShard
 from refinery.reports.funnel import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
+from refinery.stages import pii_context
 from refinery.models import quality as q
 from refinery.models import quality_features, quality_fit
 from refinery.models import quality_training as qt
@@ -34,6 +37,7 @@ from refinery.stages.base import skips
 from refinery.storage import DataRoot
 
 UPSTREAM = registry.funnel_stage(q.QualityScorer.name).upstream
+PII_STAGE = "pii_redacted"
 
 
 def _metric(value: float | None) -> dg.MetadataValue:
@@ -137,8 +141,16 @@ def funnel_chart_of_run(refinery: RefineryResource, shards: list[InputShard], re
     return funnel_chart_metadata(refinery.root, [r.shard for r in results])
 
 
-def _safety_then_redact(cfg: RefineryConfig, source: str) -> pii_stage.SafetyThenRedact:
-    return pii_stage.SafetyThenRedact.from_config(cfg.stages)
+def redact_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
+    """One file's scored documents through the safety filter and redaction, re-scored with the
+    model quality_scored used where redaction changed their text, a record batch at a time."""
+    cfg = refinery.config
+    if "redactor" not in cache:
+        rescore = qt.load_published_model(refinery.root)[0].score if cfg.stages.quality.enabled else None
+        cache["redactor"] = pii_stage.SafetyThenRedact.from_config(cfg.stages, rescore)
+    stage = cache["redactor"]
+    return stream_stage_file(PII_STAGE, q.QualityScorer.name, refinery, shard, partial(run_stage, stage, cfg, shard),
+                             stage_config_summary(stage, cfg, shard))
 
 
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
@@ -154,8 +166,10 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")], extra_metadata=score_metadata,
         description="quality_score on every document; drops those below stages.quality.threshold.",
     )
-    pii_redacted = pure_stage_asset(
-        "pii_redacted", _safety_then_redact, parts, version=code_version(pii_stage), extra_metadata=funnel_chart_of_run,
-        description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
+    pii_redacted = batch_stage_asset(
+        PII_STAGE, redact_file, parts, version=stage_code_version(PII_STAGE, code_version(pii_stage, pii_context, q)),
+        deps=[dg.AssetDep(q.QualityScorer.name)], extra_metadata=funnel_chart_of_run,
+        description="Safety filter (blocked words and domains), then PII replaced by typed placeholders; "
+                    "documents whose text changed are scored again.",
     )
     return dg.Definitions(assets=[quality_model, quality_scored, pii_redacted])

@@ -25,7 +25,6 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
-import copy  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
@@ -35,6 +34,8 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
+
+from refinery.config.paths import rebase_paths  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,20 +56,11 @@ def crawl_folder(config: Path) -> Path:
 
 def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None) -> Path:
     """`config` with its data root and sources in `workdir`, relative paths absolute; returns its path."""
-    data = copy.deepcopy(yaml.safe_load(config.read_text()))
-    base = config.resolve().parent
-    data["data_root"] = str(workdir / "root")
     crawl = crawl_folder(config)
-    for src in data["sources"]:
-        src["path"] = str(workdir / "crawl" / (base / src["path"]).relative_to(crawl))
-    for ev in data.get("contamination", {}).get("eval_sets", []):
-        ev["path"] = str(base / ev["path"])
-    stages = data.get("stages", {})
-    for section, key in (("quality", "labelled_set"), ("language", "model_path")):
-        if stages.get(section, {}).get(key):
-            stages[section][key] = str(base / stages[section][key])
+    data = rebase_paths(yaml.safe_load(config.read_text()), config.parent,
+                        sources=lambda path: str(workdir / "crawl" / path.relative_to(crawl)))
+    data["data_root"] = str(workdir / "root")
     ablations = data["ablations"]
-    ablations["eval_sets"] = [str(base / p) for p in ablations.get("eval_sets", [])]
     if seeds is not None:
         ablations["seeds"] = seeds
     if variants is not None:

@@ -47,6 +47,8 @@ from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
+from refinery.config.paths import rebase_paths  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PACKED_ROOT = "root"  # the copied data root, inside the pack folder
 # Per variant, what a proxy run reads (training/proxy_run.py, refinery/ablations/build.py
@@ -95,13 +97,8 @@ def pack(args: argparse.Namespace) -> int:
     # The packed config: relative paths resolve against its own folder (refinery/config), so every
     # path the ablation config names is rewritten against `out`; the sources are not read by a
     # proxy run (the variants are built), so they keep their names.
-    base = args.config.resolve().parent
+    data = rebase_paths(data, args.config.parent, to=out)
     data["data_root"] = PACKED_ROOT
-    for src in data["sources"]:
-        src["path"] = os.path.relpath(base / src["path"], out)
-    for ev in data.get("contamination", {}).get("eval_sets", []):
-        ev["path"] = os.path.relpath(base / ev["path"], out)
-    data["ablations"]["eval_sets"] = [os.path.relpath(base / p, out) for p in data["ablations"].get("eval_sets", [])]
     data["ablations"].update(model=parse_model(args.model), lr=args.lr, warmup_steps=args.warmup, seeds=args.seeds)
     # Only the phase-boundary checkpoint, the one a run is scored from: a save of GPT-2 small with its
     # AdamW state writes about 1 GB, and a proxy run is 148 steps.

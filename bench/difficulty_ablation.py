@@ -36,6 +36,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from refinery.config import RefineryConfig, load_config, parse_config, read_yaml  # noqa: E402
+from refinery.config.paths import rebase_paths  # noqa: E402
 from refinery.storage import LocalDataRoot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,11 +54,8 @@ def pipeline_config(raw: dict, config: Path, workdir: Path) -> Path:
     """`raw` with its data root at <workdir>/pipeline and its relative paths absolute, as a file."""
     import yaml
 
-    base = config.resolve().parent
-    data = copy.deepcopy(raw)
+    data = rebase_paths(raw, config.parent)
     data["data_root"] = str(workdir / "pipeline")
-    for entry in [*data.get("sources", []), *data.get("contamination", {}).get("eval_sets", [])]:
-        entry["path"] = str(base / entry["path"])
     path = workdir / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

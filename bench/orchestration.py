@@ -30,6 +30,8 @@ from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
+from refinery.config.paths import rebase_paths  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 FUNNEL_END = "pii_redacted"
 MODES = {
@@ -40,9 +42,7 @@ MODES = {
 
 def write_config(work: Path, name: str, partitions: dict | None) -> Path:
     demo = REPO / "configs" / "demo.yaml"
-    data = yaml.safe_load(demo.read_text())
-    for src in data["sources"]:
-        src["path"] = str((demo.parent / src["path"]).resolve())
+    data = rebase_paths(yaml.safe_load(demo.read_text()), demo.parent)
     data["data_root"] = str(work / name / "out")
     data["partitions"] = {**data.get("partitions", {}), "workers": 1, **(partitions or {})}
     (work / name).mkdir(parents=True)

@@ -68,6 +68,8 @@ from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
+from refinery.config.paths import rebase_paths  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 LEFT_OUT = "training_run"  # and everything downstream of it
 MARK = "STAGE_SCALE "
@@ -134,11 +136,7 @@ def write_config(work: Path, corpus: Corpus, seed: int, batch_bytes: int, worker
         write_corpus(grown / f"part-{i:04d}.warc.gz", corpus.docs_per_file, seed + i, fmt="warc")
     write_tomes(work / "tomes", corpus, seed)
     demo = REPO / "configs" / "demo.yaml"
-    data = yaml.safe_load(demo.read_text())
-    for src in data["sources"]:
-        src["path"] = str((demo.parent / src["path"]).resolve())
-    for ev in data.get("contamination", {}).get("eval_sets", []):
-        ev["path"] = str((demo.parent / ev["path"]).resolve())
+    data = rebase_paths(yaml.safe_load(demo.read_text()), demo.parent)
     data["sources"].append({"name": "grown", "path": str(grown / "*.warc.gz"), "format": "warc", "bucket": "web"})
     data["sources"].append({"name": "tomes", "path": str(work / "tomes" / "*.jsonl.gz"), "format": "jsonl",
                             "bucket": "books"})

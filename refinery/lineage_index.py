@@ -10,10 +10,11 @@ The `lineage_index` asset writes, in two passes whose work is per file (docs/for
   document is found without any corpus-wide table: open its input file's part and binary-search
   the memory-mapped `record_index` column.
 - `lineage/final/<bucket>/shard-NNNNN.rows`, one per final shard, built from that shard's own
-  `.entries.parquet` and only the documents its entries hold: one row per entry, in entry order,
-  with the entry's window and n_windows and its document's columns, as a rows file (`write_rows`: a
-  JSON line per row and a table of their byte offsets). A final-shard query reads one row of it
-  with three small reads and the standard library: with the shard's index read the same way
+  `.entries.parquet` and only the documents its entries hold, as a rows file (`write_rows`): a
+  JSON line per document with its columns, stored once however many windows of it the shard holds,
+  a table of their byte offsets, and per entry, in entry order, three u32 values (its document's
+  line, window, n_windows) in columns. A final-shard query reads one entry of it with a few small
+  reads and the standard library: with the shard's index read the same way
   (refinery/shard_header.py), a `refinery lineage` command line imports neither numpy nor pyarrow.
   `lineage/final/<bucket>/index.json` lists each file's entries, bytes and sha256.
 - `lineage/index.json`, small: counts, the column list, and per bucket the sha256 of the final
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     import numpy as np
     import polars as pl
 
-LINEAGE_VERSION = 3
+LINEAGE_VERSION = 4
 SHARD_STAGES = ("final", "tokenized")
 # The entry columns a final shard's lineage file holds before its document's columns.
 ENTRY_COLUMNS = ["window", "n_windows"]
@@ -87,62 +88,87 @@ def _write_arrow(root: DataRoot, key: str, df: pl.DataFrame) -> dict[str, Any]:
 
 
 ROWS_MAGIC = b"RFLR"
-ROWS_VERSION = 1
-ROWS_TRAILER = struct.Struct("<4sIQ")  # magic, version, where the row offsets start
-ROW_SPAN = struct.Struct("<QQ")  # a row's first byte and the next row's
+ROWS_VERSION = 2
+# magic, version, documents, entries, where the document offsets start
+ROWS_TRAILER = struct.Struct("<4sIQQQ")
+ROW_SPAN = struct.Struct("<QQ")  # a document line's first byte and the next line's
+ENTRY_FIELD = struct.Struct("<I")  # one value of an entry column: document ordinal, window, n_windows
 
 
-def write_rows(root: DataRoot, key: str, df: pl.DataFrame) -> dict[str, Any]:
-    """`df` as a rows file: a header line (JSON: the columns), one line per row (a JSON array of its
-    values in column order, encoded by polars), the rows' byte offsets (u64, rows + 1), and a
-    trailer (magic, version, where the offsets start). `read_row` reads one row back without
-    pyarrow or numpy. About the size of the same frame as Arrow IPC. Same frame, same bytes."""
+def write_rows(root: DataRoot, key: str, entries: pl.DataFrame, docs: pl.DataFrame) -> dict[str, Any]:
+    """A final shard's lineage as a rows file. `entries` (doc_id, then `ENTRY_COLUMNS`) is one row
+    per entry in entry order; `docs` the columns of each of their documents, one row per distinct
+    doc_id in order of first appearance. Written: a header line (JSON: the document columns), a
+    line per document (a JSON array of its values in column order, encoded by polars), the lines'
+    byte offsets (u64, documents + 1), then three u32 columns over the entries (the entry's
+    document, as its line's ordinal; its window; n_windows), and a trailer (magic, version,
+    documents, entries, where the offsets start). A document's columns are stored once however
+    many windows of it the shard holds. `read_row` reads one entry back without pyarrow or numpy.
+    Same frames, same bytes."""
     import numpy as np
     import polars as pl
 
     # Each value's JSON is its one-field struct's encoding less `{"<column>":` and `}`.
     values = [pl.struct(pl.col(c)).struct.json_encode().str.slice(len(json.dumps(c, ensure_ascii=False)) + 2).str.head(-1)
-              for c in df.columns]
-    lines = df.select(pl.concat_str([pl.lit("["), pl.concat_str(values, separator=","), pl.lit("]\n")]).alias("row"))["row"]
-    header = json.dumps({"columns": df.columns}, ensure_ascii=False).encode() + b"\n"
-    if df.height and len(json.loads(lines[0])) != df.width:
-        raise LineageError(f"{root.display(key)}: a row did not encode to its {df.width} columns; a column name polars "
-                           f"escapes differently from JSON? {df.columns}")
+              for c in docs.columns]
+    lines = docs.select(pl.concat_str([pl.lit("["), pl.concat_str(values, separator=","), pl.lit("]\n")]).alias("row"))["row"]
+    header = json.dumps({"columns": docs.columns}, ensure_ascii=False).encode() + b"\n"
+    if docs.height and len(json.loads(lines[0])) != docs.width:
+        raise LineageError(f"{root.display(key)}: a row did not encode to its {docs.width} columns; a column name polars "
+                           f"escapes differently from JSON? {docs.columns}")
+    ordinals = entries.select("doc_id").join(docs.select("doc_id").with_row_index("ordinal"), on="doc_id", how="left",
+                                             maintain_order="left")["ordinal"]
+    if ordinals.null_count() or not entries["doc_id"].equals(docs["doc_id"].gather(ordinals.fill_null(0)), check_names=False):
+        raise LineageError(f"{root.display(key)}: an entry's document is not among the shard's documents")
     body = "".join(lines.to_list()).encode()
-    offsets = np.zeros(df.height + 1, dtype="<u8")
+    offsets = np.zeros(docs.height + 1, dtype="<u8")
     np.cumsum(lines.str.len_bytes().to_numpy(), out=offsets[1:])
     offsets += len(header)
+    columns = [ordinals.to_numpy(), *(entries[c].to_numpy() for c in ENTRY_COLUMNS)]
+    if any(len(col) and (col.min() < 0 or col.max() > 0xFFFFFFFF) for col in columns):
+        raise LineageError(f"{root.display(key)}: an entry's window or document ordinal is outside u32")
     with root.writer(key) as tmp:
         with open(tmp, "wb") as f:
             f.write(header)
             f.write(body)
             f.write(offsets.tobytes())
-            f.write(ROWS_TRAILER.pack(ROWS_MAGIC, ROWS_VERSION, len(header) + len(body)))
+            for col in columns:
+                f.write(col.astype("<u4").tobytes())
+            f.write(ROWS_TRAILER.pack(ROWS_MAGIC, ROWS_VERSION, docs.height, entries.height, len(header) + len(body)))
         size = tmp.stat().st_size
         digest = sha256_file(tmp)
-    return {"rows": df.height, "bytes": size, "sha256": digest}
+    return {"rows": entries.height, "documents": docs.height, "bytes": size, "sha256": digest}
 
 
 def read_row(path: str | os.PathLike, row: int) -> dict[str, Any]:
-    """Row `row` of the rows file at `path` (`write_rows`), by column name."""
+    """Entry `row` of the rows file at `path` (`write_rows`): its `ENTRY_COLUMNS`, then its
+    document's columns, by name."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < ROWS_TRAILER.size:
             raise LineageError(f"{path}: {size} bytes, too short for a lineage rows file; materialize lineage_index again")
         f.seek(size - ROWS_TRAILER.size)
-        magic, version, at = ROWS_TRAILER.unpack(f.read(ROWS_TRAILER.size))
-        rows = (size - ROWS_TRAILER.size - at) // 8 - 1
-        if magic != ROWS_MAGIC or version != ROWS_VERSION or rows < 0:
+        magic, version, docs, entries, at = ROWS_TRAILER.unpack(f.read(ROWS_TRAILER.size))
+        columns_at = at + 8 * (docs + 1)  # past the u64 document offsets
+        if (magic != ROWS_MAGIC or version != ROWS_VERSION
+                or columns_at + ENTRY_FIELD.size * (1 + len(ENTRY_COLUMNS)) * entries != size - ROWS_TRAILER.size):
             raise LineageError(f"{path}: not a lineage rows file of version {ROWS_VERSION}; materialize lineage_index again")
-        if not 0 <= row < rows:
-            raise LineageError(f"{path}: row {row} asked of {rows}; the file and its shard disagree, materialize lineage_index again")
-        f.seek(at + 8 * row)
+        if not 0 <= row < entries:
+            raise LineageError(f"{path}: row {row} asked of {entries}; the file and its shard disagree, materialize lineage_index again")
+        fields = []
+        for column in range(1 + len(ENTRY_COLUMNS)):
+            f.seek(columns_at + ENTRY_FIELD.size * (column * entries + row))
+            fields.append(ENTRY_FIELD.unpack(f.read(ENTRY_FIELD.size))[0])
+        ordinal, *side = fields
+        if ordinal >= docs:
+            raise LineageError(f"{path}: entry {row} names document {ordinal} of {docs}; materialize lineage_index again")
+        f.seek(at + 8 * ordinal)
         start, end = ROW_SPAN.unpack(f.read(ROW_SPAN.size))
         f.seek(0)
-        columns = json.loads(f.readline())["columns"]
+        names = json.loads(f.readline())["columns"]
         f.seek(start)
         values = json.loads(f.read(end - start))
-    return dict(zip(columns, values))
+    return {**dict(zip(ENTRY_COLUMNS, side)), **dict(zip(names, values))}
 
 
 def _read_arrow(root: DataRoot, key: str):
@@ -244,10 +270,11 @@ def write_shard_lineage(root: DataRoot, ref: dict[str, Any], columns: pl.DataFra
     local = str(root.local_path(ref["prefix"] + ".idx"))[: -len(".idx")]
     ShardReader(local).verify(ref["sha256"])
     entries = pl.read_parquet(local + ".entries.parquet", columns=["doc_id", *ENTRY_COLUMNS])
-    docs = pl.concat([columns, documents_by_id(entries["doc_id"], open_part)], how="diagonal_relaxed")
-    written = write_rows(root, shard_lineage_key(ref["prefix"]), pl.concat([entries.drop("doc_id"), docs], how="horizontal"))
+    docs = pl.concat([columns, documents_by_id(entries["doc_id"].unique(maintain_order=True), open_part)],
+                     how="diagonal_relaxed")
+    written = write_rows(root, shard_lineage_key(ref["prefix"]), entries, docs)
     return {"shard": ref["prefix"], "key": shard_lineage_key(ref["prefix"]), "entries": written["rows"],
-            "bytes": written["bytes"], "sha256": written["sha256"]}
+            "documents": written["documents"], "bytes": written["bytes"], "sha256": written["sha256"]}
 
 
 def documents_part_task(root: DataRoot, item: tuple[str, str], cache: dict) -> dict[str, Any]:

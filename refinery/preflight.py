@@ -52,6 +52,7 @@ from pydantic import ValidationError
 from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
                              read_yaml)
 from refinery.config.execution import HOST_CLUSTER, resolve_address, unreachable
+from refinery.config.paths import FILE_FIELDS, dotted
 from refinery.documents.inputs import outside_folder, source_folder
 
 
@@ -264,11 +265,8 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                 problems.append(f"ablations.eval_sets[{i}]: {_resolve(base_dir, path)} is not a file; give a JSONL "
                                 f"file of {{\"id\", \"text\"}} lines (a relative path starts at the config's folder)")
     if needs.sources:
-        for field, keys in (("tokenizer.path", ("tokenizer", "path")),
-                            ("stages.language.model_path", ("stages", "language", "model_path")),
-                            ("stages.difficulty.model_path", ("stages", "difficulty", "model_path")),
-                            ("stages.quality.labelled_set", ("stages", "quality", "labelled_set"))):
-            path = _value(data, *keys)
+        for keys in FILE_FIELDS:
+            field, path = dotted(keys), _value(data, *keys)
             if isinstance(path, str) and not os.path.isfile(_resolve(base_dir, path)):
                 problems.append(f"{field}: {_resolve(base_dir, path)} is not a file (nothing is downloaded; "
                                 f"give a local file, or remove {field} for the default)")

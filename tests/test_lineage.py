@@ -212,6 +212,7 @@ def test_documents_parts_are_per_input_file_sorted_and_text_free(built):
 def test_each_final_shard_has_a_lineage_file_of_its_own_entries(built):
     c = built
     index = c.root.read_json(layout.LINEAGE_INDEX_KEY)
+    windowed = 0
     for bucket in c.cfg.buckets:
         refs = c.root.read_json(layout.shard_index_key(tk.FINAL, bucket))["shards"]
         listing = c.root.read_json(lin.bucket_lineage_key(bucket))
@@ -226,6 +227,12 @@ def test_each_final_shard_has_a_lineage_file_of_its_own_entries(built):
             assert [c.buckets[d] for d in rows["doc_id"]] == [bucket] * rows.height
             assert rows["text_bytes"].to_list() == [len(c.texts[d].encode()) for d in rows["doc_id"]]
             assert listed["bytes"] == c.root.local_path(listed["key"]).stat().st_size
+            # A document's columns are stored once, however many of the shard's entries are its windows.
+            assert listed["documents"] == rows["doc_id"].n_unique()
+            lines = c.root.local_path(listed["key"]).read_bytes().split(b"\n")
+            assert sum(line.startswith(b'["') for line in lines) == listed["documents"]
+            windowed += listed["entries"] - listed["documents"]
+    assert windowed > 0  # the corpus has documents of several windows, so the saving is tested
 
 
 def test_rebuild_is_byte_identical_and_drops_stale_files(tmp_path):

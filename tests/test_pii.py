@@ -26,10 +26,10 @@ def docs(texts, urls=None) -> pl.DataFrame:
     [
         ("Mail john.doe@example.com or JANE_x+tag@mail.co.uk.", "Mail <EMAIL> or <EMAIL>.", "email", 2),
         ("Hosts 10.0.0.1, 192.168.1.254 and 8.8.8.8.", "Hosts <IP_ADDRESS>, <IP_ADDRESS> and <IP_ADDRESS>.", "ip", 3),
-        ("Docs use 192.0.2.17 and 127.0.0.1", "Docs use <IP_ADDRESS> and <IP_ADDRESS>", "ip", 2),
-        ("v6 2001:db8::1, fe80::1 and ::1", "v6 <IP_ADDRESS>, <IP_ADDRESS> and <IP_ADDRESS>", "ip", 3),
-        ("full 2001:0db8:85a3:0000:0000:8a2e:0370:7334 end", "full <IP_ADDRESS> end", "ip", 1),
-        ("mapped ::ffff:192.0.2.128 here", "mapped <IP_ADDRESS> here", "ip", 1),
+        ("Hosts use 81.2.69.160 and 127.0.0.1", "Hosts use <IP_ADDRESS> and <IP_ADDRESS>", "ip", 2),
+        ("v6 2a00:1450::1, fe80::1 and ::1", "v6 <IP_ADDRESS>, <IP_ADDRESS> and <IP_ADDRESS>", "ip", 3),
+        ("full 2a00:1450:85a3:0000:0000:8a2e:0370:7334 end", "full <IP_ADDRESS> end", "ip", 1),
+        ("mapped ::ffff:81.2.69.160 here", "mapped <IP_ADDRESS> here", "ip", 1),
         ("Card 4111 1111 1111 1111 and 5500-0000-0000-0004", "Card <CREDIT_CARD> and <CREDIT_CARD>", "credit_card", 2),
         ("Amex 378282246310005.", "Amex <CREDIT_CARD>.", "credit_card", 1),
         ("IBAN DE89 3704 0044 0532 0130 00 and GB82WEST12345698765432", "IBAN <IBAN> and <IBAN>", "iban", 2),
@@ -53,6 +53,7 @@ def test_each_kind_is_replaced_by_its_placeholder(text, expected, kind, n):
     "text",
     [
         "Python 3.11.4 was released; see version 1.2.3.4, release 2.0.0.1 and v10.0.0.1",
+        "ISBN 555-123-4567 is a book number, Nr. 202-555-0143 a part number",
         "a five-part number 1.2.3.4.5 and 999.1.1.1 are not addresses",
         "Years 2019-2020, dates 2023-10-05 and 05/10/2023, at 12:30:45, in 1999",
         "Order id 5551234567, ISBN 978-3-16-148410-0, page 12-34",
@@ -71,6 +72,59 @@ def test_false_positives_are_left_alone(text):
     assert out == text
     assert sum(counts.values()) == 0
     assert PiiRedactor().run(docs([text])).documents["text"][0] == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # section headings, with or without a closing dot, in any script (the page, verbatim)
+        "4.2.13.1. Pemartisian terpandu",
+        "Contents\n4.2.13.1 Guided partitioning\n4.2.13.2 Manual partitioning",
+        "## 4.2.13.1 Разметка дисков\n* 1.2.3.4) Εγκατάσταση\n  10.1.2.3 التثبيت",
+        # versions: after a version word, attached to a package name, with a suffix, a Debian epoch
+        "the kernel version 2.6.32.1 boots; Linux 2.6.32.1 too",
+        "upgrade linux-2.6.32.1 and gcc_4.8.5.1; 2.6.32.1-rc1, 1.2.3.4+dfsg, 1.2.3.4~b1 and 1:2.6.32.1",
+        "Versión 2.6.32.1, Version 2.6.32.1, версии 2.6.32.1, έκδοση 2.6.32.1, sürüm 2.6.32.1",
+        # figure, table and section references in many languages, CJK ones touching the number
+        "see Figure 1.2.3.4, Abbildung 1.2.3.4, Рис. 1.2.3.4, figura 2.3.4.5 and Tabelle 3.4.5.6",
+        "siehe Abschnitt 4.2.1.3, section 4.2.1.3, раздел 4.2.1.3, § 4.2.1.3, No. 4.2.1.3 and #4.2.1.3",
+        "见第4.2.1.3节, 図1.2.3.4, 表2.3.4.5, 그림 1.2.3.4, الشكل 1.2.3.4, شکل 1.2.3.4",
+        # documentation ranges (RFC 5737, RFC 3849) are kept by default
+        "configure 192.0.2.17, 198.51.100.4, 203.0.113.77/24 and 2001:db8::7 as in the example",
+    ],
+)
+def test_section_version_and_figure_numbers_and_documentation_addresses_survive(text):
+    out, counts = redact(text, ALL)
+    assert out == text, out
+    assert counts["ip"] == 0
+    assert PiiRedactor().run(docs([text])).documents["text"][0] == text
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("The attacker logged in from 81.2.69.160 last night.", "The attacker logged in from <IP_ADDRESS> last night."),
+        ("My address is 81.2.69.160. Please do not share it.", "My address is <IP_ADDRESS>. Please do not share it."),
+        ("127.0.0.1 localhost\n10.0.0.2 fileserver", "<IP_ADDRESS> localhost\n<IP_ADDRESS> fileserver"),
+        ("Der Server 10.20.30.40 antwortet nicht", "Der Server <IP_ADDRESS> antwortet nicht"),
+        ("服务器192.168.1.1上 and the section 4.2.1.3 of it", "服务器<IP_ADDRESS>上 and the section 4.2.1.3 of it"),
+    ],
+)
+def test_an_address_in_a_sentence_is_redacted_beside_numbers_that_are_kept(text, expected):
+    out, counts = redact(text, ALL)
+    assert out == expected
+    assert counts["ip"] == expected.count("<IP_ADDRESS>")
+
+
+def test_documentation_ranges_are_redacted_when_the_config_says_so():
+    from refinery.config.stages import PiiConfig
+
+    text = "configure 192.0.2.17, 203.0.113.77/24 and 2001:db8::7, not 81.2.69.160"
+    assert redact(text, ALL)[0] == "configure 192.0.2.17, 203.0.113.77/24 and 2001:db8::7, not <IP_ADDRESS>"
+    everything = PiiRedactor.from_config(PiiConfig(redact_documentation_ips=True)).run(docs([text]))
+    assert everything.documents["text"][0] == "configure <IP_ADDRESS>, <IP_ADDRESS>/24 and <IP_ADDRESS>, not <IP_ADDRESS>"
+    assert everything.documents["pii_counts"][0]["ip"] == 4
+    assert PiiRedactor.from_config(PiiConfig()).run(docs([text])).documents["pii_counts"][0]["ip"] == 1
 
 
 def test_email_wins_over_the_address_inside_it_and_placeholders_are_not_rematched():

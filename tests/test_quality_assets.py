@@ -10,7 +10,7 @@ import pytest
 
 from assets.provenance import PROVENANCE_KEYS
 from assets import quality
-from refinery.models.quality_training import training_batches
+from refinery.models.quality_training import load_published_model, training_batches
 from refinery.models import quality_fit as qfit
 from refinery.stages.pii import PLACEHOLDERS
 from refinery.config import load_config
@@ -27,7 +27,7 @@ CURATED = ("the council approved a history of the valley written from parish rec
            "families who farmed the river plain for generations").split()
 SPAM = "click buy cheap deals free casino bonus win money online offer sale discount now".split()
 PLANTED_EMAILS = ["alice.smith@example.org", "bob+news@mail.example.co.uk", "carol_99@uni.example.edu"]
-PLANTED_IPS = ["10.0.0.1", "192.168.1.254", "203.0.113.77", "2001:db8::7"]
+PLANTED_IPS = ["10.0.0.1", "192.168.1.254", "81.2.69.160", "2a00:1450::7"]
 SOURCES = {"web": ["a", "b"], "wiki": ["a"], "books": ["a"], "code": ["a"]}
 
 
@@ -176,6 +176,27 @@ def test_pii_redacted_removes_every_planted_email_and_ip_and_counts_them(run):
     assert sum(c.get("pii/email", 0) for c in totals) == 28 and sum(c.get("pii/ip", 0) for c in totals) == 28
 
 
+def test_a_kept_documents_quality_score_is_the_published_models_score_of_its_kept_text(run):
+    cfg, root, _ = run
+    model, _ = load_published_model(root)
+    rescored = 0
+    for shard in input_shards(cfg):
+        docs = root.read_parquet(documents_key("pii_redacted", shard.key))
+        # to float32 rounding: torch's sigmoid of a batch and of its tail differ in the last bit
+        assert docs["quality_score"].to_numpy() == pytest.approx(model.score(docs["text"]), abs=1e-6)
+        # the score before redaction stays in quality_scored's table, and differs where the text changed
+        before = read_stage_documents(root, "quality_scored", shard.key).select("doc_id", unredacted="quality_score")
+        both = docs.join(before, on="doc_id", how="left")
+        redacted = both["pii_counts"].struct.unnest().sum_horizontal() > 0
+        changed, unchanged = both.filter(redacted), both.filter(~redacted)
+        assert ((changed["quality_score"] - changed["unredacted"]).abs() > 1e-6).all()
+        assert unchanged["quality_score"].to_list() == unchanged["unredacted"].to_list()
+        counters = root.read_json(stats_key("pii_redacted", shard.key))["counters"]
+        assert counters.get("pii/rescored", 0) == changed.height
+        rescored += changed.height
+    assert rescored == 28  # every document with a planted email and IP (wiki and code, one in three)
+
+
 def test_pii_redacted_carries_the_shards_funnel_chart(run):
     import base64
     import re
@@ -268,7 +289,10 @@ def test_sample_planted_pii_is_all_redacted_through_the_graph(tmp_path):
     from orchestration.definitions import build_definitions as build_workspace
     from orchestration.demo import materialize_graph
 
-    config_path = configs.write_config(tmp_path, demo_config(tmp_path / "out"), "demo.yaml")
+    data = demo_config(tmp_path / "out")
+    # The sample plants addresses of the documentation ranges (192.0.2.x, 2001:db8::), kept by default.
+    data.setdefault("stages", {}).setdefault("pii", {})["redact_documentation_ips"] = True
+    config_path = configs.write_config(tmp_path, data, "demo.yaml")
     defs = build_workspace(str(config_path))
     selection = list(dg.AssetSelection.assets("pii_redacted").upstream().resolve(defs.resolve_asset_graph()))
     materialize_graph(defs, dg.DagsterInstance.ephemeral(), selection, log=lambda _: None)

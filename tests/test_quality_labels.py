@@ -18,6 +18,7 @@ from refinery.models.quality_training import LabelledSetError, labelled_batches
 from refinery.storage import LocalDataRoot
 
 from helpers.final_shards import write_entry_table_and_index
+from helpers.texts import WRITTEN, mojibake
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SETTINGS = dict(num_features=1 << 16, ngram=2, epochs=5, learning_rate=0.5, holdout_fraction=0.2, max_chars=100_000,
@@ -169,17 +170,13 @@ def test_positives_of_one_language_still_rank_spam_below_clean_pages_of_another(
         assert np.median(bad) < np.median(good), lang
 
 
-def mojibake(text: str) -> str:
-    return text.encode("utf-8").decode("latin-1")
-
-
 def test_broken_utf8_pages_score_below_the_clean_median(english_only_positives):
     model, _, clean, _ = english_only_positives
     pages = [p["text"] for p in clean if p["lang"] in ("de", "fr", "en")][:60]
     scores = model.score(pl.Series(pages))
     german, french = (next(p["text"] for p in clean if p["lang"] == lang) for lang in ("de", "fr"))
     replaced = bytes(range(128, 256)).decode("utf-8", errors="replace") * 20 + "\n" + pages[0]
-    broken = model.score(pl.Series([mojibake(german), mojibake(french), replaced, "\ufffd" * 500]))
+    broken = model.score(pl.Series([mojibake(german, "latin-1"), mojibake(french, "latin-1"), replaced, "\ufffd" * 500]))
     assert broken.max() < np.median(scores), (broken, np.median(scores))
     # the rule before the classifier: over 1% broken characters is a score of 0
     assert broken.tolist() == [0.0, 0.0, 0.0, 0.0]
@@ -198,3 +195,31 @@ def test_the_labelled_check_set_is_measured_on_held_out_labelled_pages():
     assert check["high_vs_low"]["negatives"] == held[qm.LABELLED_BUCKETS["low"]]
     assert check["high_vs_spam"]["negatives"] == held[qm.LABELLED_BUCKETS["spam"]]
     assert check["high_vs_low"]["auc"] >= 0.85 and check["high_vs_spam"]["auc"] >= 0.95
+
+
+@pytest.mark.parametrize("codec", ["latin-1", "cp1252"])
+def test_mojibake_in_every_script_scores_below_its_clean_original(english_only_positives, codec):
+    """UTF-8 read as Latin-1 or cp1252 in Arabic, Persian, Greek, Cyrillic and CJK is broken text:
+    it scores 0, below the clean page it was made from."""
+    model, _, clean, _ = english_only_positives
+    pages = {lang: [p["text"] for p in clean if p["lang"] == lang][:5] for lang in ("el", "ru", "ja", "zh", "ko")}
+    pages |= {lang: [WRITTEN[lang]] for lang in ("ar", "fa")}
+    for lang, texts in pages.items():
+        originals = model.score(pl.Series(texts))
+        broken = model.score(pl.Series([mojibake(t, codec) for t in texts]))
+        assert broken.tolist() == [0.0] * len(texts), lang
+        assert (originals > broken).all(), lang
+
+
+def test_clean_text_in_every_language_is_not_broken():
+    """No clean page of the bundled corpora (ten languages, real documentation and web pages) nor
+    the hand-written prose with Icelandic, Turkish, Polish, Vietnamese and German letters is over
+    the broken-text rule."""
+    from refinery.models.quality_features import hash_features
+
+    texts = [p["text"] for p in read_jsonl(DATA / "multilingual" / "clean.jsonl.gz")]
+    texts += [p["text"] for p in read_jsonl(DATA / "labelled" / "labelled.jsonl.gz")]
+    texts += list(WRITTEN.values())
+    assert not hash_features(pl.Series(texts), 1 << 10, 1, 100_000).broken().any()
+    latin = [mojibake(WRITTEN[lang], "cp1252") for lang in ("is", "tr", "pl", "vi", "de")]
+    assert hash_features(pl.Series(latin), 1 << 10, 1, 100_000).broken().all()

@@ -194,12 +194,16 @@ class Judges:
         elif name == "quality_scored":
             stage = _Unscored() if not cfg.stages.quality.enabled else self._quality()
         elif self.sel.readmits("pii_redacted", "safety/"):  # redaction is no verdict: it always runs
-            stage = pii_stage.PiiRedactor.from_config(cfg.stages.pii)
+            stage = pii_stage.PiiRedactor.from_config(cfg.stages.pii, self._rescore())
         else:
-            stage = pii_stage.SafetyThenRedact.from_config(cfg.stages)
+            stage = pii_stage.SafetyThenRedact.from_config(cfg.stages, self._rescore())
         stage.record_timeout_s = cfg.stages.record_timeout_s
         self._built[name, source] = stage
         return stage
+
+    def _rescore(self) -> pii_stage.Rescore | None:
+        """The scorer redaction re-scores changed texts with, as the funnel's pii_redacted does."""
+        return quality_training.load_published_model(self.root)[0].score if self.cfg.stages.quality.enabled else None
 
     def _quality(self) -> Stage:
         model, pointer = quality_training.load_published_model(self.root)

@@ -246,6 +246,9 @@ class PiiConfig(Section):
     credit_card: bool = True
     iban: bool = True
     us_ssn: bool = True
+    # Addresses in the documentation ranges (RFC 5737 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24;
+    # RFC 3849 2001:db8::/32) are examples no one's machine holds, not personal data: kept unless true.
+    redact_documentation_ips: bool = False
 
 
 class SafetyConfig(Section):

@@ -28,17 +28,29 @@ WORD_PATTERN = r"\w+"
 SHAPE_WORD = r"[\p{Han}\p{Hiragana}\p{Katakana}]|\w+"
 # A line ending a sentence, in Latin, Cyrillic, Greek and CJK punctuation (closing quotes allowed).
 SENTENCE_END = r"[.!?;:\u3002\uff01\uff1f\uff1b\uff1a\u2026][\"'\u201d\u2019\u00bb)\]\u300d\u300f\uff09]*$"
-# A replacement character, or a UTF-8 sequence read as Latin-1 / cp1252 ("Ã©", "Â ", "â€™").
-BROKEN_CHARS = ("\ufffd|\u00c3[\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u2013-\u203a"
-                "\u20ac\u2122]|\u00c2[\u00a0-\u00bf]|\u00e2\u20ac")
+# A UTF-8 continuation byte (0x80-0xBF) read as Latin-1 (U+0080-U+00BF) or as cp1252 (the same
+# from 0xA0; 0x80-0x9F are these letters and marks, or a C1 control where cp1252 leaves the byte
+# undefined, as browsers decode it).
+_CONTINUATION = ("[\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc\u2013\u2014"
+                 "\u2018-\u201a\u201c-\u201e\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]")
+# A replacement character, or a whole UTF-8 sequence read as Latin-1 / cp1252, in any script: a lead
+# byte read as a letter, then as many continuations as it announces. Two-byte leads 0xC2-0xDD are
+# Latin accents ("Ã©"), symbols ("Â "), Greek ("Î±"), Cyrillic ("Ð¿"), Hebrew, Arabic and Persian
+# ("Ø§Ù„"); three-byte leads 0xE0-0xEF are CJK ("ä¸­", "ã\u0081\u0082"), Indic, Thai, punctuation
+# ("â€™"); four-byte leads 0xF0-0xF4 are emoji. Leads 0xDE-0xDF (Thaana, NKo) are left out: they read
+# as Icelandic "Þ" and German "ß", which clean text puts before a closing quote ("Fuß“"). Clean
+# text in a Latin-1 language has a lead letter followed by a continuation almost never; and "â€"
+# alone is a quote whose last byte was lost.
+BROKEN_CHARS = (f"\ufffd|[\u00c2-\u00dd]{_CONTINUATION}|[\u00e0-\u00ef]{_CONTINUATION}{{2}}"
+                f"|[\u00f0-\u00f4]{_CONTINUATION}{{3}}|\u00e2\u20ac")
 SHAPE_SIGNALS = 10
 SHAPE_BINS = 8
 SHAPE_ROWS = SHAPE_SIGNALS * SHAPE_BINS
 BROKEN_SIGNAL = 9  # the signal holding the broken-character share
 # The rule before the classifier: a text whose broken characters are at least 0.2% of its
 # non-space characters scores 0. Clean text has none; UTF-8 read as Latin-1 turns every accented
-# letter into a pair (German prose: about 1% of its characters); one stray U+FFFD in a page stays
-# under it.
+# letter into a pair (German prose: about 1% of its characters) and every letter of Greek, Cyrillic,
+# Arabic or CJK into a sequence (most of the text); one stray U+FFFD in a page stays under it.
 BROKEN_RULE = 0.002
 
 _MIX_MUL = np.uint64(GOLDEN_GAMMA)

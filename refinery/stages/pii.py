@@ -11,19 +11,23 @@ a fake value, so a model never learns a fake address as real):
 | `credit_card` | `<CREDIT_CARD>`  | 13-19 digits (spaces or dashes between), card-network prefix, Luhn |
 | `us_ssn`      | `<SSN>`          | AAA-GG-SSSS with dashes; SSA-invalid areas/groups/serials skipped |
 | `ip` (v6)     | `<IP_ADDRESS>`   | colon-hex groups that `ipaddress` accepts, with a digit, and `::` or 3+ colons; with a `/0`-`/128` network prefix |
-| `ip` (v4)     | `<IP_ADDRESS>`   | four dotted octets 0-255 without leading zeros, not inside a longer dotted number |
-| `phone`       | `<PHONE>`        | `+` and 8-15 digits (E.164), or NANP `(AAA) EEE-NNNN` shapes     |
+| `ip` (v4)     | `<IP_ADDRESS>`   | four dotted octets 0-255 without leading zeros, not inside a longer dotted number, not a section, version or figure number by its context (refinery/stages/pii_context.py) |
+| `phone`       | `<PHONE>`        | `+` and 8-15 digits (E.164), or NANP `(AAA) EEE-NNNN` shapes not after a number word ("ISBN", "version", "Abschnitt") |
 
 Kinds run in that order, so an address inside an email is one `<EMAIL>`, and a placeholder is
 never matched again. A match ends where ASCII letters, `_` and digits end, whatever script is next
 to it: `张伟zhangwei@example.com或者` is `张伟<EMAIL>或者` (and an address with other letters in its
 local part loses its ASCII tail: `müller@example.com` is `mü<EMAIL>`). Choices that keep false
 positives down:
-- Private (10.x, 192.168.x, 172.16-31.x), loopback and documentation (192.0.2.x) IPv4 addresses
-  are redacted like any other: they still describe someone's network, and in crawl text they
-  are as often a real host as an example.
-- A dotted quad right after "version", "ver", "release", "build" or a "v" prefix is a version
-  number ("version 1.2.3.4", "v10.0.0.1") and is kept; so are 3- and 5-part dotted numbers.
+- Private (10.x, 192.168.x, 172.16-31.x) and loopback IPv4 addresses are redacted like any
+  other: they still describe someone's network, and in crawl text they are as often a real host
+  as an example. Documentation ranges (RFC 5737 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24;
+  RFC 3849 2001:db8::/32) are no one's machine: kept unless `stages.pii.redact_documentation_ips`.
+- A dotted quad is an address only in the context of one: a section heading ("4.2.13.1. Guided
+  partitioning" at a line's start), a package version ("linux-2.6.32.1", "1.2.3.4-rc1"), or a
+  number after a number word in any of 25 languages ("version 2.6.32.1", "Abbildung 1.2.3.4",
+  "Рис. 1.2.3.4", "第4.2.1.3节") is kept (refinery/stages/pii_context.py); so are 3- and 5-part
+  dotted numbers.
 - Phone numbers need a leading `+`, or the NANP shape with a separator before the last four
   digits: years (2019-2020), ISO dates (2023-10-05), times (12:30:45) and bare 10-digit ids are
   kept. An SSN needs its dashes, a card number a network prefix and the Luhn check.
@@ -36,6 +40,13 @@ evaluates over the whole column) says could hold a match.
 Counts go to `stats.counters` as `pii/<kind>` (replacements) and `pii_docs/<kind>` (documents with
 one or more), and per document to the struct column `pii_counts` ({email, phone, ip, credit_card,
 iban, us_ssn}, Int32 each).
+
+Score of the kept text: quality_scored scores the text before redaction. Given the published
+model's scorer (`rescore`), the redactor scores again every document whose text it changed and
+that quality_scored scored, so `quality_score` in pii_redacted (and everything read from it:
+tokenized shards, the curriculum's quality cut) is the model's score of the text kept; the score
+before redaction stays in quality_scored's table. Counted as `pii/rescored`. Redaction drops
+nothing: a document whose new score falls under the quality threshold is kept.
 
 Order of `pii_redacted`: the safety filter runs first, on the raw text and URL, so a blocked word
 or domain is seen before redaction rewrites anything; redaction then runs on the survivors.
@@ -50,10 +61,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import polars as pl
 
 from refinery.stages.base import Chain, Outcome, RecordStage
 from refinery.stages.isolation import guarded, record_alarm
+from refinery.stages.pii_context import dotted_number_in_context, is_documentation_address, number_word_before
 from refinery.stages.safety import SafetyFilter
 
 PLACEHOLDERS = {
@@ -124,7 +137,8 @@ def _ipv4(text: str) -> bool:
     return all(int(octet) <= 255 and (octet == "0" or not octet.startswith("0")) for octet in text.split("."))
 
 
-_VERSION_CONTEXT = re.compile(r"(?<![A-Za-z_\d])(?:(?:version|ver|release|build)\.?\s*|v)$", re.IGNORECASE)
+def _after_number_word(text: str, start: int, end: int) -> bool:
+    return number_word_before(text[max(0, start - 40):start])
 
 
 def _phone(text: str) -> bool:
@@ -154,8 +168,8 @@ class PiiPattern:
     # could match; polars runs it over the whole column so the Python regex only sees candidates.
     prefilter: str
     validate: Callable[[str], bool] | None = None
-    # Looks at the text before the match; True keeps the match (e.g. "version 1.2.3.4").
-    keep_after: re.Pattern | None = None
+    # Reads the match's context, (text, start, end); True keeps the match (e.g. "version 1.2.3.4").
+    keep: Callable[[str, int, int], bool] | None = None
 
 
 PATTERNS: tuple[PiiPattern, ...] = (
@@ -202,7 +216,7 @@ PATTERNS: tuple[PiiPattern, ...] = (
         re.compile(rf"\d(?<![{_WORD}.]\d)\d{{0,2}}(?:\.\d{{1,3}}){{3}}(?!\.?\d|[{_WORD}])"),
         prefilter=r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}",
         validate=_ipv4,
-        keep_after=_VERSION_CONTEXT,
+        keep=dotted_number_in_context,
     ),
     PiiPattern(
         "phone",
@@ -216,18 +230,22 @@ PATTERNS: tuple[PiiPattern, ...] = (
                    rf"(?![{_WORD}]|[.-]\d)"),
         prefilter=r"\d{3}[ .-]\d{4}",
         validate=_phone,
+        keep=_after_number_word,
     ),
 )
 
 
-def redact_one(pat: PiiPattern, text: str, counts: dict[str, int]) -> str:
-    """`text` with `pat`'s matches replaced; adds the replacements to `counts[pat.kind]`."""
+def redact_one(pat: PiiPattern, text: str, counts: dict[str, int], documentation_ips: bool = False) -> str:
+    """`text` with `pat`'s matches replaced; adds the replacements to `counts[pat.kind]`. Addresses
+    in documentation ranges are replaced only when `documentation_ips`."""
 
     def replace(m: re.Match) -> str:
         found = m.group(0)
         if pat.validate is not None and not pat.validate(found):
             return found
-        if pat.keep_after is not None and pat.keep_after.search(m.string, max(0, m.start() - 12), m.start()):
+        if pat.keep is not None and pat.keep(m.string, m.start(), m.end()):
+            return found
+        if pat.kind == "ip" and not documentation_ips and is_documentation_address(found):
             return found
         counts[pat.kind] += 1
         return PLACEHOLDERS[pat.kind]
@@ -235,41 +253,53 @@ def redact_one(pat: PiiPattern, text: str, counts: dict[str, int]) -> str:
     return pat.regex.sub(replace, text)
 
 
-def redact(text: str, kinds: frozenset[str]) -> tuple[str, dict[str, int]]:
+def redact(text: str, kinds: frozenset[str], documentation_ips: bool = False) -> tuple[str, dict[str, int]]:
     """`text` with every enabled kind of PII replaced by its placeholder, and counts by kind."""
     counts = dict.fromkeys(KINDS, 0)
     for pat in PATTERNS:
         if pat.kind in kinds:
-            text = redact_one(pat, text, counts)
+            text = redact_one(pat, text, counts, documentation_ips)
     return text, counts
+
+
+# The published quality model's scorer of a column of texts (`QualityModel.score`).
+Rescore = Callable[[pl.Series], np.ndarray]
 
 
 class PiiRedactor(RecordStage):
     """Redacts the enabled kinds of PII in `text`; drops nothing (a document whose redaction fails
-    is rejected `pii/error`, since its text cannot be passed on unredacted)."""
+    is rejected `pii/error`, since its text cannot be passed on unredacted). With `rescore`, a
+    scored document whose text changed gets the score of its new text as `quality_score`."""
 
     name = "pii"
     family = "pii"
+    optional_reads = ("quality_score",)
     writes = {"text": pl.String(), "pii_counts": PII_COUNTS_DTYPE}
 
-    def __init__(self, kinds: frozenset[str] | None = None):
+    def __init__(self, kinds: frozenset[str] | None = None, documentation_ips: bool = False,
+                 rescore: Rescore | None = None):
         self.kinds = frozenset(KINDS) if kinds is None else kinds
         unknown = self.kinds - set(KINDS)
         if unknown:
             raise ValueError(f"unknown PII kinds {sorted(unknown)}; known: {list(KINDS)}")
         self.patterns = tuple(p for p in PATTERNS if p.kind in self.kinds)
+        self.documentation_ips = documentation_ips
+        self.rescore = rescore
+        if rescore is not None:
+            self.writes = {**PiiRedactor.writes, "quality_score": pl.Float64()}
 
     @classmethod
-    def from_config(cls, pii_cfg: Any) -> "PiiRedactor":
-        return cls(frozenset(k for k in KINDS if getattr(pii_cfg, k)))
+    def from_config(cls, pii_cfg: Any, rescore: Rescore | None = None) -> "PiiRedactor":
+        return cls(frozenset(k for k in KINDS if getattr(pii_cfg, k)), pii_cfg.redact_documentation_ips, rescore)
 
     def config_summary(self) -> dict[str, Any]:
-        return {"kinds": sorted(self.kinds), "placeholders": {k: PLACEHOLDERS[k] for k in sorted(self.kinds)}}
+        return {"kinds": sorted(self.kinds), "placeholders": {k: PLACEHOLDERS[k] for k in sorted(self.kinds)},
+                "redact_documentation_ips": self.documentation_ips, "rescored": self.rescore is not None}
 
-    def redact_with(self, text: str | None, patterns: tuple[PiiPattern, ...], counters: Counter) -> Outcome:
+    def redact_with(self, text: str | None, patterns: tuple[PiiPattern, ...], counters: Counter) -> dict[str, Any]:
         counts = dict.fromkeys(KINDS, 0)
         for pat in patterns:
-            text = redact_one(pat, text, counts)
+            text = redact_one(pat, text, counts, self.documentation_ips)
         for kind, n in counts.items():
             if n:
                 counters[f"pii/{kind}"] += n
@@ -277,7 +307,9 @@ class PiiRedactor(RecordStage):
         return {"text": text, "pii_counts": counts}
 
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
-        return self.redact_with(record["text"], self.patterns if record["text"] is not None else (), counters)
+        outcome = self.redact_with(record["text"], self.patterns if record["text"] is not None else (), counters)
+        self.rescore_changed([outcome], [record["quality_score"]], counters)
+        return outcome
 
     def process_batch(self, batch: pl.DataFrame, counters: Counter) -> list[Outcome]:
         # Each pattern's prefilter runs over the whole column, so a document's regexes are only the
@@ -289,10 +321,27 @@ class PiiRedactor(RecordStage):
             for i in texts.str.contains(pat.prefilter).fill_null(False).arg_true().to_list():
                 candidates[i].append(pat)
         with record_alarm(self.record_timeout_s) as armed:
-            return [
+            outcomes = [
                 guarded(self.family, self.record_timeout_s, armed, self.redact_with, text, tuple(pats), counters)
                 for text, pats in zip(texts.to_list(), candidates)
             ]
+        scores = batch["quality_score"].to_list() if "quality_score" in batch.columns else [None] * batch.height
+        self.rescore_changed(outcomes, scores, counters)
+        return outcomes
+
+    def rescore_changed(self, outcomes: list[Outcome], scores: list[float | None], counters: Counter) -> None:
+        """Puts the score of its redacted text into each outcome whose text redaction changed and
+        whose document was scored (`scores`, quality_scored's), in one call of the scorer."""
+        if self.rescore is None:
+            return
+        changed = [i for i, (o, score) in enumerate(zip(outcomes, scores))
+                   if isinstance(o, dict) and score is not None and any(o["pii_counts"].values())]
+        if not changed:
+            return
+        new = self.rescore(pl.Series([outcomes[i]["text"] for i in changed], dtype=pl.String)).tolist()
+        for i, score in zip(changed, new):
+            outcomes[i]["quality_score"] = score
+        counters["pii/rescored"] += len(changed)
 
 
 class SafetyThenRedact(Chain):
@@ -303,5 +352,5 @@ class SafetyThenRedact(Chain):
         super().__init__("pii_redacted", [safety, redactor], summary)
 
     @classmethod
-    def from_config(cls, stages_cfg: Any) -> "SafetyThenRedact":
-        return cls(SafetyFilter.from_config(stages_cfg.safety), PiiRedactor.from_config(stages_cfg.pii))
+    def from_config(cls, stages_cfg: Any, rescore: Rescore | None = None) -> "SafetyThenRedact":
+        return cls(SafetyFilter.from_config(stages_cfg.safety), PiiRedactor.from_config(stages_cfg.pii, rescore))

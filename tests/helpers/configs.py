@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from refinery.config.paths import rebase_paths
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo.yaml"
 
@@ -32,12 +34,8 @@ def read_demo() -> dict:
 def demo_config(data_root: Path | str) -> dict:
     """configs/demo.yaml with its data root at `data_root` and every input path (sources, eval
     sets, the quality classifier's labelled set) made absolute."""
-    data = read_demo()
+    data = rebase_paths(read_demo(), DEMO.parent)
     data["data_root"] = str(data_root)
-    for entry in [*data["sources"], *data["contamination"]["eval_sets"]]:
-        entry["path"] = str((DEMO.parent / entry["path"]).resolve())
-    quality = data["stages"]["quality"]
-    quality["labelled_set"] = str((DEMO.parent / quality["labelled_set"]).resolve())
     return data
 
 

@@ -34,3 +34,31 @@ def multilingual_texts() -> list[str]:
         with gzip.open(corpus / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
             texts += [json.loads(line)["text"] for line in f]
     return texts
+
+
+# Hand-written prose in scripts and letters the bundled corpora lack (Arabic, Persian, and Latin
+# letters outside Latin-1), for the broken-text rule.
+WRITTEN = {
+    "ar": "اللغة العربية هي إحدى أكثر اللغات انتشارا في العالم، ويتحدث بها أكثر من أربعمائة مليون شخص. "
+          "تكتب العربية من اليمين إلى اليسار، ولها ثمانية وعشرون حرفا. "
+          "يشرح هذا الدليل طريقة تثبيت النظام وإعداده خطوة بخطوة، ويذكر الأوامر التي يحتاجها المستخدم.",
+    "fa": "زبان فارسی یکی از زبان‌های هندواروپایی است و در ایران، افغانستان و تاجیکستان به آن سخن می‌گویند. "
+          "این راهنما نحوهٔ نصب و پیکربندی سامانه را گام به گام توضیح می‌دهد و فرمان‌های لازم را نشان می‌دهد.",
+    "is": "Þór og Ðóra fóru í ferð norður í land. Veðrið var gott og þau gistu á litlu hóteli við fjörðinn.",
+    "tr": "Türkçe öğrenmek isteyen öğrenciler için İstanbul'da yeni bir kurs açıldı. Dersler haftada üç gün.",
+    "pl": "Zażółć gęślą jaźń. Pociąg przyjechał punktualnie, a podróżni szybko wysiedli na peron.",
+    "vi": "Tiếng Việt là ngôn ngữ chính thức của Việt Nam. Người học thường bắt đầu với bảng chữ cái và dấu.",
+    "de": "Der Fuß „Straße“ und die Maße der Öfen: Äpfel, Übungen und Größe sind Wörter mit Umlauten.",
+}
+
+
+def mojibake(text: str, codec: str) -> str:
+    """`text` as UTF-8 bytes read as `codec` (latin-1 or cp1252); a byte cp1252 leaves undefined
+    (0x81, 0x8D, 0x8F, 0x90, 0x9D) reads as its C1 control, as browsers decode windows-1252."""
+    out = []
+    for byte in text.encode("utf-8"):
+        try:
+            out.append(bytes([byte]).decode(codec))
+        except UnicodeDecodeError:
+            out.append(chr(byte))
+    return "".join(out)
