@@ -238,17 +238,19 @@ def test_init_lists_every_language_it_found_and_says_what_it_left_out(tmp_path, 
     by_name = {s["name"]: s for s in raw["sources"]}
     assert sorted(by_name) == [f"man_{lang}_jsonl" for lang in ("de", "en", "fr", "ja", "ko", "zh")]
     assert by_name["man_ko_jsonl"]["path"] == "corpus/man/ko/*.jsonl"
-    # The source a rule removes most of says so, with the switch.
+    # The source a rule removes 10% or more of says so, with the share of bytes, an example and the switch.
     zh_notes = [
         "  # man_zh_jsonl: 1 file in man/zh/, ",
         "  # 1 of 1 input(s) sampled through the funnel: 2 of 7 records clean under this config; removed by "
         "c4/curly_bracket 5",
-        "  # c4/curly_bracket removes 5 of the 7 sampled records (71%); if that is how these documents are meant "
-        "to look (documentation, code), switch it off for this source with  rules_off: [c4/curly_bracket]",
+        "  # c4/curly_bracket removes 5 of the 7 sampled records (71%), 97% of the bytes the heuristics judged, e.g. "
+        "man://zh_CN/ar.1; if that is how these documents are meant to look (documentation, code), switch it off "
+        "for this source with  rules_off: [c4/curly_bracket]",
     ]
     at = text.index(zh_notes[0])
     assert text[at:].split("\n")[1:3] == zh_notes[1:]
-    assert ("man_zh_jsonl: c4/curly_bracket removes 5 of the 7 sampled records (71%); if that is how these "
+    assert ("man_zh_jsonl: c4/curly_bracket removes 5 of the 7 sampled records (71%), 97% of the bytes the "
+            "heuristics judged, e.g. man://zh_CN/ar.1; if that is how these "
             "documents are meant to look (documentation, code), switch it off for this source with  "
             "rules_off: [c4/curly_bracket]") in printed
     ko_note = ("language/unwanted_language removes 2 of the 2 sampled records (100%): they are in ko, left out of "
@@ -291,3 +293,47 @@ def test_a_symlink_loop_and_a_fifo_are_rejected_alone(tmp_path, capsys):
     assert [s["name"] for s in yaml.safe_load(text)["sources"]] == ["books", "web"]
     assert ("  # Not read (not regular files; a source whose glob matches one is refused by the run): "
             "books/loop.jsonl.gz (a symlink loop), web/pipe.jsonl.gz (a FIFO)") in text
+
+
+def test_a_rule_that_removes_15_percent_of_a_source_is_named_with_an_example(tmp_path, capsys):
+    pages = multilingual_pages()["en"][:20]
+    braced = {i: {**p, "text": p["text"] + "\nThe key is written as {name} in the file, once per line."}
+              for i, p in enumerate(pages) if i in (2, 9, 15)}
+    rows = [braced.get(i, p) for i, p in enumerate(pages)]
+    (tmp_path / "corpus" / "guides").mkdir(parents=True)
+    (tmp_path / "corpus" / "guides" / "pages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "refinery.yaml"
+    assert refinery(["init", str(tmp_path / "corpus"), "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    note = next(line for line in printed.splitlines() if "c4/curly_bracket removes" in line)
+    assert note.startswith("guides: c4/curly_bracket removes 3 of the 20 sampled records (15%), ")
+    assert f"e.g. {pages[2]['url']}" in note and note.endswith("rules_off: [c4/curly_bracket]")
+    assert f"  # {note.removeprefix('guides: ')}" in config.read_text()
+
+
+def test_languages_of_files_outside_the_sample_are_kept_and_url_fields_found_by_name_and_content(tmp_path, capsys):
+    """Eight files in a bucket: init reads the first, middle and last whole (English here), and the
+    first documents of every other one, where the French, Russian and German are."""
+    by_lang = multilingual_pages()
+    folder = tmp_path / "corpus" / "docs"
+    folder.mkdir(parents=True)
+    langs = ["en", "fr", "fr", "ru", "en", "ru", "de", "en"]
+    taken: dict[str, int] = {}
+    for i, lang in enumerate(langs):
+        rows = by_lang[lang][taken.get(lang, 0):taken.get(lang, 0) + 5]
+        taken[lang] = taken.get(lang, 0) + 5
+        pq.write_table(pa.table({"text": [r["text"] for r in rows], "page_url": [r["url"] for r in rows]}),
+                       folder / f"part-{i}.parquet")
+    (tmp_path / "corpus" / "notes").mkdir()
+    (tmp_path / "corpus" / "notes" / "n.jsonl").write_text("".join(
+        json.dumps({"body": r["text"], "location": r["url"]}) + "\n" for r in by_lang["en"][40:50]))
+    config = tmp_path / "refinery.yaml"
+    assert refinery(["init", str(tmp_path / "corpus"), "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    raw = yaml.safe_load(config.read_text())
+    assert set(raw["stages"]["language"]["languages"]) == {"en", "fr", "ru", "de"}
+    assert "3 of 8 input(s) sampled through the funnel" in config.read_text()
+    assert "(5 of them the first of files outside the sample)" in printed  # de: part-6 alone
+    by_name = {s["name"]: s for s in raw["sources"]}
+    assert by_name["docs"]["url_field"] == "page_url"
+    assert by_name["notes"]["url_field"] == "location"  # by its values: every one an https URL

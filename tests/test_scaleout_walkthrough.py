@@ -158,3 +158,28 @@ def test_the_single_host_walkthrough_runs_as_written(tmp_path):
     assert identical > 50 and "differ: 0 file(s)" in compared
     for folder in ("documents/pii_redacted/", "shards/final/web/", "manifests/", "runs/demo/main/checkpoints/"):
         assert f"  {folder}: " in compared, f"{folder} compared"
+
+
+def test_the_walkthrough_derives_two_configs_from_one_init_wrote(tmp_path):
+    """Step 1 of the walk-through, as written, on a config `refinery init` wrote (its data root line
+    ends in a comment): two configs that load, with data roots of their own, the second on Ray."""
+    from orchestration.cli import main as refinery
+    from refinery.config import load_config
+
+    script = walkthrough()
+    step = script[script.index("# 1."):script.index("# 2.")]
+    data = tmp_path / "data"
+    (data / "web").mkdir(parents=True)
+    docs = list(generate_corpus(12, seed=5, dup_fraction=0.0, near_dup_fraction=0.0))
+    (data / "web" / "part-0.jsonl").write_text("".join(json.dumps({"text": t, "url": u}) + "\n" for u, t in docs))
+    config = tmp_path / "refinery.yaml"
+    assert refinery(["init", str(data), "--config", str(config)]) == 0
+    assert re.search(r"^data_root: \S+ +#", config.read_text(), re.M), "init's data root line ends in a comment"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", "-e", "-c", f"CONFIG={config}\nport=6390\n{step}"], cwd=tmp_path, env=env, check=True)
+    local, ray = load_config(tmp_path / "refinery-local.yaml"), load_config(tmp_path / "refinery-ray.yaml")
+    original = load_config(config)
+    roots = {original.resolve(original.data_root), local.resolve(local.data_root), ray.resolve(ray.data_root)}
+    assert len(roots) == 3, "each config has a data root of its own"
+    assert (local.execution.engine, ray.execution.engine, ray.execution.address) == ("local", "ray", "127.0.0.1:6390")
+    assert local.model_dump(exclude={"data_root", "base_dir"}) == original.model_dump(exclude={"data_root", "base_dir"})

@@ -10,8 +10,9 @@ sampling error take; the curriculum mixes the buckets in proportion to it. The w
 loaded back before `init` returns, so what it writes is a config every command accepts.
 
 What the config leaves out is said in it and printed: every language found in the sample with its
-share (and which were left out by the rule of `keeps_language`), and beside a source, a rule that
-removes most of its sample, with the line that switches it.
+share (and which were left out by the rule of `keeps_language`), and beside a source, every rule that
+removes 10% or more of its sampled documents or bytes (COSTLY_SHARE), with the line that switches it
+and one document it removed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from refinery.commands.init_sources import (MIN_LANGUAGE_DOCS, MIN_LANGUAGE_SHARE, MOST_OF_SAMPLE, OUTSIDE_NOTE,
+from refinery.commands.init_sources import (MIN_LANGUAGE_DOCS, MIN_LANGUAGE_SHARE, COSTLY_SHARE, OUTSIDE_NOTE,
                                             PART_LANGUAGE_SHARE, ROOT_BUCKET, SAMPLE_FILES, UNREADABLE_NOTE,
                                             UNWANTED_LANGUAGE, Found, LanguageChoice, choose_languages,
                                             clean_bytes_estimate, detect_fields, most_first, sample_funnel, scan)
@@ -99,7 +100,8 @@ def _human(n: float) -> str:
 
 def sample_notes(src: Found, languages: list[str]) -> list[str]:
     """What the run would remove from the source's sample: the three rules that remove most, and for
-    a rule that removes MOST_OF_SAMPLE or more, the switch that keeps those documents."""
+    a rule that removes COSTLY_SHARE or more of its documents or of the bytes the heuristics judged, the
+    switch that keeps those documents and one of them (its URL, else its first line)."""
     from refinery.config import HeuristicConfig
 
     total = src.sample_records
@@ -112,10 +114,15 @@ def sample_notes(src: Found, languages: list[str]) -> list[str]:
         lines[0] += "; removed by " + ", ".join(f"{rule} {removed[rule]:,}" for rule in rules[:3]) + (
             f" and {len(rules) - 3} more rule(s)" if len(rules) > 3 else "")
     for rule in rules:
-        n = removed[rule]
-        if n < MOST_OF_SAMPLE * total:
-            break
+        n, size = removed[rule], src.removed_bytes[rule]
+        by_bytes = src.heuristic_bytes > 0 and size >= COSTLY_SHARE * src.heuristic_bytes
+        if n < COSTLY_SHARE * total and not by_bytes:
+            continue
         said = f"{rule} removes {n:,} of the {total:,} sampled records ({n / total:.0%})"
+        if size:
+            said += f", {size / src.heuristic_bytes:.0%} of the bytes the heuristics judged"
+        if rule in src.examples:
+            said += f", e.g. {src.examples[rule]}"
         if rule == UNWANTED_LANGUAGE:
             others = sorted(lang for lang in src.languages if lang not in languages)
             lines.append(f"{said}: they are in {', '.join(others)}, left out of stages.language.languages; "
@@ -324,8 +331,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a commented config for DIR: one bucket per top-level directory (files directly in DIR "
         "go to `web`), one source per bucket, format and folder, the text fields of JSONL and tables, the "
         "languages found (every one with its share, and which it left out) and a token budget estimated "
-        "from a sample run through the funnel's stages; beside a source, a rule that removes most of its "
-        "sample, with the `rules_off` line that switches it. The "
+        "from a sample run through the funnel's stages; beside a source, every rule that removes 10% or "
+        "more of its sampled documents or bytes, with the `rules_off` line that switches it and one document it "
+        "removed. The "
         "written config then goes through the same preflight as `refinery demo`, so what it prints is what "
         "will run; edit the commented fields (languages, budget, phases) before materializing.",
         epilog="examples:\n  refinery init ~/corpus --config corpus.yaml\n  refinery demo --config corpus.yaml")

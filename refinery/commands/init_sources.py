@@ -34,11 +34,19 @@ UNREADABLE_NOTE = " (not a regular file: {kind})"
 MIN_LANGUAGE_DOCS = 3
 MIN_LANGUAGE_SHARE = 0.1
 PART_LANGUAGE_SHARE = 0.25
-# A rule that removes at least this share of a source's sampled documents is named beside the source.
-MOST_OF_SAMPLE = 0.5
+# A rule that removes this share of a source's sampled documents, or of the bytes the heuristics judged, is named.
+COSTLY_SHARE = 0.1
+# Beyond the SAMPLE_FILES read whole, up to LANGUAGE_FILES more files of a source (evenly spread) give
+# their first LANGUAGE_DOCS_PER_FILE documents to language ID, so a language that only a file outside
+# the sample holds is seen: bounded work per source, whatever its number of files.
+LANGUAGE_FILES = 200
+LANGUAGE_DOCS_PER_FILE = 10
+URL_SHARE = 0.9  # of a column's sampled values that are URLs, for it to be taken as the URL
+URL_VALUE = re.compile(r"[a-z][a-z0-9+.-]*://\S+$", re.I)
+EXAMPLE_CHARS = 100
 UNWANTED_LANGUAGE = "language/unwanted_language"
 TEXT_FIELDS = ("text", "content", "body", "document", "raw_content", "article", "markdown", "passage", "code")
-URL_FIELDS = ("url", "link", "source_url", "uri", "href")
+URL_FIELDS = ("url", "page_url", "link", "source_url", "uri", "href")
 ID_FIELDS = ("id", "doc_id", "document_id", "uid", "uuid", "_id", "guid")
 MIN_TEXT_CHARS = 40  # mean characters of a field that is not called text-like but is taken as the text
 SAMPLE_RECORDS = 200  # records read per table to find its fields
@@ -79,6 +87,11 @@ class Found:
     # sampled files hold, so the removals under any choice of languages follow (`removed_by_rule`).
     outcomes: Counter = field(default_factory=Counter)
     file_languages: list[Counter] = field(default_factory=list)  # per sampled file: language -> documents
+    # Documents per language of the files outside the sample (their first few documents each).
+    other_file_languages: Counter = field(default_factory=Counter)
+    heuristic_bytes: int = 0  # text bytes of the sampled documents the heuristics judged, and by rule removed:
+    removed_bytes: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # rule -> the URL or title of one it removed
     clean_bytes_by_language: Counter = field(default_factory=Counter)
 
     @property
@@ -278,6 +291,16 @@ def _pick(candidates: tuple[str, ...], columns: list[str], records: list[dict], 
     return None
 
 
+def _url_column(columns: list[str], records: list[dict], text: str) -> str | None:
+    """The first column whose sampled values are nearly all URLs (`scheme://...`), whatever its name."""
+    for name in columns:
+        values = [r.get(name) for r in records if r.get(name) is not None]
+        if name != text and values and sum(isinstance(v, str) and URL_VALUE.match(v) is not None
+                                           for v in values) >= URL_SHARE * len(values):
+            return name
+    return None
+
+
 def detect_fields(src: Found) -> None:
     """The text, URL and id fields of a JSONL or table source, from a sample of its first input and
     (tables) every input's columns; a source with no text field gets `problem` instead."""
@@ -314,7 +337,7 @@ def detect_fields(src: Found) -> None:
             else f"no text field found (fields: {columns})"
         return
     src.fields["text_field"] = text
-    url = _pick(URL_FIELDS, columns, records, str)
+    url = _pick(URL_FIELDS, columns, records, str) or _url_column(columns, records, text)
     if url is not None:
         src.fields["url_field"] = url
     ident = _pick(ID_FIELDS, columns, records, (str, int))
@@ -345,7 +368,16 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
     lid = language.LanguageFilter.from_config(LanguageConfig(languages="all"))
     rules = heuristic.HeuristicFilter(HeuristicConfig())
     inputs = hf_dataset_dirs(src.paths, src.root) if src.fmt == "hf_dataset" else src.paths  # a DatasetDict's splits
-    for i, path in enumerate(_evenly(inputs, SAMPLE_FILES)):
+    sampled = _evenly(inputs, SAMPLE_FILES)
+    others = [] if "language" in src.skip else [p for p in inputs if p not in sampled]
+    for i, path in enumerate(_evenly(others, LANGUAGE_FILES)):
+        shard = InputShard(key=f"{src.name}-languages{i}", source=src.name, bucket=src.bucket, path=path, folder=src.root)
+        head = ingest.read_input_shard(shard, source_cfg, extract_cfg).documents.head(LANGUAGE_DOCS_PER_FILE)
+        judged = lid.run(extract.Extractor(extract_cfg).run(head).documents).documents
+        langs = Counter(judged["language"].drop_nulls().to_list())
+        src.other_file_languages.update(langs)
+        src.file_languages.append(langs)
+    for i, path in enumerate(sampled):
         # With the scanned folder as the source's, a link out of it is an `ingest/outside_source` reject, unread.
         shard = InputShard(key=f"{src.name}-sample{i}", source=src.name, bucket=src.bucket, path=path, folder=src.root)
         stages = [ingest.read_input_shard(shard, source_cfg, extract_cfg)]
@@ -360,6 +392,7 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
             out = rules.run(docs)
             removed_by = dict(zip(out.rejects["doc_id"].to_list(), out.rejects["rule"].to_list()))
             kept = out.documents
+            note_removals(src, docs, removed_by)
         else:
             kept = docs
         langs = docs["language"].to_list() if "language" in docs.columns else [None] * docs.height
@@ -372,6 +405,18 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
             src.clean_bytes_by_language[lang] += size
 
 
+def note_removals(src: Found, docs: Any, removed_by: dict[str, str]) -> None:
+    """The text bytes the heuristics judged and those each rule removed, and one removed document's
+    URL (else its first line) per rule, for init's note on a costly rule."""
+    src.heuristic_bytes += int(docs["text"].str.len_bytes().fill_null(0).sum() or 0)
+    for row in docs.filter(docs["doc_id"].is_in(list(removed_by))).select("doc_id", "url", "text").iter_rows():
+        doc_id, url, text = row
+        rule = removed_by[doc_id]
+        src.removed_bytes[rule] += len((text or "").encode())
+        first = next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
+        src.examples.setdefault(rule, url or first[:EXAMPLE_CHARS])
+
+
 @dataclass
 class LanguageChoice:
     """The languages found in the sample, those kept, and the sampled documents per language before
@@ -380,6 +425,8 @@ class LanguageChoice:
     found: Counter  # language -> sampled documents language ID gave it
     clean: Counter  # language -> of those, documents the heuristics kept
     kept: list[str]
+    # language -> of `found`, documents from the first few of a file outside the sample (no verdict)
+    outside: Counter = field(default_factory=Counter)
 
     def ordered(self) -> list[str]:
         return most_first(self.found)
@@ -401,7 +448,9 @@ class LanguageChoice:
             else:
                 verdict = (f"LEFT OUT: under {MIN_LANGUAGE_SHARE:.0%} of the sample; no source's or file's "
                            f"main language or {PART_LANGUAGE_SHARE:.0%} of it")
-            out.append(f"  {lang:<6}{n:>7,} {n / total:>6.1%}  {self.clean[lang]:>6,} clean after the heuristics  {verdict}")
+            seen = f" ({self.outside[lang]:,} of them the first of files outside the sample)" if self.outside[lang] else ""
+            out.append(f"  {lang:<6}{n:>7,} {n / total:>6.1%}  {self.clean[lang]:>6,} clean after the heuristics  "
+                       f"{verdict}{seen}")
         return out
 
 
@@ -422,6 +471,7 @@ def choose_languages(sources: list[Found]) -> LanguageChoice:
     documents first (English when the sample names none)."""
     found: Counter = Counter()
     clean: Counter = Counter()
+    outside: Counter = Counter()
     part_share: dict[str, float] = {}
     main_of_a_part: set[str] = set()
     for s in sources:
@@ -429,6 +479,8 @@ def choose_languages(sources: list[Found]) -> LanguageChoice:
             if lang is not None:
                 found[lang] += n
                 clean[lang] += n if rule is None else 0
+        found.update(s.other_file_languages)  # seen in files outside the sample: no verdict, so none clean
+        outside.update(s.other_file_languages)
         for part in [s.languages, *s.file_languages]:  # the source's sample, then each sampled file
             if part:
                 main_of_a_part.add(most_first(part)[0])
@@ -437,7 +489,7 @@ def choose_languages(sources: list[Found]) -> LanguageChoice:
     total = sum(found.values())
     kept = [lang for lang in most_first(found)
             if keeps_language(found[lang], found[lang] / total, part_share[lang], lang in main_of_a_part)]
-    return LanguageChoice(found, clean, kept or ["en"])
+    return LanguageChoice(found, clean, kept or ["en"], outside)
 
 
 def clean_bytes_estimate(src: Found, languages: list[str]) -> int:

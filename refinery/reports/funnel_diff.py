@@ -18,17 +18,21 @@ from refinery.layout import final_index_key, manifest_key, manifest_phase
 from refinery.reports.funnel import format_table, language_retention, load_stage_totals, stage_order
 from refinery.storage import DataRoot
 
+RULE_COLUMNS = ("stage", "doc_id", "rule", "failures")  # what a rejects table is read for here
+
+
 def rule_failures(root: DataRoot) -> dict[tuple[str, str], int]:
     """(stage, rule) -> documents failing the rule, over every rejects table; a table written before
     rejects listed every failure counts its first rule."""
     import polars as pl
+    import pyarrow.parquet as pq
 
     counts: Counter = Counter()
     for key in root.list("rejects"):
         if not key.endswith(".parquet"):
             continue
-        table = root.read_parquet(key)
-        table = table.select([c for c in ("stage", "doc_id", "rule", "failures") if c in table.columns])
+        names = set(pq.read_schema(root.local_path(key)).names)
+        table = root.read_parquet(key, columns=[c for c in RULE_COLUMNS if c in names])
         if "failures" in table.columns:
             # A document counts once per rule it fails.
             rules = (table.select("stage", "doc_id", "failures").explode("failures").drop_nulls("failures")
