@@ -9,13 +9,12 @@ redaction (`refinery.stages.pii`) and stores the final text.
 """
 
 from collections import Counter
-from functools import partial
 
 import dagster as dg
 import polars as pl
 
-from assets.factory import StepResult, batch_stage_asset, global_step_asset, pure_stage_asset, stream_stage_file
-from assets.fanout import FileResult, run_stage
+from assets.factory import StepResult, batch_stage_asset, global_step_asset, pure_stage_asset
+from refinery.fanout import FileResult
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown, stage_code_version
 from assets.resource import RefineryResource
@@ -27,13 +26,11 @@ from refinery.stages import pii as pii_stage
 from refinery.models import quality as q
 from refinery.models import quality_features, quality_fit
 from refinery.models import quality_training as qt
-from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents
 from refinery.models.quality_training import quality_settings, train_and_publish
 from refinery.stages.base import skips
+from refinery.stage_file_tasks import UPSTREAM, build_safety_then_redact, score_file
 from refinery.storage import DataRoot
-
-UPSTREAM = registry.funnel_stage(q.QualityScorer.name).upstream
 
 
 def _metric(value: float | None) -> dg.MetadataValue:
@@ -85,21 +82,6 @@ def train_model(version: str):
     return step
 
 
-def score_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One file's deduped documents scored (and, unless its source skips quality, thresholded), a
-    record batch at a time (`stream_stage_file`)."""
-    cfg = refinery.config
-    name = q.QualityScorer.name
-    if not cfg.stages.quality.enabled:
-        return stream_stage_file(name, UPSTREAM, refinery, shard, q.unscored, {"enabled": False})
-    if "model" not in cache:
-        cache["model"] = qt.load_published_model(refinery.root)
-    model, pointer = cache["model"]
-    stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
-    enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
-    settings = {**stage.config_summary(), "threshold_enforced": enforce}
-    return stream_stage_file(name, UPSTREAM, refinery, shard, partial(run_stage, stage, cfg, shard), settings)
-
 
 def score_metadata(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
     """The model the run scored with, whether every source's threshold held, and score quantiles."""
@@ -137,9 +119,6 @@ def funnel_chart_of_run(refinery: RefineryResource, shards: list[InputShard], re
     return funnel_chart_metadata(refinery.root, [r.shard for r in results])
 
 
-def _safety_then_redact(cfg: RefineryConfig, source: str) -> pii_stage.SafetyThenRedact:
-    return pii_stage.SafetyThenRedact.from_config(cfg.stages)
-
 
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     model_version = code_version(q, quality_features, quality_fit, qt, holdout)
@@ -155,7 +134,7 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         description="quality_score on every document; drops those below stages.quality.threshold.",
     )
     pii_redacted = pure_stage_asset(
-        "pii_redacted", _safety_then_redact, parts, version=code_version(pii_stage), extra_metadata=funnel_chart_of_run,
+        "pii_redacted", build_safety_then_redact, parts, version=code_version(pii_stage), extra_metadata=funnel_chart_of_run,
         description="Safety filter (blocked words and domains), then PII replaced by typed placeholders.",
     )
     return dg.Definitions(assets=[quality_model, quality_scored, pii_redacted])
