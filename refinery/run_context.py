@@ -7,8 +7,8 @@ its task needs, never Dagster (issue 50).
 
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Any, Protocol
+from functools import cached_property, partial
+from typing import Any, Callable, Protocol
 
 from refinery.config import RefineryConfig, load_config
 from refinery.storage import DataRoot, open_data_root
@@ -50,6 +50,14 @@ def s3_client(settings: dict[str, Any]) -> Any:
     return client
 
 
+def run_root(cfg: RefineryConfig, s3_client_of: Callable[[], Any] | None) -> DataRoot:
+    """The config's data root: an s3:// one with the client `s3_client_of()` makes when given."""
+    url = cfg.resolve(cfg.data_root)
+    if url.startswith("s3://") and s3_client_of is not None:
+        return open_data_root(url, client=s3_client_of())
+    return open_data_root(url)
+
+
 class WorkerRun:
     """A worker process's run, made from the driver's `worker_settings()`."""
 
@@ -63,10 +71,7 @@ class WorkerRun:
 
     @cached_property
     def root(self) -> DataRoot:
-        url = self.config.resolve(self.config.data_root)
-        if url.startswith("s3://") and self.s3 is not None:
-            return open_data_root(url, client=s3_client(self.s3))
-        return open_data_root(url)
+        return run_root(self.config, partial(s3_client, self.s3) if self.s3 is not None else None)
 
     def worker_settings(self) -> WorkerSettings:
         return self.config_path, self.s3
