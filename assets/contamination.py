@@ -12,7 +12,7 @@ alike (`refinery.contamination.verdict`).
 
 The scan's per-document work fans out in the step: one task per clean table holding the phase's
 documents (`refinery.contamination.ensure_partial`), over `partitions.workers` processes
-(assets/fanout.py), each storing a partial keyed by its table's and the eval sets' hashes; a table
+(refinery/fanout.py), each storing a partial keyed by its table's and the eval sets' hashes; a table
 another phase already scanned against the same eval sets is not scanned again. The policy's scans
 are then reductions of those partials, and the check reads the final one.
 """
@@ -21,12 +21,13 @@ import dagster as dg
 
 from refinery import layout
 from assets.factory import StepResult, global_step_asset, phase_check_result, phase_check_spec
-from assets.fanout import map_tasks
+from refinery.fanout import map_tasks
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import contamination as cont
 from refinery import contamination_tasks as ctasks
+from refinery.contamination_tasks import scan_table_task
 from refinery.config import RefineryConfig
 from refinery.curriculum import read_manifest
 from refinery.drop_policy import scan_phase_under_policy
@@ -50,13 +51,6 @@ def check_result(phase: str, final: cont.ScanReport, verdict: str, summary: dict
     return phase_check_result(CHECK_NAME, phase, final.passed, verdict, summary,
                               dg.AssetCheckSeverity.WARN if final.not_scanned else dg.AssetCheckSeverity.ERROR)
 
-
-def scan_table_task(refinery: RefineryResource, partition: str, cache: dict) -> ctasks.PartialRun:
-    """One task: the partial of one clean table (the eval index built once per worker)."""
-    if "index" not in cache:
-        cache["index"] = cont.EvalIndex.build(refinery.config)
-        cache["digest"] = ctasks.index_digest(cache["index"])
-    return ctasks.ensure_partial(refinery.root, cache["index"], partition, cache["digest"])
 
 
 def scan_tables(context: dg.AssetExecutionContext, refinery: RefineryResource, phase: str) -> list[ctasks.PartialRun]:

@@ -3,7 +3,7 @@ whose curriculum fails validation from reaching the contamination scan and the t
 
 A partition's reads of the entry tables (quality cutoffs, difficulty bands, selections and band
 files) run as a task per final shard (per batch of entries for the bands' sums) in the pool of
-`partitions.workers` processes (`assets.fanout.task_pool`); the step adds up the tasks' counts and
+`partitions.workers` processes (`refinery.fanout.task_pool`); the step adds up the tasks' counts and
 histograms and writes the files, the same bytes whatever ran the tasks.
 
 The manifest is written even when validation fails, so the reason can be read from the file as
@@ -14,7 +14,7 @@ import dagster as dg
 
 from refinery import layout
 from assets.factory import StepResult, global_step_asset, phase_check_result, phase_check_spec
-from assets.fanout import task_pool
+from refinery.fanout import task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource

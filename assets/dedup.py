@@ -14,15 +14,13 @@ data root (see docs/dedup.md).
 
 import hashlib
 import sys
-import time
 from collections import Counter
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
-from assets.fanout import FileResult, map_tasks
+from refinery.fanout import FileResult, map_tasks
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, stage_code_version
 from assets.resource import RefineryResource
@@ -32,50 +30,17 @@ from refinery.global_steps import dedup_compute as dc
 from refinery.global_steps import exact_dedup as ex
 from refinery.global_steps import minhash as mh
 from refinery.global_steps import near_dedup as nd
-from refinery.global_steps.dedup_compute import STAGE, UPSTREAM, apply_to_shard, compute_band_edges, compute_clusters, compute_exact_range, compute_signatures
-from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, signatures_key
-from refinery.stages.stats import StageStats
+from refinery.global_steps.dedup_compute import STAGE, UPSTREAM
+from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key
+from refinery import dedup_tasks
+from refinery.dedup_tasks import band_task, clusters_task, dedup_file, dedup_settings, exact_range_task, signatures_of_file
 
 
 def _dedup_code_version() -> str:
     """Changes when any module that shapes dedup outputs does."""
-    parts = "".join(code_version(m) for m in (ex, nd, mh, dc, sys.modules[__name__]))
+    parts = "".join(code_version(m) for m in (ex, nd, mh, dc, dedup_tasks, sys.modules[__name__]))
     return stage_code_version(dc.STAGE, hashlib.sha256(parts.encode()).hexdigest()[:12])
 
-
-def _settings(cfg: RefineryConfig) -> dict[str, Any]:
-    return nd.DedupSettings.from_config(cfg).summary()
-
-
-def signatures_of_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """A file's signatures, written to the data root; `near_dedup_docs` counts the documents of
-    sources that near dedup applies to."""
-    start = time.perf_counter()
-    counts, digest = compute_signatures(refinery.config, refinery.root, shard.key)
-    stats = StageStats(stage="dedup_signatures", docs_in=counts.docs, docs_out=counts.docs,
-                       wall_s=time.perf_counter() - start)
-    stats.counters["near_dedup_docs"] = counts.near
-    return FileResult(shard.key, shard.source, stats, {signatures_key(shard.key): digest},
-                      _settings(refinery.config))
-
-
-def combined_stats(exact: StageStats, near: StageStats) -> StageStats:
-    """Both dedups as one stage, for the `deduped` asset's metadata."""
-    return StageStats(
-        stage=STAGE,
-        docs_in=exact.docs_in,
-        docs_out=near.docs_out,
-        bytes_in=exact.bytes_in,
-        bytes_out=near.bytes_out,
-        wall_s=exact.wall_s + near.wall_s,
-        dropped=exact.dropped + near.dropped,
-    )
-
-
-def dedup_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """A file's dedup decisions applied: exact and near stats as one, hashes and a few sample rows."""
-    exact, near, hashes, sample = apply_to_shard(refinery.config, refinery.root, shard.key)
-    return FileResult(shard.key, shard.source, combined_stats(exact, near), hashes, _settings(refinery.config), sample)
 
 
 # dedup_signatures' metadata entry of each batch's files' shard ordinals, which every doc_key holds:
@@ -95,28 +60,6 @@ def _ints(counts: dict[str, Any]) -> dict[str, dg.MetadataValue]:
     return {k: dg.MetadataValue.int(int(v)) for k, v in counts.items()}
 
 
-def exact_range_task(refinery: RefineryResource, hash_range: str, cache: dict) -> tuple[dict[str, int], str]:
-    """One hash range's exact duplicates found and written: its counts and the drops table's hash."""
-    drops, docs, digest = compute_exact_range(refinery.config, refinery.root, hash_range)
-    return {"docs_in_range": docs, "duplicates_dropped": drops.height,
-            "duplicate_groups": drops["kept_key"].n_unique()}, digest
-
-
-def band_task(refinery: RefineryResource, band: str, cache: dict) -> tuple[dict[str, int], str]:
-    """One LSH band's verified candidate edges written: its counts and the edges table's hash."""
-    _, band_counts, digest = compute_band_edges(refinery.config, refinery.root, band)
-    return dict(band_counts), digest
-
-
-def clusters_task(refinery: RefineryResource, _: None, cache: dict) -> tuple[dict[str, Any], str]:
-    """Union-find over every band's edges, the cluster table written: its summary and hash."""
-    table, digest = compute_clusters(refinery.config, refinery.root)
-    keepers = table.filter(pl.col("doc_key") == pl.col("keeper_key"))
-    sizes = keepers.group_by("cluster_size").len().sort("cluster_size")
-    return {"clusters": keepers.height, "members": table.height, "to_remove": table.height - keepers.height,
-            "largest_cluster": int(table["cluster_size"].max() or 0),
-            "cluster_sizes": {str(s): n for s, n in sizes.iter_rows()}}, digest
-
 
 # The range, band and cluster steps run their partitions as tasks (`map_tasks`): in this process,
 # over `partitions.workers`, or on the Ray cluster under `execution.engine: ray`.
@@ -130,7 +73,7 @@ def exact_ranges(version: str):
             counts.update(range_counts)
             hashes[exact_drops_key(hash_range)] = digest
         docs = counts["docs_in_range"]
-        return StepResult(Provenance(version, _settings(refinery.config), hashes, docs_in=docs,
+        return StepResult(Provenance(version, dedup_settings(refinery.config), hashes, docs_in=docs,
                                      docs_out=docs - counts["duplicates_dropped"]), _ints(counts))
     return step
 
@@ -142,7 +85,7 @@ def near_bands(version: str):
         for band, (band_counts, digest) in zip(keys, map_tasks(refinery, keys, band_task)):
             counts.update(band_counts)
             hashes[near_edges_key(band)] = digest
-        return StepResult(Provenance(version, _settings(refinery.config), hashes, docs_in=counts["docs"]),
+        return StepResult(Provenance(version, dedup_settings(refinery.config), hashes, docs_in=counts["docs"]),
                           _ints(counts))
     return step
 
@@ -152,7 +95,7 @@ def clusters(version: str):
         [(summary, digest)] = map_tasks(refinery, [None], clusters_task)
         sizes = summary.pop("cluster_sizes")
         return StepResult(
-            Provenance(version, _settings(refinery.config), {NEAR_CLUSTERS_KEY: digest},
+            Provenance(version, dedup_settings(refinery.config), {NEAR_CLUSTERS_KEY: digest},
                        docs_in=summary["members"], docs_out=summary["clusters"]),
             {**_ints(summary), "cluster_sizes": dg.MetadataValue.json(sizes)},
         )

@@ -2,7 +2,7 @@
 of them, so every asset records the same provenance (assets/provenance.py).
 
 - `batch_stage_asset`: partitioned by input batch. For every file of the run's batches it runs a
-  file task (assets/fanout.py), fanned out over `partitions.workers`, and merges the files' stats,
+  file task (refinery/fanout.py), fanned out over `partitions.workers`, and merges the files' stats,
   hashes, settings and samples into one `MaterializeResult`. A per-document stage's file task
   (`stage_file_task`) reads its input and writes its output a record batch at a time.
 - `global_step_asset`: everything else, whose partition is a hash range, an LSH band, a bucket, a
@@ -17,25 +17,22 @@ import json
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import dagster as dg
 import polars as pl
 
-from assets.fanout import FileResult, FileTask, StageBuilder, built_stage, map_files, run_stage, stage_config_summary
+from refinery.fanout import FileResult, FileTask, StageBuilder, map_files
 from assets.partitions import Partitions
 from assets.provenance import (PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata,
                                stage_code_version)
-from assets.ray_engine import node_summary, recording_nodes
+from refinery.ray_engine import node_summary, recording_nodes
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, batch_shards, input_batches
 from refinery.layout import stats_key
 from refinery.stages import registry
-from refinery.stages.attributes import stage_batches
-from refinery.stages.base import StageOutput
-from refinery.stages.stage_tables import stage_tables
+from refinery.stage_file_tasks import stage_file_task
 from refinery.stages.stats import StageStats
 
 DEFAULT_KINDS = frozenset({"polars", "parquet"})
@@ -79,43 +76,6 @@ def batch_provenance(stage: str, results: list[FileResult], version: str, text_c
         provenance = replace(provenance, bytes_in=None, bytes_out=None, byte_retention=None, sample=None)
     return provenance
 
-
-def stream_stage_file(name: str, upstream: str, refinery: RefineryResource, shard: InputShard,
-                      run: Callable[[pl.DataFrame], StageOutput], settings: dict[str, Any]) -> FileResult:
-    """One file through one per-document stage, a record batch at a time: `upstream`'s kept
-    documents read in slices of at most `extract.batch_rows` rows and `extract.batch_bytes` bytes
-    (`stage_batches`: through the attribute tables when upstream stores no text), each slice through
-    `run` and its kept documents (or attributes) and rejects written as row groups, the stats
-    merged. A file's memory is one slice's, whatever its size."""
-    cfg, root = refinery.config, refinery.root
-    extract = cfg.stages.extract
-    stats: Optional[StageStats] = None
-    batches = stage_batches(root, upstream, shard.key, extract.batch_rows, max_bytes=extract.batch_bytes)  # raises before anything is written
-    with stage_tables(root, name, shard.key) as tables:
-        for batch in batches:
-            out = run(batch)
-            # One batch's stats as they are (a sum would drop counters of zero).
-            stats = out.stats if stats is None else stats + out.stats
-            tables.write_documents(out.documents, batch)
-            tables.write_rejects(out.rejects)
-    root.write_json(stats_key(name, shard.key), stats.to_dict())
-    return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, tables.sample)
-
-
-def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: RefineryResource,
-                         shard: InputShard, cache: dict) -> FileResult:
-    """`stream_stage_file` with the stage `build(cfg, source)` returns (built once per source in a
-    worker, `built_stage`), its source's `skip:` and record time budget applied."""
-    cfg = refinery.config
-    stage = built_stage(cfg, name, shard.source, build)
-    return stream_stage_file(name, upstream, refinery, shard, partial(run_stage, stage, cfg, shard),
-                             stage_config_summary(stage, cfg, shard))
-
-
-def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:
-    """The file task of a pure per-document stage: `upstream`'s kept documents in, `name`'s out, a
-    record batch at a time (`build(cfg, source)` returns the stage for a source's files)."""
-    return partial(run_stage_by_batches, name, upstream, build)
 
 
 def pure_stage_asset(name: str, build: StageBuilder, parts: Partitions, description: str, version: str,

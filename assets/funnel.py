@@ -11,28 +11,16 @@ language_filtered has the same schema).
 import dagster as dg
 import polars as pl
 
-from assets.factory import batch_stage_asset, pure_stage_asset, stage_tables
-from assets.fanout import FileResult
+from assets.factory import batch_stage_asset, pure_stage_asset
+from refinery.fanout import FileResult
 from assets.partitions import Partitions
 from assets.provenance import code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, input_file_state, input_shards
-from refinery.layout import stats_key
 from refinery.stages import custom, extract, heuristic, ingest, language, readers
-from refinery.stages.base import Stage
+from refinery.stage_file_tasks import build_extractor, build_heuristic, build_language, ingest_file
 
-
-def _extractor(cfg: RefineryConfig, source: str) -> extract.Extractor:
-    return extract.Extractor(cfg.stages.extract)
-
-
-def _language(cfg: RefineryConfig, source: str) -> language.LanguageFilter:
-    return language.LanguageFilter.from_config(cfg.stages.language, cfg.resolve)
-
-
-def _heuristic(cfg: RefineryConfig, source: str) -> Stage:
-    return custom.with_custom_filters(heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(source).rules_off), cfg)
 
 
 def heuristic_code_version(cfg: RefineryConfig) -> str:
@@ -41,19 +29,6 @@ def heuristic_code_version(cfg: RefineryConfig) -> str:
     filters = [custom.custom_filter_class(spec, cfg.base_dir) for spec in cfg.stages.custom_filters]
     return code_version(heuristic, *filters)
 
-
-def ingest_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One input file read into raw_documents, with its ingest rejects and stats, written batch by
-    batch (each batch a row group), so no file is ever whole in memory."""
-    cfg = refinery.config
-    source = cfg.source(shard.source)
-    with stage_tables(refinery.root, ingest.STAGE, shard.key, ingest.RAW_SCHEMA) as tables:
-        stats = ingest.stream_input_shard(shard, source, cfg.stages.extract, tables.write_documents,
-                                          tables.write_rejects, cfg.stages.record_timeout_s)
-    refinery.root.write_json(stats_key(ingest.STAGE, shard.key), stats.to_dict())
-    settings = {"source": source.model_dump(mode="json"), "extract": cfg.stages.extract.model_dump(mode="json")}
-    sample = tables.sample if tables.sample is not None else pl.DataFrame(schema=ingest.RAW_SCHEMA)
-    return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, sample)
 
 
 # raw_documents' metadata entry of each batch's input files (`input_file_state`): what `refinery
@@ -78,11 +53,11 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         "bad records become ingest/* rejects.",
     )
     stages = [
-        (extract.STAGE, _extractor, code_version(extract), "HTML to text with resiliparse (main "
+        (extract.STAGE, build_extractor, code_version(extract), "HTML to text with resiliparse (main "
          "content); text passes through; other content types and empty extractions are rejected."),
-        (language.STAGE, _language, code_version(language), "fastText lid.176 on the whole text; "
+        (language.STAGE, build_language, code_version(language), "fastText lid.176 on the whole text; "
          "keeps the configured languages at or above min_score."),
-        (heuristic.STAGE, _heuristic, heuristic_code_version(cfg), "URL blocklist, Gopher quality "
+        (heuristic.STAGE, build_heuristic, heuristic_code_version(cfg), "URL blocklist, Gopher quality "
          "and repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
          "config's custom filters."),
     ]

@@ -11,13 +11,12 @@ stores the final text.
 """
 
 from collections import Counter
-from functools import partial
 
 import dagster as dg
 import polars as pl
 
-from assets.factory import StepResult, batch_stage_asset, global_step_asset, stream_stage_file
-from assets.fanout import FileResult, run_stage, stage_config_summary
+from assets.factory import StepResult, batch_stage_asset, global_step_asset
+from refinery.fanout import FileResult
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown, stage_code_version
 from assets.resource import RefineryResource
@@ -30,14 +29,11 @@ from refinery.stages import pii_context
 from refinery.models import quality as q
 from refinery.models import quality_features, quality_fit
 from refinery.models import quality_training as qt
-from refinery.stages import registry
 from refinery.stages.attributes import read_stage_documents
 from refinery.models.quality_training import quality_settings, train_and_publish
 from refinery.stages.base import skips
+from refinery.stage_file_tasks import PII_STAGE, UPSTREAM, redact_file, score_file
 from refinery.storage import DataRoot
-
-UPSTREAM = registry.funnel_stage(q.QualityScorer.name).upstream
-PII_STAGE = "pii_redacted"
 
 
 def _metric(value: float | None) -> dg.MetadataValue:
@@ -89,21 +85,6 @@ def train_model(version: str):
     return step
 
 
-def score_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One file's deduped documents scored (and, unless its source skips quality, thresholded), a
-    record batch at a time (`stream_stage_file`)."""
-    cfg = refinery.config
-    name = q.QualityScorer.name
-    if not cfg.stages.quality.enabled:
-        return stream_stage_file(name, UPSTREAM, refinery, shard, q.unscored, {"enabled": False})
-    if "model" not in cache:
-        cache["model"] = qt.load_published_model(refinery.root)
-    model, pointer = cache["model"]
-    stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
-    enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
-    settings = {**stage.config_summary(), "threshold_enforced": enforce}
-    return stream_stage_file(name, UPSTREAM, refinery, shard, partial(run_stage, stage, cfg, shard), settings)
-
 
 def score_metadata(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
     """The model the run scored with, whether every source's threshold held, and score quantiles."""
@@ -140,17 +121,6 @@ def funnel_chart_metadata(root: DataRoot, files: list[str]) -> dict:
 def funnel_chart_of_run(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
     return funnel_chart_metadata(refinery.root, [r.shard for r in results])
 
-
-def redact_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One file's scored documents through the safety filter and redaction, re-scored with the
-    model quality_scored used where redaction changed their text, a record batch at a time."""
-    cfg = refinery.config
-    if "redactor" not in cache:
-        rescore = qt.load_published_model(refinery.root)[0].score if cfg.stages.quality.enabled else None
-        cache["redactor"] = pii_stage.SafetyThenRedact.from_config(cfg.stages, rescore)
-    stage = cache["redactor"]
-    return stream_stage_file(PII_STAGE, q.QualityScorer.name, refinery, shard, partial(run_stage, stage, cfg, shard),
-                             stage_config_summary(stage, cfg, shard))
 
 
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:

@@ -77,7 +77,7 @@ def run_on_ray(context: dg.AssetExecutionContext, cfg: RefineryConfig, args: lis
     poll; returns (its exit status, or `NODE_LOST_EXIT`; the id of the node it ran on)."""
     import ray
 
-    from assets.ray_engine import connect
+    from refinery.ray_engine import connect
 
     connect(cfg.execution.address)
     tc = cfg.training

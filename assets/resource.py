@@ -13,7 +13,8 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from refinery.config import RefineryConfig, load_config
-from refinery.storage import DataRoot, open_data_root
+from refinery.run_context import run_root
+from refinery.storage import DataRoot
 
 
 class RefineryResource(dg.ConfigurableResource):
@@ -29,10 +30,7 @@ class RefineryResource(dg.ConfigurableResource):
 
     @cached_property
     def root(self) -> DataRoot:
-        url = self.config.resolve(self.config.data_root)
-        if url.startswith("s3://") and self.s3 is not None:
-            return open_data_root(url, client=self.s3.get_client())
-        return open_data_root(url)
+        return run_root(self.config, self.s3.get_client if self.s3 is not None else None)
 
     def worker_settings(self) -> tuple[str, dict[str, Any] | None]:
         """What a spawned worker process needs to make an equal resource of its own (a resource does

@@ -8,7 +8,7 @@ Thin wrappers: the work is in `refinery.global_steps.tokenize`, `refinery.global
 funnel's (fanned out over the batch's files and `partitions.workers`); each bucket's shuffle reads the
 series of the files routed to it (a static partition mapping from input batch to bucket). The
 shuffle's and the lineage index's tasks run in the same pool of `partitions.workers` processes
-(`assets.fanout.task_pool`).
+(`refinery.fanout.task_pool`).
 """
 
 from collections import Counter
@@ -17,29 +17,23 @@ import dagster as dg
 
 from refinery import layout
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
-from assets.fanout import FileResult, task_pool
+from refinery.fanout import FileResult, task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import lineage_index as lin
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE, InputShard, input_batches
-from refinery.layout import rejects_key, stats_key
 from refinery.models import difficulty as dfc
 from refinery.models import difficulty_published as dpub
 from refinery.global_steps import shuffle as sh
 from refinery.global_steps import tokenize as tk
+from refinery.stage_file_tasks import TOKENIZE_STAGE, shard_hashes, tokenize_file
 from refinery.storage import LocalDataRoot
 from refinery import tokenizer_file
 
 GROUP = "tokens"
-TOKENIZE_STAGE = "tokenized_shards"
 
-
-def _shard_hashes(index: dict) -> dict[str, str]:
-    hashes = {ref["prefix"] + suffix: digest for ref in index["shards"] for suffix, digest in ref["sha256"].items()}
-    hashes[index["entries_table"]["key"]] = index["entries_table"]["sha256"]
-    return hashes
 
 
 def _shard_metadata(index: dict) -> dict:
@@ -104,24 +98,6 @@ def build_difficulty_model(version: str):
     return step
 
 
-def tokenize_file(refinery: RefineryResource, shard: InputShard, cache: dict) -> FileResult:
-    """One input file's clean documents into its token series (each document scored for
-    difficulty when that is enabled), with its rejects and stats."""
-    cfg, root = refinery.config, refinery.root
-    if "tokenizer" not in cache:  # loaded once per fan-out worker
-        cache["tokenizer"] = tk.read_tokenizer(root, cfg.tokenizer.eod_token)
-        cache["reference"] = dpub.load_published_model(root) if cfg.stages.difficulty.enabled else None
-    result = tk.tokenize_file(root, cfg, shard, cache["tokenizer"], reference=cache["reference"])
-    key = rejects_key(TOKENIZE_STAGE, shard.key)
-    hashes = {key: root.write_parquet(key, result.rejects), **_shard_hashes(result.index)}
-    root.write_json(stats_key(TOKENIZE_STAGE, shard.key), result.stats.to_dict())
-    index = result.index
-    settings = {"window": index["window"], "overlap": index["overlap"], "shard_tokens": cfg.shards.shard_tokens,
-                "encode_batch_docs": cfg.shards.encode_batch_docs, "vocab_size": index["vocab_size"]}
-    if "difficulty_model_sha256" in index:  # scored for difficulty
-        settings["difficulty_model_sha256"] = index["difficulty_model_sha256"]
-    return FileResult(shard.key, shard.source, result.stats, hashes, settings)
-
 
 def token_metadata(refinery: RefineryResource, shards: list[InputShard], results: list[FileResult]) -> dict:
     """Tokens, entries and shards written by a run's files, and its tokens per second of stage time."""
@@ -152,7 +128,7 @@ def shuffle_bucket(version: str):
         config = {"seed": cfg.seed, "shard_tokens": cfg.shards.shard_tokens,
                   "shuffle_buffer_mb": cfg.shards.shuffle_buffer_mb}
         return StepResult(
-            Provenance(version, config, _shard_hashes(index), wall_s=result.wall_s,
+            Provenance(version, config, shard_hashes(index), wall_s=result.wall_s,
                        docs_in=index["documents"], docs_out=index["documents"]),
             {
                 **_shard_metadata(index),

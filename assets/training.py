@@ -148,7 +148,7 @@ def training_curves(run_dir: Path, phase: str) -> dict[str, Any]:
 def launches_metadata(training, checkpoints: list[str], nodes: list[str]) -> dict[str, Any]:
     """The launches so far, on success and on failure alike; `ray_nodes` ({node id: launches}) when
     they ran on Ray."""
-    from assets.ray_engine import node_summary
+    from refinery.ray_engine import node_summary
 
     status = training.status
     return {

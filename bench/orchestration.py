@@ -53,8 +53,9 @@ def write_config(work: Path, name: str, partitions: dict | None) -> Path:
 
 def bare_chain(config: Path) -> None:
     """Every funnel step on every file, called directly, in the order the graph runs them."""
-    from assets import dedup, funnel, quality
-    from assets.factory import run_stage_by_batches
+    from refinery import stage_file_tasks as tasks
+    from refinery.global_steps import dedup_compute as dedup
+    from refinery.models.quality_training import train_and_publish
     from refinery.global_steps import exact_dedup as ex
     from refinery.stages import extract, heuristic, ingest, language
     from refinery.global_steps import near_dedup as nd
@@ -65,12 +66,12 @@ def bare_chain(config: Path) -> None:
     cfg, root = refinery.config, refinery.root
     shards, cache = input_shards(cfg), {}
     for shard in shards:
-        funnel.ingest_file(refinery, shard, cache)
-    for name, upstream, build in ((extract.STAGE, ingest.STAGE, funnel._extractor),
-                                  (language.STAGE, extract.STAGE, funnel._language),
-                                  (heuristic.STAGE, language.STAGE, funnel._heuristic)):
+        tasks.ingest_file(refinery, shard, cache)
+    for name, upstream, build in ((extract.STAGE, ingest.STAGE, tasks.build_extractor),
+                                  (language.STAGE, extract.STAGE, tasks.build_language),
+                                  (heuristic.STAGE, language.STAGE, tasks.build_heuristic)):
         for shard in shards:
-            run_stage_by_batches(name, upstream, build, refinery, shard, cache)
+            tasks.run_stage_by_batches(name, upstream, build, refinery, shard, cache)
     for shard in shards:
         dedup.compute_signatures(cfg, root, shard.key)
     for hash_range in ex.range_keys(cfg.stages.exact_dedup.hash_ranges):
@@ -80,11 +81,11 @@ def bare_chain(config: Path) -> None:
     dedup.compute_clusters(cfg, root)
     for shard in shards:
         dedup.apply_to_shard(cfg, root, shard.key)
-    quality.train_and_publish(cfg, root)
+    train_and_publish(cfg, root)
     for shard in shards:
-        quality.score_file(refinery, shard, cache)
+        tasks.score_file(refinery, shard, cache)
     for shard in shards:
-        run_stage_by_batches(FUNNEL_END, "quality_scored", quality._safety_then_redact, refinery, shard, cache)
+        tasks.redact_file(refinery, shard, cache)
 
 
 def dagster_funnel(config: Path, home: Path) -> int:

@@ -1,6 +1,6 @@
 """The Ray engine's workers across driver processes: K drivers in a row on one local cluster of N nodes (as the
 step processes of a Dagster run under the multiprocess executor, each a Ray job of its own), each fanning 6 tasks out
-through `assets.fanout.map_tasks` that import the task modules (`fanout.WORKER_PRELOAD`) and answer their worker's
+through `refinery.fanout.map_tasks` that import the heavy modules a worker preloads (`fanout.WORKER_PRELOAD`) and answer their worker's
 pid. Each driver reads the nodes' CPU (every live process of their `ray start` sessions) at its start and just before
 it leaves; the figures are the sums over the drivers, and how many distinct worker processes ran the tasks.
 
@@ -30,7 +30,7 @@ def nodes_cpu():
                 t += sum(int(x) for x in f[11:15])
     return t / os.sysconf("SC_CLK_TCK")
 before = nodes_cpu()
-from assets.fanout import map_tasks, WORKER_PRELOAD
+from refinery.fanout import map_tasks, WORKER_PRELOAD
 from assets.resource import RefineryResource
 refinery = RefineryResource(config_path=sys.argv[1])
 def task(r, i, c):

@@ -19,7 +19,7 @@ read from /proc by the child just before it leaves, while the job's Ray workers 
 the bytes under documents/ and dedup/ compared with the first setting's (the engines must write the
 same bytes).
 
-Scheduling overhead per task: 200 tasks that do nothing, through `assets.fanout.map_tasks` on each
+Scheduling overhead per task: 200 tasks that do nothing, through `refinery.fanout.map_tasks` on each
 setting, wall time per task (the Ray figure includes a first call's worker start).
 """
 
@@ -85,8 +85,8 @@ def child(config: str) -> None:
 
     import dagster as dg
 
-    from assets import ray_pool
-    from assets.fanout import map_tasks
+    from refinery import ray_pool
+    from refinery.fanout import map_tasks
     from orchestration.definitions import build_definitions
     from orchestration.demo import QUIET_RUN_CONFIG, materialize_graph
     from orchestration.resources import build_resources

@@ -262,7 +262,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     import dagster as dg
 
-    from assets import ray_pool
+    from refinery import ray_pool
     from assets.partitions import register_input_batches
     from assets.training import POOL
     from orchestration.definitions import build_definitions

@@ -39,6 +39,7 @@ from refinery.storage.damaged import DamagedTableError
 from refinery.stages.parquet_batches import ParquetBatchWriter, parquet_batches
 
 if TYPE_CHECKING:
+    from refinery.run_context import Run
     from refinery.storage import DataRoot
 
 def phase_entry_ids(root: "DataRoot", manifest: PhaseManifest) -> Iterator[tuple[str, pl.Series]]:
@@ -315,3 +316,11 @@ def scan_is_current(cfg: RefineryConfig, root: "DataRoot", phase: str) -> tuple[
     if not stored.get("passed", False):
         return False, f"the latest scan of phase {phase!r} found {stored['contaminated_docs']} contaminated documents over the limit"
     return True, "current"
+
+
+def scan_table_task(refinery: "Run", partition: str, cache: dict) -> PartialRun:
+    """One task: the partial of one clean table (the eval index built once per worker)."""
+    if "index" not in cache:
+        cache["index"] = EvalIndex.build(refinery.config)
+        cache["digest"] = index_digest(cache["index"])
+    return ensure_partial(refinery.root, cache["index"], partition, cache["digest"])

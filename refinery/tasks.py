@@ -2,7 +2,7 @@
 
 A step that splits its work (the shuffle's passes, the lineage index's passes) hands a `RunTasks`
 a module-level task function and the tasks' inputs; it gets the results back in input order. The
-asset side runs them in a process pool of `partitions.workers` (assets/fanout.py, `task_pool`);
+asset side runs them in a process pool of `partitions.workers` (refinery/fanout.py, `task_pool`);
 `in_process` runs them here, one after another. A task's result may depend only on its input and
 the data root, never on which worker ran it or what ran before, so the step's output is the same
 bytes whatever runs the tasks.

@@ -2,8 +2,9 @@
 Dagster over both, orchestration/ assembles everything (docs/architecture.md).
 
 Every import counts: top-level, inside functions, `importlib.import_module("...")` and
-`__import__("...")` with a literal name, and `python -m MODULE` launches written as a literal
-`"-m", "MODULE"` pair. A violation or an import cycle between the project's modules fails with the
+`__import__("...")` with a literal name, `python -m MODULE` launches written as a literal
+`"-m", "MODULE"` pair, and any string that is a project module's dotted name (a list of modules
+to preload is imports all the same). A violation or an import cycle between the project's modules fails with the
 file and line that makes it. Imports under `if TYPE_CHECKING:` count for both: one never runs, but a
 cycle it closes is still two modules that cannot be read apart.
 """
@@ -86,13 +87,16 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if called in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
                 found.append((str(node.args[0].value), node.lineno))
-        elif isinstance(node, (ast.List, ast.Tuple)):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value \
+                and node.value in modules:
+            found.append((node.value, node.lineno))  # an import string: a preload list, a lazy import
+        if isinstance(node, (ast.List, ast.Tuple)):
             items = node.elts
             for flag, target in zip(items, items[1:]):
                 if (isinstance(flag, ast.Constant) and flag.value == "-m"
                         and isinstance(target, ast.Constant) and isinstance(target.value, str)):
                     found.append((target.value, node.lineno))
-    return found
+    return list(dict.fromkeys(found))  # a string seen as a call's argument and as a constant counts once
 
 
 def dependency_graph(root: Path = REPO) -> tuple[dict[str, set[str]], list[str]]:
@@ -179,6 +183,7 @@ def test_no_import_cycles_between_modules():
     ("def f():\n    from orchestration import resources\n", ["orchestration.resources"]),
     ("import importlib\nimportlib.import_module('training.cli')\n", ["training.cli"]),
     ("cmd = ['python', '-m', 'orchestration.cli', 'train']\n", ["orchestration.cli"]),
+    ("PRELOAD = ['assets.funnel', 'polars']\n", ["assets.funnel"]),
     ("from .base import Stage\n", ["refinery.stages.base"]),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from refinery.curriculum.manifests import PhaseManifest\n",
      ["refinery.curriculum.manifests"]),

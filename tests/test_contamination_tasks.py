@@ -8,12 +8,12 @@ import json
 import polars as pl
 import pytest
 
-from assets.contamination import scan_table_task
-from assets.fanout import map_tasks
+from refinery.fanout import map_tasks
 from assets.resource import RefineryResource
 from helpers.contamination_corpus import EVAL_ITEMS, FILES, one_process_scan, planted, write_corpus
 from refinery import contamination as cont
 from refinery import contamination_tasks as ctasks
+from refinery.contamination_tasks import scan_table_task
 from refinery.config import load_config
 from refinery.curriculum import read_manifest
 from refinery.documents import CLEAN_STAGE

@@ -200,7 +200,7 @@ def test_metadata_of_the_dedup_assets(dedup_run):
 
 
 def test_global_steps_before_signatures_say_what_to_run(tmp_path):
-    from assets import dedup
+    from refinery.global_steps import dedup_compute as dedup
 
     cfg = load_config(write_corpus(tmp_path))
     root = LocalDataRoot(cfg.resolve(cfg.data_root))
@@ -209,7 +209,7 @@ def test_global_steps_before_signatures_say_what_to_run(tmp_path):
 
 
 def test_no_input_files_gives_empty_decisions(tmp_path):
-    from assets import dedup
+    from refinery.global_steps import dedup_compute as dedup
     from refinery.global_steps import near_dedup as nd
 
     cfg = load_config(write_config(tmp_path, {

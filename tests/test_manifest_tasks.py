@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from assets.fanout import task_pool
+from refinery.fanout import task_pool
 from assets.resource import RefineryResource
 from refinery.config import load_config
 from refinery.curriculum import CountedTasks, CurriculumError, build_phase_manifest, validate_data_root, write_manifest

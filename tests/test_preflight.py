@@ -401,7 +401,7 @@ def test_host_cluster_with_none_registered_is_refused_naming_where_it_looked(tmp
 
 def test_connect_refuses_an_unreachable_head_instead_of_hanging():
     """The engine's own connect (a cluster gone between the preflight and a step) is bounded too."""
-    from assets.ray_engine import connect
+    from refinery.ray_engine import connect
 
     started = time.monotonic()
     with pytest.raises(ConnectionError, match=r"execution.address: no Ray cluster answers at 127.0.0.1:1: nothing listens"):
@@ -443,7 +443,7 @@ def test_host_cluster_joins_the_registered_address_and_names_it_before_any_task(
     engine prints the cluster it joined (address, nodes, CPUs) before it makes any task."""
     import types
 
-    from assets import ray_engine
+    from refinery import ray_engine
 
     server, address = fake_ray_head()
     calls: list = []

@@ -1,5 +1,5 @@
-"""Workers that live for a run, not a step: the local engine's pool (assets/fanout.py) serves every
-step of the run's process, and the Ray engine's detached actors (assets/ray_pool.py) every step's
+"""Workers that live for a run, not a step: the local engine's pool (refinery/fanout.py) serves every
+step of the run's process, and the Ray engine's detached actors (refinery/ray_pool.py) every step's
 driver, each step with a cache of its own; both are replaced when the config (or, on Ray, the code)
 changes; no worker outlives its run, whether the run ends or is SIGKILLed, on the local pool or on
 Ray (the session's three-node cluster, within the lease's bound)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from assets import fanout, ray_pool
+from refinery import fanout, ray_pool
 from assets.resource import RefineryResource
 
 from helpers import configs

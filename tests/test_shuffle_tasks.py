@@ -8,7 +8,7 @@ import collections
 import polars as pl
 import pytest
 
-from assets.fanout import task_pool
+from refinery.fanout import task_pool
 from assets.resource import RefineryResource
 from refinery import layout
 from refinery import lineage_index as lin
@@ -168,7 +168,7 @@ def _item_and_root(root, item, cache):
 def test_tasks_that_meet_in_a_folder_of_this_machine_stay_here_under_the_ray_engine(tmp_path, monkeypatch):
     """The shuffle under an S3 root stages in this machine's temp folder: its tasks run in the local
     pool whatever the engine, never as Ray tasks."""
-    from assets import ray_engine
+    from refinery import ray_engine
     from helpers.configs import write_config
 
     def no_ray(*args, **kwargs):

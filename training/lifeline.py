@@ -22,24 +22,16 @@ and die with SIGKILL when their trainer dies.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 import threading
 
-PR_SET_PDEATHSIG = 1
+from refinery.parent_death import set_parent_death_signal
+
 EXIT_WITH_PARENT_ENV = "REFINERY_EXIT_WITH_PARENT"  # "0": keep training when the launcher exits
 ORPHAN_EXIT = 75  # EX_TEMPFAIL: the launcher died; the run resumes from its checkpoint
 POLL_S = 0.2
-
-
-def set_parent_death_signal(sig: int) -> bool:
-    """Ask the kernel to send `sig` when the parent dies; False where prctl is unavailable."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
 def launched_by_torchrun() -> bool:

@@ -60,16 +60,31 @@ def ended_within(pid: int, timeout_s: float) -> bool:
 
 
 def pid_of_worker(refinery, item, cache) -> int:
-    """A fan-out task (assets/fanout.py) that answers with the id of the process that ran it."""
+    """A fan-out task (refinery/fanout.py) that answers with the id of the process that ran it."""
     return os.getpid()
 
 
-# A run that fans tasks out (`assets.fanout.map_tasks` on the config in argv[1]), prints the ids of
+# The library's task modules, whose tasks every step's workers run (assets/ only names them).
+TASK_MODULES = ("refinery.stage_file_tasks", "refinery.dedup_tasks", "refinery.contamination_tasks", "refinery.tasks")
+
+
+def dagster_in_worker(refinery, item, cache) -> tuple[int, bool]:
+    """A fan-out task that imports the library's task modules, touches the worker's run (config and
+    data root), and answers (its process id, whether Dagster was imported in that process)."""
+    import importlib
+
+    for name in TASK_MODULES:
+        importlib.import_module(name)
+    refinery.root, refinery.config.seed
+    return os.getpid(), "dagster" in sys.modules
+
+
+# A run that fans tasks out (`refinery.fanout.map_tasks` on the config in argv[1]), prints the ids of
 # every process that ran them (and the local pool's fork server) as one JSON line, then waits to be
 # killed, or leaves at once when argv[2] is "exit".
 RUN_THAT_FANS_OUT = textwrap.dedent("""
     import json, multiprocessing.forkserver, os, sys, time
-    from assets.fanout import map_tasks
+    from refinery.fanout import map_tasks
     from assets.resource import RefineryResource
     from helpers.processes import pid_of_worker
 

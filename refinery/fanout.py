@@ -1,5 +1,5 @@
 """One file at a time: a per-batch asset's work on each input file of its batches, fanned out over
-`partitions.workers` processes (or Ray tasks on a cluster: assets/ray_engine.py), and what each
+`partitions.workers` processes (or Ray tasks on a cluster: refinery/ray_engine.py), and what each
 file's step hands back to the asset. The same pool runs the tasks a per-bucket or global step splits
 into (`task_pool`: the shuffle's and the lineage index's passes).
 
@@ -26,14 +26,14 @@ from typing import Any, Callable, Iterator
 
 import polars as pl
 
-from assets import ray_engine
-from assets.resource import RefineryResource
+from refinery import ray_engine
+from refinery.run_context import Run, WorkerRun
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
 from refinery.stages.base import Stage, StageOutput, skips
 from refinery.stages.stats import StageStats
 from refinery.tasks import RunTasks, Task
-from training.lifeline import set_parent_death_signal
+from refinery.parent_death import set_parent_death_signal
 
 
 @dataclass
@@ -52,18 +52,19 @@ class FileResult:
 # A file's step: (resource, file, cache) -> its FileResult. The cache lives as long as the fan-out
 # and holds what is expensive to build once per source (a stage with its model). A module-level
 # function (or a partial of one) so a worker process can unpickle it.
-FileTask = Callable[[RefineryResource, InputShard, dict], FileResult]
+FileTask = Callable[[Run, InputShard, dict], FileResult]
 
 # Builds the stage for one source's files (built once per source and fan-out worker).
 StageBuilder = Callable[[RefineryConfig, str], Stage]
 
 _worker: dict[str, Any] = {}  # in a pool worker process: its resource, and the current runner's cache
 
-# The modules a pool worker needs before its first task (the task modules and what they import:
-# Dagster, polars, the stages). The fork server imports them once a run, and each worker is forked
-# from it with them loaded, instead of importing them again (3-4 CPU-s a worker).
-WORKER_PRELOAD = ["assets.funnel", "assets.dedup", "assets.quality", "assets.tokens", "assets.contamination",
-                  "assets.curriculum", "refinery.stages.language", "refinery.stages.heuristic"]
+# The heavy modules a pool worker's tasks import (polars, the stages and models they build): the
+# fork server imports them once a run, and each worker is forked from it with them loaded, instead
+# of importing them again. Only modules below this one: a task module (which imports this one) is
+# imported by the worker when it unpickles its first task, so the list names none of its callers.
+WORKER_PRELOAD = ["polars", "refinery.stages.language", "refinery.stages.heuristic", "refinery.models.quality",
+                  "refinery.global_steps.dedup_compute", "refinery.global_steps.tokenize"]
 
 
 def _init_worker(config_path: str, s3: dict[str, Any] | None) -> None:
@@ -76,11 +77,11 @@ def _init_worker(config_path: str, s3: dict[str, Any] | None) -> None:
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
-    _worker["refinery"] = RefineryResource.from_worker_settings(config_path, s3)
+    _worker["refinery"] = WorkerRun(config_path, s3)
     _worker["runner"], _worker["cache"] = None, {}
 
 
-def _run_in_worker(task: Callable[[RefineryResource, Any, dict], Any], runner: str, item: Any) -> Any:
+def _run_in_worker(task: Callable[[Run, Any, dict], Any], runner: str, item: Any) -> Any:
     if _worker["runner"] != runner:  # a cache is valid for one runner (one step's fan-out) only
         _worker["runner"], _worker["cache"] = runner, {}
     return task(_worker["refinery"], item, _worker["cache"])
@@ -98,7 +99,7 @@ class _RunPool:
 _pool: _RunPool | None = None
 
 
-def run_pool(refinery: RefineryResource, workers: int) -> ProcessPoolExecutor:
+def run_pool(refinery: Run, workers: int) -> ProcessPoolExecutor:
     """The pool of `workers` processes for this run's resource, made on first use and reused by
     every later step of this process (the demo's and a Dagster run's in-process steps) while the
     config and worker count are the same; a changed config or count replaces it. Workers are forked
@@ -137,7 +138,7 @@ def config_digest(cfg: RefineryConfig) -> str:
     return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()
 
 
-def map_tasks(refinery: RefineryResource, items: list, task: Callable[[RefineryResource, Any, dict], Any]) -> list:
+def map_tasks(refinery: Run, items: list, task: Callable[[Run, Any, dict], Any]) -> list:
     """Run `task(resource, item, cache)` on every item, in the run's pool of `partitions.workers`
     processes (in this one when 1), or as Ray tasks under `execution.engine: ray`, and return the
     results in item order whatever order the workers finish in. The cache is the call's own."""
@@ -170,17 +171,17 @@ def built_stage(cfg: RefineryConfig, name: str, source: str, build: StageBuilder
     return _stages[name, source]
 
 
-def map_files(refinery: RefineryResource, shards: list[InputShard], task: FileTask) -> list[FileResult]:
+def map_files(refinery: Run, shards: list[InputShard], task: FileTask) -> list[FileResult]:
     """`map_tasks` over input files: each file's step, results in file order."""
     return map_tasks(refinery, shards, task)
 
 
-def _on_root(task: Task, refinery: RefineryResource, item: Any, cache: dict) -> Any:
+def _on_root(task: Task, refinery: Run, item: Any, cache: dict) -> Any:
     return task(refinery.root, item, cache)
 
 
 @contextmanager
-def task_pool(refinery: RefineryResource, on_this_machine: bool = False) -> Iterator[RunTasks]:
+def task_pool(refinery: Run, on_this_machine: bool = False) -> Iterator[RunTasks]:
     """A `refinery.tasks.RunTasks` that fans a step's tasks out like the per-file steps: over
     the run's pool of `partitions.workers` processes (`run_pool`), each with its own resource and
     data root, the calls of the block sharing a cache in each worker (from the first call that has

@@ -1,7 +1,7 @@
 """The Ray engine: a step's tasks on a cluster (`execution: {engine: ray, address: ...}`).
 
-`assets.fanout.map_tasks` and `task_pool` send here what they would otherwise hand their local
-pool. The tasks go to the run's workers on the cluster (assets/ray_pool.py: detached actors, one per
+`refinery.fanout.map_tasks` and `task_pool` send here what they would otherwise hand their local
+pool. The tasks go to the run's workers on the cluster (refinery/ray_pool.py: detached actors, one per
 CPU of each node, reused by every step's driver and replaced when the code or config changes). Each
 worker makes the run's resource from the config path (the same path on every node) and reads and
 writes the data root itself; only a task's small result comes back, with the node that ran it. A
@@ -12,7 +12,7 @@ and a retry writes the same bytes to the same keys (no duplicate row).
 Why our own tasks and not dagster-ray's `ray_executor` (one Ray job per Dagster step): a step here
 is a batch of many files, a bucket's key ranges or a phase's tables, and the unit that must spread
 over machines is the file or range within it (docs/scale-out.md). `ray` is imported only here and
-in assets/ray_pool.py, and only when the engine is Ray: the default install has no Ray.
+in refinery/ray_pool.py, and only when the engine is Ray: the default install has no Ray.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
-from assets.resource import RefineryResource
+from refinery.run_context import Run
 from refinery.config.execution import resolve_address, unreachable
 
 # The nodes that ran the tasks of the step being recorded (`recording_nodes`), one entry a task.
@@ -59,7 +59,7 @@ def connect(address: str) -> None:
     global _connected_to
     import ray
 
-    from assets import ray_pool
+    from refinery import ray_pool
 
     if ray.is_initialized() and _connected_to == address:
         return
@@ -84,12 +84,12 @@ def new_runner() -> str:
     return uuid.uuid4().hex
 
 
-def map_tasks(refinery: RefineryResource, items: list, task: Callable[[RefineryResource, Any, dict], Any],
+def map_tasks(refinery: Run, items: list, task: Callable[[Run, Any, dict], Any],
               runner: str) -> list:
-    """Run `task(resource, item, cache)` for every item on the run's workers (assets/ray_pool.py) and
+    """Run `task(resource, item, cache)` for every item on the run's workers (refinery/ray_pool.py) and
     return the results in item order; the node of each task goes to the block of `recording_nodes`,
     if any. A task's exception is raised here as itself."""
-    from assets import ray_pool
+    from refinery import ray_pool
 
     cfg = refinery.config
     connect(cfg.execution.address)

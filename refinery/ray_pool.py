@@ -1,5 +1,5 @@
 """The Ray engine's workers for a run, not a step: a pool of detached actors on the cluster, one per
-CPU of each node, that every step's driver of a run reuses (assets/ray_engine.py sends them the
+CPU of each node, that every step's driver of a run reuses (refinery/ray_engine.py sends them the
 step's tasks).
 
 Why: a Ray worker process belongs to one job, and every driver is a job. Under the Ray engine each
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from assets.resource import RefineryResource
+from refinery.run_context import Run, WorkerRun
 from refinery.config import task_memory_bytes
 
 NAMESPACE = "refinery"  # the Ray namespace of every driver (ray_engine.connect) and of the pool
@@ -67,7 +67,7 @@ class PoolWorker:
 
     def __init__(self, settings: tuple, lease_key: str):
         self.settings = settings
-        self.resource: RefineryResource | None = None
+        self.resource: Run | None = None
         self.runner: str | None = None
         self.cache: dict = {}
         threading.Thread(target=watch_lease, args=(lease_key,), name="refinery-lease", daemon=True).start()
@@ -76,9 +76,9 @@ class PoolWorker:
         """This worker's process id; answering it also says the actor has started."""
         return os.getpid()
 
-    def run(self, runner: str, task: Callable[[RefineryResource, Any, dict], Any], item: Any) -> Any:
+    def run(self, runner: str, task: Callable[[Run, Any, dict], Any], item: Any) -> Any:
         if self.resource is None:
-            self.resource = RefineryResource.from_worker_settings(*self.settings)
+            self.resource = WorkerRun(*self.settings)
         if self.runner != runner:  # a cache is valid for one runner only
             self.runner, self.cache = runner, {}
         return task(self.resource, item, self.cache)
@@ -118,7 +118,7 @@ def code_digest() -> str:
     return _code_digest[0]
 
 
-def pool_names(refinery: RefineryResource) -> tuple[str, str]:
+def pool_names(refinery: Run) -> tuple[str, str]:
     """(the prefix of every pool of this data root, the prefix of this version's pool: also its
     lease key)."""
     cfg = refinery.config
@@ -244,7 +244,7 @@ _lock = threading.Lock()
 _renewer: list[threading.Thread] = []
 
 
-def pool_for(refinery: RefineryResource, address: str) -> WorkerPool:
+def pool_for(refinery: Run, address: str) -> WorkerPool:
     """This run's pool on the cluster this process joined at `address`: the one it used last while
     the data root, code, config and settings are the same, else found or made anew (the actors of
     other versions of the data root killed), its lease renewed from here on."""
