@@ -1,6 +1,8 @@
 """extracted_text: HTML becomes main-content text, text passes, everything else is a counted reject."""
 
 import polars as pl
+import pytest
+from pydantic import ValidationError
 
 from refinery.stages.extract import Extractor
 from refinery.config import ExtractConfig
@@ -44,9 +46,70 @@ def test_html_is_extracted_to_main_content_and_raw_is_dropped():
     assert out.documents.columns == PROVENANCE_COLUMNS + ["text"]
 
 
-def test_main_content_off_keeps_the_boilerplate():
-    out = Extractor(ExtractConfig(main_content=False)).run(raw_table([("text/html", PAGE)]))
+def test_full_text_method_keeps_the_boilerplate():
+    out = Extractor(ExtractConfig(method="resiliparse_full")).run(raw_table([("text/html", PAGE)]))
     assert "Copyright footer" in out.documents["text"][0]
+
+
+# A news page as sites build them: a nav bar of links, a cookie notice in a plain <div>, the article,
+# a share bar and a list of related stories, a footer. In German and in Russian, since the boilerplate
+# pass must not rest on one language's words.
+NEWS_PAGES = {
+    "de": {
+        "nav": ["Startseite", "Politik", "Wirtschaft", "Kultur", "Sport"],
+        "cookie": "Wir verwenden Cookies. Akzeptieren",
+        "paragraphs": [
+            "Der Stadtrat hat am Dienstagabend beschlossen, die alte Hafenbrücke bis zum Herbst zu sanieren.",
+            "Die Kosten von rund vier Millionen Euro tragen Stadt und Land zu gleichen Teilen, hieß es.",
+            "Anwohner hatten seit Jahren über Risse im Beton und gesperrte Fußwege geklagt.",
+        ],
+        "share": ["Teilen", "Drucken"],
+        "footer": "© 2024 Hafenblatt · Impressum · Datenschutz",
+    },
+    "ru": {
+        "nav": ["Главная", "Политика", "Экономика", "Культура", "Спорт"],
+        "cookie": "Мы используем файлы cookie. Принять",
+        "paragraphs": [
+            "Городской совет во вторник вечером решил отремонтировать старый портовый мост до осени.",
+            "Расходы около четырёх миллионов евро город и область разделят поровну, сообщили в мэрии.",
+            "Жители много лет жаловались на трещины в бетоне и закрытые пешеходные дорожки.",
+        ],
+        "share": ["Поделиться", "Печать"],
+        "footer": "© 2024 Портовый листок · Контакты · Конфиденциальность",
+    },
+}
+
+
+def news_page(parts: dict) -> str:
+    nav = "".join(f"<li><a href='/{i}'>{name}</a></li>" for i, name in enumerate(parts["nav"]))
+    body = "".join(f"<p>{p}</p>" for p in parts["paragraphs"])
+    share = "".join(f"<a href='#'>{s}</a> " for s in parts["share"])
+    return (
+        "<html><body>"
+        f"<div class='cookie-notice'><span>{parts['cookie']}</span><button>OK</button></div>"
+        f"<header><ul class='menu'>{nav}</ul></header>"
+        f"<div class='content'><h1>{parts['paragraphs'][0][:30]}</h1><div>12.03.2024</div>{body}"
+        f"<div class='share'>{share}</div></div>"
+        f"<footer><p>{parts['footer']}</p></footer></body></html>"
+    )
+
+
+@pytest.mark.parametrize("language", sorted(NEWS_PAGES))
+def test_article_method_keeps_the_article_and_no_nav_footer_or_cookie_notice(language):
+    parts = NEWS_PAGES[language]
+    out = Extractor(ExtractConfig()).run(raw_table([("text/html", news_page(parts))]))
+    lines = out.documents["text"][0].split("\n")
+    assert lines[-3:] == parts["paragraphs"]
+    # Nothing else but the headline: no menu item, cookie notice, date, share bar or footer line.
+    assert set(lines) <= {*parts["paragraphs"], parts["paragraphs"][0][:30]}
+    # resiliparse's own main content, the method before issue 46, keeps some of them.
+    old = Extractor(ExtractConfig(method="resiliparse_main")).run(raw_table([("text/html", news_page(parts))]))
+    assert not set(old.documents["text"][0].split("\n")) <= {*parts["paragraphs"], parts["paragraphs"][0][:30]}
+
+
+def test_an_unknown_method_is_refused_naming_the_field():
+    with pytest.raises(ValidationError, match="method"):
+        ExtractConfig(method="readability")
 
 
 def test_text_passes_through_and_other_types_are_rejected_with_a_reason():

@@ -28,9 +28,12 @@ LINE_RULES = (
 
 
 class ExtractConfig(Section):
-    """HTML to text with resiliparse main-content extraction (DCLM's extractor)."""
+    """HTML to text with resiliparse (DCLM's extractor). `method`: `resiliparse_article` (main
+    content less nav, header, footer, aside, figure and form, then a line-length boilerplate pass),
+    `resiliparse_main` (resiliparse's own main content: the stage before issue 46) or
+    `resiliparse_full` (all of the page's text)."""
 
-    main_content: bool = True
+    method: Literal["resiliparse_article", "resiliparse_main", "resiliparse_full"] = "resiliparse_article"
     min_text_chars: int = Field(default=1, ge=0)
     max_record_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     # Ingest hands records on, and writes raw_documents (one row group each), in batches of at

@@ -1,4 +1,6 @@
-"""`extracted_text`: HTML to plain text with resiliparse (DCLM's extractor), main content by default.
+"""`extracted_text`: HTML to plain text with resiliparse (DCLM's extractor), by `method`: the article
+text by default (resiliparse main content less page furniture, then a line-length boilerplate pass),
+or resiliparse's own main content, or the whole page (refinery/stages/html.py).
 
 HTML content types are extracted; text content types pass through as they are; any other content
 type is rejected `extract/unsupported_content_type` (detail: the type); a document whose text is
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import polars as pl
 
 from refinery.stages.base import Outcome, RecordStage
-from refinery.stages.html import full_text, main_content_text, tag_depth
+from refinery.stages.html import EXTRACTORS, tag_depth
 from refinery.stages.isolation import ERROR_DETAIL_CHARS, shared_worker, timeout_drop
 from refinery.stages.stats import Drop
 from refinery.config import ExtractConfig
@@ -45,7 +47,7 @@ class Extractor(RecordStage):
         self.cfg = cfg
         self.html_types = frozenset(t.lower() for t in cfg.html_content_types)
         self.text_prefixes = tuple(t.lower() for t in cfg.text_content_types)
-        self.html_to_text: Callable[[str], str] = main_content_text if cfg.main_content else full_text
+        self.html_to_text: Callable[[str], str] = EXTRACTORS[cfg.method]
 
     def kind(self, content_type: str | None) -> str | None:
         """"html", "text", or None for a type this stage does not handle."""

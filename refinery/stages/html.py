@@ -1,5 +1,16 @@
 """HTML helpers for extraction: a cheap nesting-depth scan, and resiliparse's text extraction as
-module-level functions (so an isolated worker process can be given them by reference).
+module-level functions (so an isolated worker process can be given them by reference), by method
+(`EXTRACTORS`, named by `stages.extract.method`).
+
+`resiliparse_article` is resiliparse's main content without the parts of a page that are never
+article text (image alt texts, link targets, form fields, <noscript>, and the nav, header, footer,
+aside, figure and form elements), then a boilerplate pass over its lines in the manner of jusText,
+on length alone so it holds in every language and script: a line of `ARTICLE_LINE_CHARS` or more is
+article; a line shorter than `BOILERPLATE_LINE_CHARS` is kept only between two article lines, one in
+between only next to one. Menus, dates, share buttons and "related" lists are runs of short lines
+away from the paragraphs; headings and short list items inside the article sit next to them.
+`resiliparse_main` is resiliparse's own main content (the extract stage before issue 46) and
+`resiliparse_full` all of a page's text.
 
 resiliparse's extraction time grows with the square of the tag nesting depth (10k nested `<div>`s
 take seconds, 40k over a minute), and the parse is C code that no signal interrupts. The depth
@@ -67,6 +78,15 @@ def tag_depth(html: str, limit: int) -> int:
     return int((running - floor).max())
 
 
+# Lengths tuned on the development split of trafilatura's evaluation pages (bench/extraction.py).
+ARTICLE_LINE_CHARS = 60
+BOILERPLATE_LINE_CHARS = 40
+# Elements whose text is never the article's (HTML's sectioning elements for page furniture).
+NOT_ARTICLE_ELEMENTS = ["nav", "header", "footer", "aside", "figure", "form", "button", "select", "iframe"]
+# How far (in lines) an article line lends a kept neighbour to a middle-length line.
+NEIGHBOUR_LINES = 2
+
+
 def _extract(html: str, main_content: bool) -> str:
     from resiliparse.extract.html2text import extract_plain_text
 
@@ -81,3 +101,32 @@ def main_content_text(html: str) -> str:
 def full_text(html: str) -> str:
     """All of the page's text, boilerplate included."""
     return _extract(html, False)
+
+
+def article_lines(lines: list[str]) -> list[str]:
+    """The lines of extracted text that the boilerplate pass keeps (module docstring), blank lines
+    dropped. Text with no article line at all is kept whole: a short page is not all boilerplate."""
+    lines = [line.strip() for line in lines if line.strip()]
+    article = [len(line) >= ARTICLE_LINE_CHARS for line in lines]
+    if not any(article):
+        return lines
+    kept = []
+    for i, line in enumerate(lines):
+        before = any(article[max(0, i - NEIGHBOUR_LINES):i])
+        after = any(article[i + 1:i + 1 + NEIGHBOUR_LINES])
+        if article[i] or (before and after) or (len(line) >= BOILERPLATE_LINE_CHARS and (before or after)):
+            kept.append(line)
+    return kept
+
+
+def article_text(html: str) -> str:
+    """The page's article text: resiliparse main content without page furniture, then the line pass."""
+    from resiliparse.extract.html2text import extract_plain_text
+
+    text = extract_plain_text(html, main_content=True, alt_texts=False, links=False, form_fields=False,
+                              noscript=False, skip_elements=NOT_ARTICLE_ELEMENTS)
+    return "\n".join(article_lines(text.split("\n")))
+
+
+# `stages.extract.method` -> the function that extracts a page's text.
+EXTRACTORS = {"resiliparse_article": article_text, "resiliparse_main": main_content_text, "resiliparse_full": full_text}
