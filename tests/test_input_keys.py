@@ -180,7 +180,7 @@ def test_a_run_counts_a_symlink_out_as_one_reject_and_stores_nothing_of_it(tmp_p
     stored = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
     assert stored
     for path in stored:
-        text = pl.read_parquet(path).write_csv() if path.suffix == ".parquet" else path.read_bytes().decode("latin-1")
+        text = pl.read_parquet(path).write_json() if path.suffix == ".parquet" else path.read_bytes().decode("latin-1")
         assert SECRET not in text, path
     reject = pl.read_parquet(root.local_path("rejects/raw_documents/web-leak.parquet"))
     assert reject["rule"].to_list() == ["ingest/outside_source"] and reject["excerpt"].to_list() == [None]
@@ -211,7 +211,7 @@ def test_a_table_out_of_the_folder_is_not_named_by_the_preflight(tmp_path):
     cfg = load_config(config)
     out = {s.key: read_input_shard(s, cfg.source("web"), ExtractConfig()) for s in input_shards(cfg)}
     assert out["web-b"].rejects["rule"].to_list() == ["ingest/outside_source"]
-    assert SECRET not in out["web-b"].rejects.write_csv()
+    assert SECRET not in out["web-b"].rejects.write_json()
 
 
 def hf_with_a_data_file_out(tmp_path: Path) -> Path:
@@ -235,7 +235,7 @@ def test_a_datasets_data_file_out_of_its_folder_is_one_reject(tmp_path):
     out = read_input_shard(shard, cfg.source("web"), ExtractConfig())
     assert out.documents.height == 0
     assert out.rejects["rule"].to_list() == ["ingest/outside_source"]
-    assert SECRET not in out.rejects.write_csv()
+    assert SECRET not in out.rejects.write_json()
 
 
 def test_init_samples_no_symlink_out_and_survives_a_link_loop(tmp_path):

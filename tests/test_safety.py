@@ -4,6 +4,7 @@ import polars as pl
 import pytest
 
 from refinery.stages.safety import SafetyFilter, url_host
+from refinery.stages.stats import Drop
 from refinery.stages.urls import blocked_suffix as host_is_blocked
 
 
@@ -55,7 +56,7 @@ def test_blocked_words_drop_only_above_the_allowed_hits():
     f = SafetyFilter(["spam"], [], max_blocked_word_hits=2)
     assert f.check(row("spam spam")) is None
     drop = f.check(row("Spam spam SPAM"))
-    assert drop == ("safety/blocked_words", 3.0, "spamx3")
+    assert drop == Drop("safety/blocked_words", 3.0, "spamx3")
 
 
 def test_run_counts_removals_and_writes_rejects():

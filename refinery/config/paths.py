@@ -39,12 +39,12 @@ def rebase_paths(data: dict, base: str | os.PathLike, to: str | os.PathLike | No
     def moved(path: Any) -> Any:
         if not isinstance(path, str) or "://" in path or os.path.isabs(path):
             return path
-        absolute = base / path
+        absolute = os.path.normpath(base / path)
         return os.path.relpath(absolute, to) if to is not None else str(absolute)
 
     for src in _items(out, "sources"):
         if isinstance(src, dict) and isinstance(src.get("path"), str):
-            src["path"] = sources(base / src["path"]) if sources else moved(src["path"])
+            src["path"] = sources(Path(os.path.normpath(base / src["path"]))) if sources else moved(src["path"])
     for ev in _items(out, "contamination", "eval_sets"):
         if isinstance(ev, dict):
             ev["path"] = moved(ev.get("path"))
