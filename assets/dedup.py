@@ -12,7 +12,6 @@ their own shard. The steps are `refinery.global_steps.dedup_compute`; files live
 data root (see docs/dedup.md).
 """
 
-import hashlib
 import sys
 from collections import Counter
 from typing import Any
@@ -22,7 +21,7 @@ import dagster as dg
 from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
 from refinery.fanout import FileResult, map_tasks
 from assets.partitions import Partitions
-from assets.provenance import Provenance, code_version, stage_code_version
+from assets.provenance import Provenance, code_version, combined_version, stage_code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
@@ -38,8 +37,8 @@ from refinery.dedup_tasks import band_task, clusters_task, dedup_file, dedup_set
 
 def _dedup_code_version() -> str:
     """Changes when any module that shapes dedup outputs does."""
-    parts = "".join(code_version(m) for m in (ex, nd, mh, dc, dedup_tasks, sys.modules[__name__]))
-    return stage_code_version(dc.STAGE, hashlib.sha256(parts.encode()).hexdigest()[:12])
+    return stage_code_version(dc.STAGE, combined_version(*(code_version(m) for m in (ex, nd, mh, dc, dedup_tasks,
+                                                                                       sys.modules[__name__]))))
 
 
 

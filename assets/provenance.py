@@ -42,13 +42,26 @@ PROVENANCE_KEYS = (
 ALWAYS_KEYS = ("wall_s", "config", "code_version", "content_hashes")  # every asset has these
 
 
-def module_sources(module: ModuleType) -> list[str]:
-    """A module's source; a package's is every module file under it, in path order (a rule family
-    or a reader lives in its own file, and editing one must change the stage's version)."""
+def module_parts(module: ModuleType) -> dict[str, str]:
+    """A module's source by its name; a package's, every module file under it by `<package>/<path>`,
+    in path order (a rule family or a reader lives in its own file, and editing one must change the
+    stage's version)."""
     if not hasattr(module, "__path__"):
-        return [inspect.getsource(module)]
-    files = sorted(Path(p) for folder in module.__path__ for p in Path(folder).rglob("*.py"))
-    return [f.read_text(encoding="utf-8") for f in files]
+        return {module.__name__: inspect.getsource(module)}
+    folders = [Path(folder) for folder in module.__path__]
+    files = sorted((p, folder) for folder in folders for p in folder.rglob("*.py"))
+    return {f"{module.__name__}/{p.relative_to(folder).as_posix()}": p.read_text(encoding="utf-8") for p, folder in files}
+
+
+# What each code version was hashed from: its parts (a module, a package's file, a stage's registry
+# record) by name, each as a short hash of its text, so that `refinery demo --changed` can name the
+# parts that moved between two versions (orchestration/changed.py). Filled as the definitions are
+# built; a few entries per asset.
+CODE_PARTS: dict[str, dict[str, str]] = {}
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 # The config each asset's output depends on: dotted paths into the config (`stages.heuristic`,
@@ -113,13 +126,27 @@ def code_version(*objs: Any) -> str:
     """A short hash of the sources of the modules that define `objs` (modules, packages, classes,
     functions), in order: changes when the logic does. One object's hash is its module's source's alone."""
     modules = [o if inspect.ismodule(o) else sys.modules[o.__module__] for o in objs]
-    return hashlib.sha256("\n".join(src for m in modules for src in module_sources(m)).encode()).hexdigest()[:12]
+    parts = {name: src for m in modules for name, src in module_parts(m).items()}
+    version = _short_hash("\n".join(src for m in modules for src in module_parts(m).values()))
+    CODE_PARTS[version] = {name: _short_hash(src) for name, src in parts.items()}
+    return version
+
+
+def combined_version(*versions: str) -> str:
+    """One version over several code versions (an asset built from several groups of modules), its
+    parts theirs together."""
+    version = _short_hash("".join(versions))
+    CODE_PARTS[version] = {name: h for v in versions for name, h in CODE_PARTS.get(v, {}).items()}
+    return version
 
 
 def stage_code_version(name: str, version: str) -> str:
     """`version` (the code of a funnel stage's asset) with the stage's record in the registry folded in:
     editing that stage's upstream, verdicts or added columns changes its asset's version, no other's."""
-    return hashlib.sha256(f"{version}\n{registry.funnel_stage(name)!r}".encode()).hexdigest()[:12]
+    record = repr(registry.funnel_stage(name))
+    staged = _short_hash(f"{version}\n{record}")
+    CODE_PARTS[staged] = {**CODE_PARTS.get(version, {}), f"the registry's record of {name}": _short_hash(record)}
+    return staged
 
 
 def output_data_version(content_hashes: dict[str, str]) -> str:

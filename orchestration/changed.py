@@ -23,7 +23,9 @@ input added or removed before them) has its dedup signatures planned ("input fil
 A new code version names what changed: each asset's config values, by the digest its version
 carries, are kept in the instance folder once it is materialized (`record_config_values`,
 `config_versions/<asset>-<digest>.json`), so the plan names each config field that moved (dotted
-path, old -> new) or says the code changed. `--until ASSET` plans only ASSET and what it reads
+path, old -> new), and beside them the code parts each version was hashed from
+(`assets.provenance.CODE_PARTS`, `config_versions/code-<version>.json`), so it names the modules
+whose source changed. `--until ASSET` plans only ASSET and what it reads
 (`until_selection`), and says what it leaves stale past it.
 
 A phase's files (its manifest, selection and band files, schedule plot) are checked against the
@@ -156,20 +158,42 @@ def record_config_values(defs: dg.Definitions, instance: dg.DagsterInstance, key
     """Keep the config values each of `keys` read (`CONFIG_READ`), under the digest its code version
     carries, once it has been materialized: what a later plan names a changed field against. One
     small JSON file per asset and config digest, written once (temp name, then rename)."""
-    from assets.provenance import CONFIG_READ, config_digest, config_values
+    from assets.provenance import CODE_PARTS, CONFIG_READ, config_digest, config_values
 
     cfg = defs.resources["refinery"].config
+    graph = defs.resolve_asset_graph()
     folder = _history(instance)
     folder.mkdir(parents=True, exist_ok=True)
     for key in keys:
         name = key.to_user_string()
         if name not in CONFIG_READ:
             continue
-        path = folder / f"{name}-{config_digest(cfg, CONFIG_READ[name])}.json"
-        if not path.exists():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(config_values(cfg, CONFIG_READ[name]), sort_keys=True))
-            os.replace(tmp, path)
+        _write_once(folder / f"{name}-{config_digest(cfg, CONFIG_READ[name])}.json", config_values(cfg, CONFIG_READ[name]))
+        code = (graph.get(key).code_version or "").rsplit("-c", 1)[0]
+        if code in CODE_PARTS:
+            _write_once(folder / f"code-{code}.json", CODE_PARTS[code])
+
+
+def _write_once(path: Path, value: Any) -> None:
+    """`value` as JSON at `path` unless it is there already (temp name, then rename)."""
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(value, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def code_changes(instance: dg.DagsterInstance, old_code: str, new_code: str) -> str:
+    """`code edited: <parts>`, naming the modules (a package's files, a stage's registry record) whose
+    source differs between the two code versions, or `code edited` when the old version's parts were
+    not recorded."""
+    from assets.provenance import CODE_PARTS
+
+    recorded = _history(instance) / f"code-{old_code}.json"
+    if not recorded.exists() or new_code not in CODE_PARTS:
+        return CODE_EDITED
+    old, new = json.loads(recorded.read_text()), CODE_PARTS[new_code]
+    moved = sorted(part for part in old.keys() | new.keys() if old.get(part) != new.get(part))
+    return f"{CODE_EDITED}: {', '.join(moved)}" if moved else CODE_EDITED
 
 
 def _leaves(value: Any, path: str) -> dict[str, Any]:
@@ -181,8 +205,8 @@ def _leaves(value: Any, path: str) -> dict[str, Any]:
 
 def version_changes(instance: dg.DagsterInstance, graph, key: dg.AssetKey, partition: str | None, cfg) -> list[str]:
     """What moved in `key`'s code version since this partition's latest materialization: each config
-    field (`stages.heuristic.gopher_quality.min_words 50 -> 30`), and `code edited` when its code's
-    part of the version differs."""
+    field (`stages.heuristic.gopher_quality.min_words 50 -> 30`), and `code edited: <modules>` when its
+    code's part of the version differs."""
     import dagster as dg
 
     from assets.provenance import CONFIG_READ, config_values
@@ -194,7 +218,7 @@ def version_changes(instance: dg.DagsterInstance, graph, key: dg.AssetKey, parti
     if entry is None or "-c" not in now or "-c" not in str(entry.value):
         return []
     (old_code, old_digest), (new_code, new_digest) = str(entry.value).rsplit("-c", 1), now.rsplit("-c", 1)
-    out = [CODE_EDITED] if old_code != new_code else []
+    out = [code_changes(instance, old_code, new_code)] if old_code != new_code else []
     if old_digest != new_digest:
         name = key.to_user_string()
         recorded = _history(instance) / f"{name}-{old_digest}.json"

@@ -125,7 +125,8 @@ def test_an_edited_custom_filter_reruns_what_reads_it_and_keeps_the_pinned_token
         assert list(planned[0].reasons) == [CODE_CHANGED] and len(planned[0].partitions) == 3
         assert all(list(p.reasons) == [UPSTREAM_RERUNS] for p in planned[1:])
         assert lines[0].startswith(f"Will materialize {len(planned)} asset(s)")
-        assert lines[1] == "  heuristic_filtered: code or config changed (3 partition(s)): code edited"
+        # The edited module is named: the plan knows which of the version's parts moved.
+        assert lines[1] == f"  heuristic_filtered: code or config changed (3 partition(s)): code edited: {module}"
 
         assert root.read_bytes(TOKENIZER_KEY) == tokenizer_json, "the pinned tokenizer.json is kept byte for byte"
         assert metadata(instance, "tokenizer")["source"] == f"reused pinned {TOKENIZER_KEY}"

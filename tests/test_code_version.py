@@ -1,6 +1,7 @@
 """An asset's code version covers every file of the stage it runs: a package (the heuristic rule
 families, the readers) hashes each of its modules, so editing one marks the asset stale."""
 
+import json
 import importlib
 import sys
 
@@ -45,3 +46,26 @@ def test_a_plain_module_hashes_its_own_source_only(write_module):
     before = code_version(load("probe_single"))
     write({"probe_other.py": "Y = 2\n"})
     assert code_version(load("probe_single")) == before
+
+
+def test_a_code_version_keeps_its_parts_and_the_plan_names_the_ones_that_moved(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from assets import provenance
+    from orchestration.changed import CODE_EDITED, _history, code_changes
+    from refinery.stages import heuristic
+
+    old = provenance.stage_code_version("heuristic_filtered", provenance.code_version(heuristic))
+    parts = provenance.CODE_PARTS[old]
+    assert "refinery.stages.heuristic/c4.py" in parts and "the registry's record of heuristic_filtered" in parts
+    instance = SimpleNamespace(root_directory=str(tmp_path))
+    _history(instance).mkdir()
+    (_history(instance) / f"code-{old}.json").write_text(json.dumps(parts))
+
+    real = provenance.module_parts
+    monkeypatch.setattr(provenance, "module_parts", lambda m: {
+        name: src + ("\n# edited" if name.endswith("/c4.py") else "") for name, src in real(m).items()})
+    new = provenance.stage_code_version("heuristic_filtered", provenance.code_version(heuristic))
+    assert new != old
+    assert code_changes(instance, old, new) == f"{CODE_EDITED}: refinery.stages.heuristic/c4.py"
+    assert code_changes(instance, "000000000000", new) == CODE_EDITED  # the old version's parts were never kept
