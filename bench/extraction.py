@@ -10,6 +10,12 @@ extractor gets one warm-up page first. trafilatura runs as its evaluation does (
 include_tables on, include_formatting off). The dev split is what the method was tuned on; held_out
 is reported, not tuned on. Languages with fewer than --min-pages pages are folded into "other".
 
+Then what the next stages see of each extractor's text, per language: the share of pages that
+language ID (lid.176 on the whole text, `languages: all` at the default min_score) gives the page's
+own language (its gold snippets' language), and the share that then passes the heuristic stage with
+its default thresholds for that language. These are good pages, so a higher share is better: an
+extractor that keeps boilerplate or drops article lines can cost a page either stage.
+
     python bench/extraction_data.py --source /work/.mirror/adbar+trafilatura/repo
     python bench/extraction.py --data out/extraction_eval
 """
@@ -58,6 +64,32 @@ def extractors() -> dict:
             f"trafilatura {trafilatura.__version__}": trafilatura_extract}
 
 
+def next_stages(rows: list[dict], outputs: list[str | None], group: dict) -> dict[str, tuple[int, int, int]]:
+    """Per language group ("all" first): (pages, pages language ID gives their own language, pages
+    that also pass the heuristics)."""
+    from collections import Counter
+
+    from refinery.config import HeuristicConfig, LanguageConfig
+    from refinery.stages import heuristic, language
+    from refinery.stages.stats import Drop
+
+    lid = language.LanguageFilter.from_config(LanguageConfig(languages="all"))
+    rules = heuristic.HeuristicFilter(HeuristicConfig())
+    cells: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for row, text in zip(rows, outputs):
+        counters: Counter = Counter()
+        found = lid.process({"text": text or ""}, counters)
+        same = not isinstance(found, Drop) and found["language"] == row["language"]
+        kept = same and not isinstance(rules.process({"text": text, "url": None, "language": found["language"]},
+                                                      counters), Drop)
+        for key in ("all", group[row["language"]]):
+            cell = cells[key]
+            cell[0] += 1
+            cell[1] += same
+            cell[2] += kept
+    return {k: tuple(v) for k, v in sorted(cells.items(), key=lambda kv: (kv[0] != "all", kv[0]))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=Path("out/extraction_eval"))
@@ -80,12 +112,13 @@ def main() -> int:
           + ", ".join(f"{lang} {n}" for lang, n in sorted(per_language.items(), key=lambda x: -x[1]) if n >= args.min_pages))
     print("| extractor | split | language | pages | precision | recall | F1 |")
     print("|---|---|---|---:|---:|---:|---:|")
-    speed = {}
+    speed, texts = {}, {}
     for name, extract in extractors().items():
         extract(pages[0])
         start = time.process_time()
         outputs = [extract(page) for page in pages]
         speed[name] = len(pages) / (time.process_time() - start)
+        texts[name] = outputs
         cells = defaultdict(lambda: [0, 0, 0, 0])
         for row, text in zip(rows, outputs):
             tp, fp, fn = counts(row, text)
@@ -99,6 +132,11 @@ def main() -> int:
         for (split, lang), (tp, fp, fn, n) in sorted(cells.items(), key=lambda kv: (kv[0][0] != "all", kv[0][0], kv[0][1] != "all", kv[0][1])):
             p, r, f = scores(tp, fp, fn)
             print(f"| {name} | {split} | {lang} | {n} | {p:.3f} | {r:.3f} | {f:.3f} |")
+    print("\n| extractor | language | pages | language ID gives its language | and passes the heuristics |")
+    print("|---|---|---:|---:|---:|")
+    for name, outputs in texts.items():
+        for lang, (n, same, kept) in next_stages(rows, outputs, group).items():
+            print(f"| {name} | {lang} | {n} | {same / n:.3f} | {kept / n:.3f} |")
     print("\n| extractor | pages per CPU-second | x trafilatura |")
     print("|---|---:|---:|")
     base = next(v for k, v in speed.items() if k.startswith("trafilatura"))
