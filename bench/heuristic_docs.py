@@ -19,7 +19,8 @@ Prints, per variant and language, clean kept / clean pages and junk removed / ju
 first failing rule of every clean page lost (a page failing several rules is counted under the
 first, as the stage reports it); then, for each changed rule alone (a heuristic rule on every page,
 in explain mode, whatever else it fails), per language: its recall (clean pages it passes) and its
-precision (junk pages among those it removes); then the totals per split.
+precision (junk pages among those it removes); then the totals per split, and language ID's time
+under each variant (the same pages, one process, so the ratio is what the prose reading costs).
 
     python bench/heuristic_docs.py [--json]
 """
@@ -33,6 +34,7 @@ import argparse  # noqa: E402
 import gzip  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import time  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -95,9 +97,12 @@ def measure(rows: list[dict]) -> dict:
         splits: dict[str, Counter] = {}
         lost: dict[str, Counter] = {}
         alone = {rule: {} for rule in CHANGED_RULES}
+        seconds = 0.0
         for page in rows:
             clean = page["label"] == "clean"
-            reason = language_drop(language, page)
+            start = time.perf_counter()
+            reason = lid_reason = language_drop(language, page)
+            seconds += time.perf_counter() - start
             fails = {f.rule for f in stage.explain(page["text"], page["url"], page["lang"])}
             if reason is None:
                 drop = stage.apply(page["text"], page["url"], Counter(), page["lang"])[1]
@@ -107,7 +112,7 @@ def measure(rows: list[dict]) -> dict:
                 if clean and reason is not None:
                     lost.setdefault(page["lang"], Counter())[reason] += 1
                 for rule in CHANGED_RULES:
-                    hit = language_drop(language, page) is not None if rule == "language" else rule in fails
+                    hit = lid_reason is not None if rule == "language" else rule in fails
                     _tally(alone[rule], page["lang"], clean, hit)
             _tally(splits, page["split"], clean, reason is not None)
             _tally(splits, f"{page['split']} {page['lang']}", clean, reason is not None)
@@ -115,6 +120,7 @@ def measure(rows: list[dict]) -> dict:
             "funnel": {lang: {**funnel[lang], "clean_lost_by": dict(lost.get(lang, {}))} for lang in sorted(funnel)},
             "rules": {rule: {lang: dict(c) for lang, c in sorted(t.items())} for rule, t in alone.items()},
             "splits": {k: dict(c) for k, c in sorted(splits.items())},
+            "language_id_seconds": seconds,
         }
     return out
 
@@ -135,7 +141,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = measure(pages())
+    rows = pages()
+    result = measure(rows)
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -166,6 +173,8 @@ def main() -> None:
             cells += [f"{c['clean_kept']}/{c['clean']} ({c['clean_kept'] / c['clean']:.3f})",
                       f"{c['junk_removed']}/{c['junk']} ({c['junk_removed'] / c['junk']:.3f})", ", ".join(below) or "none"]
         print(f"| {split} | " + " | ".join(cells) + " |")
+    base, this = (result[v]["language_id_seconds"] for v in VARIANTS)
+    print(f"\nlanguage ID on {len(rows)} pages: published {base:.2f} s, this {this:.2f} s ({this / base:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -112,7 +112,9 @@ def prose_text(text: str) -> str:
         if fenced or not line or is_code(line):
             continue
         tokens = line.split()
-        words = [w for w in map(_prose_word, tokens) if w is not None]
+        # Most tokens are letters only, a word as they stand; only the others are inspected.
+        words = [t if t.isalpha() else _prose_word(t) for t in tokens]
+        words = [w for w in words if w is not None]
         joined = "".join(words)
         if 2 * len(words) >= len(tokens) and (sum(map(str.isalpha, joined)) >= MIN_LINE_LETTERS
                                               or len(_UNSPACED.findall(joined)) >= MIN_LINE_UNSPACED):
