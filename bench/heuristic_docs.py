@@ -22,7 +22,12 @@ in explain mode, whatever else it fails), per language: its recall (clean pages 
 precision (junk pages among those it removes); then the totals per split, and language ID's time
 under each variant (the same pages, one process, so the ratio is what the prose reading costs).
 
-    python bench/heuristic_docs.py [--json]
+With `--quality-root DATA_ROOT` it also scores the text the heuristics keep (tuned and held-out
+pages) with that data root's published quality model: per junk kind, and whether the page is in
+data/labelled (which a config with `labelled_set` trains on), the pages at or above the clean pages'
+upper quartile and the ROC AUC of the clean pages against them.
+
+    python bench/heuristic_docs.py [--json] [--quality-root DATA_ROOT]
 """
 
 import os
@@ -137,9 +142,46 @@ def rule_cells(c: dict) -> list[str]:
             f"{removed_clean}/{c.get('junk_removed', 0)}"]
 
 
+def quality_ranks(rows: list[dict], root: str) -> list[str]:
+    """Lines of text: the published quality model of `root` on the pages this checkout keeps."""
+    import numpy as np
+    import polars as pl
+
+    from refinery.models import quality_metrics as qm
+    from refinery.models.quality_training import load_published_model
+    from refinery.storage import open_data_root
+
+    model = load_published_model(open_data_root(root))[0]
+    language_cfg, heuristic_cfg = VARIANTS["this"]
+    language, stage = LanguageFilter(language_cfg, load_language_model(None)), HeuristicFilter(heuristic_cfg)
+    trained_on = {r["url"] for r in _read(HERE / "data/labelled/labelled.jsonl.gz")}
+    kept = []
+    for page in rows:
+        if page["split"] != "unseen" and language_drop(language, page) is None:
+            text, drop = stage.apply(page["text"], page["url"], Counter(), page["lang"])
+            if drop is None:
+                kept.append((page, text))
+    scores = model.score(pl.Series([text for _, text in kept], dtype=pl.String))
+    clean = np.array([s for (page, _), s in zip(kept, scores) if page["label"] == "clean"])
+    top = float(np.quantile(clean, 0.75))
+    out = [f"quality: {len(clean)} clean pages kept, median {np.median(clean):.3f}, upper quartile {top:.3f}, "
+           f"{int((clean < 0.5).sum())} below 0.5"]
+    groups: dict[tuple[str, bool], list[float]] = {}
+    for (page, _), s in zip(kept, scores):
+        if page["label"] != "clean":
+            groups.setdefault((page["kind"], page["url"] in trained_on), []).append(float(s))
+    for (kind, labelled), junk in sorted(groups.items()):
+        auc = qm.roc_auc(np.concatenate([clean, junk]), np.concatenate([np.ones(len(clean)), np.zeros(len(junk))]))
+        out.append(f"  {kind} ({'in data/labelled' if labelled else 'not in data/labelled'}): {len(junk)} kept, "
+                   f"median {np.median(junk):.3f}, {sum(s >= top for s in junk)} at or above the clean upper "
+                   f"quartile, {sum(s < 0.5 for s in junk)} below 0.5, AUC clean vs these {auc:.3f}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quality-root", help="a data root whose published quality model scores the kept pages")
     args = ap.parse_args()
     rows = pages()
     result = measure(rows)
@@ -175,6 +217,8 @@ def main() -> None:
         print(f"| {split} | " + " | ".join(cells) + " |")
     base, this = (result[v]["language_id_seconds"] for v in VARIANTS)
     print(f"\nlanguage ID on {len(rows)} pages: published {base:.2f} s, this {this:.2f} s ({this / base:.2f}x)")
+    if args.quality_root:
+        print("\n" + "\n".join(quality_ranks(rows, args.quality_root)))
 
 
 if __name__ == "__main__":
