@@ -3,7 +3,7 @@ code lines FineWeb's line-punctuation ratio leaves out, and the published readin
 
 from collections import Counter
 
-from helpers.doc_pages import DOC_EN, MANPAGE_RU, TABLE_OF_CONTENTS
+from helpers.doc_pages import MANPAGE_RU, TABLE_OF_CONTENTS
 from refinery.config import FineWebQualityConfig, HeuristicConfig
 from refinery.stages.heuristic import HeuristicFilter, fineweb_quality
 from refinery.stages.line_kinds import is_code, option_entries, prose_text

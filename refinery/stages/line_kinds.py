@@ -39,11 +39,14 @@ _OPTION_TERM = re.compile(r"(?:--?[^\W_][\w-]*|-[?#]|%[^\W_]{1,2})(?:[=\[,]|\s|$
 _NOT_PROSE = frozenset("/\\_=<>$@{}[]()|#*~^%`+&")
 # Scripts written without spaces between words (Han, kana, Thai, Lao, Khmer, Burmese, Tibetan): a
 # token holding their letters is a phrase or a sentence, prose whatever it quotes (`オン/オフ`).
-_UNSPACED = re.compile("[\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_UNSPACED = re.compile(
+    "[\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+)
 _TOKEN_EDGES = "\"'“”„‘’«»「」『』()[],.;:!?"
 # A prose line holds at least this many letters in its words (MIN_LINE_UNSPACED in Han, kana or
-# Thai-like script), and its words are at least half of its tokens; fewer letters than MIN_PROSE_CHARS in all a page's prose lines and language ID reads
-# the whole text instead (a short sample is scored unreliably).
+# Thai-like script), and its words are at least half of its tokens. With fewer than
+# MIN_PROSE_CHARS characters in all a page's prose lines, language ID reads the whole text
+# instead (a short sample is scored unreliably).
 MIN_LINE_LETTERS = 12
 # In a script written without spaces a letter carries about a word: four of them make a line.
 MIN_LINE_UNSPACED = 4
