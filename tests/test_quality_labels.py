@@ -156,6 +156,19 @@ def test_with_a_within_bucket_figure_only_perfect_source_separation_is_flagged()
     assert qm.evaluate(mixed, 0.5)["flags"] == []
 
 
+def test_labelled_pages_weigh_at_least_as_much_as_the_corpus():
+    """English: the corpus's 1 positive and 3 negatives, the labelled set's 1 and 1. Per language the
+    classes weigh 2 each (positive 1, negative 2/4); the labelled pages' 1.5 is raised to the
+    corpus's 2.5, then every weight is scaled to average 1: 6 documents over a total of 5."""
+    labels = np.array([1, 0, 0, 0, 1, 0])
+    labelled = np.array([False] * 4 + [True] * 2)
+    weights, per_language, untrained = qfit.class_weights(pl.Series(["en"] * 6), labels, labelled)
+    assert weights.tolist() == pytest.approx([1.2, 0.6, 0.6, 0.6, 2.0, 1.0])
+    assert per_language == {"en": {"positive": 2, "negative": 4}} and untrained == []
+    unlabelled, _, _ = qfit.class_weights(pl.Series(["en"] * 6), labels)
+    assert unlabelled.tolist() == pytest.approx([1.5, 0.75, 0.75, 0.75, 1.5, 0.75])  # a total of 4, not raised
+
+
 def test_a_labelled_row_without_a_known_label_is_refused(tmp_path):
     path = tmp_path / "labelled.jsonl"
     path.write_text(json.dumps({"url": "u", "text": "t", "lang": "en", "label": "great"}) + "\n")
