@@ -29,6 +29,8 @@ has them do. Scored: the other half of data/heuristic_docs (the English pages of
 sample's curated bucket is cut from left out), as pages of one web bucket: the within-bucket AUC of
 real documentation against real low-value pages, overall and per language, and of those clean
 pages against planted spam made from them by data/multilingual's spam generator (seed 5).
+`new_user_buckets_only` is the same without the shipped pages (the buckets alone, the default
+before issue 47), measured in the same run.
 
     python bench/quality.py [--folds 5] [--json out.json]
 """
@@ -188,16 +190,19 @@ def auc_of(good: np.ndarray, bad: np.ndarray) -> float | None:
     return None if auc is None else round(auc, 4)
 
 
-def new_user() -> dict:
-    """The `new_user` figures (module docstring)."""
+def new_user(shipped: bool = True) -> dict:
+    """The `new_user` figures (module docstring); without `shipped`, the same corpus trained on the
+    buckets alone (`shipped_labelled_pages: false`, the default before issue 47)."""
     pages = pl.DataFrame(read_jsonl(ROOT / "data/heuristic_docs/docs.jsonl.gz"))
     web_half = pl.Series(qfit.doc_hash_fraction(pages["url"], SEED) < WEB_HALF)
     web = pages.filter(web_half).select(doc_id="url", bucket=pl.lit("web"), language="lang", text="text")
     test = pages.filter(~web_half & ~((pl.col("lang") == "en") & pl.col("package").is_in(CURATED_PACKAGES)))
-    shipped = [batch for path, label in SHIPPED_LABELLED_SETS for batch in labelled_batches(str(ROOT / path), label)]
+    pages_shipped = [batch for path, label in SHIPPED_LABELLED_SETS if shipped
+                     for batch in labelled_batches(str(ROOT / path), label)]
     start = time.perf_counter()
-    model, report = train(pl.concat([sample_curated(), web, *shipped]), ["books", qm.LABELLED_BUCKETS["high"]],
-                          ["web", qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]])
+    model, report = train(pl.concat([sample_curated(), web, *pages_shipped]),
+                          ["books", *([qm.LABELLED_BUCKETS["high"]] if shipped else [])],
+                          ["web", *([qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]] if shipped else [])])
     train_s = time.perf_counter() - start
     scores = model.score(test["text"])
     clean = (test["label"] == "clean").to_numpy()
@@ -234,7 +239,7 @@ def main() -> int:
     parser.add_argument("--new-user-only", action="store_true", help="measure the new_user configuration alone")
     args = parser.parse_args()
     if args.new_user_only:
-        return write_result({"new_user": new_user()}, args.json)
+        return write_result({"new_user": new_user(), "new_user_buckets_only": new_user(shipped=False)}, args.json)
     docs, spam = corpus()
     pages = labelled()
     result: dict = {}
@@ -288,6 +293,7 @@ def main() -> int:
         unseen[kind] = round(qm.roc_auc(scores, np.r_[np.ones(held.sum()), np.zeros(mine.sum())]), 4)
     result["labelled"]["high_vs_unseen_low_kind"] = unseen
     result["new_user"] = new_user()
+    result["new_user_buckets_only"] = new_user(shipped=False)
     return write_result(result, args.json)
 
 
