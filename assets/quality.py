@@ -73,6 +73,7 @@ def train_model(version: str):
                 "check_auc_high_vs_low": _metric(check and check["high_vs_low"]["auc"]),
                 "check_auc_high_vs_spam": _metric(check and check["high_vs_spam"]["auc"]),
                 "labelled_check": dg.MetadataValue.json(check or {}),
+                "within_bucket": dg.MetadataValue.json(report.metrics["within_bucket"] or {}),
                 "source_separation": dg.MetadataValue.text("; ".join(report.metrics["flags"]) or "none"),
                 "train_by_language": dg.MetadataValue.json(report.train_by_language),
                 "untrained_languages": dg.MetadataValue.json(report.untrained_languages),

@@ -52,7 +52,7 @@ from pydantic import ValidationError
 from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
                              read_yaml)
 from refinery.config.execution import HOST_CLUSTER, resolve_address, unreachable
-from refinery.config.paths import FILE_FIELDS, dotted
+from refinery.config.paths import CHECKOUT, FILE_FIELDS, SHIPPED_LABELLED_SETS, dotted
 from refinery.documents.inputs import outside_folder, source_folder
 
 
@@ -277,7 +277,23 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                     check_model_file(_resolve(base_dir, path))
                 except DifficultyModelError as err:
                     problems.append(f"{field}: {err}")
+        problems += shipped_labelled_problems(data)
     return problems
+
+
+def shipped_labelled_problems(data: Any) -> list[str]:
+    """The shipped labelled pages a config without stages.quality.labelled_set trains on must be
+    there (an install without the checkout's data/ folder lacks them)."""
+    quality = _value(data, "stages", "quality")
+    quality = quality if isinstance(quality, dict) else {}
+    if quality.get("enabled", True) is False or quality.get("labelled_set") or quality.get("shipped_labelled_pages") is False:
+        return []
+    missing = [str(CHECKOUT / path) for path, _ in SHIPPED_LABELLED_SETS if not (CHECKOUT / path).is_file()]
+    if not missing:
+        return []
+    return [f"stages.quality.shipped_labelled_pages: {', '.join(missing)} not found (an install without the checkout's "
+            "data/ folder); give stages.quality.labelled_set, or set shipped_labelled_pages: false to train on the "
+            "buckets alone"]
 
 
 def custom_filter_problems(data: Any, base_dir: Path) -> list[str]:

@@ -219,8 +219,13 @@ class QualityConfig(Section):
     # A labelled JSONL(.gz) of pages {"url", "text", "lang", "label": high|low|spam}, relative to
     # the config file (data/labelled/labelled.jsonl.gz is one, built from Debian packages): its
     # pages join training (high positive, low and spam negative) and its held-out pages are the
-    # check set the model is measured on (docs/quality.md). None: the buckets alone.
+    # check set the model is measured on (docs/quality.md). None: the shipped pages below.
     labelled_set: str | None = None
+    # Without labelled_set, the labelled pages Refinery ships join training (SHIPPED_LABELLED_SETS:
+    # data/labelled's real documentation, low-value pages and spam, and data/multilingual's real
+    # documentation in ten languages and its planted spam): curated against web alone teaches the
+    # sources apart, not what a low-value page inside web looks like. false: the buckets alone.
+    shipped_labelled_pages: bool = True
 
 
 class DifficultyConfig(Section):
