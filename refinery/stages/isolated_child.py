@@ -1,13 +1,14 @@
 """The child side of `refinery.stages.isolation.IsolatedWorker`: answer each item of each batch the
 parent sends with `("ok", fn(item))` or `("error", "Type: message")`.
 
-Its own module, importing nothing of the library, because it is all the child imports besides the
-function it serves: the child is a fresh interpreter (`python -c CHILD_CODE`), not a
-`multiprocessing` spawn, which would import the parent's main module first (in a Ray worker, Ray's
-default_worker.py and with it all of `ray`; under `refinery demo`, the command line's module), and
-`isolation.py` itself brings polars and the config through `refinery.stages.stats`. A child started
-this way costs a Python start-up, this module and the function's module (resiliparse and numpy for
-the extractor's): one per worker process, so one per Ray node.
+Its own module, importing no other module of the library than refinery/parent_death.py, because
+it is all the child imports besides the function it serves: the child is a fresh interpreter
+(`python -c CHILD_CODE`), not a `multiprocessing` spawn, which would import the parent's main
+module first (in a Ray worker, Ray's default_worker.py and with it all of `ray`; under
+`refinery demo`, the command line's module), and `isolation.py` itself brings polars and the config
+through `refinery.stages.stats`. A child started this way costs a Python start-up, this module and
+the function's module (resiliparse and numpy for the extractor's): one per worker process, so one
+per Ray node.
 """
 
 from __future__ import annotations
