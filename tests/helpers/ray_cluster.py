@@ -67,9 +67,14 @@ class RayCluster:
 
     def ready(self) -> "RayCluster":
         """Wait until every node has joined (a killed node may count as alive a while, so each
-        node is looked up by its own port)."""
+        node is looked up by its own port), starting again a worker node whose `ray start` ended."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while None in self.node_ids():
+            for index, node in enumerate(self.workers):
+                # `ray start` gives a raylet a fixed 30 s to register, then exits: on a loaded
+                # machine a worker node can miss that, and one started again joins.
+                if node.process.poll() is not None:
+                    self.replace_worker(index)
             if time.monotonic() > deadline:
                 logs = ", ".join(str(n.log) for n in [self.head, *self.workers])
                 raise RuntimeError(f"the Ray cluster at {self.address} did not get all its nodes in {START_TIMEOUT_S} s; "
