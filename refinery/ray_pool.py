@@ -4,8 +4,9 @@ step's tasks).
 
 Why: a Ray worker process belongs to one job, and every driver is a job. Under the Ray engine each
 step process of a Dagster run (and each `refinery demo`) is a driver, so plain Ray tasks start a
-worker on every node per driver, and each worker imports the task modules (Dagster, polars, the
-stages: 2.5-3.9 CPU-s) and builds the stages (fastText, the rules) again. A detached actor belongs
+worker on every node per driver, and each worker starts (Ray's own start, most of it `import ray`:
+1.2-1.4 CPU-s), imports the task modules (polars, the stages: about 0.4) and builds the stages
+(fastText, the rules) again (bench/RESULTS.md, 2026-12-07). A detached actor belongs
 to no job: the pool's actors are started by the first driver that needs them and found by name by
 every later one, with the modules imported and the stages built (`fanout.built_stage`) once.
 

@@ -11,6 +11,8 @@ from refinery.stages.stats import StageStats
 from refinery.stages.isolation import IsolatedWorker
 from refinery.documents import REJECTS_SCHEMA
 
+from helpers.processes import imported_here
+
 
 def docs(texts: list[str | None]) -> pl.DataFrame:
     n = len(texts)
@@ -167,6 +169,21 @@ def test_worker_sends_large_items_in_bounded_chunks(monkeypatch):
         assert worker.map(["aaaa", "bbbb", "cc", "d" * 30, "e"]) == [
             ("ok", "AAAA"), ("ok", "BBBB"), ("ok", "CC"), ("ok", "D" * 30), ("ok", "E")
         ]
+    finally:
+        worker.close()
+
+
+def test_the_worker_imports_its_function_and_not_the_parents_modules():
+    # The parent (this test process) has polars, pydantic (the config) and the isolation module
+    # loaded; a child that imported the isolation module would have them all.
+    worker = IsolatedWorker(imported_here, budget_s=60.0)
+    try:
+        names = ["helpers.processes", "refinery.stages.isolated_child", "refinery.stages.isolation", "polars",
+                 "pydantic", "pytest"]
+        assert dict(zip(names, (value for _, value in worker.map(names)))) == {
+            "helpers.processes": True, "refinery.stages.isolated_child": True, "refinery.stages.isolation": False,
+            "polars": False, "pydantic": False, "pytest": False,
+        }
     finally:
         worker.close()
 

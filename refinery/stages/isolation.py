@@ -13,23 +13,27 @@ Two ways, for two kinds of work:
   the rest of the batch. A child that dies on an item (a crash in C) costs that item only, in the
   same way.
 
-The child is started with `spawn` (a fork would copy the parent's polars and Dagster threads) and
-imports only the function's module, so its start costs a Python start-up plus that import; it is
-kept for every later batch of the process.
+The child is a fresh interpreter (a fork would copy the parent's polars and Dagster threads) that
+imports only refinery/stages/isolated_child.py and the function's module, so its start costs a
+Python start-up plus that import (not a `multiprocessing` spawn, which imports the parent's main
+module too: all of Ray in a Ray worker); it is kept for every later batch of the process.
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Literal
 
+from refinery.stages.isolated_child import CHILD_CODE
 from refinery.stages.stats import Drop
 
 DEFAULT_RECORD_TIMEOUT_S = 5.0
@@ -108,20 +112,6 @@ STARTUP_TIMEOUT_S = 120.0
 MAX_SEND_CHARS = 32 * 1024 * 1024
 
 
-def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
-    conn.send(("ready", None))
-    while True:
-        try:
-            items = conn.recv()
-        except EOFError:
-            return
-        for item in items:
-            try:
-                conn.send(("ok", fn(item)))
-            except Exception as err:  # noqa: BLE001 - the parent turns it into the item's reject
-                conn.send(("error", f"{type(err).__name__}: {err}"))
-
-
 class IsolatedWorker:
     """`map(items)` -> one `(status, value)` per item: ("ok", fn(item)), ("error", "Type: message"),
     or ("timeout", seconds waited). `fn` must be picklable (a module-level function or a partial)."""
@@ -129,16 +119,17 @@ class IsolatedWorker:
     def __init__(self, fn: Callable[[Any], Any], budget_s: float):
         self.fn = fn
         self.budget_s = budget_s
-        self.process: multiprocessing.process.BaseProcess | None = None
+        self.process: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.restarts = 0
 
     def _start(self) -> Connection:
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, self.fn), daemon=True, name="refinery-isolated-worker")
-        self.process.start()
+        parent, child = Pipe()
+        self.process = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(child.fileno())],
+                                        pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
         child.close()
+        parent.send(sys.path)
+        parent.send(self.fn)
         if not parent.poll(STARTUP_TIMEOUT_S):
             self.close()
             raise RuntimeError(f"the isolated worker for {self.fn} did not start within {STARTUP_TIMEOUT_S:g} s")
@@ -147,9 +138,10 @@ class IsolatedWorker:
         return parent
 
     def close(self) -> None:
-        if self.process is not None and self.process.is_alive():
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
-            self.process.join()
+        if self.process is not None:
+            self.process.wait()
         if self.conn is not None:
             self.conn.close()
         self.process, self.conn = None, None
@@ -178,8 +170,10 @@ class IsolatedWorker:
                 except (EOFError, OSError):  # the child died on this item
                     code = None
                     if self.process is not None:
-                        self.process.join(5)
-                        code = self.process.exitcode
+                        try:
+                            code = self.process.wait(5)
+                        except subprocess.TimeoutExpired:
+                            pass
                     self.close()
                     self.restarts += 1
                     results.append(("error", f"WorkerDied: the worker process exited with code {code}"))

@@ -64,6 +64,12 @@ def pid_of_worker(refinery, item, cache) -> int:
     return os.getpid()
 
 
+def imported_here(module: str) -> bool:
+    """Whether `module` is imported in the process that runs this (given to an isolated worker,
+    refinery/stages/isolation.py: this module imports nothing beyond the standard library)."""
+    return module in sys.modules
+
+
 # The library's task modules, whose tasks every step's workers run (assets/ only names them).
 TASK_MODULES = ("refinery.stage_file_tasks", "refinery.dedup_tasks", "refinery.contamination_tasks", "refinery.tasks")
 

@@ -46,6 +46,7 @@ class RayCluster:
     workdir: Path
     head: RayNode
     workers: list[RayNode] = field(default_factory=list)
+    log_monitor: bool = True
 
     def node_ids(self) -> list[str]:
         return [n.node_id(self.address) for n in [self.head, *self.workers]]
@@ -61,13 +62,19 @@ class RayCluster:
 
     def replace_worker(self, index: int) -> None:
         """Start a new worker node in place of worker `index` (`ready` waits for it to join)."""
-        self.workers[index] = start_node(self.workdir, f"worker{index}-{time.monotonic_ns()}", ["--address", self.address])
+        self.workers[index] = start_node(self.workdir, f"worker{index}-{time.monotonic_ns()}", ["--address", self.address],
+                                         self.log_monitor)
 
     def ready(self) -> "RayCluster":
         """Wait until every node has joined (a killed node may count as alive a while, so each
-        node is looked up by its own port)."""
+        node is looked up by its own port), starting again a worker node whose `ray start` ended."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while None in self.node_ids():
+            for index, node in enumerate(self.workers):
+                # `ray start` gives a raylet a fixed 30 s to register, then exits: on a loaded
+                # machine a worker node can miss that, and one started again joins.
+                if node.process.poll() is not None:
+                    self.replace_worker(index)
             if time.monotonic() > deadline:
                 logs = ", ".join(str(n.log) for n in [self.head, *self.workers])
                 raise RuntimeError(f"the Ray cluster at {self.address} did not get all its nodes in {START_TIMEOUT_S} s; "
@@ -97,7 +104,9 @@ def node_env() -> dict[str, str]:
     return env
 
 
-def start_node(workdir: Path, name: str, extra: list[str]) -> RayNode:
+def start_node(workdir: Path, name: str, extra: list[str], log_monitor: bool = True) -> RayNode:
+    """A node of its own process group; without `log_monitor`, no process of the node tails its
+    workers' log files for drivers (refinery's drivers read none: `log_to_driver` is off)."""
     log = workdir / f"{name}.log"
     # Every port a node binds, chosen free and distinct: nodes sharing a host would otherwise collide
     # on the defaults (metrics, agents, object manager) and the second raylet would die at start.
@@ -105,7 +114,8 @@ def start_node(workdir: Path, name: str, extra: list[str]) -> RayNode:
              "dashboard-agent-grpc-port", "runtime-env-agent-port")
     ports = distinct_free_ports(len(flags))
     command = [ray_binary(), "start", "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
-               *(f"--{flag}={port}" for flag, port in zip(flags, ports)), "--disable-usage-stats", *extra]
+               *(f"--{flag}={port}" for flag, port in zip(flags, ports)), "--disable-usage-stats",
+               f"--include-log-monitor={str(log_monitor).lower()}", *extra]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=node_env(),
                                    start_new_session=True)
@@ -147,8 +157,9 @@ def cluster_nodes(address: str) -> list[dict]:
     return json.loads(answers[-1].removeprefix("NODES "))
 
 
-def start_cluster(workdir: Path, workers: int = 2) -> RayCluster:
-    """A head and `workers` worker nodes on 127.0.0.1, one CPU each, dashboard off."""
+def start_cluster(workdir: Path, workers: int = 2, log_monitor: bool = True) -> RayCluster:
+    """A head and `workers` worker nodes on 127.0.0.1, one CPU each, dashboard off, each with its log
+    monitor or not (`start_node`)."""
     if shutil.which(ray_binary()) is None:
         raise RuntimeError(f"{ray_binary()} is missing: install the test extra (pip install -e '.[test]')")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -158,12 +169,13 @@ def start_cluster(workdir: Path, workers: int = 2) -> RayCluster:
     # session's cluster on this machine keeps its files apart.
     temp_dir = Path(f"/tmp/ray-{gcs_port}")
     head = start_node(workdir, "head", ["--head", "--port", str(gcs_port), "--include-dashboard", "false",
-                                        "--ray-client-server-port", str(client_port), "--temp-dir", str(temp_dir)])
-    cluster = RayCluster(address, workdir, head)
+                                        "--ray-client-server-port", str(client_port), "--temp-dir", str(temp_dir)],
+                      log_monitor)
+    cluster = RayCluster(address, workdir, head, log_monitor=log_monitor)
     try:
         cluster.ready()
         for i in range(workers):  # one at a time: raylets starting together have collided on a port
-            cluster.workers.append(start_node(workdir, f"worker{i}", ["--address", address]))
+            cluster.workers.append(start_node(workdir, f"worker{i}", ["--address", address], log_monitor))
             cluster.ready()
     except BaseException:
         cluster.stop()
