@@ -16,13 +16,14 @@ from collections import Counter
 import dagster as dg
 
 from refinery import layout
-from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
+from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset, report_dropped
 from refinery.fanout import FileResult, task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import lineage_index as lin
 from refinery.config import RefineryConfig
+from refinery.dropped import batch_of, drop_token_series
 from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.models import difficulty as dfc
 from refinery.models import difficulty_published as dpub
@@ -125,6 +126,10 @@ def shuffle_bucket(version: str):
         index = result.index
         context.log.info(f"shuffled_shards[{bucket}]: {index['entries']} entries through {result.runs} key ranges, "
                          f"{result.tasks} tasks on {cfg.partitions.workers} workers, in {result.wall_s:.2f}s")
+        # The final shards hold every token of the series now: they are read by nothing else.
+        dropped = drop_token_series(root, cfg, bucket, parts)
+        report_dropped(context, TOKENIZE_STAGE, batch_of(cfg), dropped.parts,
+                       f"its token series was dropped once shuffled_shards[{bucket}] published")
         config = {"seed": cfg.seed, "shard_tokens": cfg.shards.shard_tokens,
                   "shuffle_buffer_mb": cfg.shards.shuffle_buffer_mb}
         return StepResult(
@@ -137,6 +142,7 @@ def shuffle_bucket(version: str):
                 "tokens_per_s": _tokens_per_s(index["tokens"], result.wall_s),
                 "difficulty": dg.MetadataValue.json(sh.bucket_difficulty(root, bucket)),
                 "index": dg.MetadataValue.path(root.display(layout.shard_index_key(tk.FINAL, bucket))),
+                **{k: dg.MetadataValue.int(v) for k, v in dropped.metadata().items()},
             },
         )
     return step
