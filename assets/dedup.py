@@ -116,7 +116,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     dedup_signatures = batch_stage_asset(
         "dedup_signatures", signatures_of_file, parts, version=version, deps=[dg.AssetDep(UPSTREAM)],
         kinds={"numpy", "parquet"}, documents_out=False, extra_metadata=signature_counts,
-        description="Per document: 128-bit normalized-text hash, MinHash signature and LSH band hashes.",
+        description="Per document: 128-bit normalized-text hash, LSH band hashes of its MinHash signature, and "
+        "apart its bottom-k sketch (dropped by near_dup_clusters).",
     )
     exact_deduped = global_step_asset(
         "exact_deduped", exact_ranges(version), version=version, group="funnel", kinds={"polars", "parquet"},
@@ -136,7 +137,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         "near_dup_clusters", clusters(version), version=version, group="funnel", kinds={"polars", "parquet"},
         automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("near_deduped", partition_mapping=every)],
-        description="Union-find over every band's edges; one keeper (smallest doc_key) per cluster.",
+        description="Union-find over every band's edges; one keeper (smallest doc_key) per cluster. Then the "
+        "bottom-k sketches, read by nothing else, are dropped (dropped_bytes).",
     )
     deduped = batch_stage_asset(
         STAGE, dedup_file, parts, version=version, automation_condition=eager_after("near_dup_clusters"),

@@ -1,6 +1,6 @@
 """`tokenizer` (global), `difficulty_model` (global, with stages.difficulty.enabled), `tokenized_shards`
 (per input batch, one token series per file), `shuffled_shards` (per bucket, its step fanned out as a
-task per input file and per key range), `lineage_index` (global, fanned out as a task per input file
+task per input file and per key range, then the bucket's token series dropped: refinery/dropped.py), `lineage_index` (global, fanned out as a task per input file
 and per final shard).
 
 Thin wrappers: the work is in `refinery.global_steps.tokenize`, `refinery.global_steps.shuffle`,
@@ -207,7 +207,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             description="Each input file's clean documents encoded in batches, EOD appended, windowed at the packing "
             "window with overlap, packed into shards/tokenized/<bucket>/<file>/ (.bin/.idx/.entries.parquet) plus "
             "entries.parquet and index.json: one series per file, fanned out like the funnel; each document's "
-            "difficulty (stages.difficulty) beside its quality_score.",
+            "difficulty (stages.difficulty) beside its quality_score. Its bucket's shuffle drops the series once the "
+            "final shards are published (index.json stays; docs/formats.md, \"Dropped stores\").",
         ),
         global_step_asset(
             "shuffled_shards", shuffle_bucket(shuffle_version), version=shuffle_version, group=GROUP,
@@ -215,7 +216,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             deps=[tokenized_by_bucket],
             description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, as parallel tasks: a "
             "scatter per input file's token series into key ranges, a gather per key range into its shards, then "
-            "the shards numbered in key order into shards/final/<bucket>/ with sha256 of every file in index.json.",
+            "the shards numbered in key order into shards/final/<bucket>/ with sha256 of every file in index.json; "
+            "then the bucket's token series, read by nothing else, are dropped (dropped_bytes).",
         ),
         global_step_asset(
             "lineage_index", index_lineage(lineage_version), version=lineage_version, group=GROUP,
