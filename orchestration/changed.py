@@ -39,7 +39,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from dagster import AssetKey
 
@@ -70,6 +70,16 @@ class PlannedAsset:
         why = "; ".join(f"{reason} ({_partition_count(keys)})" for reason, keys in self.reasons.items())
         shown = self.details[:NAMED] + ([f"and {len(self.details) - NAMED} more"] if len(self.details) > NAMED else [])
         return f"  {self.key.to_user_string()}: {why}" + (f": {', '.join(shown)}" if shown else "")
+
+
+def materializable_in_order(graph, selection: list[dg.AssetKey] | None = None) -> Iterator[tuple[dg.AssetKey, Any]]:
+    """The graph's materializable assets (of `selection`), with their nodes, in dependency order, by
+    name within a level: the order a plan is made and run in."""
+    for level in graph.toposorted_asset_keys_by_level:
+        for key in sorted(level, key=lambda k: k.to_user_string()):
+            node = graph.get(key)
+            if node.is_materializable and (selection is None or key in selection):
+                yield key, node
 
 
 def _partition_count(keys: list[str | None]) -> str:
@@ -112,43 +122,39 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
     while True:
         planned: dict[dg.AssetKey, set[str | None]] = {}
         plan: list[PlannedAsset] = []
-        for level in graph.toposorted_asset_keys_by_level:
-            for key in sorted(level, key=lambda k: k.to_user_string()):
-                node = graph.get(key)
-                if not node.is_materializable or (selection is not None and key not in selection):
-                    continue
-                keys = node.partitions_def.get_partition_keys(dynamic_partitions_store=instance) \
-                    if node.partitions_def else [None]
-                reasons: dict[str, list[str | None]] = {}
-                details: list[str] = []
-                for partition in keys:
-                    reason = _stale_reason(resolver, key, partition)
-                    if reason == CODE_CHANGED:
-                        details += [c for c in version_changes(instance, graph, key, partition, cfg) if c not in details]
-                    if reason is None and key == RAW_DOCUMENTS and partition in changed_inputs:
-                        reason = INPUTS_CHANGED
-                        details += changed_inputs[partition]
-                    if reason is None and key == DEDUP_SIGNATURES and partition in moved:
-                        reason = INPUTS_MOVED
-                        details += moved[partition]
-                    if reason is None and key in readers:
-                        reason = INPUTS_REMOVED
-                    if reason is None and key == PHASE_MANIFESTS and partition in changed_manifests:
-                        reason = WRITTEN_CHANGED
-                        details += changed_manifests[partition]
-                    if reason is None and partition in forced.get(key, {}):
-                        reason = DROPPED_NEEDED
-                        details += forced[key][partition]
-                    if reason is None and _reads_planned(graph, planned, key, partition):
-                        reason = UPSTREAM_RERUNS
-                    if reason is not None:
-                        reasons.setdefault(reason, []).append(partition)
-                if INPUTS_REMOVED in reasons:
-                    details += [f"{batch} gone" for batch in removed]
-                if reasons:
-                    chosen = [p for p in keys if any(p in ps for ps in reasons.values())]
-                    planned[key] = set(chosen)
-                    plan.append(PlannedAsset(key, None if chosen == [None] else chosen, reasons, details))
+        for key, node in materializable_in_order(graph, selection):
+            keys = node.partitions_def.get_partition_keys(dynamic_partitions_store=instance) \
+                if node.partitions_def else [None]
+            reasons: dict[str, list[str | None]] = {}
+            details: list[str] = []
+            for partition in keys:
+                reason = _stale_reason(resolver, key, partition)
+                if reason == CODE_CHANGED:
+                    details += [c for c in version_changes(instance, graph, key, partition, cfg) if c not in details]
+                if reason is None and key == RAW_DOCUMENTS and partition in changed_inputs:
+                    reason = INPUTS_CHANGED
+                    details += changed_inputs[partition]
+                if reason is None and key == DEDUP_SIGNATURES and partition in moved:
+                    reason = INPUTS_MOVED
+                    details += moved[partition]
+                if reason is None and key in readers:
+                    reason = INPUTS_REMOVED
+                if reason is None and key == PHASE_MANIFESTS and partition in changed_manifests:
+                    reason = WRITTEN_CHANGED
+                    details += changed_manifests[partition]
+                if reason is None and partition in forced.get(key, {}):
+                    reason = DROPPED_NEEDED
+                    details += forced[key][partition]
+                if reason is None and _reads_planned(graph, planned, key, partition):
+                    reason = UPSTREAM_RERUNS
+                if reason is not None:
+                    reasons.setdefault(reason, []).append(partition)
+            if INPUTS_REMOVED in reasons:
+                details += [f"{batch} gone" for batch in removed]
+            if reasons:
+                chosen = [p for p in keys if any(p in ps for ps in reasons.values())]
+                planned[key] = set(chosen)
+                plan.append(PlannedAsset(key, None if chosen == [None] else chosen, reasons, details))
         more = dropped_stores_needed(defs, planned, forced)
         if not more:
             break
