@@ -99,6 +99,20 @@ def test_the_stores_are_dropped_and_dagster_says_so(graph):
         assert "dropped once shuffled_shards[web] published" in seen[0].asset_observation.metadata["dropped"].value
 
 
+def test_funnel_prints_the_data_root_per_store_over_the_compressed_input(graph, capsys):
+    code, out, _ = run_cli(capsys, ["funnel", "--config", graph["config"], "--json"])
+    storage = json.loads(out)["storage"]
+    files = [p for p in graph["root"].root.rglob("*") if p.is_file() and not p.relative_to(graph["root"].root).parts[0].startswith(".")]
+    assert code == 0 and storage["data_root_bytes"] == sum(p.stat().st_size for p in files)
+    assert storage["input_bytes"] == sum(Path(s.path).stat().st_size for s in input_shards(graph["cfg"]))
+    stores = {s["store"]: s for s in storage["stores"]}
+    assert stores["shards/final"]["growth"] == "per input byte" and stores["lineage/final"]["growth"] == "per entry"
+    assert stores["documents/raw_documents"]["bytes"] < stores["documents/extracted_text"]["bytes"]
+    assert stores["shards/final"]["over_input"] == round(stores["shards/final"]["bytes"] / storage["input_bytes"], 4)
+    code, out, _ = run_cli(capsys, ["funnel", "--config", graph["config"]])
+    assert f"Data root: {storage['data_root_bytes']:,} bytes" in out and "shards/final" in out
+
+
 def test_a_query_or_step_that_needs_a_dropped_store_refuses_in_one_line(graph, capsys):
     prefix, part = tokenized_shard(graph)
     batch = next(b.key for b in input_batches(graph["cfg"]) if part in {s.key for s in b.shards})
