@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 import dagster as dg
 import polars as pl
 
-from refinery.fanout import FileResult, FileTask, StageBuilder, map_files
+from refinery.fanout import FileResult, FileTask, map_files
 from assets.partitions import Partitions
 from assets.provenance import (PROVENANCE_KEYS, SAMPLE_ROWS, Provenance, output_data_version, provenance_metadata,
                                stage_code_version)
@@ -91,13 +91,13 @@ def batch_provenance(stage: str, results: list[FileResult], version: str, text_c
 
 
 
-def pure_stage_asset(name: str, build: StageBuilder, parts: Partitions, description: str, version: str,
+def pure_stage_asset(name: str, parts: Partitions, description: str, version: str,
                      **options: Any) -> dg.AssetsDefinition:
     """The asset of a pure per-document stage of the registry (refinery/stages/registry.py): its
-    upstream's kept documents in, `build(cfg, source)`'s stage over each file; `options` go to
+    upstream's kept documents in, the stage its recipe builds over each file; `options` go to
     `batch_stage_asset`."""
     upstream = registry.funnel_stage(name).upstream
-    return batch_stage_asset(name, stage_file_task(name, upstream, build), parts, description=description,
+    return batch_stage_asset(name, stage_file_task(name, upstream), parts, description=description,
                              version=stage_code_version(name, version), deps=[dg.AssetDep(upstream)], **options)
 
 

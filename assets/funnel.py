@@ -1,15 +1,17 @@
 """The per-document funnel, partitioned by input batch: `raw_documents` -> `extracted_text` ->
-`language_filtered` -> `heuristic_filtered`, group "funnel".
+`language_filtered` -> `heuristic_filtered`, and any other stage of the registry with a recipe
+(refinery/stage_recipes.py) whose asset assets/quality.py does not make, group "funnel".
 
 raw_documents reads each file of the batch (refinery/stages/ingest.py) and writes its tables batch
-by batch as it reads; the other three run a pure stage on each file. A source that lists "language" or "heuristic" under `skip` passes its documents
+by batch as it reads; the others run the stage their recipe builds on each file. A source that lists "language" or "heuristic" under `skip` passes its documents
 through that stage untouched (the factory applies `skip:` through each stage's `skip_key`;
 language columns are then null, so every partition of
 language_filtered has the same schema).
 """
 
+import inspect
+
 import dagster as dg
-import polars as pl
 
 from assets.factory import batch_stage_asset, pure_stage_asset
 from refinery.fanout import FileResult
@@ -18,8 +20,10 @@ from assets.provenance import code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, input_file_state, input_shards
-from refinery.stages import custom, extract, heuristic, ingest, language, readers
-from refinery.stage_file_tasks import build_extractor, build_heuristic, build_language, ingest_file
+from assets.quality import STAGE_ASSETS
+from refinery.stage_recipes import recipe
+from refinery.stages import custom, extract, heuristic, ingest, language, readers, registry
+from refinery.stage_file_tasks import ingest_file
 
 
 
@@ -52,16 +56,13 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         description="One row per WARC record, JSONL line or table row of each file of the batch, with provenance; "
         "bad records become ingest/* rejects.",
     )
-    stages = [
-        (extract.STAGE, build_extractor, code_version(extract), "HTML to text with resiliparse (main "
-         "content); text passes through; other content types and empty extractions are rejected."),
-        (language.STAGE, build_language, code_version(language), "fastText lid.176 on the whole text; "
-         "keeps the configured languages at or above min_score."),
-        (heuristic.STAGE, build_heuristic, heuristic_code_version(cfg), "URL blocklist, Gopher quality "
-         "and repetition, C4 line rules and FineWeb quality rules, each rule named and counted; then the "
-         "config's custom filters."),
-    ]
+    versions = {extract.STAGE: code_version(extract), language.STAGE: code_version(language),
+                heuristic.STAGE: heuristic_code_version(cfg)}
+    # Every other per-document stage of the registry, as its recipe builds it; a new stage's code
+    # is its recipe's module, its description the recipe's docstring.
+    stages = [stage.name for stage in registry.STAGES if stage.build is not None and stage.name not in STAGE_ASSETS]
     return dg.Definitions(assets=[raw_documents] + [
-        pure_stage_asset(name, build, parts, description=description, version=version)
-        for name, build, version, description in stages
+        pure_stage_asset(name, parts, description=inspect.getdoc(recipe(name)) or name,
+                         version=versions.get(name) or code_version(recipe(name)))
+        for name in stages
     ])

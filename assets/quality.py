@@ -10,6 +10,7 @@ same published model (so the `quality_score` a clean document carries is its kep
 stores the final text.
 """
 
+import inspect
 from collections import Counter
 
 import dagster as dg
@@ -31,9 +32,16 @@ from refinery.models import quality_features, quality_fit
 from refinery.models import quality_training as qt
 from refinery.stages.attributes import read_stage_documents
 from refinery.models.quality_training import quality_settings, train_and_publish
+from refinery.stage_recipes import recipe
+from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.stage_file_tasks import PII_STAGE, UPSTREAM, redact_file, score_file
 from refinery.storage import DataRoot
+
+
+# The registry's stages whose assets this module makes, each with its own file task: they read the
+# model the run published (assets/funnel.py makes the others').
+STAGE_ASSETS = (q.QualityScorer.name, PII_STAGE)
 
 
 def _metric(value: float | None) -> dg.MetadataValue:
@@ -73,6 +81,7 @@ def train_model(version: str):
                 "check_auc_high_vs_low": _metric(check and check["high_vs_low"]["auc"]),
                 "check_auc_high_vs_spam": _metric(check and check["high_vs_spam"]["auc"]),
                 "labelled_check": dg.MetadataValue.json(check or {}),
+                "within_bucket": dg.MetadataValue.json(report.metrics["within_bucket"] or {}),
                 "source_separation": dg.MetadataValue.text("; ".join(report.metrics["flags"]) or "none"),
                 "train_by_language": dg.MetadataValue.json(report.train_by_language),
                 "untrained_languages": dg.MetadataValue.json(report.untrained_languages),
@@ -134,12 +143,11 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     quality_scored = batch_stage_asset(
         "quality_scored", score_file, parts, version=stage_code_version("quality_scored", model_version), kinds={"torch", "polars", "parquet"},
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")], extra_metadata=score_metadata,
-        description="quality_score on every document; drops those below stages.quality.threshold.",
+        description=inspect.getdoc(recipe(q.QualityScorer.name)),
     )
     pii_redacted = batch_stage_asset(
         PII_STAGE, redact_file, parts, version=stage_code_version(PII_STAGE, code_version(pii_stage, pii_context, q)),
-        deps=[dg.AssetDep(q.QualityScorer.name)], extra_metadata=funnel_chart_of_run,
-        description="Safety filter (blocked words and domains), then PII replaced by typed placeholders; "
-                    "documents whose text changed are scored again.",
+        deps=[dg.AssetDep(registry.funnel_stage(PII_STAGE).upstream)], extra_metadata=funnel_chart_of_run,
+        description=inspect.getdoc(recipe(PII_STAGE)),
     )
     return dg.Definitions(assets=[quality_model, quality_scored, pii_redacted])

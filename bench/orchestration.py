@@ -67,11 +67,10 @@ def bare_chain(config: Path) -> None:
     shards, cache = input_shards(cfg), {}
     for shard in shards:
         tasks.ingest_file(refinery, shard, cache)
-    for name, upstream, build in ((extract.STAGE, ingest.STAGE, tasks.build_extractor),
-                                  (language.STAGE, extract.STAGE, tasks.build_language),
-                                  (heuristic.STAGE, language.STAGE, tasks.build_heuristic)):
+    for name, upstream in ((extract.STAGE, ingest.STAGE), (language.STAGE, extract.STAGE),
+                           (heuristic.STAGE, language.STAGE)):
         for shard in shards:
-            tasks.run_stage_by_batches(name, upstream, build, refinery, shard, cache)
+            tasks.run_stage_by_batches(name, upstream, refinery, shard, cache)
     for shard in shards:
         dedup.compute_signatures(cfg, root, shard.key)
     for hash_range in ex.range_keys(cfg.stages.exact_dedup.hash_ranges):

@@ -39,7 +39,6 @@ import errno
 import fnmatch
 import glob
 import importlib.util
-import json
 import os
 import stat
 import tempfile
@@ -52,8 +51,9 @@ from pydantic import ValidationError
 from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, field_path, parse_config,
                              read_yaml)
 from refinery.config.execution import HOST_CLUSTER, resolve_address, unreachable
-from refinery.config.paths import FILE_FIELDS, dotted
+from refinery.config.paths import CHECKOUT, FILE_FIELDS, SHIPPED_LABELLED_SETS, dotted
 from refinery.documents.inputs import outside_folder, source_folder
+from refinery.stages.readers import InputFormat, known_format
 
 
 @dataclass(frozen=True)
@@ -127,15 +127,15 @@ def not_a_file(path: str) -> str | None:
     return "not a regular file (a socket or device)"
 
 
-def _hf_dataset_problem(path: str) -> str | None:
-    """What an `hf_dataset` match is when it is not a `save_to_disk` directory (None: it is one)."""
+def _folder_problem(path: str, fmt: InputFormat) -> str | None:
+    """What a match of a folder format (`hf_dataset`) is when it is no input of it (None: it is one)."""
     kind = not_a_file(path)
     if kind is None:
-        return "a file (an hf_dataset source matches directories saved with save_to_disk)"
+        return f"a file (an {fmt.name} source matches directories saved with save_to_disk)"
     if kind != "a directory":
         return kind
-    if not any(os.path.isfile(os.path.join(path, name)) for name in ("state.json", "dataset_dict.json")):
-        return "a directory without state.json or dataset_dict.json (not saved with save_to_disk)"
+    if not any(os.path.isfile(os.path.join(path, name)) for name in fmt.folder_marks):
+        return f"a directory without {' or '.join(fmt.folder_marks)} (not saved with save_to_disk)"
     return None
 
 
@@ -145,56 +145,25 @@ def _missing_columns(names: list[str], src: dict) -> list[tuple[str, str]]:
     return [(field, column) for field, column in wanted if isinstance(column, str) and column not in names]
 
 
-def _table_schemas(path: str, fmt: str) -> list[tuple[str, list[str]]]:
-    """(file, column names) of each table a Parquet file or a save_to_disk dataset holds; a file
-    whose schema cannot be read is left out (reading it is a counted reject, not a config problem)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if fmt == "parquet":
-        files = [path]
-    else:
-        try:
-            with open(os.path.join(path, "state.json")) as f:
-                files = [os.path.join(path, e["filename"]) for e in json.load(f).get("_data_files", [])]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return []
-        files = [f for f in files if outside_folder(f, path) is None]  # ingest refuses the others unread
-    out = []
-    for file in files:
-        try:
-            if fmt == "parquet":
-                names = pq.read_schema(file).names
-            else:
-                with pa.memory_map(file) as stream:
-                    names = pa.ipc.open_stream(stream).schema.names
-        except Exception:  # noqa: BLE001 - pyarrow raises several types for a damaged file
-            continue
-        out.append((file, names))
-    return out
-
-
 def source_file_problems(src: dict, i: int, matched: list[str], folder: str) -> list[str]:
     """Glob matches that cannot be read as the source's format: a directory, FIFO, dangling
     symlink or symlink loop where a file is expected (a file or a bare folder where a dataset is),
     and a table without the column the source reads its text (or id) from. A match whose symlinks
     lead out of the source's `folder` is left to ingest, which counts it (`ingest/outside_source`)
     without opening it: nothing of it is read here either, not even its columns."""
-    fmt = src.get("format")
+    # An unknown format is the config schema's refusal: its matches are checked as files, no columns.
+    fmt = known_format(src.get("format"))
+    in_folders = fmt is not None and fmt.is_folder
     problems = []
     for path in matched:
         if outside_folder(path, folder) is not None:
             continue
-        kind = _hf_dataset_problem(path) if fmt == "hf_dataset" else not_a_file(path)
+        kind = _folder_problem(path, fmt) if in_folders else not_a_file(path)
         if kind is not None:
             problems.append(f"sources[{i}].path: {path} is {kind}; narrow the glob so it matches only "
-                            f"{'save_to_disk directories' if fmt == 'hf_dataset' else 'files'}")
+                            f"{'save_to_disk directories' if in_folders else 'files'}")
             continue
-        if fmt not in ("parquet", "hf_dataset"):
-            continue
-        if fmt == "hf_dataset" and not os.path.isfile(os.path.join(path, "state.json")):
-            continue  # a DatasetDict: its splits are datasets of their own, checked when read
-        for file, names in _table_schemas(path, fmt):
+        for file, names in fmt.schemas(path) if fmt is not None and fmt.schemas is not None else ():
             for field, column in _missing_columns(names, src):
                 problems.append(f"sources[{i}].{field}: {file} has no column {column!r}; its columns are {names}; "
                                 f"set {field} to one of them")
@@ -277,7 +246,23 @@ def path_problems(data: Any, base_dir: Path, needs: Needs) -> list[str]:
                     check_model_file(_resolve(base_dir, path))
                 except DifficultyModelError as err:
                     problems.append(f"{field}: {err}")
+        problems += shipped_labelled_problems(data)
     return problems
+
+
+def shipped_labelled_problems(data: Any) -> list[str]:
+    """The shipped labelled pages a config without stages.quality.labelled_set trains on must be
+    there (an install without the checkout's data/ folder lacks them)."""
+    quality = _value(data, "stages", "quality")
+    quality = quality if isinstance(quality, dict) else {}
+    if quality.get("enabled", True) is False or quality.get("labelled_set") or quality.get("shipped_labelled_pages") is False:
+        return []
+    missing = [str(CHECKOUT / path) for path, _ in SHIPPED_LABELLED_SETS if not (CHECKOUT / path).is_file()]
+    if not missing:
+        return []
+    return [f"stages.quality.shipped_labelled_pages: {', '.join(missing)} not found (an install without the checkout's "
+            "data/ folder); give stages.quality.labelled_set, or set shipped_labelled_pages: false to train on the "
+            "buckets alone"]
 
 
 def custom_filter_problems(data: Any, base_dir: Path) -> list[str]:

@@ -11,18 +11,15 @@ from typing import Any, Callable, Optional
 
 import polars as pl
 
-from refinery.config import RefineryConfig
-from refinery.documents import InputShard
-from refinery.fanout import FileResult, FileTask, StageBuilder, built_stage, run_stage, stage_config_summary
+from refinery.documents import CLEAN_STAGE, InputShard
+from refinery.fanout import FileResult, FileTask, built_stage, run_stage, stage_config_summary
 from refinery.global_steps import tokenize as tk
 from refinery.layout import rejects_key, stats_key
 from refinery.models import difficulty_published as dpub
 from refinery.models import quality as q
-from refinery.models import quality_training as qt
 from refinery.run_context import Run
-from refinery.stages import custom, extract, heuristic, ingest, language
-from refinery.stages import pii as pii_stage
-from refinery.stages import registry
+from refinery.stage_recipes import build_stage
+from refinery.stages import ingest, registry
 from refinery.stages.attributes import stage_batches
 from refinery.stages.base import Stage, StageOutput, skips
 from refinery.stages.parquet_batches import bounded_batches
@@ -64,32 +61,30 @@ def stream_stage_file(name: str, upstream: str, refinery: Run, shard: InputShard
     return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, tables.sample)
 
 
-def run_stage_by_batches(name: str, upstream: str, build: StageBuilder, refinery: Run,
-                         shard: InputShard, cache: dict) -> FileResult:
-    """`stream_stage_file` with the stage `build(cfg, source)` returns (built once per source in a
-    worker, `built_stage`), its source's `skip:` and record time budget applied."""
+def run_stage_by_batches(name: str, upstream: str, refinery: Run, shard: InputShard, cache: dict) -> FileResult:
+    """`stream_stage_file` with stage `name` as its recipe builds it (refinery/stage_recipes.py;
+    built once per source in a worker, `built_stage`), its source's `skip:` and record time budget
+    applied."""
     cfg = refinery.config
-    stage = built_stage(cfg, name, shard.source, build)
+    stage = built_stage(cfg, name, shard.source, partial(build_stage, name, root=refinery.root))
     return stream_stage_file(name, upstream, refinery, shard, partial(run_stage, stage, cfg, shard),
                              stage_config_summary(stage, cfg, shard))
 
 
-def stage_file_task(name: str, upstream: str, build: StageBuilder) -> FileTask:
-    """The file task of a pure per-document stage: `upstream`'s kept documents in, `name`'s out, a
-    record batch at a time (`build(cfg, source)` returns the stage for a source's files)."""
-    return partial(run_stage_by_batches, name, upstream, build)
+def stage_file_task(name: str, upstream: str) -> FileTask:
+    """The file task of a per-document stage that reads nothing the run publishes: `upstream`'s
+    kept documents in, `name`'s out, a record batch at a time."""
+    return partial(run_stage_by_batches, name, upstream)
 
 
-def build_extractor(cfg: RefineryConfig, source: str) -> extract.Extractor:
-    return extract.Extractor(cfg.stages.extract)
-
-
-def build_language(cfg: RefineryConfig, source: str) -> language.LanguageFilter:
-    return language.LanguageFilter.from_config(cfg.stages.language, cfg.resolve)
-
-
-def build_heuristic(cfg: RefineryConfig, source: str) -> Stage:
-    return custom.with_custom_filters(heuristic.HeuristicFilter(cfg.stages.heuristic, cfg.source(source).rules_off), cfg)
+def built_in_block(name: str, refinery: Run, shard: InputShard, cache: dict) -> Stage:
+    """Stage `name` for the file's source, built once per source in one block of tasks (`cache`),
+    its builds sharing what they load: a stage that reads a model the run published, which a later
+    run may have replaced, is not kept from one step to the next."""
+    key = ("stage", name, shard.source)
+    if key not in cache:
+        cache[key] = build_stage(name, refinery.config, shard.source, refinery.root, shared=cache)
+    return cache[key]
 
 
 def ingest_file(refinery: Run, shard: InputShard, cache: dict) -> FileResult:
@@ -120,31 +115,24 @@ def score_file(refinery: Run, shard: InputShard, cache: dict) -> FileResult:
     """One file's deduped documents scored (and, unless its source skips quality, thresholded), a
     record batch at a time (`stream_stage_file`)."""
     cfg = refinery.config
-    name = q.QualityScorer.name
-    if not cfg.stages.quality.enabled:
-        return stream_stage_file(name, UPSTREAM, refinery, shard, q.unscored, {"enabled": False})
-    if "model" not in cache:
-        cache["model"] = qt.load_published_model(refinery.root)
-    model, pointer = cache["model"]
-    stage = q.QualityScorer(model, cfg.stages.quality.threshold, model_id=pointer["model_hash"])
-    enforce = not skips(cfg.source(shard.source).skip, stage.skip_key)
-    settings = {**stage.config_summary(), "threshold_enforced": enforce}
-    return stream_stage_file(name, UPSTREAM, refinery, shard, partial(run_stage, stage, cfg, shard), settings)
+    stage = built_in_block(q.QualityScorer.name, refinery, shard, cache)
+    settings = stage.config_summary()
+    if cfg.stages.quality.enabled:
+        settings["threshold_enforced"] = not skips(cfg.source(shard.source).skip, stage.skip_key)
+    return stream_stage_file(q.QualityScorer.name, UPSTREAM, refinery, shard, partial(run_stage, stage, cfg, shard),
+                             settings)
 
 
-PII_STAGE = "pii_redacted"
+PII_STAGE = CLEAN_STAGE
 
 
 def redact_file(refinery: Run, shard: InputShard, cache: dict) -> FileResult:
     """One file's scored documents through the safety filter and redaction, re-scored with the
     model quality_scored used where redaction changed their text, a record batch at a time."""
     cfg = refinery.config
-    if "redactor" not in cache:
-        rescore = qt.load_published_model(refinery.root)[0].score if cfg.stages.quality.enabled else None
-        cache["redactor"] = pii_stage.SafetyThenRedact.from_config(cfg.stages, rescore)
-    stage = cache["redactor"]
-    return stream_stage_file(PII_STAGE, q.QualityScorer.name, refinery, shard, partial(run_stage, stage, cfg, shard),
-                             stage_config_summary(stage, cfg, shard))
+    stage = built_in_block(PII_STAGE, refinery, shard, cache)
+    return stream_stage_file(PII_STAGE, registry.funnel_stage(PII_STAGE).upstream, refinery, shard,
+                             partial(run_stage, stage, cfg, shard), stage_config_summary(stage, cfg, shard))
 
 
 TOKENIZE_STAGE = "tokenized_shards"

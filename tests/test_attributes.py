@@ -96,7 +96,7 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     import dagster as dg
 
     from refinery.fanout import run_stage
-    from refinery.stage_file_tasks import build_heuristic, build_language
+    from refinery.stage_recipes import build_stage
     from orchestration.definitions import build_definitions
     from orchestration.demo import materialize_graph
     from refinery.config import load_config
@@ -130,9 +130,9 @@ def test_the_sample_keeps_two_text_tables_and_every_stage_reads_back_as_made(tmp
     def rerun(stage, docs):
         return run_stage(stage, cfg, shard, docs).documents
 
-    language = rerun(build_language(cfg, shard.source), extracted)
+    language = rerun(build_stage("language_filtered", cfg, shard.source), extracted)
     assert read_stage_documents(root, "language_filtered", shard.key).equals(language)
-    heuristic = rerun(build_heuristic(cfg, shard.source), language)
+    heuristic = rerun(build_stage("heuristic_filtered", cfg, shard.source), language)
     assert not heuristic["text"].equals(language.filter(pl.col("doc_id").is_in(heuristic["doc_id"].implode()))["text"])
     assert read_stage_documents(root, "heuristic_filtered", shard.key).equals(heuristic)
     ordinal = dc.shard_ordinals(cfg)[shard.key]

@@ -41,9 +41,10 @@ def test_the_demo_config_moved_elsewhere_names_every_file_it_did(tmp_path):
     moved = rebase_paths(read_demo(), DEMO.parent)
     (tmp_path / "refinery.yaml").write_text(yaml.safe_dump(moved))
     assert path_problems(moved, tmp_path, Needs(sources=True, eval_sets=True)) == []
-    assert os.path.isabs(moved["stages"]["quality"]["labelled_set"])
+    assert os.path.isabs(moved["contamination"]["eval_sets"][0]["path"])
     # Unmoved, the same relative paths name nothing from the other folder.
-    assert any("labelled_set" in p for p in path_problems(read_demo(), tmp_path, Needs(sources=True)))
+    assert any("contamination.eval_sets[0].path" in p
+               for p in path_problems(read_demo(), tmp_path, Needs(sources=True, eval_sets=True)))
 
 
 def test_rebase_relative_to_another_folder_keeps_urls_and_absolute_paths(tmp_path):

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 import yaml
 
-from refinery.stage_file_tasks import build_heuristic
+from refinery.stage_recipes import build_stage
 from refinery.config import ConfigError, load_config
 from refinery.documents import REJECTS_SCHEMA
 from refinery.preflight import require
@@ -42,8 +42,7 @@ def test_example_filter_removes_exactly_the_documents_without_enough_digits(tmp_
         "Too short.",                                       # the built-in rules drop it first
         PROSE + " Two boats, 12 nets.",                     # two digits: dropped
     ]
-    stage = build_heuristic(cfg, "web")
-    stage.record_timeout_s = cfg.stages.record_timeout_s
+    stage = build_stage("heuristic_filtered", cfg, "web")
     out = stage.run(docs(texts))
     assert out.documents["doc_id"].to_list() == ["web-a/0000001"]
     assert out.documents.columns == docs(texts).columns
@@ -62,7 +61,7 @@ def test_example_filter_removes_exactly_the_documents_without_enough_digits(tmp_
 
 def test_a_source_that_skips_heuristic_skips_its_custom_filters(tmp_path):
     cfg = load_config(write_config(tmp_path, [EXAMPLE], skip=["heuristic"]))
-    stage = build_heuristic(cfg, "web")
+    stage = build_stage("heuristic_filtered", cfg, "web")
     out = stage.run_for_source(docs([PROSE, "Too short."]), cfg.source("web").skip)
     assert out.documents.height == 2 and out.rejects.height == 0
     assert out.stats.counters["skipped_by_source"] == 2
@@ -82,7 +81,7 @@ def test_module_beside_the_config_is_isolated_per_record_and_its_reasons_get_the
                 return Drop("too_loud", 1.0) if "!!!" in record["text"] else None
     """))
     cfg = load_config(write_config(tmp_path, [{"name": "shout", "path": f"{module}:Shouting"}]))
-    out = build_heuristic(cfg, "web").run(docs([PROSE + " Hooray!!!", PROSE + " boom.", PROSE]))
+    out = build_stage("heuristic_filtered", cfg, "web").run(docs([PROSE + " Hooray!!!", PROSE + " boom.", PROSE]))
     assert out.documents["doc_id"].to_list() == ["web-a/0000002"]
     assert out.rejects["rule"].to_list() == ["shout/too_loud", "shout/error"]
     assert out.rejects["detail"][1] == "RuntimeError: exploded"

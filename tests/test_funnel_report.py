@@ -199,7 +199,35 @@ def test_explain_lists_every_rule_a_document_fails(language_filtered, capsys):
     rules = [f["rule"] for f in exp["failures"]]
     assert rules[0] == "gopher_quality/stop_words" and "c4/curly_bracket" in rules and len(rules) == 15
     assert exp["failures"][1] == {"rule": "gopher_rep/dup_line_frac", "value": pytest.approx(0.95),
-                                  "threshold": "> 0.3"}
+                                  "threshold": "> 0.3",
+                                  "excerpt": "most repeated line (20 times): 'Buy cheap phones now {click} here'"}
+    # every failure says where to look; the curly bracket's threshold quotes the line already
+    shown = {f["rule"]: f["excerpt"] for f in exp["failures"]}
+    assert shown["c4/curly_bracket"] is None and all(v for r, v in shown.items() if r != "c4/curly_bracket")
+    assert shown["gopher_rep/dup_10_gram"].startswith("most common 10-gram")
+    assert shown["gopher_quality/stop_words"] == "text starts: " + repr(" ".join(SPAM.split())[:120] + "...")
+    assert main(["funnel", "--config", config, "--explain", "web-0/0000000"]) == 0
+    assert "  gopher_rep/dup_line_frac: most repeated line (20 times): 'Buy cheap phones now {click} here'" in \
+        capsys.readouterr().out.split("where to look:")[1]
+
+
+def test_the_offending_line_is_found_by_each_languages_rules():
+    """Chinese counts 。 as end punctuation and a line of ten characters as short; German's
+    commonest 2-gram is named in its own words."""
+    from refinery.config.stages import HeuristicConfig
+    from refinery.stages.heuristic.explain import offending_excerpt
+    from refinery.stages.heuristic.filter import HeuristicFilter
+
+    rules = HeuristicFilter(HeuristicConfig()).rules_for
+    zh = "安装软件包之前请先更新索引。\n常用选项如下所示共有三项内容\n选项列表\n最后一行。"
+    assert offending_excerpt("fineweb/line_punct_ratio", zh, rules("zh")) == \
+        "first line without end punctuation (line 2): '常用选项如下所示共有三项内容'"
+    assert offending_excerpt("fineweb/short_line_ratio", zh, rules("zh")) == "first short line (line 3): '选项列表'"
+    assert offending_excerpt("fineweb/short_line_ratio", zh, rules("en")) == \
+        "first short line (line 1): '安装软件包之前请先更新索引。'"  # 14 characters: short at English's 30
+    de = "Jetzt kaufen und sparen, jetzt kaufen und sparen, jetzt kaufen!"
+    assert offending_excerpt("gopher_rep/top_2_gram", de, rules("de")) == "most common 2-gram (2 times): 'kaufen und'"
+    assert offending_excerpt("c4/curly_bracket", de, rules("de")) is None  # its threshold quotes the line
 
 
 def test_explain_follows_the_sources_rule_switches(language_filtered, capsys):
@@ -221,7 +249,8 @@ def test_explain_runs_the_configs_custom_filters_after_the_rules(language_filter
     assert main(["funnel", "--config", config, "--explain", "https://a.example/town", "--json"]) == 0
     exp = json.loads(capsys.readouterr().out)
     assert exp["custom_filters"] == ["digits"]
-    assert exp["failures"] == [{"rule": "digits/too_few_digits", "value": 0.0, "threshold": "0 digits < min_digits 3"}]
+    assert exp["failures"] == [{"rule": "digits/too_few_digits", "value": 0.0, "threshold": "0 digits < min_digits 3",
+                                "excerpt": None}]
     assert main(["funnel", "--config", config, "--explain", "web-0/0000000", "--json"]) == 0
     rules = [f["rule"] for f in json.loads(capsys.readouterr().out)["failures"]]
     assert len(rules) == 16 and rules[0] == "gopher_quality/stop_words" and rules[-1] == "digits/too_few_digits"

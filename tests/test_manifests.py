@@ -70,10 +70,13 @@ def test_anneal_manifest_keeps_only_documents_at_or_above_cutoff(tmp_path, corpu
         lengths = np.concatenate([np.diff(ShardReader(root.root / ref.prefix).offsets) for ref in sl.shards])
         score = {d: s for d, _, s in bucket_docs}
         kept = {doc_ids[i] for i in selection}
-        expected_docs = math.ceil(0.25 * len(bucket_docs))
-        ranked = sorted((s for s in score.values() if s is not None), reverse=True)
-        assert sl.quality_cutoff == ranked[expected_docs - 1]
-        assert len(kept) == expected_docs
+        # the best documents, whole, until they hold 25% of the bucket's tokens
+        tokens = {d: int(lengths[[i for i, x in enumerate(doc_ids) if x == d]].sum()) for d in score}
+        ranked = sorted((s, tokens[d]) for d, s in score.items() if s is not None)[::-1]
+        held = np.cumsum([t for _, t in ranked])
+        target = math.ceil(0.25 * sum(tokens.values()))
+        assert sl.quality_cutoff == ranked[int(np.searchsorted(held, target))][0]
+        assert target <= sum(tokens[d] for d in kept) < target + max(tokens.values())
         assert all(score[d] is not None and score[d] >= sl.quality_cutoff for d in kept)
         assert {d for d, s in score.items() if s is not None and s >= sl.quality_cutoff} == kept
         # every window of a kept document is in, and counts match the manifest
@@ -295,12 +298,17 @@ def test_asset_without_final_shards_fails_clearly_and_writes_nothing(tmp_path):
 
 
 def reference_selection(entries, top_fraction):
-    """The cutoff ranked over every document at once (what the streamed passes must equal):
-    (cutoff, documents, kept entry ids, kept tokens)."""
+    """The cutoff ranked over every document at once (what the streamed passes must equal): the best
+    documents, whole, until they hold `top_fraction` of the tokens. (cutoff, documents, kept entry
+    ids, kept tokens)."""
     doc_score = {doc: math.nan if s is None else s for doc, _, _, _, s in entries}
-    scored = sorted((s for s in doc_score.values() if not math.isnan(s)), reverse=True)
-    keep = min(max(1, math.ceil(top_fraction * len(doc_score))), len(scored))
-    cutoff = scored[keep - 1]
+    doc_tokens: dict[str, int] = {}
+    for doc, tokens, *_ in entries:
+        doc_tokens[doc] = doc_tokens.get(doc, 0) + tokens
+    scored = sorted(((s, doc_tokens[d]) for d, s in doc_score.items() if not math.isnan(s)), reverse=True)
+    held = np.cumsum([t for _, t in scored])
+    target = min(max(1, math.ceil(top_fraction * sum(doc_tokens.values()))), int(held[-1]))
+    cutoff = scored[int(np.searchsorted(held, target))][0]
     kept = [i for i, (_, _, _, _, s) in enumerate(entries) if s is not None and s >= cutoff]
     return (cutoff, sum(1 for s in doc_score.values() if s >= cutoff), kept,
             sum(entries[i][1] for i in kept))

@@ -59,6 +59,19 @@ def test_quality_classifier_default_buckets_without_a_source(tmp_path, capsys):
     assert "negative_buckets" not in err  # web still has a source
 
 
+def test_the_shipped_labelled_pages_missing_is_refused_naming_the_field(tmp_path, capsys, monkeypatch):
+    """A config that names no labelled set trains on the pages the checkout ships; an install
+    without them is told so before any work, with the two ways out."""
+    monkeypatch.setattr(preflight, "SHIPPED_LABELLED_SETS", (("data/labelled/not-there.jsonl.gz", None),))
+    data = demo_config(tmp_path / "out")
+    err = refused(capsys, tmp_path, data)
+    assert (f"stages.quality.shipped_labelled_pages: {REPO / 'data/labelled/not-there.jsonl.gz'} not found (an install "
+            "without the checkout's data/ folder); give stages.quality.labelled_set, or set shipped_labelled_pages: "
+            "false to train on the buckets alone") in err
+    data["stages"]["quality"] = {"shipped_labelled_pages": False}
+    assert preflight.shipped_labelled_problems(data) == []
+
+
 @pytest.mark.parametrize("command", ["demo", "train", "validate"])
 def test_no_curriculum_when_training_is_asked_for(tmp_path, capsys, command):
     """(b) the graph with training, the trainer and the contract all need a curriculum."""

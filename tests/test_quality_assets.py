@@ -46,8 +46,10 @@ def write_config(tmp_path, threshold=0.5, positive=("books", "wiki"), safety=Non
             for s in SOURCES
         ],
         "stages": {
+            # The buckets alone: these hand-made buckets' counts and scores are what is checked here
+            # (the shipped labelled pages that join a config by default: test_quality_labels.py).
             "quality": {"positive_buckets": list(positive), "negative_buckets": ["web"], "threshold": threshold,
-                        "num_features": 4096, **quality},
+                        "num_features": 4096, "shipped_labelled_pages": False, **quality},
             "safety": safety or {"blocked_words": ["forbiddenword"], "blocked_domains": ["blocked.example"]},
         },
     }

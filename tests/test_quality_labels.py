@@ -52,29 +52,39 @@ def two_language_bucket(root: LocalDataRoot) -> tuple[list[tuple], dict[str, str
     return entries, language
 
 
-def test_stratified_cut_keeps_each_language_share_within_one_entry(tmp_path):
+def test_top_25_percent_keeps_25_percent_of_each_languages_tokens_within_one_entry(tmp_path):
     root = LocalDataRoot(tmp_path / "root")
     entries, language = two_language_bucket(root)
     inv = read_bucket_inventory(root, "web")
     sel = select_top_quality(root, inv, 0.25)  # per language: the default
-    docs = {lang: sum(1 for lang_of in language.values() if lang_of == lang) for lang in ("de", "en")}
-    assert docs == {"de": 40, "en": 60}
-    assert {lang: v["kept"] for lang, v in sel.languages.items()} == {"de": 10, "en": 15}  # ceil(0.25 x each)
+    tokens = {lang: sum(t for doc, t, *_ in entries if language[doc] == lang) for lang in ("de", "en")}
+    doc_tokens = {doc: sum(t for d, t, *_ in entries if d == doc) for doc in language}
+    assert tokens == {"de": 400, "en": 820}  # 40 and 60 documents of 10 tokens; every fifth (English) 10 + 11
     for lang, v in sel.languages.items():
-        assert abs(v["kept"] - v["share_of_bucket"] * sel.documents) <= 1
-        assert v["share_of_bucket"] == docs[lang] / 100
-    # the cutoffs are those of ranking each language on its own, and the ids kept are exactly the
-    # entries scoring at least their language's cutoff
-    scores = {lang: np.array([s for doc, _, w, _, s in entries if w == 0 and language[doc] == lang]) for lang in docs}
-    assert sel.cut.by_language == stratified_cutoffs(scores, 0.25)
+        assert v["tokens"] == tokens[lang] and v["share_of_bucket"] == round(tokens[lang] / 1220, 6)
+        # 25% of the language's tokens, plus less than the document at the cutoff (kept whole): a
+        # German document is one entry of 10 tokens, so German's overshoot is under one entry
+        target = 0.25 * tokens[lang]
+        kept_docs = [d for d in language if language[d] == lang and
+                     next(s for doc, *_, s in entries if doc == d) >= sel.cut.by_language[lang]]
+        last = min(kept_docs, key=lambda d: next(s for doc, *_, s in entries if doc == d))
+        assert target <= v["kept_tokens"] < target + doc_tokens[last], (lang, v)
+        assert v["kept_tokens"] == sum(doc_tokens[d] for d in kept_docs) and v["kept"] == len(kept_docs)
+    assert (sel.languages["de"]["kept_tokens"], sel.languages["de"]["kept"]) == (100, 10)  # ten 10-token documents
+    # the cutoffs are those of ranking each language on its own by tokens, and the ids kept are
+    # exactly the entries scoring at least their language's cutoff
+    first = [(doc, s) for doc, _, w, _, s in entries if w == 0]
+    scores = {lang: np.array([s for doc, s in first if language[doc] == lang]) for lang in tokens}
+    sizes = {lang: np.array([doc_tokens[doc] for doc, _ in first if language[doc] == lang]) for lang in tokens}
+    assert sel.cut.by_language == stratified_cutoffs(scores, 0.25, sizes)
     kept = np.concatenate(list(kept_entry_ids(root, inv, sel.cut))).tolist()
     assert kept == [i for i, (doc, _, _, _, s) in enumerate(entries) if s >= sel.cut.by_language[language[doc]]]
     assert (sel.entries, sel.tokens) == (len(kept), sum(entries[i][1] for i in kept))
 
     # the global cut, by name, ranks the bucket as one: German's lower scores keep none of it
     whole = select_top_quality(root, inv, 0.25, per_language=False)
-    assert whole.cut == QualityCut(cutoff=whole.cutoff) and whole.documents == 25
-    assert {lang: v["kept"] for lang, v in whole.languages.items()} == {"de": 0, "en": 25}
+    assert whole.cut == QualityCut(cutoff=whole.cutoff) and 305 <= whole.tokens < 305 + 21
+    assert whole.languages["de"]["kept"] == 0 and whole.languages["en"]["kept_tokens"] == whole.tokens
 
 
 def test_a_table_without_languages_is_one_stratum_as_before(tmp_path):
@@ -102,7 +112,17 @@ def test_reported_auc_matches_a_toy_set_with_known_auc():
     assert (m["precision"], m["recall"], m["f1"], m["accuracy"]) == (0.5, 0.5, 0.5, 0.5)
 
 
-def test_evaluate_reports_per_language_and_flags_perfect_source_separation():
+def held_out_frame(bucket_scores: dict[str, np.ndarray], positive: set[str], language: str = "en") -> pl.DataFrame:
+    """A held-out frame for `qm.evaluate`: each bucket's scores, labelled 1 for the positive buckets."""
+    return pl.DataFrame({
+        "bucket": [b for b, s in bucket_scores.items() for _ in s],
+        "language": [language] * sum(len(s) for s in bucket_scores.values()),
+        "label": [int(b in positive) for b, s in bucket_scores.items() for _ in s],
+        "score": np.concatenate(list(bucket_scores.values())),
+    })
+
+
+def test_evaluate_reports_per_language_and_flags_the_only_auc_between_buckets():
     n = qm.MIN_LANGUAGE_DOCS
     held = pl.DataFrame({
         "bucket": ["books"] * 2 * n + ["web"] * 2 * n,
@@ -114,10 +134,39 @@ def test_evaluate_reports_per_language_and_flags_perfect_source_separation():
     assert out["holdout"]["auc"] == 1.0 and out["holdout"]["f1"] == 1.0
     assert set(out["holdout_by_language"]) == {"de", "en"}
     assert out["share_above_threshold"] == {"de": 0.5, "en": 0.5}
-    assert out["flags"] and "'books' and 'web'" in out["flags"][0] and "separates these sources" in out["flags"][0]
-    assert out["check"] is None
-    mixed = held.with_columns(score=pl.Series(np.tile([0.3, 0.7], 2 * n)))
+    assert out["check"] is None and out["within_bucket"] is None
+    assert len(out["flags"]) == 1 and "AUC 1.000 between buckets 'books' and 'web' is the only AUC measured" in out["flags"][0]
+    # Not only at 1.0: books above web in 98 of 100 pairs is still the only figure measured.
+    near = held_out_frame({"books": np.r_[np.linspace(0.5, 0.9, 9), 0.05], "web": np.linspace(0.1, 0.4, 10)}, {"books"})
+    assert qm.roc_auc(near["score"].to_numpy(), near["label"].to_numpy()) == 0.9
+    [flag] = qm.evaluate(near, 0.5)["flags"]
+    assert "AUC 0.900 between buckets 'books' and 'web' is the only AUC measured" in flag
+
+
+def test_with_a_within_bucket_figure_only_perfect_source_separation_is_flagged():
+    high, low, spam = (qm.LABELLED_BUCKETS[k] for k in ("high", "low", "spam"))
+    labelled = {high: np.array([0.9, 0.8, 0.3]), low: np.array([0.2, 0.4]), spam: np.array([0.1, 0.85])}
+    separated = held_out_frame({"books": np.linspace(0.6, 0.9, 10), "web": np.linspace(0.1, 0.4, 10), **labelled},
+                               {"books", high})
+    out = qm.evaluate(separated, 0.5)
+    # high against low: 0.9 and 0.8 beat both, 0.3 beats 0.2 only: 5 of 6 pairs; against spam 4 of 6.
+    assert out["within_bucket"] == {"high_vs_low_auc": round(5 / 6, 6), "high_vs_spam_auc": round(4 / 6, 6), "pages": 7}
+    assert len(out["flags"]) == 1 and "held-out AUC 1.0 between buckets 'books' and 'web'" in out["flags"][0]
+    mixed = held_out_frame({"books": np.tile([0.3, 0.7], 5), "web": np.tile([0.7, 0.3], 5), **labelled}, {"books", high})
     assert qm.evaluate(mixed, 0.5)["flags"] == []
+
+
+def test_labelled_pages_weigh_at_least_as_much_as_the_corpus():
+    """English: the corpus's 1 positive and 3 negatives, the labelled set's 1 and 1. Per language the
+    classes weigh 2 each (positive 1, negative 2/4); the labelled pages' 1.5 is raised to the
+    corpus's 2.5, then every weight is scaled to average 1: 6 documents over a total of 5."""
+    labels = np.array([1, 0, 0, 0, 1, 0])
+    labelled = np.array([False] * 4 + [True] * 2)
+    weights, per_language, untrained = qfit.class_weights(pl.Series(["en"] * 6), labels, labelled)
+    assert weights.tolist() == pytest.approx([1.2, 0.6, 0.6, 0.6, 2.0, 1.0])
+    assert per_language == {"en": {"positive": 2, "negative": 4}} and untrained == []
+    unlabelled, _, _ = qfit.class_weights(pl.Series(["en"] * 6), labels)
+    assert unlabelled.tolist() == pytest.approx([1.5, 0.75, 0.75, 0.75, 1.5, 0.75])  # a total of 4, not raised
 
 
 def test_a_labelled_row_without_a_known_label_is_refused(tmp_path):
@@ -125,6 +174,33 @@ def test_a_labelled_row_without_a_known_label_is_refused(tmp_path):
     path.write_text(json.dumps({"url": "u", "text": "t", "lang": "en", "label": "great"}) + "\n")
     with pytest.raises(LabelledSetError, match=r"labelled.jsonl:1: a labelled page needs text and a label"):
         list(labelled_batches(str(path)))
+
+
+def test_a_config_that_names_no_labelled_set_trains_on_the_shipped_pages(tmp_path):
+    """The configuration a new user gets: no labelled_set, so data/labelled's pages and
+    data/multilingual's documentation (high) and planted spam (spam) join training."""
+    from refinery.config import load_config
+    from refinery.models.quality_training import labelled_sets, training_buckets
+
+    from helpers.configs import demo_config, write_config
+
+    data = demo_config(tmp_path / "out")
+    data["stages"].pop("quality", None)
+    cfg = load_config(write_config(tmp_path, data))
+    assert cfg.stages.quality.labelled_set is None
+    assert labelled_sets(cfg) == [(str(DATA / "labelled" / "labelled.jsonl.gz"), None),
+                                  (str(DATA / "multilingual" / "clean.jsonl.gz"), "high"),
+                                  (str(DATA / "multilingual" / "spam.jsonl.gz"), "spam")]
+    assert training_buckets(cfg) == (["books", "wiki", qm.LABELLED_BUCKETS["high"]],
+                                     ["web", qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]])
+    buckets = {path: pl.concat(list(labelled_batches(path, label)))["bucket"].value_counts()
+               for path, label in labelled_sets(cfg)}
+    assert dict(buckets[str(DATA / "multilingual" / "clean.jsonl.gz")].iter_rows()) == {qm.LABELLED_BUCKETS["high"]: 445}
+    assert dict(buckets[str(DATA / "multilingual" / "spam.jsonl.gz")].iter_rows()) == {qm.LABELLED_BUCKETS["spam"]: 120}
+    assert set(buckets[str(DATA / "labelled" / "labelled.jsonl.gz")]["bucket"]) == set(qm.LABELLED_BUCKETS.values())
+    data["stages"]["quality"] = {"shipped_labelled_pages": False}
+    off = load_config(write_config(tmp_path, data))
+    assert labelled_sets(off) == [] and training_buckets(off) == (["books", "wiki"], ["web"])
 
 
 def test_the_committed_labelled_set_is_real_and_documented():

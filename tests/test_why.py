@@ -3,7 +3,9 @@ for a document removed by language ID, by a heuristic rule, by exact and near de
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +36,9 @@ def test_a_language_dropped_url_names_the_language_score_and_threshold(trail, ca
     [t] = why_json(trail, trail.urls["a/1"], capsys)
     assert statuses(t) == [("raw_documents", "kept"), ("extracted_text", "kept"), ("language_filtered", "removed")]
     assert t["removed"] == {"stage": "language_filtered", "rule": "language/unwanted_language", "value": 0.93,
-                            "detail": "fr", "language": "fr", "threshold": "languages: en, de"}
+                            "detail": "fr", "language": "fr", "threshold": "languages: en, de",
+                            "excerpt": "text starts: 'Le port se réveille lentement quand les bateaux de pêche "
+                                       "reviennent avec la marée.'"}
     [t] = why_json(trail, trail.doc_ids["b/2"], capsys)
     assert (t["removed"]["rule"], t["removed"]["value"], t["removed"]["threshold"]) == ("language/low_score", 0.4, "score >= 0.65")
     assert main(["why", trail.urls["a/1"], "--config", str(trail.config)]) == 0
@@ -47,11 +51,42 @@ def test_a_heuristic_dropped_url_names_the_rule_value_and_threshold(trail, capsy
     assert statuses(t)[-1] == ("heuristic_filtered", "removed") and len(t["stages"]) == 4
     assert t["stages"][2] == {"stage": "language_filtered", "status": "kept", "language": "en", "language_score": 0.9}
     assert t["removed"] == {"stage": "heuristic_filtered", "rule": "gopher_quality/min_words", "value": 3.0,
-                            "detail": "< 50", "threshold": "< 50"}
+                            "detail": "< 50", "threshold": "< 50", "excerpt": "text starts: 'Buy now cheap'"}
     assert main(["why", trail.urls["a/2"], "--config", str(trail.config)]) == 0
     out = capsys.readouterr().out
-    assert "gopher_quality/min_words: value 3, threshold < 50" in out
+    assert "gopher_quality/min_words: value 3, threshold < 50\n" + " " * 32 + "text starts: 'Buy now cheap'" in out
     assert f"refinery funnel --config {trail.config} --explain {trail.doc_ids['a/2']}" in out
+
+
+def man_page_with(line: str, at: int) -> str:
+    """coreutils' cmp(1) from data/multilingual (a page every heuristic rule keeps) with `line`
+    inserted as line `at` (from 1)."""
+    path = Path(__file__).resolve().parents[1] / "data" / "multilingual" / "clean.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = next(p for p in map(json.loads, f) if p["url"] == "man://en/cmp.1")["text"].split("\n")
+    return "\n".join(lines[:at - 1] + [line] + lines[at - 1:])
+
+
+def test_why_on_a_curly_bracket_removal_shows_the_line(tmp_path, capsys):
+    line = "A template may say cmp {first} {second} where the two file names go, as the examples do."
+    trail = write_trail_corpus(tmp_path, heuristic_text=man_page_with(line, 30))
+    [t] = why_json(trail, trail.urls["a/2"], capsys)
+    assert (t["removed"]["rule"], t["removed"]["value"]) == ("c4/curly_bracket", 30.0)  # the line's number
+    assert t["removed"]["threshold"] == f"'{{' in a line that is not code: {line!r}"
+    assert main(["why", trail.urls["a/2"], "--config", str(trail.config)]) == 0
+    assert f"REMOVED  c4/curly_bracket: value 30, threshold '{{' in a line that is not code: {line!r}" in capsys.readouterr().out
+
+
+def test_why_on_a_line_rule_removal_shows_the_first_offending_line(tmp_path, capsys):
+    """Gopher's bullet-line ratio is measured over every line; `why` names the first bullet line."""
+    options = ["Options of the harbour tool, each given before the file name:"]
+    options += [f"--tide-{i} NAME   the boat that leaves on tide {i}, by its registered name" for i in range(1, 30)]
+    trail = write_trail_corpus(tmp_path, heuristic_text="\n".join(options))
+    [t] = why_json(trail, trail.urls["a/2"], capsys)
+    assert (t["removed"]["rule"], t["removed"]["value"]) == ("gopher_quality/bullet_lines_ratio", 29 / 30)
+    assert t["removed"]["excerpt"] == f"first bullet line (line 2): {options[1]!r}"
+    assert main(["why", trail.urls["a/2"], "--config", str(trail.config)]) == 0
+    assert f"first bullet line (line 2): {options[1]!r}" in capsys.readouterr().out
 
 
 def test_dedup_dropped_documents_name_the_document_kept_instead(trail, capsys):

@@ -52,11 +52,11 @@ from refinery.curriculum.quality_cut import stratified_cutoffs
 from refinery.documents import CLEAN_STAGE
 from refinery.layout import documents_key
 from refinery.global_steps import exact_dedup
-from refinery.models import quality, quality_training
-from refinery.stages import custom, heuristic
-from refinery.stages import pii as pii_stage
-from refinery.stages.base import Stage, StageOutput
+from refinery.global_steps.dedup_compute import STAGE as DEDUP_STAGE
+from refinery.stage_recipes import build_stage
+from refinery.stages.base import Stage
 from refinery.stages.attributes import stage_batches
+from refinery.stages import registry
 from refinery.stages.registry import TEXT_STAGE, LeftOut, funnel_stage, left_out, rule_family
 from refinery.storage import DataRoot
 
@@ -171,45 +171,22 @@ def variant_batches(root: DataRoot, cfg: RefineryConfig, sel: Selection, partiti
 
 class Judges:
     """The stages after a readmitted document's rejection that judge one document alone, built once
-    per variant: heuristic_filtered (the built-in rules and the custom filters), exact dedup (by the
-    stage's hash, `_exact_dedup`), quality_scored (the published model and threshold) and
-    pii_redacted (the safety filter, then redaction), as the funnel's assets build them. Near dedup
-    is not among them."""
-
-    ORDER = ("heuristic_filtered", "deduped", "quality_scored", "pii_redacted")
+    per variant by their recipes (refinery/stage_recipes.py) as the funnel builds them, told what
+    the variant leaves out: every per-document stage of the registry, and exact dedup (by the
+    stage's hash, `_exact_dedup`) for deduped. Near dedup is not among them."""
 
     def __init__(self, root: DataRoot, cfg: RefineryConfig, sel: Selection):
         self.root, self.cfg, self.sel = root, cfg, sel
         self._built: dict[tuple[str, str], Stage] = {}
+        self._shared: dict = {}  # what the builds share: the published quality model
         self._seen: np.ndarray | None = None  # exact dedup: the normalized-text hashes it kept (S16, sorted)
         self._readmitted: set[bytes] = set()  # and those of the documents let in so far
 
     def _stage(self, name: str, source: str) -> Stage:
-        if (name, source) in self._built:
-            return self._built[name, source]
-        cfg = self.cfg
-        if name == "heuristic_filtered":
-            stage = custom.with_custom_filters(heuristic.HeuristicFilter(cfg.stages.heuristic,
-                                                                         cfg.source(source).rules_off), cfg)
-        elif name == "quality_scored":
-            stage = _Unscored() if not cfg.stages.quality.enabled else self._quality()
-        elif self.sel.readmits("pii_redacted", "safety/"):  # redaction is no verdict: it always runs
-            stage = pii_stage.PiiRedactor.from_config(cfg.stages.pii, self._rescore())
-        else:
-            stage = pii_stage.SafetyThenRedact.from_config(cfg.stages, self._rescore())
-        stage.record_timeout_s = cfg.stages.record_timeout_s
-        self._built[name, source] = stage
-        return stage
-
-    def _rescore(self) -> pii_stage.Rescore | None:
-        """The scorer redaction re-scores changed texts with, as the funnel's pii_redacted does."""
-        return quality_training.load_published_model(self.root)[0].score if self.cfg.stages.quality.enabled else None
-
-    def _quality(self) -> Stage:
-        model, pointer = quality_training.load_published_model(self.root)
-        # Left out: scored (quality_top ranks by it) but never dropped on score.
-        enforce = not self.sel.readmits("quality_scored", "quality/below_threshold")
-        return quality.QualityScorer(model, self.cfg.stages.quality.threshold, enforce, pointer["model_hash"])
+        if (name, source) not in self._built:
+            self._built[name, source] = build_stage(name, self.cfg, source, self.root, leaves_out=self.sel.readmits,
+                                                    shared=self._shared)
+        return self._built[name, source]
 
     def _exact_dedup(self, batch: pl.DataFrame) -> pl.DataFrame:
         """exact dedup's verdict on documents that never reached it: a document whose normalized
@@ -235,11 +212,14 @@ class Judges:
     def judge(self, rejected_by: str, batch: pl.DataFrame) -> pl.DataFrame:
         """What the per-document stages after `rejected_by` keep of `batch` (pii_redacted's redaction
         always runs); a removal the variant leaves out keeps the document as it went in."""
-        order = list(VERDICT_TABLES)
-        after = [n for n in self.ORDER if order.index(n) > order.index(rejected_by) or n == "pii_redacted"]
+        stages = registry.STAGES  # read when called: a test may register a stage
+        after = [s.name for s in stages[registry.stage_names().index(rejected_by) + 1:]
+                 if s.build is not None or s.name == DEDUP_STAGE]
+        if rejected_by == CLEAN_STAGE:
+            after = [CLEAN_STAGE]
         source = batch["source"][0]  # one input file's documents: one source
         for name in after:
-            if name == "deduped":
+            if name == DEDUP_STAGE:
                 batch = self._exact_dedup(batch)
                 continue
             out = self._stage(name, source).run_for_source(batch, self.cfg.source(source).skip)
@@ -260,15 +240,6 @@ class Judges:
 def _hash_keys(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """exact dedup's (hi, lo) hash halves as one sortable 16-byte key each."""
     return np.stack([hi.astype(">u8"), lo.astype(">u8")], axis=1).reshape(-1).view("S16")
-
-
-class _Unscored(Stage):
-    """quality_scored with the classifier off: every document kept, no score (as the funnel runs it)."""
-
-    name = quality.QualityScorer.name
-
-    def run(self, docs: pl.DataFrame) -> StageOutput:
-        return quality.unscored(docs)
 
 
 def language_of(languages: pl.Series) -> pl.Series:

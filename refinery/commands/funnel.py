@@ -64,8 +64,9 @@ def _row_at(root: DataRoot, stage: str, partition: str, position: int) -> "pl.Da
 
 
 def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str, Any] | None:
-    """Every heuristic rule and custom filter the document fails ({rule, value, threshold}), or None
-    when no document of the heuristic stage's input has that doc_id or url."""
+    """Every heuristic rule and custom filter the document fails ({rule, value, threshold, excerpt:
+    the line or part of the text the value comes from}), or None when no document of the heuristic
+    stage's input has that doc_id or url."""
     from refinery.stages.heuristic.explain import explain_record
 
     found = find_heuristic_input(root, key)
@@ -91,7 +92,8 @@ def explain_document(cfg: RefineryConfig, root: DataRoot, key: str) -> dict[str,
         "heuristic_skipped_by_source": "heuristic" in source.skip,
         "rules_off": explanation.rules_off,
         "custom_filters": [spec.name for spec in cfg.stages.custom_filters],
-        "failures": [{"rule": rule, "value": value, "threshold": detail} for rule, value, detail in explanation.failures],
+        "failures": [{"rule": rule, "value": value, "threshold": detail, "excerpt": shown}
+                     for rule, value, detail, shown in explanation.failures],
     }
 
 
@@ -114,6 +116,8 @@ def format_explanation(exp: dict[str, Any]) -> str:
     out.append(f"fails {len(failures)} heuristic rule(s); the stage reports the first:")
     rows = [[f["rule"], "-" if f["value"] is None else f"{f['value']:.4g}", f["threshold"]] for f in failures]
     out.append(format_table(["rule", "value", "threshold"], rows))
+    shown = [f"  {f['rule']}: {f['excerpt']}" for f in failures if f["excerpt"]]
+    out += ["where to look:", *shown] if shown else []
     return "\n".join(out)
 
 

@@ -210,8 +210,10 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
                   "    # pair, so documents are not scored and no phase keeps only the best of a bucket.",
                   "    enabled: false"]
     else:
-        lines += ["    # Trained in the pipeline: curated buckets positive, raw web negative. It scores every document",
-                  "    # (threshold 0 drops none); the anneal phase keeps the better half of each bucket.",
+        lines += ["    # Trained in the pipeline: curated buckets positive, raw web negative, with the real documentation,",
+                  "    # low-value pages and spam Refinery ships (shipped_labelled_pages), so that it ranks pages within",
+                  "    # web too. It scores every document (threshold 0 drops none); the anneal phase keeps the better",
+                  "    # half of each bucket's tokens.",
                   f"    positive_buckets: {_flow(quality[0])}",
                   f"    negative_buckets: {_flow(quality[1])}"]
     lines += [

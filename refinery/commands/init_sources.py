@@ -6,7 +6,6 @@ languages that sample holds. refinery/commands/init.py writes the config from it
 from __future__ import annotations
 
 import glob
-import gzip
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from refinery.config import LanguageConfig
 from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
 from refinery.documents.inputs import outside_folder
 from refinery.preflight import not_a_file
+from refinery.stages.readers import format_of_path, input_format
 
 SAMPLE_FILES = 3  # per source: the first, middle and last file
 ROOT_BUCKET = "web"
@@ -52,17 +52,10 @@ MIN_TEXT_CHARS = 40  # mean characters of a field that is not called text-like b
 SAMPLE_RECORDS = 200  # records read per table to find its fields
 
 
-EXTENSIONS = {"warc": (".warc.gz", ".warc"), "jsonl": (".jsonl.gz", ".jsonl", ".ndjson.gz", ".ndjson"),
-              "parquet": (".parquet",)}
-
-
 def detect_format(path: str) -> str | None:
     """The source format of one path, or None when it is none Refinery reads."""
-    if os.path.isdir(path):
-        is_dataset = any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", HF_DATASET_DICT))
-        return "hf_dataset" if is_dataset else None
-    name = os.path.basename(path).lower()
-    return next((fmt for fmt, exts in EXTENSIONS.items() if name.endswith(exts)), None)
+    fmt = format_of_path(path)
+    return fmt.name if fmt is not None else None
 
 
 @dataclass
@@ -131,9 +124,9 @@ def _glob_name(path: str, fmt: str) -> str:
     """Files of one extension share a source (`*.jsonl`), compressed or not (`_merge_compressed` makes
     the glob `*.jsonl*` when both are there); a dataset is a source of its own."""
     name = os.path.basename(path)
-    if fmt == "hf_dataset":
+    if input_format(fmt).is_folder:
         return glob.escape(name)
-    ext = next(e for e in EXTENSIONS[fmt] if name.lower().endswith(e))
+    ext = next(e for e in input_format(fmt).extensions if name.lower().endswith(e))
     if ext.endswith(".gz"):
         ext = ext[:-3]
         name = name[:-3]
@@ -143,7 +136,7 @@ def _glob_name(path: str, fmt: str) -> str:
 def _merge_compressed(src: Found) -> None:
     """A source's glob for its files as they are: `*.jsonl.gz` when all are compressed, `*.jsonl`
     when none is, and `*.jsonl*` when the folder holds both (the readers tell gzip by its magic bytes)."""
-    if src.fmt == "hf_dataset":
+    if input_format(src.fmt).is_folder:
         return
     gz = {p.lower().endswith(".gz") for p in src.paths}
     src.glob_name += src.paths[0][-3:] if gz == {True} else "*" if gz == {True, False} else ""
@@ -220,8 +213,8 @@ def folder_and_format(src: Found) -> str:
     """A source's folder (`web` for DIR itself), dataset name and file extension as a name:
     `man_de_jsonl`, `web_warc_gz`, `stories_hf_hf_dataset`."""
     where = [src.folder or ROOT_BUCKET]
-    if src.fmt == "hf_dataset":
-        where.append(os.path.basename(src.paths[0]) + "_hf_dataset")  # a dataset is one folder: its own source
+    if input_format(src.fmt).is_folder:
+        where.append(os.path.basename(src.paths[0]) + "_" + src.fmt)  # a dataset is one folder: its own source
     else:
         where.append(src.glob_name.strip("*"))
     return bucket_name("_".join(where))
@@ -250,40 +243,6 @@ def _name_sources(sources: list[Found]) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _sample_records(path: str, fmt: str) -> tuple[list[str], list[dict]]:
-    """The columns (tables: every file's schema; JSONL: the keys seen) and some records."""
-    if fmt == "jsonl":
-        with open(path, "rb") as f:
-            opener = gzip.open if f.read(2) == b"\x1f\x8b" else open
-        records = []
-        with opener(path, "rb") as f:
-            for line in f:
-                if len(records) >= SAMPLE_RECORDS:
-                    break
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    records.append(obj)
-        return sorted({k for r in records for k in r}), records
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if fmt == "parquet":
-        pf = pq.ParquetFile(path)
-        batch = next(pf.iter_batches(batch_size=SAMPLE_RECORDS), None)
-        return pf.schema_arrow.names, batch.to_pylist() if batch is not None else []
-    with open(os.path.join(path, "state.json")) as f:
-        first = json.load(f)["_data_files"][0]["filename"]
-    if outside_folder(os.path.join(path, first), path) is not None:
-        raise ValueError(f"{first} is a symlink out of the dataset's folder")  # ingest refuses it unread
-    with pa.memory_map(os.path.join(path, first)) as source:
-        reader = pa.ipc.open_stream(source)
-        batch = next(iter(reader), None)
-        return reader.schema.names, batch.to_pylist()[:SAMPLE_RECORDS] if batch is not None else []
-
-
 def _pick(candidates: tuple[str, ...], columns: list[str], records: list[dict], kind: type | tuple) -> str | None:
     for name in candidates:
         if name in columns and any(isinstance(r.get(name), kind) for r in records):
@@ -304,24 +263,25 @@ def _url_column(columns: list[str], records: list[dict], text: str) -> str | Non
 def detect_fields(src: Found) -> None:
     """The text, URL and id fields of a JSONL or table source, from a sample of its first input and
     (tables) every input's columns; a source with no text field gets `problem` instead."""
-    if src.fmt == "warc":
+    sample = input_format(src.fmt).sample
+    if sample is None:  # WARC: its records carry no fields
         return
     paths = src.paths if src.fmt != "jsonl" else src.paths[:1]
     schemas, records = [], []
     for path in paths:
-        if src.fmt == "hf_dataset" and os.path.isfile(os.path.join(path, HF_DATASET_DICT)):
+        if input_format(src.fmt).is_folder and os.path.isfile(os.path.join(path, HF_DATASET_DICT)):
             with open(os.path.join(path, HF_DATASET_DICT)) as f:
                 path = os.path.join(path, json.load(f)["splits"][0])
         if outside_folder(path, src.root) is not None:
             src.problem = os.path.relpath(path, src.root) + OUTSIDE_NOTE
             return
         try:
-            columns, sample = _sample_records(path, src.fmt)
+            columns, records_read = sample(path, SAMPLE_RECORDS)
         except Exception as err:  # noqa: BLE001 - an unreadable input is reported, not fatal to init
             src.problem = f"{os.path.basename(path)} could not be read: {type(err).__name__}: {err}"
             return
         schemas.append(columns)
-        records += sample
+        records += records_read
     # For tables only the columns every file has are safe to name (a missing one stops the file).
     columns = [c for c in schemas[0] if all(c in s for s in schemas)]
     src.columns = columns
@@ -367,7 +327,7 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
     extract_cfg = ExtractConfig()
     lid = language.LanguageFilter.from_config(LanguageConfig(languages="all"))
     rules = heuristic.HeuristicFilter(HeuristicConfig())
-    inputs = hf_dataset_dirs(src.paths, src.root) if src.fmt == "hf_dataset" else src.paths  # a DatasetDict's splits
+    inputs = hf_dataset_dirs(src.paths, src.root) if input_format(src.fmt).is_folder else src.paths  # a DatasetDict's splits
     sampled = _evenly(inputs, SAMPLE_FILES)
     others = [] if "language" in src.skip else [p for p in inputs if p not in sampled]
     for i, path in enumerate(_evenly(others, LANGUAGE_FILES)):

@@ -63,6 +63,8 @@ pass) serves each bucket's entries in difficulty bands (OrderConfig)."""
     weights: dict[str, float]
     seq_len: int = Field(gt=0)
     lr_scale: float = Field(default=1.0, gt=0.0)
+    # The best-scored documents holding this fraction of each bucket's tokens (of each language's,
+    # per quality_cut), kept whole (docs/curriculum.md).
     quality_top_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
     # How the quality cut ranks a bucket: within each language (each keeps its share of the
     # bucket; the entry table's language column), or the whole bucket as one.

@@ -22,6 +22,16 @@ FILE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("stages", "quality", "labelled_set"),
 )
 
+# The labelled pages a config without stages.quality.labelled_set trains the quality classifier on
+# (stages.quality.shipped_labelled_pages), relative to the checkout, each with the label every page of
+# it takes (None: the page's own `label`). Built once from Debian packages (their README.md files).
+CHECKOUT = Path(__file__).resolve().parents[2]
+SHIPPED_LABELLED_SETS: tuple[tuple[str, str | None], ...] = (
+    ("data/labelled/labelled.jsonl.gz", None),
+    ("data/multilingual/clean.jsonl.gz", "high"),
+    ("data/multilingual/spam.jsonl.gz", "spam"),
+)
+
 
 def dotted(keys: tuple[str, ...]) -> str:
     return ".".join(keys)

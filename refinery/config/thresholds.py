@@ -95,6 +95,9 @@ class FineWebQualityConfig(Section):
     published 0.1. `new_line_ratio` (newlines per word) is datatrove's list-page rule."""
 
     line_punct_thr: Fraction = 0.12
+    # True: the line-punctuation ratio counts prose lines, not code lines nor an option list's
+    # entries (refinery/stages/line_kinds.py). False: every line, as FineWeb publishes it.
+    line_punct_prose_only: bool = True
     short_line_thr: Fraction = 0.67
     short_line_length: int = Field(default=30, ge=1)
     char_duplicates_ratio: Fraction = 0.1

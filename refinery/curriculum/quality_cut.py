@@ -1,5 +1,5 @@
-"""What a phase with a quality cutoff keeps of a bucket: the top fraction by `quality_score`, found
-exactly in memory that does not grow with the bucket.
+"""What a phase with a quality cutoff keeps of a bucket: the best-scored documents by `quality_score`
+holding the top fraction of its tokens, found exactly in memory that does not grow with the bucket.
 
 The per-entry table is streamed in batches of `ENTRY_BATCH_ROWS`:
 histograms of the scores' leading bits, 16 bits a pass, narrow the cutoff to one bin, and once a bin
@@ -8,8 +8,10 @@ cutoff, kept documents, entries and tokens are exactly those of ranking every do
 
 A phase's cut is per language by default (`curriculum.phases[].quality_cut: per_language`): the
 entry table's `language` column (language_filtered's, null read as "unknown") splits the bucket, and
-each language keeps its own top fraction, so each keeps its share of the bucket whatever its scores
-(FineWeb-2 keeps every filter per language). One census pass counts each language's documents; then
+each language keeps its own top fraction of its tokens, so each keeps its share of the bucket's
+tokens whatever its scores (FineWeb-2 keeps every filter per language). The unit is tokens, not
+documents: the better-scored documents are longer, so a top 25% of documents held 47.5% of a web
+bucket's tokens on a real crawl (issue 47). One census pass counts each language's tokens; then
 each language's cutoff is found as above over its own entries: 1 + 2 x languages passes of the
 columns tokens, window, quality_score and language, the state of one language's histogram at a time
 (`quality_cut: global` ranks the bucket as one, then counts what each language kept in one pass).
@@ -186,13 +188,15 @@ def bracket_task(root: "DataRoot", item: tuple[TableSlice, int, int, str | None]
 
 def bracket_cutoff(run_tasks: RunTasks, parts: list[TableSlice], prefix: int, fixed: int, rank: int, kept: Kept,
                    language: str | None = None) -> int:
-    """The key of the `rank`-th best document among the entries (of `language`; all for None) whose
-    key starts with `prefix` (at most BRACKET_ENTRIES of them, read in one pass); adds what it keeps
-    of them to `kept`."""
+    """The key at which the best entries (of `language`; all for None) whose key starts with
+    `prefix` (at most BRACKET_ENTRIES of them, read in one pass) first hold `rank` tokens; adds what
+    it keeps of them to `kept`."""
     keys, tokens, first_window = zip(*run_chunked(run_tasks, bracket_task,
                                                   [(part, prefix, fixed, language) for part in parts]))
     all_keys, all_tokens, all_first = np.concatenate(keys), np.concatenate(tokens), np.concatenate(first_window)
-    cutoff = int(np.sort(all_keys[all_first])[::-1][rank - 1])
+    best_first = np.argsort(all_keys, kind="stable")[::-1]
+    reached = int(np.searchsorted(np.cumsum(all_tokens[best_first]), rank))
+    cutoff = int(all_keys[best_first[min(reached, len(best_first) - 1)]])
     kept_here = all_keys >= np.uint64(cutoff)
     kept.entries += int(kept_here.sum())
     kept.tokens += int(all_tokens[kept_here].sum())
@@ -210,29 +214,31 @@ class QualitySelection:
     entries: int
     tokens: int
     cut: QualityCut | None = None
-    # language -> {documents, kept, kept_tokens, share_of_bucket, share_of_selection}
+    # language -> {documents, kept, tokens, kept_tokens, share_of_bucket, share_of_selection} (shares of tokens)
     languages: dict[str, dict[str, float]] | None = None
 
 
-def _top_documents(run_tasks: RunTasks, parts: list[TableSlice], top_fraction: float, documents: int | None,
-                   language: str | None) -> tuple[int | None, Kept, Kept]:
-    """The key of the cutoff keeping the top `top_fraction` of `documents` (None: the table's own
-    count) among one language's entries (all for None), what it keeps, and what the pass counted
-    of the whole table; key None when nothing there is scored."""
+def _top_tokens(run_tasks: RunTasks, parts: list[TableSlice], top_fraction: float, tokens: int | None,
+                language: str | None) -> tuple[int | None, Kept, Kept]:
+    """The key of the cutoff keeping the best-scored documents that first hold the top
+    `top_fraction` of `tokens` (None: the table's own count) among one language's entries (all for
+    None), what it keeps, and what the pass counted of the whole table; key None when nothing there
+    is scored. Every window of a document has its score, so a document is kept whole: the cut
+    overshoots the fraction by less than the document at the cutoff."""
     kept = Kept()
     prefix = fixed = 0
     hist = score_histogram(run_tasks, parts, prefix, fixed, language)
     table = hist.table
-    scored = int(hist.documents.sum())
-    if scored == 0:
+    scored = int(hist.tokens.sum())
+    if int(hist.entries.sum()) == 0:
         return None, kept, table
-    rank = top_fraction_rank(top_fraction, table.documents if documents is None else documents, scored)
+    rank = top_fraction_rank(top_fraction, table.tokens if tokens is None else tokens, scored)
     while True:
-        # the highest bin whose documents, with those of every bin above it, reach `rank`
-        above = np.cumsum(hist.documents[::-1])
+        # the highest bin whose tokens, with those of every bin above it, reach `rank`
+        above = np.cumsum(hist.tokens[::-1])
         chosen = len(above) - 1 - int(np.searchsorted(above, rank))
         kept.add_bins(hist, slice(chosen + 1, None))
-        rank -= int(hist.documents[chosen + 1:].sum())
+        rank -= int(hist.tokens[chosen + 1:].sum())
         prefix, fixed = (prefix << LEVEL_BITS) | chosen, fixed + LEVEL_BITS
         if fixed == KEY_BITS:  # every entry of the bin has the cutoff's score
             kept.add_bins(hist, slice(chosen, chosen + 1))
@@ -271,25 +277,28 @@ def language_census(run_tasks: RunTasks, parts: list[TableSlice], cut: QualityCu
 
 
 def language_shares(census: dict[str, list[int]]) -> dict[str, dict[str, float]]:
-    documents = sum(r[2] for r in census.values()) or 1
-    kept = sum(r[3] for r in census.values()) or 1
-    return {lang: {"documents": r[2], "kept": r[3], "kept_tokens": r[4], "share_of_bucket": round(r[2] / documents, 6),
-                   "share_of_selection": round(r[3] / kept, 6)} for lang, r in census.items()}
+    """Per language: its documents and tokens, those kept, and its share of the bucket's tokens and
+    of the kept tokens (the cut's unit)."""
+    tokens = sum(r[1] for r in census.values()) or 1
+    kept = sum(r[4] for r in census.values()) or 1
+    return {lang: {"documents": r[2], "kept": r[3], "tokens": r[1], "kept_tokens": r[4],
+                   "share_of_bucket": round(r[1] / tokens, 6), "share_of_selection": round(r[4] / kept, 6)}
+            for lang, r in census.items()}
 
 
 def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: float,
                        run_tasks: RunTasks | None = None, per_language: bool = True) -> QualitySelection:
-    """Keep the documents whose quality_score is at or above the score of the document ranked
-    ceil(top_fraction x documents), best first, with every window of a kept document; with
-    `per_language` (the default), within each language of the bucket, counting that language's
-    documents. Ties at a cutoff are all kept; a document without a score (empty text) is never
-    kept. Reads the entry table once per histogram level and once for the last bracket (per
+    """Keep the best-scored documents, every window of each, until they hold ceil(top_fraction x
+    tokens) of the bucket's tokens; with `per_language` (the default), within each language of the
+    bucket, counting that language's tokens. The cutoff is the score of the document that reaches
+    the count, so the cut keeps the fraction plus less than that one document; ties at a cutoff are
+    all kept; a document without a score (empty text) is never kept. Reads the entry table once per histogram level and once for the last bracket (per
     language), plus one census pass, a task per final shard (run by `run_tasks`; default: in this
     process), never all of it at once."""
     run_tasks = run_tasks or in_process(root)
     parts = inventory_slices(inv)
     if not per_language:
-        key, kept, table = _top_documents(run_tasks, parts, top_fraction, None, None)
+        key, kept, table = _top_tokens(run_tasks, parts, top_fraction, None, None)
         check_table(root, inv, table)
         if key is None:
             return QualitySelection(cutoff=math.inf, documents=0, entries=0, tokens=0, cut=QualityCut(cutoff=math.inf))
@@ -301,7 +310,7 @@ def select_top_quality(root: "DataRoot", inv: BucketInventory, top_fraction: flo
                                 sum(r[2] for r in census.values())))
     cutoffs, total = {}, Kept()
     for lang, row in census.items():
-        key, kept, _ = _top_documents(run_tasks, parts, top_fraction, row[2], lang)
+        key, kept, _ = _top_tokens(run_tasks, parts, top_fraction, row[1], lang)
         cutoffs[lang] = math.inf if key is None else key_score(key)
         row[3], row[4] = kept.documents, kept.tokens
         total.entries += kept.entries
@@ -341,20 +350,28 @@ def phase_selections(cfg: RefineryConfig, root: "DataRoot", inventory: dict[str,
     }
 
 
-def top_fraction_rank(top_fraction: float, documents: int, scored: int) -> int:
-    """How many documents a top-`top_fraction` cut of `documents` keeps (ties aside): ceil of the
-    fraction, at least one, at most the `scored` ones."""
-    return min(max(1, math.ceil(top_fraction * documents)), scored)
+def top_fraction_rank(top_fraction: float, total: int, scored: int) -> int:
+    """How many tokens (or documents) a top-`top_fraction` cut of `total` keeps (ties aside): ceil of
+    the fraction, at least one, at most the `scored` ones."""
+    return min(max(1, math.ceil(top_fraction * total)), scored)
 
 
-def top_fraction_cutoff(scores: np.ndarray, top_fraction: float) -> float:
-    """The cutoff `select_top_quality` finds, over documents' scores held in memory (NaN: unscored)."""
-    scored = np.sort(scores[~np.isnan(scores)])[::-1]
-    if len(scored) == 0:
+def top_fraction_cutoff(scores: np.ndarray, top_fraction: float, tokens: np.ndarray | None = None) -> float:
+    """The cutoff `select_top_quality` finds, over documents' scores held in memory (NaN: unscored)
+    and their tokens; without tokens, every document counts one (a cut by documents)."""
+    weights = np.ones(len(scores), dtype=np.int64) if tokens is None else np.asarray(tokens, dtype=np.int64)
+    scored = ~np.isnan(scores)
+    if not scored.any():
         return math.inf
-    return float(scored[top_fraction_rank(top_fraction, len(scores), len(scored)) - 1])
+    best_first = np.argsort(scores[scored], kind="stable")[::-1]
+    held = np.cumsum(weights[scored][best_first])
+    rank = top_fraction_rank(top_fraction, int(weights.sum()), int(held[-1]))
+    return float(scores[scored][best_first][min(int(np.searchsorted(held, rank)), len(held) - 1)])
 
 
-def stratified_cutoffs(scores_by_language: dict[str, np.ndarray], top_fraction: float) -> dict[str, float]:
-    """`top_fraction_cutoff` within each language: what `select_top_quality` finds per language."""
-    return {lang: top_fraction_cutoff(s, top_fraction) for lang, s in sorted(scores_by_language.items())}
+def stratified_cutoffs(scores_by_language: dict[str, np.ndarray], top_fraction: float,
+                       tokens_by_language: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+    """`top_fraction_cutoff` within each language: what `select_top_quality` finds per language,
+    given each language's documents' tokens (without them, a cut by documents)."""
+    return {lang: top_fraction_cutoff(s, top_fraction, None if tokens_by_language is None else tokens_by_language[lang])
+            for lang, s in sorted(scores_by_language.items())}

@@ -2,7 +2,8 @@
 class weights, and the streamed fit (docs/quality.md).
 
 Curated buckets (books, wiki) are the positive class, raw web the negative one; each language weighs
-its two classes equally and a language with one class only does not train (`class_weights`), so
+its two classes equally, a language with one class only does not train, and the labelled pages
+weigh at least as much as the corpus's documents (`class_weights`), so
 neither language nor source can be the signal.
 
 Training is torch (an `EmbeddingBag` of width 1 and `torch.optim.Adagrad`, which suits sparse
@@ -95,10 +96,12 @@ class TrainingReport:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in vars(self).items()}
 
 
-def class_weights(languages: pl.Series, labels: np.ndarray) -> tuple[np.ndarray, dict[str, dict[str, int]], list[str]]:
+def class_weights(languages: pl.Series, labels: np.ndarray, labelled: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, dict[str, dict[str, int]], list[str]]:
     """A loss weight per training document such that, within each language, the two classes weigh
     the same (each as much as the smaller one's count) and a language with one class weighs nothing:
-    a language seen only as web, or only as curated, cannot become the signal. Weights average 1
+    a language seen only as web, or only as curated, cannot become the signal. With `labelled` (True
+    for a labelled set's page), the labelled pages together weigh at least as much as the rest. Weights average 1
     over the weighted documents. Also returns each language's class counts and the untrained ones."""
     frame = pl.DataFrame({"language": languages.fill_null(qm.UNKNOWN_LANGUAGE), "label": labels})
     counts = frame.group_by("language").agg(positive=(pl.col("label") == 1).sum(), negative=(pl.col("label") != 1).sum())
@@ -106,6 +109,13 @@ def class_weights(languages: pl.Series, labels: np.ndarray) -> tuple[np.ndarray,
     weights = frame.join(counts, on="language", how="left", maintain_order="left").select(
         pl.min_horizontal("positive", "negative") / pl.when(pl.col("label") == 1).then("positive").otherwise("negative")
     ).to_series().to_numpy().astype(np.float64)
+    if labelled is not None:
+        # The labelled pages weigh at least as much as the corpus's documents: a web bucket of a
+        # million pages would otherwise drown the few thousand that teach the model what a
+        # low-value page inside web looks like.
+        ours, corpus = weights[labelled].sum(), weights[~labelled].sum()
+        if 0 < ours < corpus:
+            weights[labelled] *= corpus / ours
     if weights.sum() > 0:
         weights *= np.count_nonzero(weights) / weights.sum()
     untrained = [lang for lang, c in per_language.items() if min(c.values()) == 0]
@@ -280,7 +290,8 @@ def train_quality_model(
     targets = torch.from_numpy(train_plan["label"].to_numpy().astype(np.float32))
     n_pos = int(train_plan["label"].sum())
     n_neg = train_plan.height - n_pos
-    weights, per_language, untrained = class_weights(train_plan["language"], train_plan["label"].to_numpy())
+    weights, per_language, untrained = class_weights(train_plan["language"], train_plan["label"].to_numpy(),
+                                                     train_plan["bucket"].str.starts_with(qm.LABELLED_PREFIX).to_numpy())
     sample_weights = torch.from_numpy(weights)
 
     with tempfile.TemporaryDirectory(prefix="quality-features-") as spill_dir:

@@ -83,10 +83,12 @@ def share_above(frame: pl.DataFrame, threshold: float) -> dict[str, float]:
     return {lang: round(float(v), 6) for lang, v in shares.iter_rows()}
 
 
-def source_separation(frame: pl.DataFrame) -> list[str]:
-    """Warnings for each pair of a positive and a negative bucket (sources) the scores separate
-    perfectly (AUC 1.0) on held-out documents: the classifier tells those sources apart, which says
-    nothing about quality."""
+def source_separation(frame: pl.DataFrame, within_bucket_measured: bool) -> list[str]:
+    """Warnings on each pair of a positive and a negative bucket (sources) of the held-out documents.
+    Without a within-bucket figure (no labelled pages held out), every pair's AUC is the only one
+    measured, and it is flagged whatever its value: telling curated from web at 0.98 may be telling
+    two sources apart, and says nothing of how pages rank inside web. With one, a pair separated
+    perfectly (AUC 1.0) is still flagged."""
     flags = []
     buckets = frame.group_by("bucket", "label").len().sort("bucket")
     positives = [b for b, label, _ in buckets.iter_rows() if label == 1]
@@ -95,9 +97,16 @@ def source_separation(frame: pl.DataFrame) -> list[str]:
         for n in negatives:
             part = frame.filter(pl.col("bucket").is_in([p, n]))
             auc = roc_auc(part["score"].to_numpy(), part["label"].to_numpy())
-            if auc is not None and auc >= 1.0 and part.height >= 2 * 2:
+            if auc is None or part.height < 2 * 2:
+                continue
+            if not within_bucket_measured:
+                flags.append(f"held-out AUC {auc:.3f} between buckets {p!r} and {n!r} is the only AUC measured: it may "
+                             "be the classifier telling these sources apart, and says nothing of how it ranks pages "
+                             "within a bucket; train with a labelled set (stages.quality.labelled_set, or "
+                             "shipped_labelled_pages: true) to measure that")
+            elif auc >= 1.0:
                 flags.append(f"held-out AUC 1.0 between buckets {p!r} and {n!r}: the classifier separates these "
-                             "sources, not quality; judge it on the labelled check set")
+                             "sources, not quality; judge it on the within-bucket figure (held-out labelled pages)")
     return flags
 
 
@@ -116,16 +125,31 @@ def labelled_check(frame: pl.DataFrame, threshold: float) -> dict[str, Any] | No
     return out
 
 
+def within_bucket(check: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The within-bucket figure: AUC of the held-out labelled high-value pages against the real
+    low-value ones and against spam, all pages of one source (so a classifier that only tells
+    sources apart scores 0.5 here). None without labelled pages."""
+    if check is None:
+        return None
+    return {"high_vs_low_auc": check["high_vs_low"]["auc"], "high_vs_spam_auc": check["high_vs_spam"]["auc"],
+            "pages": check["high_vs_low"]["positives"] + check["high_vs_low"]["negatives"]
+            + check["high_vs_spam"]["negatives"]}
+
+
 def evaluate(held: pl.DataFrame, threshold: float) -> dict[str, Any]:
     """Every figure of a held-out frame (bucket, language, label, score) at `threshold`: the
     corpus's own held-out documents (the labelled set's excluded), per language, the share of each
-    language above the threshold, source-separation flags and the labelled check."""
+    language above the threshold, the labelled check and its within-bucket AUCs, and the
+    source-separation flags."""
     corpus = held.filter(~pl.col("bucket").str.starts_with(LABELLED_PREFIX))
+    check = labelled_check(held, threshold)
+    inside = within_bucket(check)
     return {
         "decision_threshold": threshold,
         "holdout": classification(corpus["score"].to_numpy(), corpus["label"].to_numpy(), threshold),
         "holdout_by_language": by_language(corpus, threshold),
         "share_above_threshold": share_above(corpus, threshold),
-        "check": labelled_check(held, threshold),
-        "flags": source_separation(corpus),
+        "check": check,
+        "within_bucket": inside,
+        "flags": source_separation(corpus, inside is not None and inside["high_vs_low_auc"] is not None),
     }

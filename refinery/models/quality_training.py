@@ -7,10 +7,12 @@ documents of those buckets, with their language, less the ablations' held-out ev
 Those are read through deduped's attribute table (refinery/stages/attributes.py) a record batch of at most `qfit.FEATURIZE_DOCS` rows at a time, never
 as whole tables, so the memory of training does not grow with the corpus.
 
-With `stages.quality.labelled_set` (data/labelled/), the labelled pages join them as the buckets
-`labelled/high` (positive), `labelled/low` and `labelled/spam` (negative): real low-value text among
-the negatives. Their held-out pages, chosen by doc_id hash like every other document's, are the
-labelled check set the model is measured on (refinery/models/quality_metrics.py).
+Labelled pages join them as the buckets `labelled/high` (positive), `labelled/low` and
+`labelled/spam` (negative): real low-value text among the negatives, and real documentation of
+every kind among the positives. They are `stages.quality.labelled_set`, or by default the pages
+Refinery ships (data/labelled and data/multilingual, `labelled_sets`). Their held-out pages, chosen
+by doc_id hash like every other document's, are the labelled check set the model is measured on,
+its within-bucket figure (refinery/models/quality_metrics.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Iterator
 import polars as pl
 
 from refinery.config import RefineryConfig
+from refinery.config.paths import CHECKOUT, SHIPPED_LABELLED_SETS
 from refinery.documents import input_shards
 from refinery.holdout import eval_buckets, held_out_mask
 from refinery.layout import QUALITY_MODEL_DIR
@@ -42,18 +45,20 @@ class LabelledSetError(ValueError):
     """The labelled set is missing, unreadable, or has a row without text or a known label."""
 
 
-def labelled_batches(path: str) -> Iterator[pl.DataFrame]:
-    """The labelled set's pages as doc_id ("labelled:" + url), bucket (`labelled/<label>`),
-    language and text, `qfit.FEATURIZE_DOCS` rows at a time, streamed line by line."""
+def labelled_batches(path: str, label: str | None = None) -> Iterator[pl.DataFrame]:
+    """A labelled set's pages as doc_id ("labelled:" + url), bucket (`labelled/<label>`), language
+    and text, `qfit.FEATURIZE_DOCS` rows at a time, streamed line by line. `label` gives every page
+    that label (a file of one kind, as data/multilingual's); None reads each page's own."""
     rows: list[dict] = []
     try:
         with gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 page = json.loads(line)
-                if page.get("label") not in qm.LABELLED_BUCKETS or not isinstance(page.get("text"), str):
+                page_label = label or page.get("label")
+                if page_label not in qm.LABELLED_BUCKETS or not isinstance(page.get("text"), str):
                     raise LabelledSetError(f"{path}:{number}: a labelled page needs text and a label of "
                                            f"{sorted(qm.LABELLED_BUCKETS)}")
-                rows.append({"doc_id": f"labelled:{page['url']}", "bucket": qm.LABELLED_BUCKETS[page["label"]],
+                rows.append({"doc_id": f"labelled:{page['url']}", "bucket": qm.LABELLED_BUCKETS[page_label],
                              "language": page.get("lang"), "text": page["text"]})
                 if len(rows) == qfit.FEATURIZE_DOCS:
                     yield pl.DataFrame(rows, schema=LABELLED_SCHEMA)
@@ -64,17 +69,30 @@ def labelled_batches(path: str) -> Iterator[pl.DataFrame]:
         yield pl.DataFrame(rows, schema=LABELLED_SCHEMA)
 
 
+def labelled_sets(cfg: RefineryConfig) -> list[tuple[str, str | None]]:
+    """The labelled files training reads, each with the label all its pages take (None: their own):
+    stages.quality.labelled_set, else the shipped ones (SHIPPED_LABELLED_SETS) unless
+    shipped_labelled_pages is off."""
+    qc = cfg.stages.quality
+    if qc.labelled_set:
+        return [(cfg.resolve(qc.labelled_set), None)]
+    if qc.shipped_labelled_pages:
+        return [(str(CHECKOUT / path), label) for path, label in SHIPPED_LABELLED_SETS]
+    return []
+
+
 LABELLED_SCHEMA = {"doc_id": pl.String, "bucket": pl.String, "language": pl.String, "text": pl.String}
 
 
 def training_batches(cfg: RefineryConfig, root: DataRoot) -> qfit.DocumentBatches:
     """A function that reads doc_id, bucket, language and text of the upstream documents of the
     positive and negative buckets, file by file in input order, `qfit.FEATURIZE_DOCS` rows at a time,
-    then the labelled set's pages if one is configured; each call is a fresh pass. The ablations'
+    then the labelled pages (`labelled_sets`); each call is a fresh pass. The ablations'
     held-out evaluation documents are left out (refinery/holdout.py)."""
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
     partitions = [s.key for s in input_shards(cfg) if s.bucket in wanted]
+    labelled = labelled_sets(cfg)
 
     def read() -> Iterator[pl.DataFrame]:
         for partition in partitions:
@@ -83,8 +101,8 @@ def training_batches(cfg: RefineryConfig, root: DataRoot) -> qfit.DocumentBatche
                 batch = batch.filter(~held_out_mask(cfg, batch["doc_id"], batch["bucket"]))
                 if batch.height:
                     yield batch.select("doc_id", "bucket", language.cast(pl.String).alias("language"), "text")
-        if qc.labelled_set:
-            yield from labelled_batches(cfg.resolve(qc.labelled_set))
+        for path, label in labelled:
+            yield from labelled_batches(path, label)
 
     return read
 
@@ -93,7 +111,7 @@ def training_buckets(cfg: RefineryConfig) -> tuple[list[str], list[str]]:
     """The positive and negative buckets training labels by, the labelled set's included."""
     qc = cfg.stages.quality
     positive, negative = list(qc.positive_buckets), list(qc.negative_buckets)
-    if qc.labelled_set:
+    if labelled_sets(cfg):
         positive.append(qm.LABELLED_BUCKETS["high"])
         negative += [qm.LABELLED_BUCKETS["low"], qm.LABELLED_BUCKETS["spam"]]
     return positive, negative

@@ -97,15 +97,16 @@ def order_lines(contract: dict[str, Any]) -> list[str]:
 
 
 def quality_cut_lines(contract: dict[str, Any]) -> list[str]:
-    """Per phase with a quality cut, per bucket: each language's share of the bucket's documents and
-    of the documents the cut kept."""
+    """Per phase with a quality cut, per bucket: each language's share of the bucket's tokens and of
+    the tokens the cut kept, and its kept tokens and documents."""
     lines = []
     for phase, cut in contract.get("quality_cut", {}).items():
         lines += ["", f"quality cut of {phase} ({cut['cut'].replace('_', ' ')}): each language's share of the "
-                      "bucket's documents -> of those kept (kept/documents)"]
+                      "bucket's tokens -> of those kept (kept/tokens, kept/documents)"]
         for bucket, languages in cut["buckets"].items():
             shares = ", ".join(f"{lang} {v['share_of_bucket']:.1%} -> {v['share_of_selection']:.1%} "
-                               f"({v['kept']}/{v['documents']})" for lang, v in (languages or {}).items())
+                               f"({v['kept_tokens']:,}/{v['tokens']:,} tokens, {v['kept']}/{v['documents']} documents)"
+                               for lang, v in (languages or {}).items())
             lines.append(f"  {bucket}: {shares or 'no documents'}")
     return lines
 

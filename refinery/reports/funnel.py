@@ -432,7 +432,7 @@ def format_quality(report: dict[str, Any]) -> str:
     for name in ("high_vs_low", "high_vs_spam"):
         if name in check:
             m = check[name]
-            rows.append([f"labelled check {name.replace('_', ' ')}", *(_figure(m.get(k)) for k in ("auc", "precision", "recall", "f1"))])
+            rows.append([f"within bucket (labelled, held out) {name.replace('_', ' ')}", *(_figure(m.get(k)) for k in ("auc", "precision", "recall", "f1"))])
             rows += [[f"  {lang}", *(_figure(v.get(k)) for k in ("auc", "precision", "recall", "f1"))]
                      for lang, v in m.get("by_language", {}).items()]
     lines.append(format_table(["set", "AUC", "precision", "recall", "F1"], rows))

@@ -10,9 +10,13 @@ is located in the final shards (bucket, shard, token offset of each window, from
 `entries.parquet`), which is what `refinery lineage --shard S --offset N` takes, and any phase that
 the contamination drop policy excluded it from is named.
 
+A removal shows where to look in the text: for a heuristic rule the line its value comes from
+(refinery/stages/heuristic/explain.py, `offending_excerpt`, on the document's text as the stage read
+it), for any other stage the start of the text its reject row keeps.
+
 Memory is bounded per query, never per file or corpus: every lookup reads only the rows that match
 the document (`matching_rows`, refinery/stages/parquet_batches.py), one record batch (at most 10,000
-rows of the columns read, never the text) at a time, and row groups whose min/max statistics rule
+rows of the columns read, never the text but a removed document's own) at a time, and row groups whose min/max statistics rule
 the value out are not read at all. By doc_id: each stage table of its input file (the text table
 and every attribute table of the chain), each rejects file, its signature table (doc ids are in
 record order, so statistics prune to the row groups that can hold it); by doc_key: a signature
@@ -77,7 +81,7 @@ STEPS = funnel_steps()
 STAGE_FACTS = registry.stage_facts()
 IDENTITY_COLUMNS = ("doc_id", "url", "source", "bucket")
 POSITION_COLUMNS = ("file", "record_index", "record_offset")  # where the record sits in its input file
-REJECT_COLUMNS = ("doc_id", "url", "source", "bucket", "stage", "rule", "value", "detail")
+REJECT_COLUMNS = ("doc_id", "url", "source", "bucket", "stage", "rule", "value", "detail", "excerpt")
 
 
 def partition_of(doc_id: str) -> str:
@@ -99,6 +103,7 @@ class DocumentTrail:
         self._written: dict[tuple[str, str], bool] = {}  # (stage, input file): its kept documents' table exists
         self._rows: dict[tuple[str, str, str], dict[str, Any] | None] = {}
         self._removals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self._texts: dict[tuple[str, str, str], str | None] = {}  # a removed document's text, as a stage read it
         self._entries: dict[tuple[str, str], list[dict[str, Any]] | None] = {}
         self._checked_entries: set[str] = set()
         self._keys: dict[str, int] = {}
@@ -298,12 +303,44 @@ class DocumentTrail:
         ]
         out["excluded_from_phases"] = self._excluded_from(doc_id)
 
+    def _text(self, folder: str, partition: str, doc_id: str) -> str | None:
+        """The text of `doc_id` among stage `folder`'s kept documents (its text table's, for an
+        attribute stage): one document's text, read when a removal is shown."""
+        while folder in ATTRIBUTE_STAGES:
+            folder = ATTRIBUTE_STAGES[folder]
+        if (folder, partition, doc_id) not in self._texts:
+            found = (self._matching(kept_documents_key(folder, partition), {"doc_id": doc_id}, ["doc_id", "text"])
+                     if self._materialized(folder, partition) else pl.DataFrame())
+            self._texts[(folder, partition, doc_id)] = found["text"][found.height - 1] if found.height else None
+        return self._texts[(folder, partition, doc_id)]
+
+    def _heuristic_excerpt(self, reject: dict[str, Any], partition: str) -> str | None:
+        """Where a heuristic rule's value comes from in the text the stage read (the offending line,
+        the most repeated one, or the text's start), by `offending_excerpt` with the rules of the
+        document's language and source."""
+        from refinery.stages.heuristic.explain import offending_excerpt
+        from refinery.stages.heuristic.filter import HeuristicFilter
+
+        upstream = registry.funnel_stage(HEURISTIC_STAGE).upstream
+        text = self._text(upstream, partition, reject["doc_id"])
+        if not text:
+            return None
+        rules_off = next((s.rules_off for s in self.cfg.sources if s.name == reject["source"]), [])
+        language = (self._row(upstream, partition, reject["doc_id"]) or {}).get("language")
+        return offending_excerpt(reject["rule"], text,
+                                 HeuristicFilter(self.cfg.stages.heuristic, rules_off).rules_for(language))
+
     def _removal(self, reject: dict[str, Any], partition: str) -> dict[str, Any]:
-        """A reject row as `why` shows it: rule, measured value, threshold, and what was kept instead."""
+        """A reject row as `why` shows it: rule, measured value, threshold, where in the text to look
+        (the offending line for a heuristic rule, else the start of the text the stage read), and
+        what was kept instead."""
         rule, value, detail = reject["rule"], reject["value"], reject["detail"]
         removed: dict[str, Any] = {"rule": rule, "value": value, "detail": detail}
+        start = reject.get("excerpt")
+        excerpt = f"text starts: {start!r}" if start else None
         if reject["stage"] == HEURISTIC_STAGE:  # its rules and custom filters put the threshold in detail
             removed["threshold"] = detail
+            excerpt = self._heuristic_excerpt(reject, partition) or excerpt
         elif rule in LANGUAGE_RULES_WITH_LANGUAGE:
             lang = self.cfg.stages.language
             removed["language"] = detail
@@ -315,6 +352,8 @@ class DocumentTrail:
             removed.update(self._exact_duplicate(reject["doc_id"], partition))
         elif rule.startswith(NEAR_RULE_FAMILY):
             removed.update(self._near_duplicate(reject["doc_id"], partition))
+        if excerpt:
+            removed["excerpt"] = excerpt
         return removed
 
     def _kept_instead(self, doc_id: str | None) -> dict[str, Any]:
@@ -360,6 +399,8 @@ def format_trail(t: dict[str, Any], config: str) -> str:
                 value = f"language {s['language']} (score {_show(s['value'])}), "
             why = f"threshold {s['threshold']}" if "threshold" in s else f"detail {s['detail']}"
             out.append(f"  {s['stage']:<20} REMOVED  {s['rule']}: {value}{why}")
+            if s.get("excerpt"):
+                out.append(f"  {'':<20}          {s['excerpt']}")
             if "kept_instead" in s:
                 kept = s["kept_instead"]
                 size = s.get("group_size") or s.get("cluster_size")

@@ -47,7 +47,7 @@ from refinery.documents.tables import record_position
 from refinery.documents.inputs import outside_folder, pattern_parts
 from refinery.stages.base import StageOutput
 from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S
-from refinery.stages.readers import RawRecord, ReadResult, read_jsonl, read_table, read_warc
+from refinery.stages.readers import RawRecord, ReadResult, input_format
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 
 STAGE = "raw_documents"
@@ -80,19 +80,16 @@ def escaped_name(path: str) -> str:
 
 def read_records(shard: InputShard, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
                  record_timeout_s: float | None) -> None:
-    """Every record of the file, by the reader of the source's format, into `result`."""
-    exists = os.path.isdir if source.format == "hf_dataset" else os.path.isfile
+    """Every record of the file, by the reader of the source's format (refinery/stages/readers/formats.py),
+    into `result`."""
+    fmt = input_format(source.format)
+    exists = os.path.isdir if fmt.is_folder else os.path.isfile
     if not exists(shard.path):
         raise FileNotFoundError(
             f"input {shard.path} of source {source.name!r} (path {source.path!r}) does not exist; "
             f"fix the source's path or restore the file"
         )
-    if source.format == "warc":
-        read_warc(shard.path, source, extract, result, record_timeout_s)
-    elif source.format == "jsonl":
-        read_jsonl(shard.path, source, extract, result, record_timeout_s)
-    else:
-        read_table(shard.path, source, extract, result, record_timeout_s)
+    fmt.read(shard.path, source, extract, result, record_timeout_s)
 
 
 # What receives each batch's kept documents (a `raw_documents` frame) and, apart, its rejects.

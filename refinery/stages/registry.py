@@ -12,8 +12,9 @@ Every list of stage names the rest of the code keeps is derived from `STAGES` by
 below: the stats order of the funnel report (`funnel_order`), the steps of `refinery why`
 (`verdicts`), the attribute tables and the table each narrows (`attribute_stages`), a source's
 `skip:` names (`skippable_names`), the config paths each funnel asset reads (`config_read`), and
-the funnel assets' dependencies (`funnel_stage(name).upstream`). A new stage, or an ablation that
-leaves one out, names it here once.
+the funnel assets' dependencies (`funnel_stage(name).upstream`). A per-document stage's record names
+its recipe (`build`, refinery/stage_recipes.py), by which the funnel's assets, their workers and the
+ablations' judges all build it. A new stage, or an ablation that leaves one out, names it here once.
 
 The functions read `STAGES` when called, so a test that swaps the registry sees its own stages.
 Pure data: nothing here imports the rest of the project.
@@ -61,14 +62,22 @@ class FunnelStage:
     config: tuple[str, ...]  # the dotted config paths its output depends on (assets/provenance.py)
     verdicts: tuple[Verdict, ...]
     steps: tuple[StepAsset, ...] = ()  # the assets between `upstream` and this stage that compute its verdicts
+    # "module:function" of its recipe, which builds its per-document Stage from the config
+    # (refinery/stage_recipes.py); None for a stage that is no per-document Stage (ingest reads
+    # files, dedup's verdicts are global steps)
+    build: str | None = None
 
 
 def _stage(name: str, upstream: str | None, config: tuple[str, ...], families: tuple[str, ...], *,
            stores_text: bool = False, skip: str | None = None, adds: tuple[str, ...] = (),
-           custom_filters: bool = False, steps: tuple[StepAsset, ...] = ()) -> FunnelStage:
+           custom_filters: bool = False, steps: tuple[StepAsset, ...] = (), build: str | None = None) -> FunnelStage:
     """A stage that records one verdict of its own name."""
     verdict = Verdict(name, families, skip=skip, adds=adds, custom_filters=custom_filters)
-    return FunnelStage(name, upstream, stores_text, config, (verdict,), steps)
+    return FunnelStage(name, upstream, stores_text, config, (verdict,), steps, build)
+
+
+def _recipe(function: str) -> str:
+    return f"refinery.stage_recipes:{function}"
 
 
 # In the order documents flow.
@@ -76,13 +85,13 @@ STAGES: tuple[FunnelStage, ...] = (
     _stage("raw_documents", None, ("sources", "stages.extract", "stages.record_timeout_s"), ("ingest",),
            stores_text=True),
     _stage("extracted_text", "raw_documents", ("sources", "stages.extract", "stages.record_timeout_s"),
-           ("extract",), stores_text=True),
+           ("extract",), stores_text=True, build=_recipe("build_extractor")),
     _stage("language_filtered", "extracted_text", ("sources", "stages.language", "stages.record_timeout_s"),
-           ("language",), skip="language", adds=("language", "language_score")),
+           ("language",), skip="language", adds=("language", "language_score"), build=_recipe("build_language")),
     _stage("heuristic_filtered", "language_filtered",
            ("sources", "stages.heuristic", "stages.custom_filters", "stages.record_timeout_s"),
            ("heuristic", "url", "gopher_quality", "gopher_rep", "c4", "c4_lines", "fineweb"),
-           skip="heuristic", custom_filters=True),
+           skip="heuristic", custom_filters=True, build=_recipe("build_heuristic")),
     FunnelStage(
         "deduped", "heuristic_filtered", False, ("sources", "stages.exact_dedup", "stages.near_dedup"),
         verdicts=(Verdict("exact_deduped", ("exact_dedup",)),
@@ -94,12 +103,12 @@ STAGES: tuple[FunnelStage, ...] = (
                StepAsset("near_dup_clusters", ("seed", "stages.near_dedup"))),
     ),
     _stage("quality_scored", "deduped", ("sources", "stages.quality", "stages.record_timeout_s"), ("quality",),
-           skip="quality", adds=("quality_score",),
+           skip="quality", adds=("quality_score",), build=_recipe("build_quality"),
            # The ablations' hold-out (refinery/holdout.py) shapes its training documents.
            steps=(StepAsset("quality_model", ("seed", "buckets", "sources", "stages.quality",
                                               "ablations.eval_fraction", "ablations.eval_buckets")),)),
     _stage("pii_redacted", "quality_scored", ("sources", "stages.pii", "stages.safety", "stages.record_timeout_s"),
-           ("safety", "pii"), stores_text=True, adds=("pii_counts",)),
+           ("safety", "pii"), stores_text=True, adds=("pii_counts",), build=_recipe("build_safety_then_redact")),
 )
 
 
@@ -245,8 +254,9 @@ def config_read() -> dict[str, tuple[str, ...]]:
 
 def check_registry(stages: tuple[FunnelStage, ...]) -> None:
     """Refuse a registry with a stage named twice, an upstream that is not an earlier stage, a
-    verdict that is neither its stage nor one of its step assets, or a name (step asset, verdict,
-    `skip:` name, rule family) that stands for two different things."""
+    verdict that is neither its stage nor one of its step assets, a name (step asset, verdict,
+    `skip:` name, rule family) that stands for two different things, a recipe that is no
+    "module:function", or a stage after TEXT_STAGE with neither a recipe nor step assets."""
     if TEXT_STAGE not in {stage.name for stage in stages}:
         raise ValueError(f"TEXT_STAGE {TEXT_STAGE!r} is not a stage")
     seen: set[str] = set()
@@ -256,7 +266,14 @@ def check_registry(stages: tuple[FunnelStage, ...]) -> None:
         if means.setdefault(value, meaning) != meaning:
             raise ValueError(f"{value!r} names both {means[value]} and {meaning}")
 
+    after_text = False
     for stage in stages:
+        if stage.build is not None and ":" not in stage.build:
+            raise ValueError(f"stage {stage.name!r}: build {stage.build!r} is no 'module:function' recipe")
+        if after_text and stage.build is None and not stage.steps:
+            raise ValueError(f"stage {stage.name!r} has neither a recipe (build) nor step assets: nothing builds it, "
+                             f"and no ablation could judge the documents it would let back in")
+        after_text = after_text or stage.name == TEXT_STAGE
         if stage.name in seen:
             raise ValueError(f"stage {stage.name!r} occurs twice")
         if stage.upstream is not None and stage.upstream not in seen:

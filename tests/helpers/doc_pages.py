@@ -50,3 +50,43 @@ DOCS = {"en": DOC_EN, "zh": DOC_ZH, "de": DOC_DE}
 
 # A `{` in prose, not in code: C4's rule still drops this page, and names the line.
 PROSE_BRACE_LINE = "Write the name of the user between the braces, as in {user}, and the page fills it in for you."
+
+# A man page's option list as a crawl extracts it: each option alone on its line, its description
+# on the next, written without a full stop, as man page translators write them (real pages in
+# data/heuristic_docs read so: ru/ls.1, da/ls.1, es/stat.1).
+_RU_OPTIONS = [
+    ("-a, --all", "копировать также скрытые файлы, имена которых начинаются с точки"),
+    ("-b, --banner", "печатать перед каждым файлом страницу с именем владельца"),
+    ("-c, --copies=ЧИСЛО", "печатать указанное число копий каждого файла в очереди"),
+    ("-d, --dry-run", "показать, какие файлы будут скопированы, но ничего не копировать"),
+    ("-f, --force", "заменять файлы, которые уже стоят в очереди, без вопросов"),
+    ("-h, --human-readable", "показывать размеры файлов в удобном для человека виде"),
+    ("-l, --list", "вывести список файлов в очереди вместе с их владельцами"),
+    ("-n, --no-wait", "не ждать, пока принтер освободится, а сразу вернуть управление"),
+    ("-p, --priority=ЧИСЛО", "поставить файлы в очередь с указанным приоритетом печати"),
+    ("-q, --quiet", "не выводить сообщения о ходе работы и о пропущенных файлах"),
+    ("-r, --recursive", "копировать содержимое каталогов вместе со всеми подкаталогами"),
+    ("-s, --size", "показывать размер каждого файла перед тем, как он будет скопирован"),
+    ("-t, --title=ТЕКСТ", "напечатать указанный текст в заголовке каждой страницы"),
+    ("-v, --verbose", "выводить имя каждого файла перед тем, как он будет скопирован"),
+]
+MANPAGE_RU = "\n".join([
+    "ИМЯ",
+    "cpq - копирует файлы в очередь печати",
+    "ОБЗОР",
+    "cpq [ПАРАМЕТР] ФАЙЛ",
+    "ОПИСАНИЕ",
+    "Копирует каждый ФАЙЛ в очередь печати по умолчанию. Если очередь занята, файлы ждут своей очереди.",
+    *(line for option in _RU_OPTIONS for line in option),
+    "--help показать эту справку и выйти из программы",
+    "--version показать информацию о версии и выйти из программы",
+    "АВТОР",
+    "Программу написали участники проекта, список которых приведён в файле с исходными текстами.",
+])
+
+# A generated table of contents: numbered headings, no sentence and no option list.
+TABLE_OF_CONTENTS = "\n".join(
+    f"{chapter}.{section}. {title} of the installation and configuration guide"
+    for chapter in range(1, 6) for section, title in enumerate(
+        ["Overview", "Requirements", "Download", "Package setup", "First start", "Troubleshooting"], 1)
+)

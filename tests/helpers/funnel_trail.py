@@ -73,7 +73,19 @@ class Trail:
     urls: dict[str, str]
 
 
-def write_trail_corpus(tmp_path: Path) -> Trail:
+def heuristic_verdict(text: str, url: str) -> tuple[str, str, float | None, str]:
+    """The first rule heuristic_filtered's real rules (default settings) remove `text` by, as a
+    DROPPED_AT entry."""
+    from refinery.config.stages import HeuristicConfig
+    from refinery.stages.heuristic.filter import HeuristicFilter
+
+    first = HeuristicFilter(HeuristicConfig()).explain(text, url, "en")[0]
+    return ("heuristic_filtered", first.rule, None if first.value is None else float(first.value), first.detail)
+
+
+def write_trail_corpus(tmp_path: Path, heuristic_text: str | None = None) -> Trail:
+    """The crafted data root; `heuristic_text` replaces a/2's text, and its removal is then the one
+    the real rules give it."""
     for name in ("a", "b"):
         (tmp_path / "in").mkdir(exist_ok=True)
         (tmp_path / "in" / f"{name}.jsonl").write_text('{"text": "x"}\n')
@@ -88,13 +100,16 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
     doc_ids = {d: f"{partitions[d[0]]}/{int(d[2:]):07d}" for d in TEXTS}
     urls = {d: f"https://{d[0]}.example/page-{d[2:]}" for d in TEXTS}
     urls["b/0"] = urls["a/0"]  # the exact copy was crawled at the same address
+    texts, dropped = dict(TEXTS), dict(DROPPED_AT)
+    if heuristic_text is not None:
+        texts["a/2"], dropped["a/2"] = heuristic_text, heuristic_verdict(heuristic_text, urls["a/2"])
 
-    def table(docs: list[str], text: dict[str, str] = TEXTS, language: bool = False) -> pl.DataFrame:
+    def table(docs: list[str], language: bool = False) -> pl.DataFrame:
         columns = {
             "doc_id": [doc_ids[d] for d in docs], "url": [urls[d] for d in docs], "source": ["web"] * len(docs),
             "bucket": ["web"] * len(docs), "file": [f"{d[0]}.jsonl" for d in docs], "record_index": [int(d[2:]) for d in docs],
             "record_offset": [0] * len(docs), "fetch_time": [None] * len(docs), "content_type": ["text/plain"] * len(docs),
-            "text": [text.get(d, TEXTS[d]) for d in docs],
+            "text": [texts[d] for d in docs],
         }
         schema = {**PROVENANCE_SCHEMA, "text": pl.String()}
         if language:
@@ -103,8 +118,8 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
         return pl.DataFrame(columns, schema=schema)
 
     def rejects(stage: str, docs: list[str]) -> pl.DataFrame:
-        rows = [(doc_ids[d], urls[d], "web", "web", stage, *DROPPED_AT[d][1:], TEXTS[d],
-                 [{"rule": DROPPED_AT[d][1], "value": DROPPED_AT[d][2]}]) for d in docs]
+        rows = [(doc_ids[d], urls[d], "web", "web", stage, *dropped[d][1:], texts[d],
+                 [{"rule": dropped[d][1], "value": dropped[d][2]}]) for d in docs]
         return pl.DataFrame(rows, schema=REJECTS_SCHEMA, orient="row")
 
     stages = ("raw_documents", "extracted_text", "language_filtered", "heuristic_filtered")
@@ -112,7 +127,7 @@ def write_trail_corpus(tmp_path: Path) -> Trail:
         alive = [d for d in TEXTS if d[0] == part]
         upstream = None
         for stage in stages:
-            gone = [d for d in alive if DROPPED_AT.get(d, ("",))[0] == stage]
+            gone = [d for d in alive if dropped.get(d, ("",))[0] == stage]
             alive = [d for d in alive if d not in gone]
             kept = table(alive, language=stage != stages[0] and stage != stages[1])
             if stage in ATTRIBUTE_STAGES:

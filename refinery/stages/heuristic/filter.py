@@ -17,6 +17,7 @@ from refinery.stages.heuristic.gopher_repetition import gopher_repetition
 from refinery.stages.heuristic.language_rules import LanguageRules, resolve_rules
 from refinery.stages.heuristic.urls import url_rules
 from refinery.stages.heuristic.verdict import Verdict
+from refinery.stages.line_kinds import option_entries
 from refinery.stages.stats import Drop
 from refinery.stages.text import DocumentText
 
@@ -68,11 +69,13 @@ class HeuristicFilter(RecordStage):
         edited, drop, words = c4_lines(doc, rules.c4, removed, verdict)
         if drop is not None and not verdict.every:
             return None
+        # The option lists are found in the page as it came: C4 cuts an entry's bare term line.
+        entries = option_entries(doc.lines) if rules.fineweb.line_punct_prose_only else frozenset()
         if edited is None:  # explain mode: a document C4 drops is still measured by FineWeb, unedited
             edited, words = doc.text, (len(doc.words) if doc.segment is not None else None)
-            fineweb_quality(edited, rules.fineweb, words, verdict=verdict)
+            fineweb_quality(edited, rules.fineweb, words, entries, verdict=verdict)
             return None
-        fineweb_quality(edited, rules.fineweb, words, verdict=verdict)
+        fineweb_quality(edited, rules.fineweb, words, entries, verdict=verdict)
         return edited if not verdict.drops else None
 
     def apply(

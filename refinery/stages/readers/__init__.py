@@ -2,13 +2,15 @@
 hands them on in bounded batches):
 warc.py (WARC, gzip or not), jsonl.py (JSONL, gzip or not), tables.py (Parquet, and Hugging Face
 datasets saved to disk), over records.py (the record as read, its reject, the size limit, UTF-8
-decoding, opening a gzip file). refinery/stages/ingest.py picks the reader by the source's format
-and builds the `raw_documents` table.
+decoding, opening a gzip file). formats.py registers each format once (its file names, its column
+check, its field sampler and its reader), for ingest (refinery/stages/ingest.py, which builds the
+`raw_documents` table), preflight and `refinery init`.
 """
 
-from refinery.stages.readers.jsonl import read_jsonl
+from refinery.stages.readers.formats import FORMATS, InputFormat, format_of_path, input_format, known_format
 from refinery.stages.readers.records import RawRecord, ReadResult
-from refinery.stages.readers.tables import InputColumnError, read_table
-from refinery.stages.readers.warc import gzip_damage_offset, read_warc
+from refinery.stages.readers.tables import InputColumnError
+from refinery.stages.readers.warc import gzip_damage_offset
 
-__all__ = ["InputColumnError", "RawRecord", "ReadResult", "gzip_damage_offset", "read_jsonl", "read_table", "read_warc"]
+__all__ = ["FORMATS", "InputColumnError", "InputFormat", "RawRecord", "ReadResult", "format_of_path",
+           "gzip_damage_offset", "input_format", "known_format"]

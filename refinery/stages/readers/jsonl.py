@@ -14,6 +14,7 @@ int conversion limit stays a string of its digits, so neither costs a valid reco
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
 import re
 import zlib
@@ -149,3 +150,22 @@ def _parse_json_line(rec: RawRecord, line: bytes, source: SourceConfig, result: 
                 rec.drop = Drop("ingest/lone_surrogate", float(err.start), f"field {field_name!r}: {err.reason} at {err.start}")
                 rec.excerpt = text[:EXCERPT_CHARS]
                 return
+
+
+def sample_jsonl(path: str, records: int) -> tuple[list[str], list[dict]]:
+    """The keys seen in the first `records` objects of a JSONL file (gzip or not), and those objects;
+    a line that is no JSON object is passed over."""
+    with open(path, "rb") as f:
+        opener = gzip.open if f.read(2) == b"\x1f\x8b" else open
+    objects = []
+    with opener(path, "rb") as f:
+        for line in f:
+            if len(objects) >= records:
+                break
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                objects.append(obj)
+    return sorted({k for r in objects for k in r}), objects

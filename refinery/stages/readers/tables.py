@@ -131,17 +131,26 @@ def _hf_dataset_batches(path: str, source: SourceConfig, rows: int) -> Iterator[
             yield _TableDamage(None, f"{name}: {err}")
 
 
-def read_table(path: str, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
-                budget: float | None) -> None:
+def read_parquet(path: str, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
+                 budget: float | None) -> None:
+    """One row of a Parquet file per record (`_read_rows`). Parquet's pages are read in no order a
+    position could follow: its text is set against the whole file's size."""
+    _read_rows(_parquet_batches(path, source, rows_per_slice(extract)), os.path.getsize(path), source, extract,
+               result, budget)
+
+
+def read_dataset(path: str, source: SourceConfig, extract: ExtractConfig, result: ReadResult,
+                 budget: float | None) -> None:
+    """One row of a `save_to_disk` dataset per record (`_read_rows`), numbered across its files."""
+    _read_rows(_hf_dataset_batches(path, source, rows_per_slice(extract)), 0, source, extract, result, budget)
+
+
+def _read_rows(batches: Iterator[Any], size: int, source: SourceConfig, extract: ExtractConfig,
+               result: ReadResult, budget: float | None) -> None:
     """One row per record: the text column as the document, url and id columns as for JSONL;
-    `record_offset` is the row's number in the file (in the dataset, for a Hugging Face dataset)."""
-    rows = rows_per_slice(extract)
-    batches = (_parquet_batches(path, source, rows) if source.format == "parquet"
-               else _hf_dataset_batches(path, source, rows))
+    `record_offset` is the row's number in the file (in the dataset, for a Hugging Face dataset).
+    `size`: the bytes the inflation bound sets the text against (0: none)."""
     row = 0  # the next row's number; a damaged stretch is one reject numbered by its first row
-    # Parquet's pages are read in no order a position could follow: its text is set against the
-    # whole file's size.
-    size = os.path.getsize(path) if source.format == "parquet" else 0
     with record_alarm(budget) as armed:
         for batch in batches:
             if isinstance(batch, _TableDamage):
@@ -188,3 +197,63 @@ def _take_row(rec: RawRecord, obj: dict, source: SourceConfig, extract: ExtractC
     # 100 KB value costs more than reading its row.
     cut = {k: v[:EXCERPT_CHARS] if isinstance(v, (str, bytes)) else v for k, v in obj.items()}
     take_fields(rec, obj, source, extract, result, excerpt=str(cut))
+
+
+# ---- what preflight and `refinery init` read of a table before any row -----------------------------
+
+
+def parquet_schemas(path: str) -> list[tuple[str, list[str]]]:
+    """(file, column names) of the Parquet file; none when its schema cannot be read (reading it is
+    a counted reject, not a config problem)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return [(path, pq.read_schema(path).names)]
+    except Exception:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        return []
+
+
+def dataset_schemas(path: str) -> list[tuple[str, list[str]]]:
+    """(file, column names) of each Arrow file a save_to_disk dataset's state.json lists, leaving
+    out those that resolve outside its folder (ingest refuses them unread) and those whose schema
+    cannot be read; none for a DatasetDict (its splits are datasets of their own, checked when read)."""
+    import pyarrow as pa
+
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            files = [os.path.join(path, e["filename"]) for e in json.load(f).get("_data_files", [])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    out = []
+    for file in files:
+        if outside_folder(file, path) is not None:
+            continue
+        try:
+            with pa.memory_map(file) as stream:
+                out.append((file, pa.ipc.open_stream(stream).schema.names))
+        except Exception:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+            continue
+    return out
+
+
+def sample_parquet(path: str, records: int) -> tuple[list[str], list[dict]]:
+    """The Parquet file's columns and its first `records` rows."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    batch = next(pf.iter_batches(batch_size=records), None)
+    return pf.schema_arrow.names, batch.to_pylist() if batch is not None else []
+
+
+def sample_dataset(path: str, records: int) -> tuple[list[str], list[dict]]:
+    """A save_to_disk dataset's columns and the first `records` rows of its first Arrow file."""
+    import pyarrow as pa
+
+    with open(os.path.join(path, "state.json")) as f:
+        first = json.load(f)["_data_files"][0]["filename"]
+    if outside_folder(os.path.join(path, first), path) is not None:
+        raise ValueError(f"{first} is a symlink out of the dataset's folder")  # ingest refuses it unread
+    with pa.memory_map(os.path.join(path, first)) as source:
+        reader = pa.ipc.open_stream(source)
+        batch = next(iter(reader), None)
+        return reader.schema.names, batch.to_pylist()[:records] if batch is not None else []

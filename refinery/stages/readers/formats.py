@@ -1,0 +1,75 @@
+"""The input formats, each registered once: the file names `refinery init` takes for it, how
+preflight finds the columns a source reads before any run (a table's schema), how `refinery init`
+samples its fields, and the reader ingest runs on each input. Ingest (refinery/stages/ingest.py),
+preflight (refinery/preflight.py) and init (refinery/commands/init_sources.py) look a source's
+format up here and nowhere else, so a format added here is read, checked and detected by all three.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from refinery.config import ExtractConfig, SourceConfig
+from refinery.documents import HF_DATASET_DICT
+from refinery.stages.readers.jsonl import read_jsonl, sample_jsonl
+from refinery.stages.readers.records import ReadResult
+from refinery.stages.readers.tables import (dataset_schemas, parquet_schemas, read_dataset, read_parquet,
+                                            sample_dataset, sample_parquet)
+from refinery.stages.readers.warc import read_warc
+
+# Every record of one input into the result: (path, source, extract, result, record_timeout_s).
+Reader = Callable[[str, SourceConfig, ExtractConfig, ReadResult, "float | None"], None]
+# (file, column names) of each table an input holds.
+Schemas = Callable[[str], list[tuple[str, list[str]]]]
+# An input's field names and its first records, at most the count given.
+Sampler = Callable[[str, int], tuple[list[str], list[dict]]]
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    name: str  # a source's `format:`
+    read: Reader
+    extensions: tuple[str, ...] = ()  # the (lower-case) endings of its files' names
+    # A folder format: a directory holding one of these files is one input (a save_to_disk dataset).
+    folder_marks: tuple[str, ...] = ()
+    # Its tables' columns, which preflight holds to the source's text_field and id_field; None when
+    # each record carries its own fields (nothing to check before reading).
+    schemas: Schemas | None = None
+    sample: Sampler | None = None  # for `refinery init` to find the text, URL and id fields; None: no fields
+
+    @property
+    def is_folder(self) -> bool:
+        return bool(self.folder_marks)
+
+
+FORMATS: tuple[InputFormat, ...] = (
+    InputFormat("warc", read_warc, (".warc.gz", ".warc")),
+    InputFormat("jsonl", read_jsonl, (".jsonl.gz", ".jsonl", ".ndjson.gz", ".ndjson"), sample=sample_jsonl),
+    InputFormat("parquet", read_parquet, (".parquet",), schemas=parquet_schemas, sample=sample_parquet),
+    InputFormat("hf_dataset", read_dataset, folder_marks=("state.json", HF_DATASET_DICT), schemas=dataset_schemas,
+                sample=sample_dataset),
+)
+
+
+def known_format(name: object) -> InputFormat | None:
+    """The format named `name`, or None when none is (read when called: a test may register one)."""
+    return next((fmt for fmt in FORMATS if fmt.name == name), None)
+
+
+def input_format(name: str) -> InputFormat:
+    """The format a (validated) source's `format:` names."""
+    fmt = known_format(name)
+    if fmt is None:
+        raise ValueError(f"no input format {name!r}; known formats: {', '.join(f.name for f in FORMATS)}")
+    return fmt
+
+
+def format_of_path(path: str) -> InputFormat | None:
+    """The format of one path by its name (a file) or its marks (a directory), or None when it is
+    none Refinery reads."""
+    if os.path.isdir(path):
+        return next((f for f in FORMATS if any(os.path.isfile(os.path.join(path, m)) for m in f.folder_marks)), None)
+    name = os.path.basename(path).lower()
+    return next((f for f in FORMATS if f.extensions and name.endswith(f.extensions)), None)
