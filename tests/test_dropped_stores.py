@@ -25,7 +25,7 @@ from refinery.global_steps import dedup_compute as dc
 from refinery.global_steps import near_dedup as nd
 from refinery.stages import ingest
 from refinery.run_context import WorkerRun
-from refinery.stage_file_tasks import build_extractor, ingest_file, stage_file_task
+from refinery.stage_file_tasks import ingest_file, stage_file_task
 from refinery.storage import LocalDataRoot
 
 from helpers.materialize import in_memory_instance
@@ -176,7 +176,7 @@ def test_an_edited_or_moved_input_behind_the_dropped_payload_is_caught_by_its_ha
     config = tiny_graph_config(tmp_path, tmp_path / "in", tmp_path / "out")
     run = WorkerRun(str(config))
     [shard] = input_shards(run.config)
-    extract = stage_file_task("extracted_text", ingest.STAGE, build_extractor)
+    extract = stage_file_task("extracted_text", ingest.STAGE)
     ingest_file(run, shard, {})
     extract(run, shard, {})
     kept = run.root.read_parquet(layout.documents_key("extracted_text", shard.key))
