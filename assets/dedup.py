@@ -1,9 +1,9 @@
 """Global exact and near dedup, scaled out by hash range and LSH band.
 
-    heuristic_filtered[batch] -> dedup_signatures[batch]          hash, MinHash, band hashes per doc
+    heuristic_filtered[batch] -> dedup_signatures[batch]          hash, band hashes, bottom-k sketch per doc
     dedup_signatures[*]       -> exact_deduped[hash range]        drop list of the range
     dedup_signatures[*], exact_deduped[*] -> near_deduped[band]   verified candidate edges of the band
-    near_deduped[*]           -> near_dup_clusters                union-find over the edges
+    near_deduped[*]           -> near_dup_clusters                union-find over the edges; drops the sketches
     heuristic_filtered[batch], exact_deduped[*], near_dup_clusters -> deduped[batch]
 
 No step holds every document: the range and band steps read only small per-document columns
@@ -18,12 +18,13 @@ from typing import Any
 
 import dagster as dg
 
-from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
+from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset, report_dropped
 from refinery.fanout import FileResult, map_tasks
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, combined_version, stage_code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
+from refinery.dropped import batch_of, drop_sketches
 from refinery.documents import InputShard
 from refinery.global_steps import dedup_compute as dc
 from refinery.global_steps import exact_dedup as ex
@@ -93,10 +94,14 @@ def clusters(version: str):
     def step(context: dg.AssetExecutionContext, refinery: RefineryResource) -> StepResult:
         [(summary, digest)] = map_tasks(refinery, [None], clusters_task)
         sizes = summary.pop("cluster_sizes")
+        # Every band's edges are joined: the sketches they were verified with are read by nothing else.
+        dropped = drop_sketches(refinery.root, refinery.config)
+        report_dropped(context, "dedup_signatures", batch_of(refinery.config), dropped.parts,
+                       "its bottom-k sketches were dropped once near_dup_clusters joined every band's edges")
         return StepResult(
             Provenance(version, dedup_settings(refinery.config), {NEAR_CLUSTERS_KEY: digest},
                        docs_in=summary["members"], docs_out=summary["clusters"]),
-            {**_ints(summary), "cluster_sizes": dg.MetadataValue.json(sizes)},
+            {**_ints(summary), "cluster_sizes": dg.MetadataValue.json(sizes), **_ints(dropped.metadata())},
         )
     return step
 
@@ -111,7 +116,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
     dedup_signatures = batch_stage_asset(
         "dedup_signatures", signatures_of_file, parts, version=version, deps=[dg.AssetDep(UPSTREAM)],
         kinds={"numpy", "parquet"}, documents_out=False, extra_metadata=signature_counts,
-        description="Per document: 128-bit normalized-text hash, MinHash signature and LSH band hashes.",
+        description="Per document: 128-bit normalized-text hash, LSH band hashes of its MinHash signature, and "
+        "apart its bottom-k sketch (dropped by near_dup_clusters).",
     )
     exact_deduped = global_step_asset(
         "exact_deduped", exact_ranges(version), version=version, group="funnel", kinds={"polars", "parquet"},
@@ -131,7 +137,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         "near_dup_clusters", clusters(version), version=version, group="funnel", kinds={"polars", "parquet"},
         automation_condition=dg.AutomationCondition.eager(),
         deps=[dg.AssetDep("near_deduped", partition_mapping=every)],
-        description="Union-find over every band's edges; one keeper (smallest doc_key) per cluster.",
+        description="Union-find over every band's edges; one keeper (smallest doc_key) per cluster. Then the "
+        "bottom-k sketches, read by nothing else, are dropped (dropped_bytes).",
     )
     deduped = batch_stage_asset(
         STAGE, dedup_file, parts, version=version, automation_condition=eager_after("near_dup_clusters"),

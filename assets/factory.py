@@ -54,6 +54,19 @@ def versioned(context: dg.AssetExecutionContext, code: str) -> str:
     return context.assets_def.code_versions_by_key.get(context.asset_key) or code
 
 
+def report_dropped(context: dg.AssetExecutionContext, asset: str, batches: dict[str, str], parts: list[str],
+                   why: str) -> None:
+    """An observation on each batch of `asset` whose files' store this step dropped (refinery/dropped.py),
+    saying so: Dagster shows it beside the materialization whose files are gone, which a reader that
+    needs them refuses in one line."""
+    files: dict[str, list[str]] = {}
+    for part in parts:
+        files.setdefault(batches.get(part, part), []).append(part)
+    for batch, named in sorted(files.items()):
+        context.instance.report_runless_asset_event(dg.AssetObservation(
+            asset_key=asset, partition=batch, metadata={"dropped": dg.MetadataValue.text(f"{', '.join(named)}: {why}")}))
+
+
 # ---- per-batch stages ------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """`tokenizer` (global), `difficulty_model` (global, with stages.difficulty.enabled), `tokenized_shards`
 (per input batch, one token series per file), `shuffled_shards` (per bucket, its step fanned out as a
-task per input file and per key range), `lineage_index` (global, fanned out as a task per input file
+task per input file and per key range, then the bucket's token series dropped: refinery/dropped.py), `lineage_index` (global, fanned out as a task per input file
 and per final shard).
 
 Thin wrappers: the work is in `refinery.global_steps.tokenize`, `refinery.global_steps.shuffle`,
@@ -16,13 +16,14 @@ from collections import Counter
 import dagster as dg
 
 from refinery import layout
-from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset
+from assets.factory import StepResult, batch_stage_asset, eager_after, global_step_asset, report_dropped
 from refinery.fanout import FileResult, task_pool
 from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version
 from assets.resource import RefineryResource
 from refinery import lineage_index as lin
 from refinery.config import RefineryConfig
+from refinery.dropped import batch_of, drop_token_series
 from refinery.documents import CLEAN_STAGE, InputShard, input_batches
 from refinery.models import difficulty as dfc
 from refinery.models import difficulty_published as dpub
@@ -125,6 +126,10 @@ def shuffle_bucket(version: str):
         index = result.index
         context.log.info(f"shuffled_shards[{bucket}]: {index['entries']} entries through {result.runs} key ranges, "
                          f"{result.tasks} tasks on {cfg.partitions.workers} workers, in {result.wall_s:.2f}s")
+        # The final shards hold every token of the series now: they are read by nothing else.
+        dropped = drop_token_series(root, cfg, bucket, parts)
+        report_dropped(context, TOKENIZE_STAGE, batch_of(cfg), dropped.parts,
+                       f"its token series was dropped once shuffled_shards[{bucket}] published")
         config = {"seed": cfg.seed, "shard_tokens": cfg.shards.shard_tokens,
                   "shuffle_buffer_mb": cfg.shards.shuffle_buffer_mb}
         return StepResult(
@@ -137,6 +142,7 @@ def shuffle_bucket(version: str):
                 "tokens_per_s": _tokens_per_s(index["tokens"], result.wall_s),
                 "difficulty": dg.MetadataValue.json(sh.bucket_difficulty(root, bucket)),
                 "index": dg.MetadataValue.path(root.display(layout.shard_index_key(tk.FINAL, bucket))),
+                **{k: dg.MetadataValue.int(v) for k, v in dropped.metadata().items()},
             },
         )
     return step
@@ -201,7 +207,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             description="Each input file's clean documents encoded in batches, EOD appended, windowed at the packing "
             "window with overlap, packed into shards/tokenized/<bucket>/<file>/ (.bin/.idx/.entries.parquet) plus "
             "entries.parquet and index.json: one series per file, fanned out like the funnel; each document's "
-            "difficulty (stages.difficulty) beside its quality_score.",
+            "difficulty (stages.difficulty) beside its quality_score. Its bucket's shuffle drops the series once the "
+            "final shards are published (index.json stays; docs/formats.md, \"Dropped stores\").",
         ),
         global_step_asset(
             "shuffled_shards", shuffle_bucket(shuffle_version), version=shuffle_version, group=GROUP,
@@ -209,7 +216,8 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
             deps=[tokenized_by_bucket],
             description="Seeded shuffle of the bucket's entries (never tokens) in bounded memory, as parallel tasks: a "
             "scatter per input file's token series into key ranges, a gather per key range into its shards, then "
-            "the shards numbered in key order into shards/final/<bucket>/ with sha256 of every file in index.json.",
+            "the shards numbered in key order into shards/final/<bucket>/ with sha256 of every file in index.json; "
+            "then the bucket's token series, read by nothing else, are dropped (dropped_bytes).",
         ),
         global_step_asset(
             "lineage_index", index_lineage(lineage_version), version=lineage_version, group=GROUP,

@@ -169,12 +169,13 @@ def write_synthetic_signatures(workdir: Path, docs: int, shards: int, stages: di
             "hash_hi": pl.Series(_mix(hashed * np.uint64(2) + np.uint64(1)), dtype=pl.UInt64),
             "hash_lo": pl.Series(_mix(hashed * np.uint64(2) + np.uint64(2)), dtype=pl.UInt64),
             "near": pl.Series(np.ones(n, dtype=bool)),
-            "sig": pl.Series(sigs, dtype=pl.Array(pl.UInt32, SYNTH_PERM)),
-            "bottom": pl.Series(bottom, dtype=pl.Array(pl.UInt32, SYNTH_BOTTOM)).cast(pl.List(pl.UInt32)),
         }
         for band in range(SYNTH_BANDS):
             columns[nd.band_column(band)] = pl.Series(bands[:, band], dtype=pl.UInt64)
         root.write_parquet(layout.signatures_key(shard.key), pl.DataFrame(columns))
+        root.write_parquet(layout.sketches_key(shard.key), pl.DataFrame({
+            "doc_key": columns["doc_key"],
+            "bottom": pl.Series(bottom, dtype=pl.Array(pl.UInt32, SYNTH_BOTTOM)).cast(pl.List(pl.UInt32))}))
     return config
 
 

@@ -39,7 +39,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from dagster import AssetKey
 
@@ -50,6 +50,7 @@ MISSING, CODE_CHANGED, UPSTREAM_CHANGED, UPSTREAM_RERUNS = (
     "missing", "code or config changed", "upstream data changed", "upstream reruns")
 INPUTS_CHANGED, INPUTS_REMOVED, INPUTS_MOVED = "input files changed", "input files removed", "input files moved"
 WRITTEN_CHANGED = "its files changed since written"
+DROPPED_NEEDED = "its files were dropped once read, and a planned step reads them"
 NAMED = 10  # input files a plan line names before "and N more"
 CONFIG_VERSIONS = "config_versions"  # under the instance folder: each asset's config values by digest
 CODE_EDITED = "code edited"
@@ -69,6 +70,16 @@ class PlannedAsset:
         why = "; ".join(f"{reason} ({_partition_count(keys)})" for reason, keys in self.reasons.items())
         shown = self.details[:NAMED] + ([f"and {len(self.details) - NAMED} more"] if len(self.details) > NAMED else [])
         return f"  {self.key.to_user_string()}: {why}" + (f": {', '.join(shown)}" if shown else "")
+
+
+def materializable_in_order(graph, selection: list[dg.AssetKey] | None = None) -> Iterator[tuple[dg.AssetKey, Any]]:
+    """The graph's materializable assets (of `selection`), with their nodes, in dependency order, by
+    name within a level: the order a plan is made and run in."""
+    for level in graph.toposorted_asset_keys_by_level:
+        for key in sorted(level, key=lambda k: k.to_user_string()):
+            node = graph.get(key)
+            if node.is_materializable and (selection is None or key in selection):
+                yield key, node
 
 
 def _partition_count(keys: list[str | None]) -> str:
@@ -105,13 +116,13 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
     moved = moved_ordinals(defs, instance)
     removed = removed_batches(defs, instance)
     readers = readers_of_every_batch(graph) if removed else set()
-    planned: dict[dg.AssetKey, set[str | None]] = {}
-    plan: list[PlannedAsset] = []
-    for level in graph.toposorted_asset_keys_by_level:
-        for key in sorted(level, key=lambda k: k.to_user_string()):
-            node = graph.get(key)
-            if not node.is_materializable or (selection is not None and key not in selection):
-                continue
+    # A plan that runs a reader of a dropped store plans the partitions that store it back first: once
+    # more, since they read and mark stale what they feed.
+    forced: dict[dg.AssetKey, dict[str, list[str]]] = {}
+    while True:
+        planned: dict[dg.AssetKey, set[str | None]] = {}
+        plan: list[PlannedAsset] = []
+        for key, node in materializable_in_order(graph, selection):
             keys = node.partitions_def.get_partition_keys(dynamic_partitions_store=instance) \
                 if node.partitions_def else [None]
             reasons: dict[str, list[str | None]] = {}
@@ -131,6 +142,9 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
                 if reason is None and key == PHASE_MANIFESTS and partition in changed_manifests:
                     reason = WRITTEN_CHANGED
                     details += changed_manifests[partition]
+                if reason is None and partition in forced.get(key, {}):
+                    reason = DROPPED_NEEDED
+                    details += forced[key][partition]
                 if reason is None and _reads_planned(graph, planned, key, partition):
                     reason = UPSTREAM_RERUNS
                 if reason is not None:
@@ -141,6 +155,11 @@ def stale_plan(defs: dg.Definitions, instance: dg.DagsterInstance,
                 chosen = [p for p in keys if any(p in ps for ps in reasons.values())]
                 planned[key] = set(chosen)
                 plan.append(PlannedAsset(key, None if chosen == [None] else chosen, reasons, details))
+        more = dropped_stores_needed(defs, planned, forced)
+        if not more:
+            break
+        for key, partitions in more.items():
+            forced.setdefault(key, {}).update(partitions)
     restarts = training_restarts(defs.resources["refinery"].config, plan)
     for planned in plan:
         if planned.key == TRAINING_RUN:
@@ -234,6 +253,29 @@ def version_changes(instance: dg.DagsterInstance, graph, key: dg.AssetKey, parti
 
 RAW_DOCUMENTS, PHASE_MANIFESTS, TRAINING_RUN = AssetKey("raw_documents"), AssetKey("phase_manifests"), AssetKey("training_run")
 DEDUP_SIGNATURES = AssetKey("dedup_signatures")
+TOKENIZED_SHARDS, SHUFFLED_SHARDS, NEAR_DEDUPED = AssetKey("tokenized_shards"), AssetKey("shuffled_shards"), AssetKey("near_deduped")
+
+
+def dropped_stores_needed(defs: dg.Definitions, planned: dict, forced: dict) -> dict[dg.AssetKey, dict[str, list[str]]]:
+    """Batch partitions not yet planned whose store was dropped (refinery/dropped.py) while a planned
+    step reads it: the token series of a bucket whose shuffle is planned, the bottom-k sketches
+    when a band of near_deduped is. Each with the files behind it, named."""
+    from refinery.documents import input_batches
+    from refinery.dropped import series_refusal, sketches_refusal
+
+    cfg, root = defs.resources["refinery"].config, defs.resources["refinery"].root
+    buckets = planned.get(SHUFFLED_SHARDS, set())
+    readers = [(TOKENIZED_SHARDS, lambda s: s.bucket in buckets and series_refusal(root, s.bucket, s.key, "")),
+               (DEDUP_SIGNATURES, lambda s: NEAR_DEDUPED in planned and sketches_refusal(root, s.key, ""))]
+    out: dict[dg.AssetKey, dict[str, list[str]]] = {}
+    for key, dropped in readers:
+        for batch in input_batches(cfg):
+            if batch.key in planned.get(key, set()) or batch.key in forced.get(key, {}):
+                continue
+            files = [f"{s.key} dropped" for s in batch.shards if dropped(s)]
+            if files:
+                out.setdefault(key, {})[batch.key] = files
+    return out
 
 
 def latest_entry(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str, entry: str):

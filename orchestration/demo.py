@@ -54,20 +54,18 @@ def _joins(step: PlanStep, node, per_run: int | None) -> bool:
 
 def execution_plan(defs: dg.Definitions, selection: list[dg.AssetKey] | None = None) -> list[PlanStep]:
     """Steps in dependency order; each asset joins the step before it when `_joins` allows."""
+    from orchestration.changed import materializable_in_order
+
     graph = defs.resolve_asset_graph()
     wanted = set(selection) if selection is not None else None
     steps: list[PlanStep] = []
-    for level in graph.toposorted_asset_keys_by_level:
-        for key in sorted(level, key=lambda k: k.to_user_string()):
-            node = graph.get(key)
-            if not node.is_materializable or (wanted is not None and key not in wanted):
-                continue
-            per_run = _per_run(node)
-            if steps and _joins(steps[-1], node, per_run):
-                steps[-1].keys.append(key)
-                steps[-1].partitions_def = steps[-1].partitions_def or node.partitions_def
-            else:
-                steps.append(PlanStep([key], node.partitions_def, per_run))
+    for key, node in materializable_in_order(graph, wanted):
+        per_run = _per_run(node)
+        if steps and _joins(steps[-1], node, per_run):
+            steps[-1].keys.append(key)
+            steps[-1].partitions_def = steps[-1].partitions_def or node.partitions_def
+        else:
+            steps.append(PlanStep([key], node.partitions_def, per_run))
     return steps
 
 

@@ -15,7 +15,6 @@ from refinery.config import RefineryConfig
 from refinery.fanout import FileResult
 from refinery.global_steps import near_dedup as nd
 from refinery.global_steps.dedup_compute import STAGE, apply_to_shard, compute_band_edges, compute_clusters, compute_exact_range, compute_signatures
-from refinery.layout import signatures_key
 from refinery.run_context import Run
 from refinery.stages.stats import StageStats
 
@@ -28,12 +27,11 @@ def signatures_of_file(refinery: Run, shard: InputShard, cache: dict) -> FileRes
     """A file's signatures, written to the data root; `near_dedup_docs` counts the documents of
     sources that near dedup applies to."""
     start = time.perf_counter()
-    counts, digest = compute_signatures(refinery.config, refinery.root, shard.key)
+    counts, hashes = compute_signatures(refinery.config, refinery.root, shard.key)
     stats = StageStats(stage="dedup_signatures", docs_in=counts.docs, docs_out=counts.docs,
                        wall_s=time.perf_counter() - start)
     stats.counters["near_dedup_docs"] = counts.near
-    return FileResult(shard.key, shard.source, stats, {signatures_key(shard.key): digest},
-                      dedup_settings(refinery.config))
+    return FileResult(shard.key, shard.source, stats, hashes, dedup_settings(refinery.config))
 
 
 def combined_stats(exact: StageStats, near: StageStats) -> StageStats:

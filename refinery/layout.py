@@ -9,7 +9,8 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
                                                the columns the stage adds, its text edits as spans
     rejects/<stage>/<partition>.parquet        what it removed, with stage, rule and value
     stats/<stage>/<partition>.json             its counters
-    dedup/signatures/<input shard>.parquet     hash, MinHash and band hashes per document
+    dedup/signatures/<input shard>.parquet     hash and band hashes per document
+    dedup/sketches/<input shard>.parquet       bottom-k sketches, dropped once near_dup_clusters has run
     dedup/exact/<hash range>.parquet           exact duplicates dropped, per hash range
     dedup/near/edges/<band>.parquet            verified near-duplicate pairs, per LSH band
     dedup/near/clusters.parquet                near-duplicate clusters and their survivors
@@ -18,6 +19,7 @@ S3). Nothing else in the code spells a data-root path; a change of layout is a c
     tokenizer/tokenizer.json, info.json        the tokenizer and what it was trained on
     shards/<stage>/<bucket>/shard-NNNNN.*      token shards (stage `tokenized`, then `final`)
     shards/<stage>/<bucket>/index.json         a bucket's shards with their sha256
+    shards/tokenized/<bucket>/<file>/dropped.json  the file's series dropped once the bucket's shuffle published
     lineage/documents/<input>.arrow, index.json  the lineage index: each input file's documents, text-free;
                                                  lineage/final/<bucket>/shard-N.rows, one per final shard
     manifests/<phase>.json                     a phase's manifest; manifests/<phase>/<bucket>-selection.npy, -bands.npy
@@ -83,6 +85,19 @@ def signatures_key(shard: str) -> str:
     return f"dedup/signatures/{shard}.parquet"
 
 
+SKETCHES_PREFIX = "dedup/sketches"
+
+
+def sketches_key(shard: str) -> str:
+    """One input file's bottom-k sketches (doc_key, bottom): read by near_deduped's verification only."""
+    return f"{SKETCHES_PREFIX}/{shard}.parquet"
+
+
+def sketches_dropped_key(shard: str) -> str:
+    """The marker left where `sketches_key(shard)` was, once near_dup_clusters dropped it (refinery/dropped.py)."""
+    return f"{SKETCHES_PREFIX}/{shard}.dropped.json"
+
+
 def exact_drops_key(hash_range: str) -> str:
     return f"dedup/exact/{hash_range}.parquet"
 
@@ -123,6 +138,12 @@ def shard_index_key(stage: str, bucket: str, part: str | None = None) -> str:
 def bucket_entries_key(stage: str, bucket: str, part: str | None = None) -> str:
     """Every entry of a series' shards in shard order: doc_id, window and the columns carried with it."""
     return f"{bucket_shards_prefix(stage, bucket, part)}/entries.parquet"
+
+
+def series_dropped_key(stage: str, bucket: str, part: str) -> str:
+    """The marker left in a part's series folder once its shards and entry table were dropped
+    (refinery/dropped.py); the series' index.json stays beside it."""
+    return f"{bucket_shards_prefix(stage, bucket, part)}/dropped.json"
 
 
 def final_index_key(bucket: str) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from refinery.config import RefineryConfig
 from refinery.documents import PROVENANCE_COLUMNS, input_shards
+from refinery.dropped import series_refusal
 from refinery.documents.tables import record_position
 from refinery.layout import (LINEAGE_DOCUMENTS_PREFIX, LINEAGE_INDEX_KEY, TOKENIZER_KEY, bucket_lineage_key,
                              bucket_shards_prefix, documents_part_key, shard_index_key, shard_lineage_key)
@@ -193,6 +194,9 @@ class LineageIndex:
         stage, bucket, part, prefix = parse_shard(shard)
         if bucket not in self.cfg.buckets:
             raise LineageError(f"shard {shard!r}: unknown bucket {bucket!r}; the config has {self.cfg.buckets}")
+        gone = series_refusal(self.root, bucket, part, f"lineage of shard {shard!r}") if part is not None else None
+        if gone:
+            raise LineageError(gone)
         directory = self.directory(stage, bucket, part)
         if prefix not in directory.shards:
             names = directory.names

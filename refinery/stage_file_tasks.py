@@ -22,7 +22,8 @@ from refinery.stage_recipes import build_stage
 from refinery.stages import ingest, registry
 from refinery.stages.attributes import stage_batches
 from refinery.stages.base import Stage, StageOutput, skips
-from refinery.stages.stage_tables import stage_tables
+from refinery.stages.parquet_batches import bounded_batches
+from refinery.stages.stage_tables import SAMPLE_ROWS, stage_tables
 from refinery.stages.stats import StageStats
 
 
@@ -38,12 +39,24 @@ def stream_stage_file(name: str, upstream: str, refinery: Run, shard: InputShard
     stats: Optional[StageStats] = None
     batches = stage_batches(root, upstream, shard.key, extract.batch_rows, max_bytes=extract.batch_bytes)  # raises before anything is written
     with stage_tables(root, name, shard.key) as tables:
-        for batch in batches:
+        def one(batch: pl.DataFrame) -> None:
+            nonlocal stats
             out = run(batch)
             # One batch's stats as they are (a sum would drop counters of zero).
             stats = out.stats if stats is None else stats + out.stats
             tables.write_documents(out.documents, batch)
             tables.write_rejects(out.rejects)
+
+        if upstream == ingest.STAGE:  # provenance without the payload: read it again from the input file
+            source = cfg.source(shard.source)
+            # Each batch as read is one row group of the table it was not stored in: cut as a read of
+            # that row group would be (`stage_batches`), so the stage sees the same batches.
+            ingest.reread_documents(shard, source, extract, batches, lambda frame: [
+                one(batch) for batch in (bounded_batches(frame, extract.batch_rows, extract.batch_bytes)
+                                         if frame.height else [frame])], cfg.stages.record_timeout_s)
+        else:
+            for batch in batches:
+                one(batch)
     root.write_json(stats_key(name, shard.key), stats.to_dict())
     return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, tables.sample)
 
@@ -79,12 +92,19 @@ def ingest_file(refinery: Run, shard: InputShard, cache: dict) -> FileResult:
     batch (each batch a row group), so no file is ever whole in memory."""
     cfg = refinery.config
     source = cfg.source(shard.source)
-    with stage_tables(refinery.root, ingest.STAGE, shard.key, ingest.RAW_SCHEMA) as tables:
-        stats = ingest.stream_input_shard(shard, source, cfg.stages.extract, tables.write_documents,
+    read: list[pl.DataFrame] = []  # the first batch as read, payload included: the asset's sample
+
+    def write_documents(frame: pl.DataFrame) -> None:
+        if not read or not read[0].height:
+            read[:] = [frame.head(SAMPLE_ROWS)]
+        tables.write_documents(frame.drop(ingest.PAYLOAD))
+
+    with stage_tables(refinery.root, ingest.STAGE, shard.key, ingest.STORED_SCHEMA) as tables:
+        stats = ingest.stream_input_shard(shard, source, cfg.stages.extract, write_documents,
                                           tables.write_rejects, cfg.stages.record_timeout_s)
     refinery.root.write_json(stats_key(ingest.STAGE, shard.key), stats.to_dict())
     settings = {"source": source.model_dump(mode="json"), "extract": cfg.stages.extract.model_dump(mode="json")}
-    sample = tables.sample if tables.sample is not None else pl.DataFrame(schema=ingest.RAW_SCHEMA)
+    sample = read[0] if read else pl.DataFrame(schema=ingest.RAW_SCHEMA)
     return FileResult(shard.key, shard.source, stats, tables.hashes(), settings, sample)
 
 

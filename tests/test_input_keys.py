@@ -23,7 +23,7 @@ from refinery.config import ExtractConfig, load_config
 from refinery.documents import input_shards
 from refinery.commands.init import write_config as init_config
 from refinery.layout import documents_key, stats_key
-from refinery.stages.ingest import read_input_shard
+from refinery.stages.ingest import payload_checks, read_input_shard
 from refinery.storage import LocalDataRoot
 
 from helpers import configs
@@ -98,7 +98,8 @@ def test_a_new_file_whose_cleaned_name_collides_moves_no_old_key_doc_id_or_outpu
     root = run_ingest(config)
     assert root.sha256(documents_key("raw_documents", "web-a_b")) == old_bytes
     old = pl.read_parquet(root.local_path(documents_key("raw_documents", "web-a_b")))
-    assert old["raw"].str.starts_with("old ").all() and old["file"].unique().to_list() == ["web/a_b.jsonl"]
+    texts = pl.Series([f"old {j}. {PROSE}" for j in range(3)])  # the old file's payloads, by their stored hashes
+    assert old["raw_hash"].equals(payload_checks(texts)["raw_hash"]) and old["file"].unique().to_list() == ["web/a_b.jsonl"]
 
 
 def test_keys_depend_on_each_files_own_relative_path_alone(tmp_path):

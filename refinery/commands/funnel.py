@@ -1,5 +1,6 @@
 """`refinery funnel`: the funnel report (refinery/reports/funnel.py) for a data root: retention per
-stage, bucket and language, the raw-input budget it implies, and the quality classifier's figures.
+stage, bucket and language, the raw-input budget it implies, the quality classifier's figures, and
+the data root's bytes per store over the compressed input (refinery/reports/stores.py).
 
 `--explain URL_OR_DOC_ID` instead finds that document in `language_filtered` (the heuristic
 stage's input), runs every heuristic rule on it with its source's and language's settings, then
@@ -23,6 +24,7 @@ from refinery.preflight import READ_ONLY
 from refinery.reports.funnel import (DEFAULT_TARGET_TOKENS, UnreadableStats, build_report, bytes_per_token, format_quality,
                                      format_report, format_table, language_retention, load_stage_totals,
                                      quality_classifier_report, stage_partitions, target_tokens)
+from refinery.reports.stores import format_budget, store_budget
 from refinery.storage import DataRoot, open_data_root
 
 if TYPE_CHECKING:
@@ -156,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
                           bytes_per_token(root, list(cfg.buckets), args.bytes_per_token))
     report["languages"] = language_retention(root)
     report["quality"] = quality_classifier_report(root, totals)
+    report["storage"] = store_budget(root, cfg)
     text = format_report(report) + ("" if report["quality"] is None else "\n\n" + format_quality(report["quality"]))
+    text += "\n\n" + format_budget(report["storage"])
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else text)
     return 0
 
@@ -177,7 +181,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Retention of every materialized funnel stage (documents and bytes in and out), overall, per "
                     "bucket and per language (from language ID on), the top removal reasons, and the raw-input budget B0 = N * b_t / prod(r_j): the "
                     "raw bytes to collect for N clean tokens at this retention, at b_t bytes per token (measured from the "
-                    "token shards, else the demo tokenizer's estimate). With --explain, every heuristic rule "
+                    "token shards, else the demo tokenizer's estimate); then the data root's bytes per store over the "
+                    "compressed input, each with its growth law. With --explain, every heuristic rule "
                     "and custom filter one document fails, with the measured value and the threshold. It reads what "
                     "the graph wrote under the data root; materialize the funnel first (`refinery demo --config C`).",
         epilog="examples:\n  refinery funnel --config configs/demo.yaml\n"

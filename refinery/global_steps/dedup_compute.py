@@ -16,7 +16,9 @@ from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.config import RefineryConfig
 from refinery.documents import input_shards
-from refinery.layout import NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, signatures_key, stats_key
+from refinery.dropped import sketches_refusal
+from refinery.layout import (NEAR_CLUSTERS_KEY, exact_drops_key, near_edges_key, signatures_key, sketches_dropped_key,
+                             sketches_key, stats_key)
 from refinery.stages.attributes import stage_batches
 from refinery.stages.parquet_batches import ParquetBatchWriter
 from refinery.stages.stage_tables import stage_tables
@@ -24,6 +26,7 @@ from refinery.stages.stats import StageStats
 from refinery.storage import DataRoot
 
 STAGE = "deduped"
+SKETCH = "bottom"  # the column of `nd.signature_table` stored in the sketches file, not the signatures
 UPSTREAM = registry.funnel_stage(STAGE).upstream
 
 
@@ -53,10 +56,16 @@ def scan_signatures(cfg: RefineryConfig, root: DataRoot) -> pl.LazyFrame | None:
     return _scan_all(root, [signatures_key(s.key) for s in input_shards(cfg)], "dedup_signatures")
 
 
-def scan_shard_signatures(cfg: RefineryConfig, root: DataRoot) -> list[pl.LazyFrame]:
-    """One scan per input shard, in shard-ordinal order (call after `scan_signatures` has checked
-    that every file exists)."""
-    return [pl.scan_parquet(str(root.local_path(signatures_key(s.key)))) for s in input_shards(cfg)]
+def scan_shard_sketches(cfg: RefineryConfig, root: DataRoot, needed_by: str) -> list[pl.LazyFrame]:
+    """One scan of each input shard's bottom-k sketches, in shard-ordinal order; sketches dropped
+    once near_dup_clusters ran (refinery/dropped.py) are refused in one line."""
+    for shard in input_shards(cfg):
+        gone = sketches_refusal(root, shard.key, needed_by)
+        if gone:
+            raise FileNotFoundError(gone)
+    keys = [sketches_key(s.key) for s in input_shards(cfg)]
+    _scan_all(root, keys, "dedup_signatures sketch")
+    return [pl.scan_parquet(str(root.local_path(k))) for k in keys]
 
 
 def scan_exact_drops(cfg: RefineryConfig, root: DataRoot) -> pl.LazyFrame:
@@ -94,20 +103,24 @@ def upstream_batches(cfg: RefineryConfig, root: DataRoot, shard: str) -> Iterato
         first += batch.height
 
 
-def compute_signatures(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[SignatureCounts, str]:
-    """Write one file's signature table, a record batch of its documents at a time (a row group
-    each); returns its counts and sha256."""
+def compute_signatures(cfg: RefineryConfig, root: DataRoot, shard: str) -> tuple[SignatureCounts, dict[str, str]]:
+    """Write one file's signature table and, apart, its bottom-k sketches (which near_dup_clusters
+    drops once every band has read them), a record batch of its documents at a time (a row group
+    each); returns its counts and the two files' sha256 by key."""
     source = next(s for s in input_shards(cfg) if s.key == shard).source
     near_enabled = not skips(cfg.source(source).skip, nd.NEAR_SKIP_KEY)
     ordinal, settings = _shard_ordinal(cfg, shard), nd.DedupSettings.from_config(cfg)
     docs = near = 0
     batches = upstream_batches(cfg, root, shard)
-    with root.writer(signatures_key(shard)) as path, ParquetBatchWriter(path) as writer:
+    with root.writer(signatures_key(shard)) as path, ParquetBatchWriter(path) as writer, \
+            root.writer(sketches_key(shard)) as sketches_path, ParquetBatchWriter(sketches_path) as sketches:
         for first, batch in batches:
             table = nd.signature_table(batch, ordinal, settings, near_enabled, first)
-            writer.write(table)
+            writer.write(table.drop(SKETCH))
+            sketches.write(table.select("doc_key", SKETCH))
             docs, near = docs + table.height, near + int(table["near"].sum() or 0)
-    return SignatureCounts(docs, near), writer.sha256
+    root.delete(sketches_dropped_key(shard))
+    return SignatureCounts(docs, near), {signatures_key(shard): writer.sha256, sketches_key(shard): sketches.sha256}
 
 
 def compute_exact_range(cfg: RefineryConfig, root: DataRoot, hash_range: str) -> tuple[pl.DataFrame, int, str]:
@@ -150,7 +163,7 @@ def compute_band_edges(cfg: RefineryConfig, root: DataRoot, band_key: str) -> tu
         if near.band_splits is None and near.max_memory_mb is not None:
             splits = nd.band_splits(sigs.filter(pl.col("near")).select(pl.len()).collect().item(), near.max_memory_mb)
         dropped = scan_exact_drops(cfg, root).select("doc_key")
-        shards = scan_shard_signatures(cfg, root)
+        shards = scan_shard_sketches(cfg, root, f"near_deduped[{band_key}]")
         edges, counts = nd.band_edges(sigs, shards, dropped, keys_of_bands.index(band_key), settings, splits)
     return edges, counts, root.write_parquet(near_edges_key(band_key), edges)
 

@@ -303,8 +303,9 @@ class DedupSettings:
 def signature_table(docs: pl.DataFrame, shard_ordinal: int, settings: DedupSettings, near_enabled: bool,
                     first_row: int = 0) -> pl.DataFrame:
     """One row per document with text: doc_key, doc_id, the exact hash, whether it takes part in
-    near dedup (its source does not skip it and it has at least one word), the MinHash signature
-    its band hashes and bottom-k sketch. Documents with null text get no row; `apply_decisions` rejects them.
+    near dedup (its source does not skip it and it has at least one word), the band hashes of its
+    MinHash signature (the signature itself is read by nothing after them, so it is not kept) and
+    its bottom-k sketch (`compute_signatures` stores it apart, to be dropped once read). Documents with null text get no row; `apply_decisions` rejects them.
     `docs` may be a record batch of the shard's table that starts at row `first_row`."""
     if "text" not in docs.columns:
         raise ValueError(f"the document table has no `text` column (columns: {docs.columns})")
@@ -321,7 +322,6 @@ def signature_table(docs: pl.DataFrame, shard_ordinal: int, settings: DedupSetti
         "hash_hi": pl.Series(hi, dtype=pl.UInt64),
         "hash_lo": pl.Series(lo, dtype=pl.UInt64),
         "near": pl.Series(near, dtype=pl.Boolean),
-        "sig": pl.Series(sigs, dtype=pl.Array(pl.UInt32, settings.num_perm)),
         # Polars builds an Array column when every sketch has the same length, whatever the dtype says.
         "bottom": pl.Series(bottoms, dtype=pl.List(pl.UInt32)).cast(pl.List(pl.UInt32)),
     }

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from refinery.dropped import series_refusal
 from refinery.hashing import splitmix64
 from refinery.layout import bucket_entries_key, bucket_shards_prefix, shard_index_key, shard_key
 from refinery.shard_format import SHARD_SUFFIXES, ShardFormatError, ShardReader, shard_files
@@ -375,8 +376,12 @@ def bucket_difficulty(root: DataRoot, bucket: str) -> dict[str, Any]:
 
 def load_source(root: DataRoot, bucket: str, part: str, fields: dict[str, Any]) -> dict[str, Any]:
     """The tokenized series of input file `part`, checked to have been made with `fields`
-    (`tokenize.series_fields`: the dtype, the tokenizer, the windowing)."""
+    (`tokenize.series_fields`: the dtype, the tokenizer, the windowing), and still held: a series
+    dropped once an earlier shuffle published (refinery/dropped.py) is refused in one line."""
     source = load_index(root, TOKENIZED, bucket, part)
+    gone = series_refusal(root, bucket, part, f"shuffled_shards[{bucket}]")
+    if gone:
+        raise ShuffleError(gone)
     differ = [k for k in fields if source.get(k) != fields[k]]
     if differ:
         raise ShuffleError(

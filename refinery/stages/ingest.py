@@ -4,7 +4,11 @@ Hugging Face dataset saved to disk) read into a table, by the reader of its sour
 
 One row per response/resource WARC record, JSONL line or table row, with the provenance columns of
 `refinery.documents` and `raw`, the decoded payload (HTML for WARC responses, the text field for
-JSONL and tables). Hostile input never stops the file: a bad record becomes one reject row
+JSONL and tables). The table raw_documents stores keeps the provenance and, of the payload, only its
+UTF-8 size and blake2b-64 hash (`STORED_SCHEMA`): the payload is a second copy of the crawl, and
+extracted_text, its one reader, reads it again from the input file (`reread_documents`: the same
+reader over the same bytes, each payload checked against its stored hash, a moved or edited file
+refused in one line). Hostile input never stops the file: a bad record becomes one reject row
 `ingest/<reason>` (each reader's docstring lists its reasons) and reading goes on. Only a missing
 file, and a table without the source's text (or id) column, raise. A file whose symlinks lead
 outside its source's folder is not read: it is one `ingest/outside_source` reject, without an
@@ -30,14 +34,16 @@ so is the rest of a compressed file that, past `extract.inflation_floor_bytes`, 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import polars as pl
 
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import PROVENANCE_SCHEMA, InputShard, empty_rejects, make_doc_id
+from refinery.documents.tables import record_position
 from refinery.documents.inputs import outside_folder, pattern_parts
 from refinery.stages.base import StageOutput
 from refinery.stages.isolation import DEFAULT_RECORD_TIMEOUT_S
@@ -45,7 +51,13 @@ from refinery.stages.readers import RawRecord, ReadResult, input_format
 from refinery.stages.stats import Drop, StageStats, count_in_out, rejects_frame
 
 STAGE = "raw_documents"
-RAW_SCHEMA: dict[str, pl.DataType] = {**PROVENANCE_SCHEMA, "raw": pl.String()}
+PAYLOAD = "raw"
+# What raw_documents stores of a record besides its provenance: its payload's size and hash, by
+# which a reader that re-reads the payload from the input (`reread_documents`) knows it unchanged.
+PAYLOAD_CHECK_SCHEMA: dict[str, pl.DataType] = {"raw_bytes": pl.Int64(), "raw_hash": pl.UInt64()}
+STORED_SCHEMA: dict[str, pl.DataType] = {**PROVENANCE_SCHEMA, **PAYLOAD_CHECK_SCHEMA}
+# A batch of records as read: what is stored and the payload, which is not.
+RAW_SCHEMA: dict[str, pl.DataType] = {**STORED_SCHEMA, PAYLOAD: pl.String()}
 
 
 def config_relative_file(path: str, pattern: str) -> str:
@@ -126,6 +138,7 @@ def stream_input_shard(
 def _batch_frames(shard: InputShard, file_label: str, records: list[RawRecord],
                   stats: StageStats) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The kept documents and the reject rows of one batch of records; counted into `stats`."""
+    raw = _text_column([r.raw for r in records])
     table = pl.DataFrame(
         {
             "doc_id": [make_doc_id(shard.key, r.index) for r in records],
@@ -137,7 +150,8 @@ def _batch_frames(shard: InputShard, file_label: str, records: list[RawRecord],
             "record_offset": [r.offset for r in records],
             "fetch_time": [r.fetch_time for r in records],
             "content_type": [r.content_type for r in records],
-            "raw": _text_column([r.raw for r in records]),
+            **payload_checks(raw),
+            "raw": raw,
             "_excerpt": [r.excerpt for r in records],
         },
         schema={**RAW_SCHEMA, "_excerpt": pl.String()},
@@ -166,6 +180,75 @@ def _text_column(values: list[str | bytes | None]) -> pl.Series:
     except UnicodeEncodeError:  # a lone surrogate in a decoded text: polars takes the strs as they are
         return pl.Series("raw", [v.decode("utf-8") if isinstance(v, bytes) else v for v in values], dtype=pl.String)
     return pl.Series("raw", data, dtype=pl.Binary).cast(pl.String)
+
+
+def payload_checks(raw: pl.Series) -> dict[str, pl.Series]:
+    """Each payload's UTF-8 bytes and their blake2b-64 (null for no payload): what raw_documents keeps
+    of it."""
+    data = raw.cast(pl.Binary).to_list()
+    return {"raw_bytes": pl.Series([None if d is None else len(d) for d in data], dtype=pl.Int64),
+            "raw_hash": pl.Series([None if d is None else int.from_bytes(hashlib.blake2b(d, digest_size=8).digest(), "little")
+                                   for d in data], dtype=pl.UInt64)}
+
+
+class InputChanged(ValueError):
+    """An input file that no longer holds a document raw_documents read from it (moved, deleted or edited)."""
+
+
+def reread_documents(shard: InputShard, source: SourceConfig, extract: ExtractConfig,
+                     stored: Iterator[pl.DataFrame], write_documents: FrameSink,
+                     record_timeout_s: float | None = DEFAULT_RECORD_TIMEOUT_S) -> None:
+    """The documents raw_documents kept of `shard` (`stored`: its table's rows, in file order), each
+    with its payload read again from the input file as ingest read it, handed on as
+    `write_documents` frames of the provenance columns and `raw`, one per batch the file is read in
+    (a file without documents: one empty frame, as `stage_batches` gives). Each payload is checked
+    against the hash stored; a document the file no longer holds as it was, or a file gone, raises
+    `InputChanged` in one line naming what to do. Memory is a batch's: the stored rows are read
+    along with the file."""
+    pending = pl.DataFrame(schema=STORED_SCHEMA)
+    written = 0
+    label = config_relative_file(shard.path, source.path)
+    again = (f"raw_documents keeps provenance, not the payload: restore the file as it was, or materialize "
+             f"raw_documents for input file {shard.key!r} again")
+
+    def check(frame: pl.DataFrame) -> None:
+        nonlocal pending, written
+        if frame.height == 0:
+            return
+        last = frame["record_index"][-1]
+        while pending.height == 0 or pending["record_index"][-1] < last:
+            more = next(stored, None)
+            if more is None:
+                break
+            pending = pl.concat([pending, more.select(list(STORED_SCHEMA)).cast(STORED_SCHEMA)])
+        here, pending = pending.filter(pl.col("record_index") <= last), pending.filter(pl.col("record_index") > last)
+        now = frame.select("record_index", pl.col("raw_hash").alias("_now"), PAYLOAD, pl.lit(True).alias("_read"))
+        matched = here.join(now, on="record_index", how="left", maintain_order="left")
+        changed = matched.filter(pl.col("_read").is_null() | pl.col("_now").ne_missing(pl.col("raw_hash")))
+        if changed.height:
+            raise InputChanged(f"{label}: {_changed_record(changed)}; {again}")
+        if matched.height:
+            write_documents(matched.select(*PROVENANCE_SCHEMA, PAYLOAD))
+            written += 1
+
+    try:
+        stream_input_shard(shard, source, extract, check, lambda rejects: None, record_timeout_s)
+    except FileNotFoundError:
+        raise InputChanged(f"{label}: gone since raw_documents read it (moved or deleted); {again}") from None
+    rest = pending.height + sum(frame.height for frame in stored)
+    if rest:
+        raise InputChanged(f"{label}: {rest} document(s) raw_documents read are no longer in it (the file changed "
+                           f"since); {again}")
+    if not written:
+        write_documents(pl.DataFrame(schema={**PROVENANCE_SCHEMA, PAYLOAD: pl.String()}))
+
+
+def _changed_record(changed: pl.DataFrame) -> str:
+    row = changed.row(0, named=True)
+    where = record_position(row["file"], row["record_index"], row["record_offset"])
+    what = "is no longer there" if row["_read"] is None else "holds another payload (its hash differs)"
+    more = f" (and {changed.height - 1} more)" if changed.height > 1 else ""
+    return f"{where} {what} since raw_documents read it{more}: the file changed"
 
 
 def read_input_shard(

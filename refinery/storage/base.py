@@ -98,6 +98,10 @@ class DataRoot(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Bytes of each key under `prefix` (a folder; "" for the whole root), as `list` names them."""
+        return {key: self.local_path(key).stat().st_size for key in self.list(prefix)}
+
     def display(self, key: str) -> str:
         """How to show `key` to a person (a path or URL)."""
         return f"{self.url.rstrip('/')}/{key}"

@@ -266,25 +266,29 @@ class S3DataRoot(DataRoot):
             return False
         return True
 
-    def _list_object_keys(self, prefix: str) -> list[str]:
+    def _list_objects(self, prefix: str) -> dict[str, int]:
+        """Object key -> size of every object under `prefix`, from the listing."""
         base = self._object_key(prefix) + "/" if prefix.strip("/") else (f"{self.prefix}/" if self.prefix else "")
 
-        def pages() -> list[str]:
-            keys = []
+        def pages() -> dict[str, int]:
+            found = {}
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
-                keys.extend(obj["Key"] for obj in page.get("Contents", []))
-            return keys
+                found.update((obj["Key"], obj["Size"]) for obj in page.get("Contents", []))
+            return found
 
         return self._call("list", prefix, pages)
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """From the listing itself: no object is downloaded or asked for one at a time."""
         cut = len(self.prefix) + 1 if self.prefix else 0
-        keys = (k[cut:] for k in self._list_object_keys(prefix))
-        return sorted(k for k in keys if not k.rsplit("/", 1)[-1].startswith("."))
+        return {k[cut:]: n for k, n in self._list_objects(prefix).items() if not k.rsplit("/", 1)[-1].startswith(".")}
 
     def delete(self, key: str) -> None:
         """Delete the object `key`, or every object under it when it names a folder."""
-        targets = [self._object_key(key)] + self._list_object_keys(key)
+        targets = [self._object_key(key)] + list(self._list_objects(key))
         for start in range(0, len(targets), 1000):
             batch = [{"Key": k} for k in targets[start:start + 1000]]
             self._call(

@@ -17,3 +17,10 @@ def digests(items: Iterable[tuple[str, bytes]]) -> dict[str, str]:
             data = json.dumps(strip_timing(json.loads(data)), sort_keys=True).encode()
         out[name] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def dropped_by(listing: dict[str, str], key: str) -> bool:
+    """Whether `key` is a file of a store that the root `listing` describes dropped once read: the
+    marker refinery/dropped.py leaves is there (beside a sketches file, or in a token series' folder)."""
+    markers = (key.removesuffix(".parquet") + ".dropped.json", key.rsplit("/", 1)[0] + "/dropped.json")
+    return key not in listing and any(m in listing for m in markers)
