@@ -53,7 +53,7 @@ from refinery.config import (ConfigError, CustomFilterConfig, RefineryConfig, fi
 from refinery.config.execution import HOST_CLUSTER, resolve_address, unreachable
 from refinery.config.paths import CHECKOUT, FILE_FIELDS, SHIPPED_LABELLED_SETS, dotted
 from refinery.documents.inputs import outside_folder, source_folder
-from refinery.stages.readers import InputFormat, known_format
+from refinery.stages.readers.formats import InputFormat, known_format
 
 
 @dataclass(frozen=True)

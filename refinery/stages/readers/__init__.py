@@ -7,10 +7,19 @@ check, its field sampler and its reader), for ingest (refinery/stages/ingest.py,
 `raw_documents` table), preflight and `refinery init`.
 """
 
-from refinery.stages.readers.formats import FORMATS, InputFormat, format_of_path, input_format, known_format
-from refinery.stages.readers.records import RawRecord, ReadResult
-from refinery.stages.readers.tables import InputColumnError
-from refinery.stages.readers.warc import gzip_damage_offset
+from importlib import import_module
 
-__all__ = ["FORMATS", "InputColumnError", "InputFormat", "RawRecord", "ReadResult", "format_of_path",
-           "gzip_damage_offset", "input_format", "known_format"]
+from refinery.stages.readers.formats import FORMATS, InputFormat, format_of_path, input_format, known_format
+
+# The records and the readers, imported when first named (PEP 562): the format registry above is
+# what preflight and a lineage query need, and it must not bring polars, pyarrow or FastWARC in.
+_LAZY = {"RawRecord": "records", "ReadResult": "records", "InputColumnError": "tables", "gzip_damage_offset": "warc"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+
+
+__all__ = ["FORMATS", "InputFormat", "format_of_path", "input_format", "known_format", *_LAZY]

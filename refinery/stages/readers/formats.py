@@ -1,30 +1,49 @@
 """The input formats, each registered once: the file names `refinery init` takes for it, how
 preflight finds the columns a source reads before any run (a table's schema), how `refinery init`
-samples its fields, and the reader ingest runs on each input. Ingest (refinery/stages/ingest.py),
+samples its fields, and the reader ingest runs on each input (this package's modules, named here
+and imported when first called). Ingest (refinery/stages/ingest.py),
 preflight (refinery/preflight.py) and init (refinery/commands/init_sources.py) look a source's
 format up here and nowhere else, so a format added here is read, checked and detected by all three.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from refinery.config import ExtractConfig, SourceConfig
-from refinery.documents import HF_DATASET_DICT
-from refinery.stages.readers.jsonl import read_jsonl, sample_jsonl
-from refinery.stages.readers.records import ReadResult
-from refinery.stages.readers.tables import (dataset_schemas, parquet_schemas, read_dataset, read_parquet,
-                                            sample_dataset, sample_parquet)
-from refinery.stages.readers.warc import read_warc
+from refinery.documents.inputs import HF_DATASET_DICT
+
+if TYPE_CHECKING:
+    from refinery.config import ExtractConfig, SourceConfig
+    from refinery.stages.readers.records import ReadResult
 
 # Every record of one input into the result: (path, source, extract, result, record_timeout_s).
-Reader = Callable[[str, SourceConfig, ExtractConfig, ReadResult, "float | None"], None]
+Reader = Callable[[str, "SourceConfig", "ExtractConfig", "ReadResult", "float | None"], None]
 # (file, column names) of each table an input holds.
 Schemas = Callable[[str], list[tuple[str, list[str]]]]
 # An input's field names and its first records, at most the count given.
 Sampler = Callable[[str, int], tuple[list[str], list[dict]]]
+
+
+class _Named:
+    """A reader function named "module:function", imported on its first call: a preflight or a
+    lineage query looks formats up without importing the readers (and polars, pyarrow, FastWARC
+    behind them)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._function: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._function is None:
+            module, function = self.name.split(":")
+            self._function = getattr(importlib.import_module(module), function)
+        return self._function(*args)
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -45,11 +64,17 @@ class InputFormat:
 
 
 FORMATS: tuple[InputFormat, ...] = (
-    InputFormat("warc", read_warc, (".warc.gz", ".warc")),
-    InputFormat("jsonl", read_jsonl, (".jsonl.gz", ".jsonl", ".ndjson.gz", ".ndjson"), sample=sample_jsonl),
-    InputFormat("parquet", read_parquet, (".parquet",), schemas=parquet_schemas, sample=sample_parquet),
-    InputFormat("hf_dataset", read_dataset, folder_marks=("state.json", HF_DATASET_DICT), schemas=dataset_schemas,
-                sample=sample_dataset),
+    InputFormat("warc", _Named("refinery.stages.readers.warc:read_warc"), (".warc.gz", ".warc")),
+    InputFormat("jsonl", _Named("refinery.stages.readers.jsonl:read_jsonl"),
+                (".jsonl.gz", ".jsonl", ".ndjson.gz", ".ndjson"),
+                sample=_Named("refinery.stages.readers.jsonl:sample_jsonl")),
+    InputFormat("parquet", _Named("refinery.stages.readers.tables:read_parquet"), (".parquet",),
+                schemas=_Named("refinery.stages.readers.tables:parquet_schemas"),
+                sample=_Named("refinery.stages.readers.tables:sample_parquet")),
+    InputFormat("hf_dataset", _Named("refinery.stages.readers.tables:read_dataset"),
+                folder_marks=("state.json", HF_DATASET_DICT),
+                schemas=_Named("refinery.stages.readers.tables:dataset_schemas"),
+                sample=_Named("refinery.stages.readers.tables:sample_dataset")),
 )
 
 
