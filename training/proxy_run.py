@@ -43,16 +43,28 @@ def single_phase(vcfg: RefineryConfig) -> str:
     return phases[0]
 
 
+def last_phase(vcfg: RefineryConfig) -> str:
+    """The phase whose boundary checkpoint holds the model a proxy run scores (a schedule variant
+    trains several, training/schedule_run.py)."""
+    if vcfg.curriculum is None:
+        raise ValueError("a proxy run trains a curriculum; its config has none")
+    return vcfg.curriculum.phases[-1].name
+
+
 def proxy_run_dir(vcfg: RefineryConfig) -> Path:
-    """The run directory of a proxy run: its one phase's, as `training_run` would use."""
+    """The run directory of a proxy run's last phase, as `training_run` would use."""
     from training.phase_runs import phase_run_dir
 
-    return phase_run_dir(vcfg, single_phase(vcfg))
+    return phase_run_dir(vcfg, last_phase(vcfg))
 
 
-def train_args(vcfg: RefineryConfig, resume: str) -> argparse.Namespace:
-    """What `refinery train` is given for a proxy run."""
-    return argparse.Namespace(config=None, resume=resume, stop_after_phase=None, run_dir=str(proxy_run_dir(vcfg)),
+def train_args(vcfg: RefineryConfig, resume: str, phase: str | None = None) -> argparse.Namespace:
+    """What `refinery train` is given for a proxy run: its last phase, or `phase` in its own run
+    directory, stopping at its boundary."""
+    from training.phase_runs import phase_run_dir
+
+    run_dir = proxy_run_dir(vcfg) if phase is None else phase_run_dir(vcfg, phase)
+    return argparse.Namespace(config=None, resume=resume, stop_after_phase=phase, run_dir=str(run_dir),
                               simulate_world_size=1, num_workers=None, fresh=False, json=False)
 
 
@@ -75,7 +87,7 @@ def trained_model(vcfg: RefineryConfig):
     from training.model import GPT, GPTConfig
     from training.phase_runs import boundary_checkpoint
 
-    run_dir, phase = proxy_run_dir(vcfg), single_phase(vcfg)
+    run_dir, phase = proxy_run_dir(vcfg), last_phase(vcfg)
     path = boundary_checkpoint(run_dir, phase)
     if path is None:
         raise FileNotFoundError(f"{run_dir}: no boundary checkpoint of phase {phase!r}; the run has not finished")
@@ -98,7 +110,7 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
     model, digest = trained_model(vcfg)
     root = open_data_root(vcfg.resolve(vcfg.data_root))
     tokenizer = read_tokenizer(root, vcfg.tokenizer.eod_token)
-    seq_len = vcfg.curriculum.phases[0].seq_len
+    seq_len = vcfg.curriculum.phases[-1].seq_len
     scorer = BitsPerByte(lambda x, y: model(x, y, reduction="none")[1],
                          lambda texts: encode_texts(tokenizer, texts, np.int64),
                          tokenizer.token_to_id(vcfg.tokenizer.eod_token), seq_len, batch_rows=EVAL_BATCH_ROWS,

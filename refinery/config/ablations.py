@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from refinery.config.ablation_schedules import AnnealSearchConfig, ScheduleVariantConfig
 from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.training import ModelConfig
 
@@ -91,6 +92,13 @@ class AblationsConfig(Section):
     eval_sets: list[str] = Field(default_factory=list, description="More evaluation text: JSONL files of "
                                  "{\"id\", \"text\"} lines, relative to the config file; each file is a domain "
                                  "named after its file name.")
+    schedules: dict[str, ScheduleVariantConfig] = Field(default_factory=dict, description="Schedule variants "
+                                                        "(refinery/config/ablation_schedules.py): name -> a built-in "
+                                                        "phase table (`curriculum`, `iid`, `no_anneal`, "
+                                                        "`no_length_warmup`, `uniform_order`) with optional phase "
+                                                        "patches, trained on the funnel variant's data.")
+    anneal_search: AnnealSearchConfig | None = Field(default=None, description="Anneal mixtures branched from "
+                                                     "each seed's `curriculum` schedule run before its last phase.")
 
     @field_validator("variants")
     @classmethod

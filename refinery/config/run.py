@@ -178,7 +178,9 @@ def ablation_problems(cfg: RefineryConfig) -> list[str]:
             problems.append(f"ablations.eval_sets[{i}]: its domain {name!r} (the file's name) is also a bucket or "
                             f"another eval set; rename the file")
         domains.append(name)
-    return problems
+    from refinery.ablations.schedules import schedule_problems
+
+    return problems + schedule_problems(cfg)
 
 
 def eval_set_domain(path: str) -> str:
