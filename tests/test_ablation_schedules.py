@@ -185,3 +185,27 @@ def test_a_schedule_naming_an_unknown_phase_or_bucket_exits_2_naming_the_field(t
                                                                                field):
     assert main(["validate", "--config", str(with_schedules(tmp_path, schedules, anneal))]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_the_assets_train_a_schedule_and_a_branch_through_pipes_and_plot_their_curves(trained, tmp_path):
+    import dagster as dg
+
+    from assets import ablation_schedules
+    from helpers.materialize import materialize, module_assets
+
+    folder, _ = trained
+    path = copy_folder(folder, tmp_path / "assets")
+    assets = module_assets(ablation_schedules, path)
+    assert set(assets) == {"ablation_schedule_runs", "ablation_anneal_runs", "ablation_schedule_report"}
+    run = materialize([assets["ablation_schedule_runs"]], path, dg.MultiPartitionKey({"schedule": "no_anneal", "seed": "1"}))
+    meta = run.asset_materializations_for_node("ablation_schedule_runs")[0].metadata
+    stored = json.loads((tmp_path / "assets/main/ablations/results/schedule.no_anneal/seed-1.json").read_text())
+    assert meta["bpb"].value == pytest.approx(stored["bpb"], abs=1e-6) and stored["tokens_trained"] == BUDGET
+    assert "s_no_anneal__anneal" in meta["phases"].value
+    branch = materialize([assets["ablation_anneal_runs"]], path, dg.MultiPartitionKey({"mixture": "even", "seed": "0"}))
+    meta = branch.asset_materializations_for_node("ablation_anneal_runs")[0].metadata
+    assert meta["share_of_run"].value == pytest.approx(384 / BUDGET)
+    report = materialize([assets["ablation_schedule_report"]], path)
+    meta = report.asset_materializations_for_node("ablation_schedule_report")[0].metadata
+    assert set(meta["runs"].value) == {"schedule.curriculum", "schedule.iid", "anneal.even"}  # seed 0
+    assert (tmp_path / "assets/main/ablations/schedule_curves.png").read_bytes()[:4] == b"\x89PNG"

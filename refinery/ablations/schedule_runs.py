@@ -35,7 +35,13 @@ def run_base(kind: str, name: str, seed: int) -> str:
 
 
 def _config(cfg: RefineryConfig, curriculum: dict, seed: int | None = None, run_dir: str | None = None) -> RefineryConfig:
-    return build._derived(cfg, FUNNEL_VARIANT, curriculum, seed=seed, run_dir=run_dir)
+    """The data variants' derived config on the funnel variant's root with `curriculum`, its LR
+    warmup the same in tokens for every table: the trainer counts warmup steps at the first phase's
+    seq_len, so a table that starts shorter than the proxy's window warms up over more steps."""
+    assert cfg.ablations is not None
+    vcfg = build._derived(cfg, FUNNEL_VARIANT, curriculum, seed=seed, run_dir=run_dir)
+    steps = cfg.ablations.warmup_steps * cfg.ablations.seq_len // curriculum["phases"][0]["seq_len"]
+    return vcfg.model_copy(update={"training": vcfg.training.model_copy(update={"warmup_steps": steps})})
 
 
 def prepare_run(root: DataRoot, cfg: RefineryConfig, kind: str, name: str) -> dict:

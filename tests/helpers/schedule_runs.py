@@ -75,22 +75,15 @@ def copy_folder(folder: Path, to: Path) -> Path:
 
 
 def train(cfg, kind: str, name: str, seed: int = 0) -> int:
-    """Write the run's manifests and train it phase by phase in this process, each phase from where
-    `training_run` would start it; returns the last exit status."""
+    """Write the run's manifests and train it in this process from its first unfinished phase, as
+    the asset launches it; returns the exit status."""
     from refinery.ablations.schedule_runs import prepare_run, run_config
     from refinery.storage import open_data_root
     from training.phase_runs import resume_argument
-    from training.schedule_run import run_phase
+    from training.schedule_run import first_unfinished, run_from
 
     root = open_data_root(cfg.resolve(cfg.data_root))
     prepare_run(root, cfg, kind, name)
     vcfg = run_config(root, cfg, kind, name, seed)
-    phases = [p.name for p in vcfg.curriculum.phases]
-    if kind == "anneal":  # its other phases are the curriculum run's
-        phases = phases[-1:]
-    code = 0
-    for phase in phases:
-        code = run_phase(cfg, kind, name, seed, phase, resume_argument(vcfg, phase))
-        if code:
-            return code
-    return code
+    phase = first_unfinished(vcfg, kind)
+    return run_from(cfg, kind, name, seed, phase, resume_argument(vcfg, phase))
