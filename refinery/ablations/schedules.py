@@ -41,20 +41,17 @@ manifests; `run_config` reads it back, so a proxy run trains exactly what was wr
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from refinery.config import ConfigError, RefineryConfig
-from refinery.config.ablation_schedules import SCHEDULE_BASES, SCHEDULE_NAME, PhasePatch, ScheduleVariantConfig
+from refinery.config.ablation_schedules import CURRICULUM, IID_PHASES, PhasePatch, base_of
 from refinery.config.ablations import FUNNEL_VARIANT
-from refinery.curriculum.schedule import SUM_TOLERANCE, PhasePlan, Schedule, apply_temperature, phase_budgets, place_phases
+from refinery.curriculum.schedule import PhasePlan, Schedule, apply_temperature, phase_budgets, place_phases
 from refinery.storage import DataRoot
 
-CURRICULUM = "curriculum"
-IID_PHASES = ("iid", "iid_decay")  # one mixture; the split only places the LR decay (module docstring)
 SCHEDULE, ANNEAL = "schedule", "anneal"  # the two kinds of run
 PREFIX = {SCHEDULE: "s", ANNEAL: "a"}
 DEFINITIONS_PREFIX = "schedules"  # in the funnel variant's root
@@ -94,10 +91,6 @@ def run_name(kind: str, name: str) -> str:
     """The name a run's results are stored and reported under (`schedule.iid`, `anneal.docs_heavy`):
     a dot, which no schedule or mixture name holds, keeps it apart from the data variants'."""
     return f"{kind}.{name}"
-
-
-def base_of(name: str, spec: ScheduleVariantConfig) -> str:
-    return spec.base or name
 
 
 # ---- the tables ---------------------------------------------------------------------------------
@@ -231,98 +224,6 @@ def check_fill(cfg: RefineryConfig, kind: str, name: str, phases: list[ProxyPhas
             raise ScheduleError(f"{field}: plans {math.ceil(tokens):,} tokens of bucket {bucket!r} at the ablation "
                                 f"budget, and the {FUNNEL_VARIANT!r} variant holds {bucket_tokens.get(bucket, 0):,}; "
                                 f"lower the bucket's weights or ablations.tokens")
-
-
-# ---- the preflight ------------------------------------------------------------------------------
-
-
-def _weights_problems(cfg: RefineryConfig, field: str, weights: dict[str, float]) -> list[str]:
-    problems = [f"{field}.{b}: unknown bucket {b!r}; use one of {sorted(cfg.buckets)}" for b in weights
-                if b not in cfg.buckets]
-    if any(w < 0 for w in weights.values()):
-        problems.append(f"{field}: weights must be non-negative, got {weights}")
-    elif abs(sum(weights.values()) - 1.0) > SUM_TOLERANCE:
-        problems.append(f"{field}: the weights sum to {sum(weights.values()):.6g}, not 1; give each bucket its "
-                        f"fraction of the phase's tokens")
-    return problems
-
-
-def _seq_len_problem(cfg: RefineryConfig, field: str, seq_len: int) -> str | None:
-    assert cfg.curriculum is not None and cfg.ablations is not None
-    longest = max(p.seq_len for p in cfg.curriculum.phases)
-    window = cfg.ablations.seq_len
-    if seq_len > longest:
-        return (f"{field}: {seq_len} is longer than the curriculum's longest phase ({longest}), which the proxy's "
-                f"window ablations.seq_len ({window}) stands for; give at most {longest}")
-    scaled, rest = divmod(seq_len * window, longest)
-    if rest or scaled == 0 or window % scaled:
-        return (f"{field}: {seq_len} scales to {seq_len * window / longest:g} proxy tokens (x ablations.seq_len "
-                f"{window} / the longest phase's {longest}), not a whole divisor of {window}; give a seq_len whose "
-                f"ratio to {longest} is 1/2^k")
-    return None
-
-
-def schedule_problems(cfg: RefineryConfig) -> list[str]:
-    """`ablations.schedules` and `ablations.anneal_search` fields that name phases or buckets that do
-    not exist, weights that do not sum to 1, seq_lens the proxy cannot scale, or a curriculum the
-    proxy cannot run."""
-    ab = cfg.ablations
-    assert ab is not None
-    if not ab.schedules and ab.anneal_search is None:
-        return []
-    cur = cfg.curriculum
-    if cur is None:
-        return ["ablations.schedules: schedule variants scale the config's curriculum, and it has none; declare "
-                "`curriculum:` with its phases"]
-    problems: list[str] = []
-    names = [p.name for p in cur.phases]
-    for i, p in enumerate(cur.phases):
-        problem = _seq_len_problem(cfg, f"curriculum.phases[{i}].seq_len ({p.name})", p.seq_len)
-        problems += [problem] if problem else []
-    ordered = [p.name for p in cur.phases if p.order is not None]
-    for name, spec in ab.schedules.items():
-        field = f"ablations.schedules.{name}"
-        if not re.match(SCHEDULE_NAME, name):
-            problems.append(f"{field}: the name becomes part of phase names; use lowercase letters, digits and single "
-                            f"'_', starting with a letter or digit")
-        base = base_of(name, spec)
-        if base not in SCHEDULE_BASES:
-            problems.append(f"{field}.base: {name!r} is no built-in schedule ({', '.join(SCHEDULE_BASES)}); give "
-                            f"`base:` one of them")
-            continue
-        if ordered and base not in ("uniform_order", "iid"):
-            problems.append(f"{field}: curriculum phases {ordered} order by difficulty, and an ablation variant's root "
-                            f"holds no difficulty score; compare with `uniform_order` on the main run instead")
-        if base == "uniform_order" and not ordered and not spec.phases:
-            problems.append(f"{field}: no curriculum phase has an `order`, so it trains what `curriculum` trains; "
-                            f"remove it")
-        known = list(IID_PHASES) if base == "iid" else names
-        if base == "iid" and len(cur.phases) == 1:
-            known = known[:1]
-        for phase, patch in spec.phases.items():
-            pfield = f"{field}.phases.{phase}"
-            if phase not in known:
-                problems.append(f"{pfield}: no phase {phase!r} in the {base} table; use one of {known}")
-                continue
-            if patch.weights is not None:
-                problems += _weights_problems(cfg, f"{pfield}.weights", patch.weights)
-            if patch.seq_len is not None:
-                problem = _seq_len_problem(cfg, f"{pfield}.seq_len", patch.seq_len)
-                problems += [problem] if problem else []
-    if ab.anneal_search is not None:
-        if CURRICULUM not in ab.schedules:
-            problems.append("ablations.anneal_search: every mixture branches from the `curriculum` schedule run; add "
-                            "`curriculum: {}` to ablations.schedules")
-        if len(cur.phases) < 2:
-            problems.append("ablations.anneal_search: the curriculum has one phase, so there is no pre-anneal "
-                            "checkpoint to branch from; give it at least two phases")
-        for mixture, weights in ab.anneal_search.mixtures.items():
-            field = f"ablations.anneal_search.mixtures.{mixture}"
-            if not re.match(SCHEDULE_NAME, mixture):
-                problems.append(f"{field}: the name becomes part of a phase name; use lowercase letters, digits and "
-                                f"single '_', starting with a letter or digit")
-            problems += _weights_problems(cfg, field, weights)
-    return problems
 
 
 # ---- on the data root ---------------------------------------------------------------------------
