@@ -51,7 +51,7 @@ def crawl_folder(config: Path) -> Path:
     """The folder the config's sources read: the one build_crawl.py writes (out/ablations-crawl)."""
     data = yaml.safe_load(config.read_text())
     base = config.resolve().parent
-    return Path(os.path.commonpath([(base / src["path"]).parent for src in data["sources"]]))
+    return Path(os.path.commonpath([Path(os.path.normpath(base / src["path"])).parent for src in data["sources"]]))
 
 
 def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None) -> Path:
