@@ -9,7 +9,8 @@ and the data order (each pass's permutation of the entries and the rows' slots w
 variant's documents, shards and budget do not depend on it.
 
 Training is `refinery train` on that config, unchanged: checkpoints, resume from the latest one
-after a kill (`--resume auto`), status.json, halts. The run directory is the phase's, as for
+after a kill (`--resume auto`), status.json, halts. Once the run has finished, only its boundary
+checkpoint is kept (`keep_boundary_only`). The run directory is the phase's, as for
 `training_run`. Once the phase is complete, the model of its boundary checkpoint is scored on the
 evaluation documents and `results_key(variant, seed)` is written under the main data root. The
 file holds no time and no path, so rerunning a run gives the same bytes; `model_sha256` (a digest of
@@ -34,6 +35,9 @@ from refinery.storage import DataRoot, open_data_root
 
 # Rows of seq_len tokens scored per forward pass of the evaluation.
 EVAL_BATCH_ROWS = 16
+# 2: the results hold every document's scores (`documents`), which the report's paired bootstrap
+# resamples; a stored result of another format is scored again.
+RESULTS_FORMAT = 2
 
 
 def single_phase(vcfg: RefineryConfig) -> str:
@@ -125,7 +129,17 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
         "seq_len": seq_len, "stride": scorer.stride,
         "bpb": overall.bpb if overall else None,
         "cells": cells_to_json(cells),
+        "documents": scorer.documents,
     }
+
+
+def keep_boundary_only(vcfg: RefineryConfig) -> None:
+    """Delete the finished run's checkpoints but the boundary one: the model scored is the boundary
+    checkpoint's, and a finished phase never resumes from a mid-phase one (13 MB a run otherwise)."""
+    from refinery.layout import CHECKPOINTS_DIR
+    from training.checkpoint import CheckpointManager
+
+    CheckpointManager(proxy_run_dir(vcfg) / CHECKPOINTS_DIR, keep_last=0).prune()
 
 
 def current_results(root: DataRoot, key: str, vcfg: RefineryConfig, identity: dict[str, Any]) -> dict[str, Any] | None:
@@ -148,6 +162,7 @@ def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity:
     code = run_train(train_args(vcfg, resume), sinks=sinks, cfg=vcfg)
     if code != 0:
         return code
+    keep_boundary_only(vcfg)
     if current_results(root, key, vcfg, identity) is None:
         results = evaluate(vcfg, documents(), identity)
         if results["bpb"] is None:
@@ -170,7 +185,8 @@ def run_proxy(cfg: RefineryConfig, variant: str, seed: int, resume: str = "auto"
 
     vcfg = variant_config(cfg, variant, seed)  # refuses a variant not built yet
     root = open_data_root(cfg.resolve(cfg.data_root))
-    identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY)}
+    identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY),
+                "results_format": RESULTS_FORMAT}
     return train_and_evaluate(vcfg, root, results_key(variant, seed), identity, lambda: eval_documents(root), resume,
                               sinks)
 
