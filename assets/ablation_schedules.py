@@ -11,7 +11,7 @@
   the last phase only, from the pre-anneal boundary checkpoint of the seed's `curriculum` run. A
   killed branch resumes from its own latest checkpoint; a finished one is not trained again.
 - `ablation_schedule_report`: the variants' training loss per bucket over tokens (seed 0), phase
-  boundaries marked, and where each run's results are.
+  boundaries marked, and the schedule part of `refinery ablations` (refinery/ablations/schedule_report.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from assets.provenance import Provenance, code_version, image_markdown
 from assets.resource import RefineryResource
 from assets.training import POOL, launches_metadata, train_through_pipes, training_curves
 from refinery.ablations import schedule_runs, schedules
-from refinery.ablations.report import results_key
+from refinery.ablations.report import markdown_table, results_key
+from refinery.ablations.schedule_report import format_schedule_report, schedule_report
 from refinery.ablations.schedules import ANNEAL, SCHEDULE, ScheduleError, run_name
 from refinery.config import RefineryConfig
 
@@ -176,11 +177,18 @@ def report_schedules(version: str):
                                                     for i in range(len(curriculum.phases) - 1)]
         png = curves_png(curves, boundaries, list(cfg.buckets))
         hashes = {CURVES_PLOT_KEY: root.write_bytes(CURVES_PLOT_KEY, png)}
+        table = schedule_report(root, cfg)
+        tables = {} if table is None else {
+            "table": dg.MetadataValue.md(markdown_table(table, {"all"})),
+            "report_text": dg.MetadataValue.md(f"`refinery ablations` (schedule part):\n\n```\n"
+                                               f"{format_schedule_report(table)}\n```"),
+            "report": dg.MetadataValue.json(table)}
         return StepResult(
             Provenance(version, {"runs": sorted(curves)}, hashes),
             {"loss_curves": image_markdown(png, "training loss per bucket of every schedule run",
                                            f"seed 0, over tokens; dotted: the curriculum's phase boundaries "
                                            f"(`{root.display(CURVES_PLOT_KEY)}`)"),
+             **tables,
              "runs": dg.MetadataValue.json(sorted(curves))},
         )
     return step
@@ -206,7 +214,9 @@ def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
                                 kinds={"pytorch"}, automation_condition=None, partitions_def=definition, pool=POOL,
                                 deps=upstream[kind], description=described[kind])
               for kind, definition in by_kind.items() if definition is not None]
-    report_version = code_version(sys.modules[__name__])
+    from refinery.ablations import report, schedule_report as schedule_table
+
+    report_version = code_version(sys.modules[__name__], report, schedule_table)
     assets.append(global_step_asset(
         REPORT_ASSET, report_schedules(report_version), version=report_version, group=group,
         kinds={"matplotlib"}, automation_condition=None,

@@ -3,13 +3,13 @@ configs/ablations.yaml, the ablations included, from an empty data root, then th
 `refinery ablations` and what every asset cost.
 
     python bench/ablations.py [--config configs/ablations.yaml] [--workdir /tmp/refinery-bench-ablations]
-                              [--seeds N] [--variants raw,funnel,...] [--json PATH]
+                              [--seeds N] [--variants raw,funnel,...] [--tokens N] [--json PATH]
 
 1. The crawl: data/ablations/build_crawl.py into `<workdir>/crawl` (documentation, real low-value
    pages and spam in a `web` bucket with planted exact and near copies; the curated `docs` bucket).
 2. The config with its data root at `<workdir>/root`, its sources at that crawl and its other
-   relative paths made absolute (`--seeds` and `--variants` narrow its `ablations` section, for a
-   shorter run), written to `<workdir>/ablations.yaml`; the data root and the Dagster instance
+   relative paths made absolute (`--seeds`, `--variants` and `--tokens` narrow its `ablations`
+   section, for a shorter run), written to `<workdir>/ablations.yaml`; the data root and the Dagster instance
    (`<workdir>/dagster`) start empty.
 3. Every asset, in `refinery demo`'s order, one plan step per asset (so each asset's figures are its
    own), in this process: wall seconds and CPU seconds (this process and the child processes it
@@ -54,7 +54,8 @@ def crawl_folder(config: Path) -> Path:
     return Path(os.path.commonpath([Path(os.path.normpath(base / src["path"])).parent for src in data["sources"]]))
 
 
-def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None) -> Path:
+def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None,
+                 tokens: int | None = None) -> Path:
     """`config` with its data root and sources in `workdir`, relative paths absolute; returns its path."""
     crawl = crawl_folder(config)
     data = rebase_paths(yaml.safe_load(config.read_text()), config.parent,
@@ -63,6 +64,8 @@ def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[
     ablations = data["ablations"]
     if seeds is not None:
         ablations["seeds"] = seeds
+    if tokens is not None:
+        ablations["tokens"] = tokens
     if variants is not None:
         unknown = set(variants) - set(ablations["variants"])
         if unknown:
@@ -129,6 +132,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/refinery-bench-ablations"))
     ap.add_argument("--seeds", type=int, help="proxy runs per variant (default: the config's ablations.seeds)")
     ap.add_argument("--variants", help="comma-separated variants to run (default: every one of the config's)")
+    ap.add_argument("--tokens", type=int, help="ablations.tokens: every proxy run's budget (default: the config's)")
     ap.add_argument("--json", type=Path, help="write the timings and the table's JSON here")
     args = ap.parse_args()
 
@@ -144,7 +148,8 @@ def main() -> int:
     print(f"crawl: {summary['web']['documents'] + summary['docs']['documents']} documents, "
           f"{(summary['web']['bytes'] + summary['docs']['bytes']) / 1e6:.2f} MB of text, {len(langs)} languages "
           f"({' '.join(langs)}), built in {crawl_s:.1f}s")
-    config = write_config(args.config, args.workdir, args.seeds, args.variants.split(",") if args.variants else None)
+    config = write_config(args.config, args.workdir, args.seeds, args.variants.split(",") if args.variants else None,
+                          args.tokens)
     print(f"config: {config}")
     rows = run_graph(config)
     print(f"graph and ablations: {time.perf_counter() - start:.0f}s wall\n")

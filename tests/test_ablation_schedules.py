@@ -209,3 +209,23 @@ def test_the_assets_train_a_schedule_and_a_branch_through_pipes_and_plot_their_c
     meta = report.asset_materializations_for_node("ablation_schedule_report")[0].metadata
     assert set(meta["runs"].value) == {"schedule.curriculum", "schedule.iid", "anneal.even"}  # seed 0
     assert (tmp_path / "assets/main/ablations/schedule_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_schedule_report_judges_against_the_curriculum_and_states_mixture_and_compute(trained):
+    from refinery.ablations.schedule_report import format_schedule_report, schedule_report
+
+    folder, cfg = trained
+    report = schedule_report(LocalDataRoot(folder / "main"), cfg)
+    assert report["baseline"] == "schedule.curriculum"
+    assert set(report["variants"]) >= {"schedule.curriculum", "schedule.iid"}
+    rows = {(r["variant"], r["domain"]): r for r in report["domains"]}
+    assert rows[("schedule.curriculum", "all")]["verdict"] == "baseline"
+    assert rows[("schedule.iid", "all")]["verdict"] == "n/a: one seed"  # one seed trained
+    cur, iid = report["variants"]["schedule.curriculum"], report["variants"]["schedule.iid"]
+    assert cur["tokens"] == iid["tokens"] == BUDGET and cur["weights"] == pytest.approx(iid["weights"])
+    # the same tokens, iid at the full window: the attention term makes it dearer
+    n_layer, d = 1, 32
+    assert cur["token_flops"] == 6 * 12 * n_layer * d**2 * BUDGET + 6 * n_layer * d * (1536 * 16 + 1024 * 32)
+    assert iid["token_flops"] > cur["token_flops"] and cur["mean_seq_len"] == pytest.approx(22.4)
+    text = format_schedule_report(report)
+    assert "schedule.iid" in text and "token-FLOPs" in text and "vs curriculum" in text

@@ -61,7 +61,7 @@ def run_from(cfg: RefineryConfig, kind: str, name: str, seed: int, phase: str, r
     from refinery.storage import open_data_root, sha256_file
     from training.cli import run_train
     from training.phase_runs import phase_run_dir, resume_argument
-    from training.proxy_run import train_and_evaluate, train_args
+    from training.proxy_run import RESULTS_FORMAT, train_and_evaluate, train_args
 
     root = open_data_root(cfg.resolve(cfg.data_root))
     vcfg = run_config(root, cfg, kind, name, seed)
@@ -74,7 +74,8 @@ def run_from(cfg: RefineryConfig, kind: str, name: str, seed: int, phase: str, r
             if code:
                 return code
             continue
-        identity = {"variant": run_name(kind, name), "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY)}
+        identity = {"variant": run_name(kind, name), "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY),
+                    "results_format": RESULTS_FORMAT}
         if kind == ANNEAL:
             before = pre_anneal_checkpoint(vcfg)
             if before is None:

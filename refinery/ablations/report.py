@@ -92,8 +92,8 @@ def _comparison(seeds: dict[int, DocumentScores], base: dict[int, DocumentScores
 
 
 def _rows(scores: dict[str, dict[str, dict[int, DocumentScores]]], order: list[str], axis: str,
-          kept_languages: set[str]) -> list[dict[str, Any]]:
-    baseline = scores.get(BASELINE, {})
+          kept_languages: set[str], against: str = BASELINE) -> list[dict[str, Any]]:
+    baseline = scores.get(against, {})
     rows = []
     for variant in order:
         groups = scores.get(variant, {})
@@ -109,12 +109,12 @@ def _rows(scores: dict[str, dict[str, dict[int, DocumentScores]]], order: list[s
             }
             judged = group != OTHER_LANGUAGES and (axis != "language" or group in kept_languages)
             base = baseline.get(group)
-            if variant == BASELINE:
+            if variant == against:
                 row["verdict"] = "baseline"
             elif not judged:
                 row["verdict"] = NOT_KEPT
             elif not base:
-                row["verdict"] = f"n/a: no {BASELINE} run"
+                row["verdict"] = f"n/a: no {against} run"
             else:
                 c = _comparison(seeds, base)
                 row.update(diff=c.diff, p=c.p, interval=list(c.interval) if c.interval else None,
@@ -124,21 +124,23 @@ def _rows(scores: dict[str, dict[str, dict[int, DocumentScores]]], order: list[s
     return rows
 
 
-def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]],
+                 baseline: str = BASELINE) -> dict[str, Any]:
     """The report of the stored results (one dict per run: variant, seed, documents) and the
     variants' counts (name -> its build summary: documents, tokens, raw_byte_share, budget_tokens,
-    mixture, eval_overlap), variants in the order given."""
+    mixture, eval_overlap), variants in the order given, verdicts against `baseline` (the schedule
+    variants' is `schedule.curriculum`, refinery/ablations/schedule_report.py)."""
     order = list(variants) + sorted({r["variant"] for r in results} - set(variants))
     kept = {lang for r in results for lang, k in zip(r["documents"]["language"], r["documents"]["kept"]) if k}
     return {
-        "baseline": BASELINE, "alpha": ALPHA,
+        "baseline": baseline, "alpha": ALPHA,
         "test": "paired t test over seeds, bootstrap interval over evaluation documents",
         "spread": "sample standard deviation over seeds",
         "variants": {name: {**variants.get(name, {}), "seeds": sorted(int(r["seed"]) for r in results
                                                                         if r["variant"] == name)} for name in order},
         "kept_languages": sorted(kept),
-        "domains": _rows(seed_scores(results, "domain"), order, "domain", kept),
-        "languages": _rows(seed_scores(results, "language"), order, "language", kept),
+        "domains": _rows(seed_scores(results, "domain"), order, "domain", kept, baseline),
+        "languages": _rows(seed_scores(results, "language"), order, "language", kept, baseline),
     }
 
 
@@ -188,7 +190,7 @@ def format_report(report: dict[str, Any]) -> str:
     for name, counts in variants.items():
         lines.append(f"{name:<20} {_num(counts.get('tokens'), ','):>12} {_num(counts.get('documents'), ','):>10} "
                      f"{_share(counts.get('raw_byte_share')):>8}  {_mixture(counts):<32} {_overlap(counts)}")
-    lines += ["", f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9} "
+    lines += ["", f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs ' + report['baseline'].rsplit('.', 1)[-1]:>9} "
                   f"{'95% interval':>19} {'detectable':>10}  {'verdict':<34} {'unpaired':>17}"]
     for row in report["domains"]:
         unpaired = ("-" if row["p_unpaired"] is None else
@@ -196,7 +198,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{row['variant'] if row['domain'] == 'all' else '':<20} {row['domain']:<14} {row['bpb']:>7.4f} "
                      f"{_num(row['spread'], '.4f'):>7} {row['seeds']:>5} {_num(row['diff'], '+.4f'):>9} "
                      f"{_interval(row):>19} {_num(row['detectable'], '.4f'):>10}  {_call(row):<34} {unpaired:>17}")
-    lines += ["", f"{'variant':<20} {'language':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9} "
+    lines += ["", f"{'variant':<20} {'language':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs ' + report['baseline'].rsplit('.', 1)[-1]:>9} "
                   f"{'95% interval':>19}  verdict"]
     for row in report["languages"]:
         if row["language"] == "all":

@@ -249,3 +249,10 @@ def read_definition(funnel_root: DataRoot, kind: str, name: str) -> dict[str, An
         field = "ablations.schedules" if kind == SCHEDULE else "ablations.anneal_search.mixtures"
         raise ScheduleError(f"{field}.{name}: not written yet ({funnel_root.display(key)}); materialize its run first")
     return funnel_root.read_json(key)
+
+
+def phases_of(curriculum: dict[str, Any]) -> list[ProxyPhase]:
+    """The phase table of a written curriculum section (`curriculum_config`)."""
+    return [ProxyPhase(p["name"], p["tokens"], p["seq_len"], p["lr_scale"], p["weights"], p["interpolation"],
+                       p.get("quality_top_fraction"), p.get("quality_cut", "per_language"), p.get("rope_scaling"))
+            for p in curriculum["phases"]]
