@@ -14,9 +14,13 @@ configs/ablations.yaml, the ablations included, from an empty data root, then th
 3. Every asset, in `refinery demo`'s order, one plan step per asset (so each asset's figures are its
    own), in this process: wall seconds and CPU seconds (this process and the child processes it
    waited for: the trainer launches) per asset, with its partitions and Dagster runs.
-4. Printed: `refinery ablations` on that config (its table: bits per byte per variant and domain,
-   mean and spread over seeds, tokens, documents, share of raw bytes kept, the verdict against
-   `funnel`), then the timings. `--json` writes the timings and the command's `--json` output.
+4. Printed: `refinery ablations` on that config (its tables: each variant's counts, mixture and
+   evaluation overlap; bits per byte per variant and domain, mean and spread over seeds, the paired
+   verdict against `funnel` with its bootstrap interval, the smallest detectable difference and the
+   unpaired figure beside it), then the resolution the pairing buys on these same runs
+   (`resolution_table`), the variants' bytes against the main data root's (`sizes_table`) and the
+   timings. `--json` writes the timings and the command's `--json` output; `--tables-only` prints the
+   tables of a finished run in --workdir again.
 """
 
 import os
@@ -51,7 +55,8 @@ def crawl_folder(config: Path) -> Path:
     """The folder the config's sources read: the one build_crawl.py writes (out/ablations-crawl)."""
     data = yaml.safe_load(config.read_text())
     base = config.resolve().parent
-    return Path(os.path.commonpath([(base / src["path"]).parent for src in data["sources"]]))
+    # normalized ('..' resolved), as rebase_paths hands the sources' paths over
+    return Path(os.path.commonpath([os.path.normpath((base / src["path"]).parent) for src in data["sources"]]))
 
 
 def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None) -> Path:
@@ -123,6 +128,42 @@ def timings_table(rows: list[dict], crawl_s: float) -> str:
     return "\n".join(lines)
 
 
+def resolution_table(report: dict) -> str:
+    """Per variant and domain, the smallest difference the paired verdict could call against the
+    unpaired (Welch) one on the same runs, and their ratio: what pairing the seeds buys."""
+    lines = [f"{'variant':<20} {'domain':<12} {'vs funnel':>9} {'paired p':>9} {'detectable':>10} "
+             f"{'unpaired p':>10} {'detectable':>10} {'gain':>6}"]
+    for row in report["domains"]:
+        if row["detectable"] is None or row["detectable_unpaired"] is None:
+            continue
+        gain = row["detectable_unpaired"] / row["detectable"] if row["detectable"] else float("inf")
+        lines.append(f"{row['variant']:<20} {row['domain']:<12} {row['diff']:>+9.4f} {row['p']:>9.3g} "
+                     f"{row['detectable']:>10.4f} {row['p_unpaired']:>10.3g} {row['detectable_unpaired']:>10.4f} "
+                     f"{gain:>5.1f}x")
+    return "\n".join(lines)
+
+
+def folder_bytes(folder: Path, skip: tuple[str, ...] = ()) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*")
+               if p.is_file() and not any(part in skip for part in p.relative_to(folder).parts))
+
+
+def sizes_table(root: Path) -> str:
+    """The variants' bytes against the main data root's (ablations/ left out of it), with and
+    without the proxy runs' checkpoints (each variant's runs/)."""
+    main = folder_bytes(root, ("ablations", "runs"))
+    lines = [f"main data root (ablations/ and runs/ left out): {main:,} bytes"]
+    variants = root / "ablations" / "variants"
+    total = total_runs = 0
+    for v in sorted(p for p in variants.iterdir() if p.is_dir()):
+        data, runs = folder_bytes(v, ("runs",)), folder_bytes(v / "runs") if (v / "runs").exists() else 0
+        total, total_runs = total + data, total_runs + runs
+        lines.append(f"  {v.name:<20} {data:>12,} bytes ({data / main:.3f}x), proxy-run checkpoints {runs:,}")
+    lines.append(f"  {'all variants':<20} {total:>12,} bytes ({total / main:.3f}x); with checkpoints "
+                 f"{total + total_runs:,} ({(total + total_runs) / main:.3f}x)")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "ablations.yaml")
@@ -130,7 +171,17 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, help="proxy runs per variant (default: the config's ablations.seeds)")
     ap.add_argument("--variants", help="comma-separated variants to run (default: every one of the config's)")
     ap.add_argument("--json", type=Path, help="write the timings and the table's JSON here")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="print the tables of a finished run in --workdir (the report, resolution, sizes); build nothing")
     args = ap.parse_args()
+    config = args.workdir / "ablations.yaml"
+    refinery = [sys.executable, "-m", "orchestration.cli", "ablations", "--config", str(config)]
+    if args.tables_only:
+        table = subprocess.run(refinery, capture_output=True, text=True, cwd=REPO)
+        report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+        print(table.stdout + table.stderr)
+        print(resolution_table(json.loads(report.stdout)) + "\n\n" + sizes_table(args.workdir / "root"))
+        return table.returncode
 
     for sub in ("root", "dagster", "crawl"):
         shutil.rmtree(args.workdir / sub, ignore_errors=True)
@@ -144,18 +195,22 @@ def main() -> int:
     print(f"crawl: {summary['web']['documents'] + summary['docs']['documents']} documents, "
           f"{(summary['web']['bytes'] + summary['docs']['bytes']) / 1e6:.2f} MB of text, {len(langs)} languages "
           f"({' '.join(langs)}), built in {crawl_s:.1f}s")
-    config = write_config(args.config, args.workdir, args.seeds, args.variants.split(",") if args.variants else None)
+    assert write_config(args.config, args.workdir, args.seeds,
+                        args.variants.split(",") if args.variants else None) == config
     print(f"config: {config}")
     rows = run_graph(config)
     print(f"graph and ablations: {time.perf_counter() - start:.0f}s wall\n")
 
-    refinery = [sys.executable, "-m", "orchestration.cli", "ablations", "--config", str(config)]
     table = subprocess.run(refinery, capture_output=True, text=True, cwd=REPO)
     print(table.stdout + table.stderr)
-    print("== What each asset cost (wall; CPU of this process and the trainers it waited for)")
+    report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+    print("== The paired verdict's resolution against the unpaired one, on the same runs")
+    print(resolution_table(json.loads(report.stdout)))
+    print("\n== The variants' bytes against the main data root's")
+    print(sizes_table(args.workdir / "root"))
+    print("\n== What each asset cost (wall; CPU of this process and the trainers it waited for)")
     print(timings_table(rows, crawl_s))
     if args.json:
-        report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
         args.json.write_text(json.dumps({"assets": rows, "crawl_s": round(crawl_s, 1), "crawl": summary,
                                          "ablations": json.loads(report.stdout)}, indent=1) + "\n")
     return table.returncode
