@@ -334,7 +334,9 @@ def test_a_variant_built_under_ablations_tokens_holds_at_most_its_bound(tmp_path
             for lang in set(whole["language"]):
                 share = whole.filter(pl.col("language") == lang).height / whole.height
                 assert abs(sample.filter(pl.col("language") == lang).height - share * sample.height) <= 1
+        # what the runs do not read is gone: the staged selection and the per-file token series
         assert not build.variant_root(c.root, name).exists(build.STAGING)
+        assert not build.variant_root(c.root, name).exists(build.TOKENIZED_SERIES)
     # the same inputs, the same sample
     again = build.build_variant_shards(c.root, c.cfg, "raw", summaries["raw"]["budget_tokens"], summaries["raw"]["weights"])
     assert again == summaries["raw"]

@@ -9,9 +9,10 @@ the project's Trainer runs on unchanged (`variant_config`).
                                                   (refinery/ablations/bounded.py), with the clean documents'
                                                   columns, one table per input file
     tokenizer/tokenizer.json, info.json           the run's tokenizer, copied
-    shards/tokenized/..., shards/final/<bucket>/  tokenized, packed and shuffled by the functions the main
+    shards/final/<bucket>/                        tokenized, packed and shuffled by the functions the main
                                                   graph's tokenized_shards and shuffled_shards call
-                                                  (refinery.global_steps.tokenize, refinery.global_steps.shuffle)
+                                                  (refinery.global_steps.tokenize, refinery.global_steps.shuffle);
+                                                  the per-file series under shards/tokenized/ go once shuffled
     manifests/ablation.json                       ONE phase, built by phase_manifests' functions
                                                   (refinery.curriculum), whose budget is the ablation budget
     summary.json                                  the selection's counts, the mixture, the budget, the bound
@@ -66,6 +67,7 @@ SELECTION_SCHEMA = {"doc_id": pl.String, "bucket": pl.String, "language": pl.Str
                     "bytes": pl.Int64, "tokens": pl.Int64}
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
 STAGING = "staging"  # in the variant's root: its whole selection, until its sample is stored
+TOKENIZED_SERIES = f"shards/{tk.TOKENIZED}"  # in the variant's root: deleted once its buckets are shuffled
 
 
 class AblationError(ConfigError):
@@ -348,6 +350,8 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget:
         result = sh.shuffle_bucket(vroot, vcfg.seed, bucket, parts, fields, vcfg.shards.shard_tokens,
                                    vcfg.shards.shuffle_buffer_mb)
         tokens[bucket] = result.index["tokens"]
+    # The per-file token series were read once, by the shuffle; the proxy runs read the final shards.
+    vroot.delete(TOKENIZED_SERIES)
     kept = facts.filter(pl.col("doc_id").is_in(wanted))
     summary = {
         "variant": name,
