@@ -33,6 +33,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -128,18 +129,36 @@ def timings_table(rows: list[dict], crawl_s: float) -> str:
     return "\n".join(lines)
 
 
-def resolution_table(report: dict) -> str:
+def seeds_for(sd: float, target: float, most: int = 1000) -> int | None:
+    """The fewest paired seeds whose t threshold (alpha 0.05) on per-seed differences of spread `sd`
+    is within `target` bits per byte (None past `most`)."""
+    from refinery.ablations.stats import t_critical
+
+    return next((n for n in range(2, most + 1) if t_critical(0.05, n - 1) * sd / n ** 0.5 <= target), None)
+
+
+def resolution_table(report: dict, target: float = 0.01) -> str:
     """Per variant and domain, the smallest difference the paired verdict could call against the
-    unpaired (Welch) one on the same runs, and their ratio: what pairing the seeds buys."""
+    unpaired (Welch) one on the same runs, and their ratio: what pairing the seeds buys. Then what
+    limits resolving `target`: the per-seed differences' spread (seeds needed at that spread) and
+    the bootstrap's half-width over the evaluation documents (which more seeds do not shrink)."""
+    base = {r["domain"]: r["bpb_by_seed"] for r in report["domains"] if r["variant"] == "funnel"}
     lines = [f"{'variant':<20} {'domain':<12} {'vs funnel':>9} {'paired p':>9} {'detectable':>10} "
-             f"{'unpaired p':>10} {'detectable':>10} {'gain':>6}"]
+             f"{'unpaired p':>10} {'detectable':>10} {'gain':>6} {'sd(diff)':>9} {'docs half':>9} "
+             f"{f'seeds for {target}':>14}"]
     for row in report["domains"]:
         if row["detectable"] is None or row["detectable_unpaired"] is None:
             continue
+        seeds = sorted(set(row["bpb_by_seed"]) & set(base.get(row["domain"], {})))
+        diffs = [row["bpb_by_seed"][s] - base[row["domain"]][s] for s in seeds]
+        sd = statistics.stdev(diffs)
+        half = (row["interval"][1] - row["interval"][0]) / 2 if row["interval"] else float("nan")
         gain = row["detectable_unpaired"] / row["detectable"] if row["detectable"] else float("inf")
+        need = seeds_for(sd, target) if half < target else None
         lines.append(f"{row['variant']:<20} {row['domain']:<12} {row['diff']:>+9.4f} {row['p']:>9.3g} "
                      f"{row['detectable']:>10.4f} {row['p_unpaired']:>10.3g} {row['detectable_unpaired']:>10.4f} "
-                     f"{gain:>5.1f}x")
+                     f"{gain:>5.1f}x {sd:>9.4f} {half:>9.4f} "
+                     f"{need if need is not None else 'none (documents)' if half >= target else '> 1000':>14}")
     return "\n".join(lines)
 
 
