@@ -141,7 +141,8 @@ def test_a_table_the_funnel_variant_cannot_fill_is_refused_naming_the_variant_an
     cfg = load_config(schedule_folder(tmp_path))
     froot = LocalDataRoot(tmp_path / "main/ablations/variants/funnel")
     summary = froot.read_json("summary.json")
-    froot.write_json("summary.json", {**summary, "bucket_tokens": {**summary["bucket_tokens"], "docs": 600}})
+    stored = {**summary["stored"], "bucket_tokens": {**summary["stored"]["bucket_tokens"], "docs": 600}}
+    froot.write_json("summary.json", {**summary, "stored": stored})
     with pytest.raises(ConfigError, match=r"ablations.schedules.curriculum: plans 1,0\d\d tokens of bucket 'docs'"):
         prepare_run(LocalDataRoot(tmp_path / "main"), cfg, SCHEDULE, "curriculum")
     assert not froot.exists("manifests/s_curriculum__warmup.json")

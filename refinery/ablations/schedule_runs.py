@@ -53,7 +53,8 @@ def prepare_run(root: DataRoot, cfg: RefineryConfig, kind: str, name: str) -> di
         raise ScheduleError(f"ablations.variants.{FUNNEL_VARIANT}: not built yet; materialize "
                             f"ablation_variants[{FUNNEL_VARIANT}] first")
     summary = froot.read_json(build.SUMMARY_KEY)
-    curriculum = write_definition(froot, cfg, kind, name, summary["budget_tokens"], summary["bucket_tokens"])
+    # The funnel variant's shards hold a sample bounded by the budget (build.py): what it stores.
+    curriculum = write_definition(froot, cfg, kind, name, summary["budget_tokens"], summary["stored"]["bucket_tokens"])
     vcfg = _config(cfg, curriculum)
     report, inventory, selections = cur.validate_data_root(vcfg, froot)
     field = f"ablations.schedules.{name}" if kind == SCHEDULE else f"ablations.anneal_search.mixtures.{name}"

@@ -49,8 +49,8 @@ def schedule_folder(folder: Path, ablations: dict | None = None) -> Path:
     tokenizer = train_tokenizer([t for _, _, t in EVAL_TEXTS] * 4, 300, "<|endoftext|>").to_str().encode()
     for root in (main, froot):
         root.write_bytes(TOKENIZER_KEY, tokenizer)
-    froot.write_json(SUMMARY_KEY, {"variant": "funnel", "tokens": sum(tokens.values()), "bucket_tokens": tokens,
-                                   "budget_tokens": BUDGET})
+    froot.write_json(SUMMARY_KEY, {"variant": "funnel", "budget_tokens": BUDGET,
+                                   "stored": {"tokens": sum(tokens.values()), "bucket_tokens": tokens}})
     with main.writer(EVAL_DOCUMENTS_KEY) as path:
         eval_frame().write_parquet(path)
     buckets = {b: SyntheticBucket(docs=n, mean_len=WINDOW) for b, n in DOCUMENTS.items()}
