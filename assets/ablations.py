@@ -1,9 +1,10 @@
 """The ablation assets, present when the config has an `ablations` section (docs/ablations.md).
 
 - `ablation_variants`, one partition per variant: the variant's documents selected over the stored
-  verdicts, tokenized, packed and shuffled into a data root of its own with one phase of the
-  ablation's token budget (refinery/ablations/build.py), the held-out evaluation set first; its
-  counts are the variant's summary.json. Its data version covers the evaluation set too, so a new
+  verdicts (less those sharing an n-gram with an evaluation domain), a sample of them bounded by
+  the budget tokenized, packed and shuffled into a data root of its own with one phase of the
+  ablation's token budget at the fixed mixture (refinery/ablations/build.py), the held-out
+  evaluation set first; its counts are the variant's summary.json. Its data version covers the evaluation set too, so a new
   evaluation set makes the runs stale.
 - `ablation_runs`, one partition per variant and seed: one proxy run (training/proxy_run.py), the
   project's trainer on that data root, then the model's bits per byte on the held-out evaluation
@@ -41,15 +42,20 @@ def build_variants(version: str):
         written = [build.SUMMARY_KEY, manifest_key(build.PHASE)]
         hashes = {f"{build.variant_root_key(name)}/{key}": vroot.sha256(key) for key in written}
         hashes[EVAL_DOCUMENTS_KEY] = root.sha256(EVAL_DOCUMENTS_KEY)
-        context.log.info(f"ablation_variants[{name}]: {summary['documents']:,} documents, {summary['tokens']:,} "
-                         f"tokens, {summary['raw_byte_share']:.1%} of the raw text; budget "
-                         f"{summary['budget_tokens']:,} tokens")
+        context.log.info(f"ablation_variants[{name}]: selects {summary['documents']:,} documents, "
+                         f"{summary['tokens']:,} tokens, {summary['raw_byte_share']:.1%} of the raw text; stores "
+                         f"{summary['stored']['documents']:,} documents, {summary['stored']['tokens']:,} tokens; "
+                         f"budget {summary['budget_tokens']:,} tokens")
         return StepResult(
             Provenance(version, cfg.ablations.variants[name].model_dump(mode="json"), hashes,
                        docs_out=summary["documents"], bytes_out=summary["bytes"]),
             {"summary": dg.MetadataValue.json(summary),
              "documents": dg.MetadataValue.int(summary["documents"]),
              "tokens": dg.MetadataValue.int(summary["tokens"]),
+             "stored_documents": dg.MetadataValue.int(summary["stored"]["documents"]),
+             "stored_tokens": dg.MetadataValue.int(summary["stored"]["tokens"]),
+             "weights": dg.MetadataValue.json(summary["weights"]),
+             "eval_overlap": dg.MetadataValue.json(summary["eval_overlap"]),
              "budget_tokens": dg.MetadataValue.int(summary["budget_tokens"]),
              "raw_byte_share": dg.MetadataValue.float(summary["raw_byte_share"]),
              "data_root": dg.MetadataValue.path(root.display(build.variant_root_key(name)))},

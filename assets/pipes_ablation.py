@@ -16,8 +16,13 @@ from assets.pipes_train import PipesForwarder
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`schedule` as the first argument runs one phase of a schedule run (training/schedule_run.py,
+    the `ablation_schedule_runs` and `ablation_anneal_runs` assets) instead of a proxy run."""
     from training.proxy_run import main as proxy_run
+    from training.schedule_run import main as schedule_run
 
+    args = sys.argv[1:] if argv is None else argv
+    entry, args = (schedule_run, args[1:]) if args[:1] == ["schedule"] else (proxy_run, args)
     with open_dagster_pipes() as pipes:
         forwarders: list[PipesForwarder] = []
 
@@ -25,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             forwarders.append(PipesForwarder(pipes, str(run_dir)))
             return forwarders
 
-        code = proxy_run(sys.argv[1:] if argv is None else argv, sinks_for)
+        code = entry(args, sinks_for)
         for forwarder in forwarders:
             forwarder.send_status()
         pipes.log.info(f"proxy run exited with status {code}")

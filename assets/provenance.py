@@ -88,6 +88,10 @@ CONFIG_READ: dict[str, tuple[str, ...]] = {
                           "contamination.eval_sets", "ablations"),
     "ablation_runs": ("seed", "tokenizer", "training", "ablations"),
     "ablation_report": ("ablations",),
+    # The schedule runs scale the curriculum's phase table (assets/ablation_schedules.py).
+    "ablation_schedule_runs": ("seed", "tokenizer", "training", "curriculum", "ablations"),
+    "ablation_anneal_runs": ("seed", "tokenizer", "training", "curriculum", "ablations"),
+    "ablation_schedule_report": ("ablations",),
 }
 
 

@@ -22,7 +22,6 @@ from assets.partitions import Partitions
 from assets.provenance import Provenance, code_version, image_markdown, stage_code_version
 from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
-from refinery import holdout
 from refinery.documents import InputShard
 from refinery.reports.funnel import files_stage_stats, funnel_chart_png
 from refinery.stages import pii as pii_stage
@@ -133,7 +132,7 @@ def funnel_chart_of_run(refinery: RefineryResource, shards: list[InputShard], re
 
 
 def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
-    model_version = code_version(q, quality_features, quality_fit, qt, holdout)
+    model_version = code_version(q, quality_features, quality_fit, qt)
     quality_model = global_step_asset(
         "quality_model", train_model(model_version), version=model_version, group="funnel", kinds={"torch"},
         automation_condition=dg.AutomationCondition.on_missing(),

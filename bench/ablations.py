@@ -3,20 +3,24 @@ configs/ablations.yaml, the ablations included, from an empty data root, then th
 `refinery ablations` and what every asset cost.
 
     python bench/ablations.py [--config configs/ablations.yaml] [--workdir /tmp/refinery-bench-ablations]
-                              [--seeds N] [--variants raw,funnel,...] [--json PATH]
+                              [--seeds N] [--variants raw,funnel,...] [--tokens N] [--json PATH]
 
 1. The crawl: data/ablations/build_crawl.py into `<workdir>/crawl` (documentation, real low-value
    pages and spam in a `web` bucket with planted exact and near copies; the curated `docs` bucket).
 2. The config with its data root at `<workdir>/root`, its sources at that crawl and its other
-   relative paths made absolute (`--seeds` and `--variants` narrow its `ablations` section, for a
-   shorter run), written to `<workdir>/ablations.yaml`; the data root and the Dagster instance
+   relative paths made absolute (`--seeds`, `--variants` and `--tokens` narrow its `ablations`
+   section, for a shorter run), written to `<workdir>/ablations.yaml`; the data root and the Dagster instance
    (`<workdir>/dagster`) start empty.
 3. Every asset, in `refinery demo`'s order, one plan step per asset (so each asset's figures are its
    own), in this process: wall seconds and CPU seconds (this process and the child processes it
    waited for: the trainer launches) per asset, with its partitions and Dagster runs.
-4. Printed: `refinery ablations` on that config (its table: bits per byte per variant and domain,
-   mean and spread over seeds, tokens, documents, share of raw bytes kept, the verdict against
-   `funnel`), then the timings. `--json` writes the timings and the command's `--json` output.
+4. Printed: `refinery ablations` on that config (its tables: each variant's counts, mixture and
+   evaluation overlap; bits per byte per variant and domain, mean and spread over seeds, the paired
+   verdict against `funnel` with its bootstrap interval, the smallest detectable difference and the
+   unpaired figure beside it), then the resolution the pairing buys on these same runs
+   (`resolution_table`), the variants' bytes against the main data root's (`sizes_table`) and the
+   timings. `--json` writes the timings and the command's `--json` output; `--tables-only` prints the
+   tables of a finished run in --workdir again.
 """
 
 import os
@@ -29,6 +33,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -51,10 +56,12 @@ def crawl_folder(config: Path) -> Path:
     """The folder the config's sources read: the one build_crawl.py writes (out/ablations-crawl)."""
     data = yaml.safe_load(config.read_text())
     base = config.resolve().parent
-    return Path(os.path.commonpath([(base / src["path"]).parent for src in data["sources"]]))
+    # normalized ('..' resolved), as rebase_paths hands the sources' paths over
+    return Path(os.path.commonpath([os.path.normpath((base / src["path"]).parent) for src in data["sources"]]))
 
 
-def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None) -> Path:
+def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[str] | None,
+                 tokens: int | None = None) -> Path:
     """`config` with its data root and sources in `workdir`, relative paths absolute; returns its path."""
     crawl = crawl_folder(config)
     data = rebase_paths(yaml.safe_load(config.read_text()), config.parent,
@@ -63,6 +70,8 @@ def write_config(config: Path, workdir: Path, seeds: int | None, variants: list[
     ablations = data["ablations"]
     if seeds is not None:
         ablations["seeds"] = seeds
+    if tokens is not None:
+        ablations["tokens"] = tokens
     if variants is not None:
         unknown = set(variants) - set(ablations["variants"])
         if unknown:
@@ -123,14 +132,79 @@ def timings_table(rows: list[dict], crawl_s: float) -> str:
     return "\n".join(lines)
 
 
+def seeds_for(sd: float, target: float, most: int = 1000) -> int | None:
+    """The fewest paired seeds whose t threshold (alpha 0.05) on per-seed differences of spread `sd`
+    is within `target` bits per byte (None past `most`)."""
+    from refinery.ablations.stats import t_critical
+
+    return next((n for n in range(2, most + 1) if t_critical(0.05, n - 1) * sd / n ** 0.5 <= target), None)
+
+
+def resolution_table(report: dict, target: float = 0.01) -> str:
+    """Per variant and domain, the smallest difference the paired verdict could call against the
+    unpaired (Welch) one on the same runs, and their ratio: what pairing the seeds buys. Then what
+    limits resolving `target`: the per-seed differences' spread (seeds needed at that spread) and
+    the bootstrap's half-width over the evaluation documents (which more seeds do not shrink)."""
+    base = {r["domain"]: r["bpb_by_seed"] for r in report["domains"] if r["variant"] == "funnel"}
+    lines = [f"{'variant':<20} {'domain':<12} {'vs funnel':>9} {'paired p':>9} {'detectable':>10} "
+             f"{'unpaired p':>10} {'detectable':>10} {'gain':>6} {'sd(diff)':>9} {'docs half':>9} "
+             f"{f'seeds for {target}':>14}"]
+    for row in report["domains"]:
+        if row["detectable"] is None or row["detectable_unpaired"] is None:
+            continue
+        seeds = sorted(set(row["bpb_by_seed"]) & set(base.get(row["domain"], {})))
+        diffs = [row["bpb_by_seed"][s] - base[row["domain"]][s] for s in seeds]
+        sd = statistics.stdev(diffs)
+        half = (row["interval"][1] - row["interval"][0]) / 2 if row["interval"] else float("nan")
+        gain = row["detectable_unpaired"] / row["detectable"] if row["detectable"] else float("inf")
+        need = seeds_for(sd, target) if half < target else None
+        lines.append(f"{row['variant']:<20} {row['domain']:<12} {row['diff']:>+9.4f} {row['p']:>9.3g} "
+                     f"{row['detectable']:>10.4f} {row['p_unpaired']:>10.3g} {row['detectable_unpaired']:>10.4f} "
+                     f"{gain:>5.1f}x {sd:>9.4f} {half:>9.4f} "
+                     f"{need if need is not None else 'none (documents)' if half >= target else '> 1000':>14}")
+    return "\n".join(lines)
+
+
+def folder_bytes(folder: Path, skip: tuple[str, ...] = ()) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*")
+               if p.is_file() and not any(part in skip for part in p.relative_to(folder).parts))
+
+
+def sizes_table(root: Path) -> str:
+    """The variants' bytes against the main data root's (ablations/ left out of it), with and
+    without the proxy runs' checkpoints (each variant's runs/)."""
+    main = folder_bytes(root, ("ablations", "runs"))
+    lines = [f"main data root (ablations/ and runs/ left out): {main:,} bytes"]
+    variants = root / "ablations" / "variants"
+    total = total_runs = 0
+    for v in sorted(p for p in variants.iterdir() if p.is_dir()):
+        data, runs = folder_bytes(v, ("runs",)), folder_bytes(v / "runs") if (v / "runs").exists() else 0
+        total, total_runs = total + data, total_runs + runs
+        lines.append(f"  {v.name:<20} {data:>12,} bytes ({data / main:.3f}x), proxy-run checkpoints {runs:,}")
+    lines.append(f"  {'all variants':<20} {total:>12,} bytes ({total / main:.3f}x); with checkpoints "
+                 f"{total + total_runs:,} ({(total + total_runs) / main:.3f}x)")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "ablations.yaml")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/refinery-bench-ablations"))
     ap.add_argument("--seeds", type=int, help="proxy runs per variant (default: the config's ablations.seeds)")
     ap.add_argument("--variants", help="comma-separated variants to run (default: every one of the config's)")
+    ap.add_argument("--tokens", type=int, help="ablations.tokens: every proxy run's budget (default: the config's)")
     ap.add_argument("--json", type=Path, help="write the timings and the table's JSON here")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="print the tables of a finished run in --workdir (the report, resolution, sizes); build nothing")
     args = ap.parse_args()
+    config = args.workdir / "ablations.yaml"
+    refinery = [sys.executable, "-m", "orchestration.cli", "ablations", "--config", str(config)]
+    if args.tables_only:
+        table = subprocess.run(refinery, capture_output=True, text=True, cwd=REPO)
+        report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+        print(table.stdout + table.stderr)
+        print(resolution_table(json.loads(report.stdout)) + "\n\n" + sizes_table(args.workdir / "root"))
+        return table.returncode
 
     for sub in ("root", "dagster", "crawl"):
         shutil.rmtree(args.workdir / sub, ignore_errors=True)
@@ -144,18 +218,22 @@ def main() -> int:
     print(f"crawl: {summary['web']['documents'] + summary['docs']['documents']} documents, "
           f"{(summary['web']['bytes'] + summary['docs']['bytes']) / 1e6:.2f} MB of text, {len(langs)} languages "
           f"({' '.join(langs)}), built in {crawl_s:.1f}s")
-    config = write_config(args.config, args.workdir, args.seeds, args.variants.split(",") if args.variants else None)
+    assert write_config(args.config, args.workdir, args.seeds,
+                        args.variants.split(",") if args.variants else None, args.tokens) == config
     print(f"config: {config}")
     rows = run_graph(config)
     print(f"graph and ablations: {time.perf_counter() - start:.0f}s wall\n")
 
-    refinery = [sys.executable, "-m", "orchestration.cli", "ablations", "--config", str(config)]
     table = subprocess.run(refinery, capture_output=True, text=True, cwd=REPO)
     print(table.stdout + table.stderr)
-    print("== What each asset cost (wall; CPU of this process and the trainers it waited for)")
+    report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+    print("== The paired verdict's resolution against the unpaired one, on the same runs")
+    print(resolution_table(json.loads(report.stdout)))
+    print("\n== The variants' bytes against the main data root's")
+    print(sizes_table(args.workdir / "root"))
+    print("\n== What each asset cost (wall; CPU of this process and the trainers it waited for)")
     print(timings_table(rows, crawl_s))
     if args.json:
-        report = subprocess.run([*refinery, "--json"], capture_output=True, text=True, cwd=REPO, check=True)
         args.json.write_text(json.dumps({"assets": rows, "crawl_s": round(crawl_s, 1), "crawl": summary,
                                          "ablations": json.loads(report.stdout)}, indent=1) + "\n")
     return table.returncode

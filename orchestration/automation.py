@@ -20,11 +20,16 @@ SENSOR_NAME = "refinery_automation"
 SENSOR_INTERVAL_S = 60
 MANUAL = ("training_run",)  # assets no condition may launch
 ABLATIONS = ("ablation_variants", "ablation_runs", "ablation_report")  # a person launches these too
+# ... and the schedule ablations', where the section has `schedules` (assets/ablation_schedules.py)
+SCHEDULE_ABLATIONS = ("ablation_schedule_runs", "ablation_anneal_runs", "ablation_schedule_report")
 
 
 def build_definitions(cfg: RefineryConfig, parts) -> dg.Definitions:
     # A config without a curriculum has no training_run, one without `ablations` no ablation assets.
     manual = (MANUAL if parts.phases is not None else ()) + (ABLATIONS if parts.ablation_runs is not None else ())
+    if cfg.ablations is not None and cfg.ablations.schedules:
+        manual += SCHEDULE_ABLATIONS if cfg.ablations.anneal_search else tuple(a for a in SCHEDULE_ABLATIONS
+                                                                               if a != "ablation_anneal_runs")
     sensor = dg.AutomationConditionSensorDefinition(
         SENSOR_NAME,
         target=dg.AssetSelection.all() - dg.AssetSelection.assets(*manual),

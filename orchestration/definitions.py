@@ -13,7 +13,8 @@ import warnings
 
 import dagster as dg
 
-from assets import ablations, contamination, curriculum, dedup, funnel, quality, report, tokens, training
+from assets import (ablation_schedules, ablations, contamination, curriculum, dedup, funnel, quality, report, tokens,
+                    training)
 from assets.partitions import Partitions
 from assets.provenance import config_versioned
 from orchestration import automation, schedules, sensors
@@ -22,7 +23,7 @@ from refinery import preflight
 
 # The asset groups, then schedules and sensors: each contributes `build_definitions(cfg, partitions)`.
 DEFINITION_MODULES = (funnel, contamination, curriculum, quality, tokens, dedup, training, report, ablations,
-                      schedules, sensors, automation)
+                      ablation_schedules, schedules, sensors, automation)
 
 
 def build_definitions(config_path: str) -> dg.Definitions:

@@ -131,6 +131,11 @@ class EvalIndex:
                 )
             digests[es.name] = sha256_file(path)
             records += [(es.name, item_id, text) for item_id, text in eval_set_lines(path)]
+        return cls.from_records(ccfg.ngram, records, digests)
+
+    @classmethod
+    def from_records(cls, n: int, records: list[tuple[str, str, str]], digests: dict[str, str]) -> "EvalIndex":
+        """The index of (eval set, item id, text) records, `digests` naming what they were read from."""
         flat, counts = word_hashes([text for _, _, text in records])
         ends = np.cumsum(counts)
         all_hashes: list[np.ndarray] = []
@@ -138,7 +143,7 @@ class EvalIndex:
         catalogue: list[EvalItem] = []
         texts: list[str] = []
         for (name, item_id, text), end, count in zip(records, ends.tolist(), counts.tolist()):
-            grams = ngram_hashes(flat[end - count:end], ccfg.ngram)
+            grams = ngram_hashes(flat[end - count:end], n)
             if len(grams) == 0:
                 continue  # shorter than one n-gram: it cannot leak by this measure
             all_hashes.append(grams)
@@ -148,7 +153,7 @@ class EvalIndex:
         hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, dtype=np.uint64)
         items = np.concatenate(all_items) if all_items else np.zeros(0, dtype=np.int32)
         order = np.argsort(hashes, kind="stable")
-        return cls(ccfg.ngram, hashes[order], items[order], catalogue, texts, digests)
+        return cls(n, hashes[order], items[order], catalogue, texts, digests)
 
     def __len__(self) -> int:
         return len(self.hashes)

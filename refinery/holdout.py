@@ -1,14 +1,17 @@
-"""The ablations' evaluation hold-out: the curated documents that no variant trains on and that the
-proxy models are scored on (refinery/ablations/eval_set.py), and that nothing the pipeline learns
-may see either: the quality classifier leaves them out of its training documents
-(refinery/models/quality_training.py), so that `quality_top` does not select web pages by their
-likeness to the very pages it is then scored on.
+"""The ablations' evaluation hold-out: the documents of every bucket that no variant trains on and
+that the proxy models are scored on (refinery/ablations/eval_set.py).
 
-A document is held out when it is in a curated bucket (`ablations.eval_buckets`; by default the
-quality classifier's positive buckets that a source feeds) and the hash of the run's seed and its
-doc id falls below `ablations.eval_fraction` of the hash space: a function of the document alone,
-so every part that asks gets the same answer without reading anything. Without an `ablations`
-section nothing is held out.
+A document is held out when it is in an evaluation bucket (`ablations.eval_buckets`; by default
+every bucket a source feeds, so that each bucket's filters are judged on its own text) and the
+hash of the run's seed and its doc id falls below `ablations.eval_fraction` of the hash space: a
+function of the document alone, so every part that asks gets the same answer without reading
+anything. Without an `ablations` section nothing is held out.
+
+The hold-out leaves the main graph alone: the funnel, the quality classifier and the main training
+read every document whether or not the config has an `ablations` section, so adding the section
+reruns none of them and never changes what the main run trains on (refinery/models/quality_training.py).
+The price: the classifier that `quality_top` variants rank by has learned the held-out pages with the
+rest of their buckets (docs/ablations.md).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ _HASH_SPACE = 1 << 64
 
 
 def eval_buckets(cfg: RefineryConfig) -> list[str]:
-    """The curated buckets the held-out documents come from (see the module docstring)."""
+    """The buckets the held-out documents come from (see the module docstring)."""
     assert cfg.ablations is not None
     if cfg.ablations.eval_buckets is not None:
         return list(cfg.ablations.eval_buckets)
     fed = {s.bucket for s in cfg.sources}
-    return [b for b in cfg.stages.quality.positive_buckets if b in fed]
+    return [b for b in cfg.buckets if b in fed]
 
 
 def _holdout_key(seed: int, doc_id: str) -> int:

@@ -4,7 +4,9 @@ with its table and plot, and `refinery ablations` printing the table from the st
 
 from __future__ import annotations
 
+
 import json
+import math
 
 import dagster as dg
 import pytest
@@ -69,7 +71,9 @@ def test_a_variant_records_its_counts_and_hashes(ran):
     c, _, built, _ = ran
     meta = metadata(built["raw"], "ablation_variants")
     summary = meta["summary"].value
-    assert meta["documents"].value == summary["documents"] and summary["raw_byte_share"] == 1.0
+    # raw: every page but the held-out ones' copies, which share a 13-gram with the evaluation set
+    assert meta["documents"].value == summary["documents"] and 0.85 < summary["raw_byte_share"] < 1.0
+    assert meta["stored_documents"].value == summary["stored"]["documents"] <= summary["documents"]
     assert meta["budget_tokens"].value == metadata(built["funnel"], "ablation_variants")["budget_tokens"].value
     assert set(meta["content_hashes"].value) == {"ablations/variants/raw/summary.json",
                                                   "ablations/variants/raw/manifests/ablation.json",
@@ -88,7 +92,8 @@ def test_the_report_carries_the_table_and_the_plot(ran):
     assert [line.split(" | ")[:2] for line in table.splitlines()[2:]] == [["| funnel", "all"], ["| raw", "all"]]
     assert len(table) < MARKDOWN_INLINE_CHARS  # drawn in place, as the plot is
     by_domain = meta["table_by_domain"].value.splitlines()
-    assert {line.split(" | ")[1] for line in by_domain[2:]} == {"all", "wiki", "bench", "extra"}
+    # every bucket a domain; `not kept`: the held-out pages in a language the config does not keep
+    assert {line.split(" | ")[1] for line in by_domain[2:]} == {"all", "web", "wiki", "bench", "extra", "not kept"}
     assert c.root.read_json(REPORT_KEY) == meta["report"].value
 
 
@@ -96,9 +101,13 @@ def test_the_command_prints_the_table_from_the_stored_results(ran, capsys):
     c, _, _, _ = ran
     assert main(["ablations", "--config", str(c.config_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    stored = {s: c.root.read_json(results_key("raw", s))["bpb"] for s in (0, 1)}
-    raw = next(line for line in lines if line.startswith("raw "))
-    assert raw.split()[:3] == ["raw", "all", f"{(stored[0] + stored[1]) / 2:.4f}"]
+    def kept_bpb(seed: int) -> float:  # `all` pools the documents in a kept language
+        docs = c.root.read_json(results_key("raw", seed))["documents"]
+        kept = [i for i, k in enumerate(docs["kept"]) if k]
+        return sum(docs["nats"][i] for i in kept) / math.log(2) / sum(docs["bytes"][i] for i in kept)
+
+    raw = next(line for line in lines if line.split()[:2] == ["raw", "all"])
+    assert raw.split()[:3] == ["raw", "all", f"{(kept_bpb(0) + kept_bpb(1)) / 2:.4f}"]
     assert raw.split()[4] == "2" and ("better" in raw or "worse" in raw or "within noise" in raw)
     assert any(line.split()[:2] == ["funnel", "all"] and "baseline" in line for line in lines)
     assert main(["ablations", "--config", str(c.config_path), "--json"]) == 0
@@ -121,7 +130,7 @@ def test_a_run_through_the_asset_is_the_proxy_run_and_says_what_it_stored(ran):
     stored = json.loads(before)
     assert meta["bpb"].value == round(stored["bpb"], 6) and meta["state"].value == "completed"
     assert meta["tokens_trained"].value == stored["tokens_trained"] == 2048 and meta["launch_attempts"].value == 1
-    assert set(meta["bpb_by_domain"].value) == {"wiki", "bench", "extra"} == {c["domain"] for c in stored["cells"]}
+    assert set(meta["bpb_by_domain"].value) == {"web", "wiki", "bench", "extra"} == {c["domain"] for c in stored["cells"]}
     assert meta["content_hashes"].value == {key: c.root.sha256(key)}
     assert "loss_plot" in meta and meta["model_sha256"].value == stored["model_sha256"]
 

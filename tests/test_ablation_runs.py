@@ -14,6 +14,7 @@ import torch
 
 from helpers.ablation_runs import eval_frame, tiny_variant
 from refinery.ablations.bpb import IGNORE, BitsPerByte, Tally, totals_by, windows
+from refinery.layout import CHECKPOINTS_DIR
 from refinery.storage import LocalDataRoot
 from training.checkpoint import MODEL, load_checkpoint
 from training.phase_runs import boundary_checkpoint
@@ -140,6 +141,19 @@ def test_a_proxy_run_trains_its_budget_then_scores_every_evaluation_document(fir
     assert {(c["domain"], c["language"]) for c in stored["cells"]} == {
         ("docs", "en"), ("docs", "de"), ("docs", "unknown"), ("web", "en"), ("web", "de")}
     assert 0 < stored["bpb"] < 8 * math.log2(512)
+    # every scored document's nats and bytes, which the report's bootstrap resamples
+    docs = stored["documents"]
+    assert docs["doc_id"] == ["eval-0", "eval-1", "eval-2", "eval-3", "eval-5"] and all(docs["kept"])
+    assert sum(docs["bytes"]) == sum(c["bytes"] for c in stored["cells"])
+    assert sum(docs["nats"]) == pytest.approx(sum(c["nats"] for c in stored["cells"]))
+
+
+def test_a_finished_proxy_run_keeps_its_boundary_checkpoint_only(first_run):
+    vcfg, _, _ = first_run
+    # 8 steps, a checkpoint every 3 (keep_last 1): step 6 went once the boundary one at 8 was written
+    kept = sorted(p.name for p in (proxy_run_dir(vcfg) / CHECKPOINTS_DIR).glob("step-*.pt"))
+    assert kept == ["step-00000008.pt"]
+    assert boundary_checkpoint(proxy_run_dir(vcfg), "ablation") == proxy_run_dir(vcfg) / CHECKPOINTS_DIR / kept[0]
 
 
 def test_a_rerun_is_byte_identical_up_to_its_checkpoints(first_run, tmp_path):

@@ -38,7 +38,7 @@ def test_pure_packages_do_not_import_dagster(package):
 
 def test_each_assets_code_version_carries_the_config_it_reads_and_no_other():
     """CONFIG_READ names every asset of the demo's graph, no more, besides the ablation assets (the
-    demo declares no `ablations`; tests/test_ablation_assets.py builds them); a value an asset reads changes its
+    demo declares no `ablations`; tests/test_ablation_assets.py and test_ablation_schedules.py build them); a value an asset reads changes its
     version, a value it does not read (or where the work and the trainer run) leaves it, and the
     config's fingerprint."""
     import yaml
@@ -49,7 +49,9 @@ def test_each_assets_code_version_carries_the_config_it_reads_and_no_other():
 
     defs = build_definitions(str(REPO / "configs" / "demo.yaml"))
     graph = defs.resolve_asset_graph()
-    ablation_assets = {"ablation_variants", "ablation_runs", "ablation_report"}
+    from orchestration.automation import ABLATIONS, SCHEDULE_ABLATIONS
+
+    ablation_assets = {*ABLATIONS, *SCHEDULE_ABLATIONS}
     assert {k.to_user_string() for k in graph.materializable_asset_keys} == set(CONFIG_READ) - ablation_assets
     data = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     base = parse_config(data, str(REPO / "configs"))

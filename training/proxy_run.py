@@ -9,7 +9,8 @@ and the data order (each pass's permutation of the entries and the rows' slots w
 variant's documents, shards and budget do not depend on it.
 
 Training is `refinery train` on that config, unchanged: checkpoints, resume from the latest one
-after a kill (`--resume auto`), status.json, halts. The run directory is the phase's, as for
+after a kill (`--resume auto`), status.json, halts. Once the run has finished, only its boundary
+checkpoint is kept (`keep_boundary_only`). The run directory is the phase's, as for
 `training_run`. Once the phase is complete, the model of its boundary checkpoint is scored on the
 evaluation documents and `results_key(variant, seed)` is written under the main data root. The
 file holds no time and no path, so rerunning a run gives the same bytes; `model_sha256` (a digest of
@@ -34,6 +35,9 @@ from refinery.storage import DataRoot, open_data_root
 
 # Rows of seq_len tokens scored per forward pass of the evaluation.
 EVAL_BATCH_ROWS = 16
+# 2: the results hold every document's scores (`documents`), which the report's paired bootstrap
+# resamples; a stored result of another format is scored again.
+RESULTS_FORMAT = 2
 
 
 def single_phase(vcfg: RefineryConfig) -> str:
@@ -43,16 +47,28 @@ def single_phase(vcfg: RefineryConfig) -> str:
     return phases[0]
 
 
+def last_phase(vcfg: RefineryConfig) -> str:
+    """The phase whose boundary checkpoint holds the model a proxy run scores (a schedule variant
+    trains several, training/schedule_run.py)."""
+    if vcfg.curriculum is None:
+        raise ValueError("a proxy run trains a curriculum; its config has none")
+    return vcfg.curriculum.phases[-1].name
+
+
 def proxy_run_dir(vcfg: RefineryConfig) -> Path:
-    """The run directory of a proxy run: its one phase's, as `training_run` would use."""
+    """The run directory of a proxy run's last phase, as `training_run` would use."""
     from training.phase_runs import phase_run_dir
 
-    return phase_run_dir(vcfg, single_phase(vcfg))
+    return phase_run_dir(vcfg, last_phase(vcfg))
 
 
-def train_args(vcfg: RefineryConfig, resume: str) -> argparse.Namespace:
-    """What `refinery train` is given for a proxy run."""
-    return argparse.Namespace(config=None, resume=resume, stop_after_phase=None, run_dir=str(proxy_run_dir(vcfg)),
+def train_args(vcfg: RefineryConfig, resume: str, phase: str | None = None) -> argparse.Namespace:
+    """What `refinery train` is given for a proxy run: its last phase, or `phase` in its own run
+    directory, stopping at its boundary."""
+    from training.phase_runs import phase_run_dir
+
+    run_dir = proxy_run_dir(vcfg) if phase is None else phase_run_dir(vcfg, phase)
+    return argparse.Namespace(config=None, resume=resume, stop_after_phase=phase, run_dir=str(run_dir),
                               simulate_world_size=1, num_workers=None, fresh=False, json=False)
 
 
@@ -75,7 +91,7 @@ def trained_model(vcfg: RefineryConfig):
     from training.model import GPT, GPTConfig
     from training.phase_runs import boundary_checkpoint
 
-    run_dir, phase = proxy_run_dir(vcfg), single_phase(vcfg)
+    run_dir, phase = proxy_run_dir(vcfg), last_phase(vcfg)
     path = boundary_checkpoint(run_dir, phase)
     if path is None:
         raise FileNotFoundError(f"{run_dir}: no boundary checkpoint of phase {phase!r}; the run has not finished")
@@ -98,7 +114,7 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
     model, digest = trained_model(vcfg)
     root = open_data_root(vcfg.resolve(vcfg.data_root))
     tokenizer = read_tokenizer(root, vcfg.tokenizer.eod_token)
-    seq_len = vcfg.curriculum.phases[0].seq_len
+    seq_len = vcfg.curriculum.phases[-1].seq_len
     scorer = BitsPerByte(lambda x, y: model(x, y, reduction="none")[1],
                          lambda texts: encode_texts(tokenizer, texts, np.int64),
                          tokenizer.token_to_id(vcfg.tokenizer.eod_token), seq_len, batch_rows=EVAL_BATCH_ROWS,
@@ -113,7 +129,17 @@ def evaluate(vcfg: RefineryConfig, documents: Iterable, identity: dict[str, Any]
         "seq_len": seq_len, "stride": scorer.stride,
         "bpb": overall.bpb if overall else None,
         "cells": cells_to_json(cells),
+        "documents": scorer.documents,
     }
+
+
+def keep_boundary_only(vcfg: RefineryConfig) -> None:
+    """Delete the finished run's checkpoints but the boundary one: the model scored is the boundary
+    checkpoint's, and a finished phase never resumes from a mid-phase one (13 MB a run otherwise)."""
+    from refinery.layout import CHECKPOINTS_DIR
+    from training.checkpoint import CheckpointManager
+
+    CheckpointManager(proxy_run_dir(vcfg) / CHECKPOINTS_DIR, keep_last=0).prune()
 
 
 def current_results(root: DataRoot, key: str, vcfg: RefineryConfig, identity: dict[str, Any]) -> dict[str, Any] | None:
@@ -136,6 +162,7 @@ def train_and_evaluate(vcfg: RefineryConfig, root: DataRoot, key: str, identity:
     code = run_train(train_args(vcfg, resume), sinks=sinks, cfg=vcfg)
     if code != 0:
         return code
+    keep_boundary_only(vcfg)
     if current_results(root, key, vcfg, identity) is None:
         results = evaluate(vcfg, documents(), identity)
         if results["bpb"] is None:
@@ -158,7 +185,8 @@ def run_proxy(cfg: RefineryConfig, variant: str, seed: int, resume: str = "auto"
 
     vcfg = variant_config(cfg, variant, seed)  # refuses a variant not built yet
     root = open_data_root(cfg.resolve(cfg.data_root))
-    identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY)}
+    identity = {"variant": variant, "seed": seed, "eval_set_sha256": root.sha256(EVAL_DOCUMENTS_KEY),
+                "results_format": RESULTS_FORMAT}
     return train_and_evaluate(vcfg, root, results_key(variant, seed), identity, lambda: eval_documents(root), resume,
                               sinks)
 

@@ -38,6 +38,9 @@ import polars as pl
 IGNORE = -100  # training/loss.py's ignored target: the score function counts nothing there
 UNKNOWN_LANGUAGE = "unknown"  # an evaluation document without a language (a source that skips language ID)
 LN2 = math.log(2.0)
+# A run's per-document scores, stored column-wise in its results (`documents`): kept is whether the
+# document is of a language the config keeps (refinery/ablations/eval_set.py), which alone a verdict reads.
+DOCUMENT_COLUMNS = ("doc_id", "domain", "language", "kept", "bytes", "nats")
 
 Score = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]  # noqa: F821 (torch is imported lazily)
 Encode = Callable[[list[str]], list[np.ndarray]]
@@ -100,9 +103,12 @@ class BitsPerByte:
             raise ValueError(f"stride {self.stride} must be in 1..seq_len ({seq_len})")
         self.batch_rows, self.device = batch_rows, device
         self.cells: dict[tuple[str, str], Tally] = {}
+        # every scored document, in the order read: what the report's paired bootstrap resamples
+        self.documents: dict[str, list] = {k: [] for k in DOCUMENT_COLUMNS}
 
     def add_batch(self, batch: pl.DataFrame) -> None:
-        """Score a batch of evaluation documents (columns text, domain, language)."""
+        """Score a batch of evaluation documents (columns text, domain, language; doc_id and kept
+        where given: a document without `kept` counts as kept)."""
         texts = batch["text"].to_list()
         keep = [i for i, t in enumerate(texts) if t]  # an empty text has no byte to score
         if not keep:
@@ -124,10 +130,14 @@ class BitsPerByte:
                     rows = []
         if rows:
             self._score_rows(rows, nats)
+        doc_ids = batch["doc_id"].to_list() if "doc_id" in batch.columns else [None] * batch.height
+        kept = batch["kept"].to_list() if "kept" in batch.columns else [True] * batch.height
         for d, i in enumerate(keep):
             key = (str(domains[i]), str(languages[i] or UNKNOWN_LANGUAGE))
             tally = Tally(1, int(tokens[d]), len(texts[i].encode("utf-8")), float(nats[d]))
             self.cells[key] = self.cells.get(key, Tally()) + tally
+            for column, value in zip(DOCUMENT_COLUMNS, (doc_ids[i], *key, bool(kept[i]), tally.bytes, tally.nats)):
+                self.documents[column].append(value)
 
     def _score_rows(self, rows: list[_Row], nats: np.ndarray) -> None:
         import torch

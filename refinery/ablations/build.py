@@ -1,23 +1,32 @@
 """Building a variant: its own small data root at `ablations/variants/<name>/` under the run's, which
 the project's Trainer runs on unchanged (`variant_config`).
 
-    documents/pii_redacted/<input file>.parquet   its documents (refinery/ablations/selection.py), with
-                                                  the clean documents' columns, one table per input file
+    selection.json, selection.parquet             what its whole selection counts: documents, bytes,
+                                                  tokens per bucket, share of the raw text, each evaluation
+                                                  domain's n-gram overlap; a row per selected document
+                                                  (doc id, bucket, language, tokens, bytes; no text)
+    documents/pii_redacted/<input file>.parquet   the documents it stores: a bounded sample of the selection
+                                                  (refinery/ablations/bounded.py), with the clean documents'
+                                                  columns, one table per input file
     tokenizer/tokenizer.json, info.json           the run's tokenizer, copied
-    shards/tokenized/..., shards/final/<bucket>/  tokenized, packed and shuffled by the functions the main
+    shards/final/<bucket>/                        tokenized, packed and shuffled by the functions the main
                                                   graph's tokenized_shards and shuffled_shards call
-                                                  (refinery.global_steps.tokenize, refinery.global_steps.shuffle)
+                                                  (refinery.global_steps.tokenize, refinery.global_steps.shuffle);
+                                                  the per-file series under shards/tokenized/ go once shuffled
     manifests/ablation.json                       ONE phase, built by phase_manifests' functions
                                                   (refinery.curriculum), whose budget is the ablation budget
-    summary.json                                  its counts: documents, tokens (all it holds), bytes,
-                                                  raw_byte_share, budget_tokens (what it trains on)
+    summary.json                                  the selection's counts, the mixture, the budget, the bound
+                                                  and what it stores
 
-The packing window is `ablations.seq_len` (the overlap at most half of it) and the difficulty
-score is off. The phase's bucket weights are the variant's own token shares, so it trains on its
-documents as selected; every variant trains on the same budget (`budget_tokens`: `ablations.tokens`,
-or the smallest variant's usable tokens), drawn by the sampler with the run's seed. A variant that
-cannot fill `ablations.tokens`, or that selects no document, is refused (`AblationError`, a
-ConfigError: the commands exit 2 with it) naming the field and the variant.
+The selection is the documents refinery/ablations/selection.py gives, less those sharing an n-gram
+with an evaluation domain (refinery/ablations/overlap.py), its quality cut applied; it is staged
+under `staging/` until the sample is stored. The packing window is `ablations.seq_len` (the overlap
+at most half of it) and the difficulty score is off. The phase's bucket weights are the mixture
+(`mixture_weights`: by default each bucket's share of the `funnel` variant's tokens, the same for
+every variant); every variant trains on the same budget (`budget_tokens`: `ablations.tokens`, or the
+smallest variant's usable tokens at its mixture), drawn by the sampler with the run's seed. A
+variant that cannot fill the budget at its mixture, or that selects no document, is refused
+(`AblationError`, a ConfigError: the commands exit 2 with it) naming the field and the variant.
 
 Building twice gives the same bytes (every writer is deterministic and atomic).
 """
@@ -28,11 +37,14 @@ import hashlib
 import json
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from refinery import curriculum as cur
 from refinery import layout
-from refinery.ablations.eval_set import ensure_eval_set
+from refinery.ablations.bounded import bounded_sample, entry_tokens
+from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, ensure_eval_set
+from refinery.ablations.overlap import OverlapFilter, domain_indexes
 from refinery.holdout import eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
                                           variant_batches, variant_selection)
@@ -49,8 +61,13 @@ from refinery.storage import DataRoot, open_data_root
 
 PHASE = "ablation"
 SUMMARY_KEY = "summary.json"  # in the variant's root
+SELECTION_KEY = "selection.json"  # in the variant's root: the counts of its whole selection
+SELECTION_FACTS_KEY = "selection.parquet"  # and a row per selected document (no text)
+SELECTION_SCHEMA = {"doc_id": pl.String, "bucket": pl.String, "language": pl.String, "shard": pl.String,
+                    "bytes": pl.Int64, "tokens": pl.Int64}
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
-STAGING = "staging"  # in the variant's root: its documents before its quality cut
+STAGING = "staging"  # in the variant's root: its whole selection, until its sample is stored
+TOKENIZED_SERIES = f"shards/{tk.TOKENIZED}"  # in the variant's root: deleted once its buckets are shuffled
 
 
 class AblationError(ConfigError):
@@ -109,49 +126,107 @@ def _curriculum(budget: int, seq_len: int, weights: dict[str, float]) -> dict[st
             "phases": [{"name": PHASE, "tokens": budget, "seq_len": seq_len, "weights": weights}]}
 
 
-# ---- documents ----------------------------------------------------------------------------------
+# ---- the selection -------------------------------------------------------------------------------
 
 
 def _text_bytes(batch: pl.DataFrame) -> int:
     return int(batch["text"].str.len_bytes().cast(pl.Int64).sum() or 0)
 
 
-def _write_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name: str) -> PartitionCounts:
-    """The variant's documents table of every input file, its quality cut applied. A variant with a
-    cut writes its uncut documents under `staging/` first (the cut needs every file's scores), so
-    its documents table never holds uncut rows, even for a moment."""
+def _staged(shard: InputShard) -> str:
+    return f"{STAGING}/{shard.key}.parquet"
+
+
+def _uncut(shard: InputShard) -> str:
+    return f"{STAGING}/uncut/{shard.key}.parquet"
+
+
+def _stage_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name: str) -> tuple[PartitionCounts, dict]:
+    """The variant's whole selection under `staging/`, one table per input file: its documents
+    (refinery/ablations/selection.py) less those sharing an n-gram with an evaluation domain
+    (refinery/ablations/overlap.py), its quality cut applied (the cut needs every file's scores, so
+    the uncut tables come first, under `staging/uncut/`). Returns the selection's counts and each
+    domain's overlap."""
     sel = variant_selection(cfg, name)
     counts = PartitionCounts()
     shards = input_shards(cfg)
-
-    def final(shard: InputShard) -> str:
-        return layout.documents_key(CLEAN_STAGE, shard.key)
-
-    def uncut(shard: InputShard) -> str:
-        return final(shard) if sel.quality_top is None else f"{STAGING}/{shard.key}.parquet"
-
+    drop_overlap = OverlapFilter(domain_indexes(root, cfg))
+    first = _staged if sel.quality_top is None else _uncut
     for shard in shards:
-        with vroot.writer(uncut(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+        with vroot.writer(first(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
             for batch in variant_batches(root, cfg, sel, shard.key, counts):
-                out.write(batch)
+                out.write(drop_overlap(batch))
     if sel.quality_top is not None:
         cutoffs = quality_cutoffs((b for s in shards for b in parquet_batches(
-            vroot.local_path(uncut(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
+            vroot.local_path(_uncut(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
         for shard in shards:
-            with vroot.writer(final(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
-                for batch in parquet_batches(vroot.local_path(uncut(shard)), READ_ROWS):
+            with vroot.writer(_staged(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+                for batch in parquet_batches(vroot.local_path(_uncut(shard)), READ_ROWS):
                     out.write(quality_cut(batch, cutoffs))
-        vroot.delete(STAGING)
-    return counts
+        vroot.delete(f"{STAGING}/uncut")
+    return counts, drop_overlap.counts
 
 
-def _documents_summary(vroot: DataRoot, cfg: RefineryConfig) -> tuple[int, int]:
-    documents = text_bytes = 0
+def _selection_facts(vroot: DataRoot, cfg: RefineryConfig) -> pl.DataFrame:
+    """doc_id, shard, bucket, language, tokens (of its entries at the packing window), bytes of every
+    staged document: what the counts and the bounded sample are computed from (no text)."""
+    assert cfg.ablations is not None
+    tokenizer = tk.read_tokenizer(vroot, cfg.tokenizer.eod_token)
+    window = cfg.ablations.seq_len
+    overlap = min(cfg.shards.overlap, window // 2)
+    frames = []
     for shard in input_shards(cfg):
-        for batch in parquet_batches(vroot.local_path(layout.documents_key(CLEAN_STAGE, shard.key)), READ_ROWS, ["text"]):
-            documents += batch.height
-            text_bytes += _text_bytes(batch)
-    return documents, text_bytes
+        for batch in parquet_batches(vroot.local_path(_staged(shard)), READ_ROWS,
+                                     ["doc_id", "bucket", "language", "text"]):
+            batch = batch.filter(pl.col("text").fill_null("") != "")  # an empty text is never tokenized
+            lengths = [len(ids) for ids in tk.encode_texts(tokenizer, batch["text"].to_list(), np.int32)]
+            frames.append(batch.select("doc_id", "bucket", language=pl.col("language").cast(pl.String),
+                                       shard=pl.lit(shard.key), bytes=pl.col("text").str.len_bytes().cast(pl.Int64),
+                                       tokens=pl.Series(entry_tokens(lengths, window, overlap), dtype=pl.Int64)))
+    return pl.concat(frames) if frames else pl.DataFrame(schema=SELECTION_SCHEMA)
+
+
+def select_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
+    """Stage the variant's whole selection and write what it counts (`selection.json`, with
+    `selection.parquet`: a row per document, no text); returns the counts."""
+    vroot = variant_root(root, name)
+    for key in (layout.TOKENIZER_KEY, layout.TOKENIZER_INFO_KEY):
+        vroot.write_bytes(key, root.read_bytes(key))
+    counts, overlap = _stage_documents(root, vroot, cfg, name)
+    facts = _selection_facts(vroot, cfg)
+    if facts.is_empty():
+        raise AblationError(f"ablations.variants.{name}: selects no document (after the held-out evaluation "
+                            f"documents and those sharing a {cfg.contamination.ngram}-gram with one); widen it or "
+                            f"remove it")
+    with vroot.writer(SELECTION_FACTS_KEY) as path:
+        facts.sort("doc_id").write_parquet(path)
+    bucket_tokens = {b: int(facts.filter(pl.col("bucket") == b)["tokens"].sum()) for b in cfg.buckets}
+    raw = raw_bytes(root, cfg)
+    selection = {
+        "inputs": inputs_digest(root, cfg, name),
+        "documents": facts.height,
+        "tokens": sum(bucket_tokens.values()),
+        "bucket_tokens": bucket_tokens,
+        "bytes": int(facts["bytes"].sum()),
+        "raw_byte_share": round(int(facts["bytes"].sum()) / raw, 6) if raw else 0.0,
+        "funnel_documents": counts.funnel,
+        "readmitted_documents": counts.readmitted,
+        "judged_out": counts.judged_out,
+        "held_out": counts.held_out,
+        "eval_overlap": overlap,
+    }
+    vroot.write_json(SELECTION_KEY, selection)
+    return selection
+
+
+def selection_counts(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
+    """The variant's `selection.json`, selected first when missing or selected from other inputs."""
+    vroot = variant_root(root, name)
+    if vroot.exists(SELECTION_KEY):
+        selection = vroot.read_json(SELECTION_KEY)
+        if selection.get("inputs") == inputs_digest(root, cfg, name):
+            return selection
+    return select_variant(root, cfg, name)
 
 
 def raw_bytes(root: DataRoot, cfg: RefineryConfig) -> int:
@@ -170,32 +245,100 @@ def raw_bytes(root: DataRoot, cfg: RefineryConfig) -> int:
 
 
 def inputs_digest(root: DataRoot, cfg: RefineryConfig, name: str) -> str:
-    """What a variant's shards were built from: the config (the variant, the ablation and run
-    settings that shape them), the funnel's verdicts (`verdicts_digest`) and the tokenizer."""
+    """What a variant's selection was made from: the config (the variant, the ablation and run
+    settings that shape it), the funnel's verdicts (`verdicts_digest`), the tokenizer and the
+    evaluation set (its domains' n-grams are kept out)."""
     assert cfg.ablations is not None
     ab = cfg.ablations
     h = hashlib.sha256(json.dumps([cfg.fingerprint(), ab.variants[name].model_dump(mode="json"), ab.seq_len,
-                                   ab.eval_fraction, eval_buckets(cfg)], sort_keys=True).encode())
+                                   ab.eval_fraction, eval_buckets(cfg), cfg.contamination.ngram],
+                                  sort_keys=True).encode())
     h.update(verdicts_digest(root, cfg, funnel_order()).encode())
-    if root.exists(layout.TOKENIZER_KEY):
-        h.update(root.sha256(layout.TOKENIZER_KEY).encode())
+    for key in (layout.TOKENIZER_KEY, EVAL_DOCUMENTS_KEY):
+        if root.exists(key):
+            h.update(root.sha256(key).encode())
     return h.hexdigest()
 
 
-# ---- shards -------------------------------------------------------------------------------------
+# ---- the budget and the mixture ------------------------------------------------------------------
 
 
-def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
-    """The variant's documents, tokenizer and final shards, and its summary.json (rebuilt whatever is
-    there); returns the summary."""
+def _shares(bucket_tokens: dict[str, int]) -> dict[str, float]:
+    total = sum(bucket_tokens.values())
+    return {b: t / total for b, t in bucket_tokens.items() if t} if total else {}
+
+
+def mixture_weights(cfg: RefineryConfig, selections: dict[str, dict[str, Any]], name: str) -> dict[str, float]:
+    """The bucket weights variant `name` trains on: `ablations.mixture: funnel` (the default), each
+    bucket's share of the `funnel` variant's selected tokens, the same for every variant, so that a
+    variant differs only in which documents of each bucket it holds; `proportional`, the variant's
+    own shares (its mixture moves with its filters)."""
+    assert cfg.ablations is not None
+    source = FUNNEL_VARIANT if cfg.ablations.mixture == "funnel" else name
+    return _shares(selections[source]["bucket_tokens"])
+
+
+def usable_tokens(cfg: RefineryConfig, bucket_tokens: dict[str, int], weights: dict[str, float]) -> int:
+    """The tokens a variant of `bucket_tokens` can train on at `weights`: the most whose every
+    bucket's share, plus the sampler's row of slack, it holds, in whole optimizer steps (0 when a
+    bucket of the mixture is empty)."""
+    assert cfg.ablations is not None
+    seq_len = cfg.ablations.seq_len
+    fits = min((max(0, bucket_tokens.get(b, 0) - seq_len) / w for b, w in weights.items()), default=0.0)
+    return int(fits) // step_tokens(cfg) * step_tokens(cfg)
+
+
+def budget_tokens(root: DataRoot, cfg: RefineryConfig) -> tuple[int, dict[str, dict[str, float]]]:
+    """(the tokens every variant trains on, each variant's mixture weights): `ablations.tokens`, or
+    the smallest variant's usable tokens; each variant is selected first where missing.
+    AblationError when a variant cannot fill the budget at its mixture."""
+    assert cfg.ablations is not None
+    selections = {name: selection_counts(root, cfg, name) for name in variant_names(cfg)}
+    weights = {name: mixture_weights(cfg, selections, name) for name in selections}
+    usable = {name: usable_tokens(cfg, s["bucket_tokens"], weights[name]) for name, s in selections.items()}
+    mixture = f"at the {cfg.ablations.mixture} mixture (ablations.mixture)"
+    if cfg.ablations.tokens is None:
+        smallest = min(usable, key=usable.__getitem__)
+        if usable[smallest] <= 0:
+            raise AblationError(f"ablations.variants.{smallest}: holds fewer tokens than one proxy optimizer step "
+                                f"({step_tokens(cfg):,}) in a bucket {mixture}; widen it or remove it")
+        return usable[smallest], weights
+    short = {n: u for n, u in usable.items() if u < cfg.ablations.tokens}
+    if short:
+        listed = ", ".join(f"{n!r} {u:,}" for n, u in sorted(short.items()))
+        raise AblationError(f"ablations.tokens: {cfg.ablations.tokens:,} tokens, more than variant(s) can fill "
+                            f"{mixture} (usable tokens: {listed}); lower ablations.tokens to at most "
+                            f"{min(short.values()):,}, or leave it out for the smallest variant's")
+    return cfg.ablations.tokens, weights
+
+
+# ---- the stored variant ---------------------------------------------------------------------------
+
+
+def _built_digest(root: DataRoot, cfg: RefineryConfig, name: str, budget: int, weights: dict[str, float]) -> str:
+    return hashlib.sha256(json.dumps([inputs_digest(root, cfg, name), budget, weights, cfg.seed],
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget: int,
+                         weights: dict[str, float]) -> dict[str, Any]:
+    """The variant's stored documents (its bounded sample of the selection, refinery/ablations/
+    bounded.py), tokenizer and final shards, and its summary.json (rebuilt whatever is there);
+    returns the summary: the selection's counts, the mixture, the budget, the bound and what it stores."""
+    assert cfg.ablations is not None
     vroot = variant_root(root, name)
-    counts = _write_documents(root, vroot, cfg, name)
-    documents, text_bytes = _documents_summary(vroot, cfg)
-    if documents == 0:
-        raise AblationError(f"ablations.variants.{name}: selects no document (after the held-out evaluation "
-                            f"documents); widen it or remove it")
-    for key in (layout.TOKENIZER_KEY, layout.TOKENIZER_INFO_KEY):
-        vroot.write_bytes(key, root.read_bytes(key))
+    if not all(vroot.exists(_staged(s)) for s in input_shards(cfg)) or not vroot.exists(SELECTION_FACTS_KEY):
+        select_variant(root, cfg, name)
+    selection = selection_counts(root, cfg, name)
+    facts = pl.read_parquet(vroot.local_path(SELECTION_FACTS_KEY))
+    stored, bounds = bounded_sample(facts, budget, weights, cfg.ablations.seq_len, cfg.seed)
+    wanted = stored.implode()
+    for shard in input_shards(cfg):
+        key = layout.documents_key(CLEAN_STAGE, shard.key)
+        with vroot.writer(key) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
+            for batch in parquet_batches(vroot.local_path(_staged(shard)), READ_ROWS):
+                out.write(batch.filter(pl.col("doc_id").is_in(wanted)))
+    vroot.delete(STAGING)
     vcfg = _derived(cfg, name, None)
     tokenizer = tk.read_tokenizer(vroot, vcfg.tokenizer.eod_token)
     for shard in input_shards(vcfg):
@@ -207,96 +350,56 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str) -> dict
         result = sh.shuffle_bucket(vroot, vcfg.seed, bucket, parts, fields, vcfg.shards.shard_tokens,
                                    vcfg.shards.shuffle_buffer_mb)
         tokens[bucket] = result.index["tokens"]
-    raw = raw_bytes(root, cfg)
+    # The per-file token series were read once, by the shuffle; the proxy runs read the final shards.
+    vroot.delete(TOKENIZED_SERIES)
+    kept = facts.filter(pl.col("doc_id").is_in(wanted))
     summary = {
         "variant": name,
-        "inputs": inputs_digest(root, cfg, name),
-        "documents": documents,
-        "tokens": sum(tokens.values()),
-        "bucket_tokens": tokens,
-        "bytes": text_bytes,
-        "raw_byte_share": round(text_bytes / raw, 6) if raw else 0.0,
-        "funnel_documents": counts.funnel,
-        "readmitted_documents": counts.readmitted,
-        "judged_out": counts.judged_out,
-        "held_out": counts.held_out,
+        "built": _built_digest(root, cfg, name, budget, weights),
+        **{k: v for k, v in selection.items() if k != "inputs"},
+        "mixture": cfg.ablations.mixture,
+        "weights": weights,
+        "budget_tokens": budget,
+        "bound_tokens": bounds,
+        "stored": {"documents": kept.height, "tokens": sum(tokens.values()), "bucket_tokens": tokens,
+                   "bytes": int(kept["bytes"].sum())},
     }
     vroot.write_json(SUMMARY_KEY, summary)
     return summary
 
 
-def variant_summary(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
+def variant_summary(root: DataRoot, cfg: RefineryConfig, name: str, budget: int,
+                    weights: dict[str, float]) -> dict[str, Any]:
     """The variant's summary.json, its shards built first when missing or built from other inputs."""
     vroot = variant_root(root, name)
     if vroot.exists(SUMMARY_KEY):
         summary = vroot.read_json(SUMMARY_KEY)
-        if summary.get("inputs") == inputs_digest(root, cfg, name):
+        if summary.get("built") == _built_digest(root, cfg, name, budget, weights):
             return summary
-    return build_variant_shards(root, cfg, name)
-
-
-def usable_tokens(cfg: RefineryConfig, summary: dict[str, Any]) -> int:
-    """The tokens a variant can train on: its tokens less a row of slack per bucket it holds (the
-    sampler keeps each bucket within one row of its share), in whole optimizer steps."""
-    assert cfg.ablations is not None
-    buckets = sum(1 for t in summary["bucket_tokens"].values() if t)
-    spare = summary["tokens"] - buckets * cfg.ablations.seq_len
-    return max(0, spare // step_tokens(cfg) * step_tokens(cfg))
-
-
-def budget_tokens(root: DataRoot, cfg: RefineryConfig) -> int:
-    """The tokens every variant trains on: `ablations.tokens`, or the smallest variant's usable
-    tokens; each variant's shards are built first where missing. AblationError when a variant
-    cannot fill it."""
-    assert cfg.ablations is not None
-    usable = {name: usable_tokens(cfg, variant_summary(root, cfg, name)) for name in variant_names(cfg)}
-    if cfg.ablations.tokens is None:
-        smallest = min(usable, key=usable.__getitem__)
-        if usable[smallest] <= 0:
-            raise AblationError(f"ablations.variants.{smallest}: holds fewer tokens than one proxy optimizer step "
-                                f"({step_tokens(cfg):,}) per bucket; widen it or remove it")
-        return usable[smallest]
-    short = {n: u for n, u in usable.items() if u < cfg.ablations.tokens}
-    if short:
-        listed = ", ".join(f"{n!r} {u:,}" for n, u in sorted(short.items()))
-        raise AblationError(f"ablations.tokens: {cfg.ablations.tokens:,} tokens, more than variant(s) can fill "
-                            f"(usable tokens: {listed}); lower ablations.tokens to at most {min(short.values()):,}, "
-                            f"or leave it out for the smallest variant's")
-    return cfg.ablations.tokens
-
-
-# ---- the variant ---------------------------------------------------------------------------------
-
-
-def _weights(summary: dict[str, Any]) -> dict[str, float]:
-    total = summary["tokens"]
-    return {b: t / total for b, t in summary["bucket_tokens"].items() if t}
+    return build_variant_shards(root, cfg, name, budget, weights)
 
 
 def build_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:
-    """Build the variant `name`: the evaluation set first (when missing or stale), its shards, and
-    the other variants' where the budget needs them (each when missing, or built from other inputs:
-    `variant_summary`), then its one-phase manifest. Returns its summary with the budget: documents,
-    tokens, bytes, raw_byte_share, budget_tokens and the selection's counts."""
+    """Build the variant `name`: the evaluation set first (when missing or stale), every variant's
+    selection where the budget needs it (each when missing, or selected from other inputs), its
+    stored sample and shards, then its one-phase manifest. Returns its summary."""
     if name not in variant_names(cfg):
         raise AblationError(f"ablations.variants: no variant {name!r}; the config has {variant_names(cfg)}")
     ensure_eval_set(root, cfg)
-    summary = variant_summary(root, cfg, name)
-    budget = budget_tokens(root, cfg)
+    budget, weights = budget_tokens(root, cfg)
+    summary = variant_summary(root, cfg, name, budget, weights[name])
     vroot = variant_root(root, name)
-    vcfg = _derived(cfg, name, _curriculum(budget, cfg.ablations.seq_len, _weights(summary)))
+    vcfg = _derived(cfg, name, _curriculum(budget, cfg.ablations.seq_len, weights[name]))
     report, inventory, selections = cur.validate_data_root(vcfg, vroot)
     if not report.ok or inventory is None:
         raise AblationError(f"ablations.variants.{name}: its one-phase curriculum does not validate: "
                             + "; ".join(str(e) for e in report.errors))
     cur.write_manifest(vroot, cur.build_phase_manifest(vcfg, vroot, PHASE, report, inventory, selections))
-    summary = {**summary, "budget_tokens": budget}
-    vroot.write_json(SUMMARY_KEY, summary)
     return summary
 
 
 def build_variants(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, Any]]:
-    """Every variant, built in the config's order (each variant's shards once)."""
+    """Every variant, built in the config's order (each variant's selection once)."""
     return {name: build_variant(root, cfg, name) for name in variant_names(cfg)}
 
 

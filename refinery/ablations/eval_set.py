@@ -1,24 +1,27 @@
 """The one evaluation set every variant is measured on, and no variant trains on.
 
-Three kinds of documents, each with a `domain` and a `language`:
+Three kinds of documents, each with a `domain`, a `language` and `kept`:
 
-- held-out documents of the curated buckets (`ablations.eval_buckets`; by default the quality
-  classifier's positive buckets, stages.quality.positive_buckets, that a source feeds: the buckets
-  the config already names as the reference of good text; a crawl bucket is what the funnel
-  filters, so it is no fixed reference). A document is held out when the hash of the run's seed and
-  its doc id falls below `ablations.eval_fraction` (refinery/holdout.py): a function of the document
-  alone, decided from extracted_text before any verdict or variant, so it is the same set whatever
-  the variants are and however they are drawn; every variant leaves it out, and so does the quality
-  classifier's training. Its text is the
-  extracted text, its domain its bucket, its language the funnel's language column where the
-  language stage recorded one (kept or rejected), else the same fastText detector's;
+- held-out documents of every bucket a source feeds (`ablations.eval_buckets` narrows them): web
+  and code too, not only the curated buckets, so that a web filter is judged on web text. A
+  document is held out when the hash of the run's seed and its doc id falls below
+  `ablations.eval_fraction` (refinery/holdout.py): a function of the document alone, decided from
+  extracted_text before any verdict or variant, so it is the same set whatever the variants are and
+  however they are drawn; every variant leaves it out, and so does the quality classifier's
+  training. Its text is the extracted text (the bucket as crawled, not as any filter left it), its
+  domain its bucket, its language the funnel's language column where the language stage recorded
+  one (kept or rejected), else the same fastText detector's. It is `kept` when the funnel keeps its
+  language (`stages.language.languages`, or a source that skips language ID): the report judges
+  variants on the kept documents only, since a variant that keeps a language the config drops on
+  purpose wins on it by construction;
 - the contamination eval sets (`contamination.eval_sets`): domain the set's name;
 - the `ablations.eval_sets` JSONL files: domain the file's name before its first '.'.
   Eval-set lines get their language from the language stage's fastText detector (lid.176,
-  `stages.language.model_path` or the bundled one), on the whole text.
+  `stages.language.model_path` or the bundled one), on the whole text, and are always kept: the
+  config names them as what it wants to be good at.
 
-Written to `ablations/eval/documents.parquet` (doc_id, text, domain, language), a record batch per
-row group, atomically, with `ablations/eval/info.json` (what it was chosen from, and its counts);
+Written to `ablations/eval/documents.parquet` (doc_id, text, domain, language, kept), a record batch
+per row group, atomically, with `ablations/eval/info.json` (what it was chosen from, and its counts);
 the same inputs, config and seed give the same bytes. Eval-set lines are
 `<domain>/<id>` (the line's `id`). Memory: one record batch, and one JSONL line at a time.
 """
@@ -47,7 +50,8 @@ from refinery.storage import DataRoot, sha256_file
 
 EVAL_DOCUMENTS_KEY = "ablations/eval/documents.parquet"
 EVAL_INFO_KEY = "ablations/eval/info.json"  # what the documents were chosen from, and their counts
-EVAL_SCHEMA = {"doc_id": pl.String(), "text": pl.String(), "domain": pl.String(), "language": pl.String()}
+EVAL_SCHEMA = {"doc_id": pl.String(), "text": pl.String(), "domain": pl.String(), "language": pl.String(),
+               "kept": pl.Boolean()}
 BATCH_ROWS = 4096
 
 
@@ -63,6 +67,15 @@ def _detector(cfg: RefineryConfig):
 
     path = cfg.stages.language.model_path
     return load_language_model(cfg.resolve(path) if path else None)
+
+
+def keeps_language(cfg: RefineryConfig, source: str, languages: pl.Series) -> pl.Series:
+    """Whether the funnel keeps each of `languages` for a document of `source`: every language when
+    the source skips language ID or the stage keeps `all`, else the stage's list."""
+    wanted = cfg.stages.language.languages
+    if wanted == "all" or "language" in cfg.source(source).skip:
+        return pl.Series([True] * len(languages), dtype=pl.Boolean)
+    return languages.is_in(list(wanted)).fill_null(False)
 
 
 def _held_out_batches(root: DataRoot, cfg: RefineryConfig) -> Iterator[pl.DataFrame]:
@@ -85,16 +98,18 @@ def _held_out_batches(root: DataRoot, cfg: RefineryConfig) -> Iterator[pl.DataFr
                 batch = batch.with_columns(language=pl.Series(
                     [lang if lang is not None else detector.predict(text or "")[0]
                      for lang, text in zip(batch["language"].to_list(), batch["text"].to_list())], dtype=pl.String))
-            yield batch.select("doc_id", "text", domain=pl.col("bucket"), language=pl.col("language"))
+            yield batch.select("doc_id", "text", domain=pl.col("bucket"), language=pl.col("language"),
+                               kept=keeps_language(cfg, shard.source, batch["language"]))
 
 
 def _eval_set_batches(cfg: RefineryConfig) -> Iterator[pl.DataFrame]:
     detector = None
     for domain, path in eval_set_files(cfg):
-        rows: list[tuple[str, str, str, str]] = []
+        rows: list[tuple[str, str, str, str, bool]] = []
         for item_id, text in eval_set_lines(path):
             detector = detector or _detector(cfg)
-            rows.append((f"{domain}/{item_id}", text, domain, detector.predict(text)[0] if text else UNKNOWN_LANGUAGE))
+            rows.append((f"{domain}/{item_id}", text, domain, detector.predict(text)[0] if text else UNKNOWN_LANGUAGE,
+                         True))
             if len(rows) == BATCH_ROWS:
                 yield pl.DataFrame(rows, schema=EVAL_SCHEMA, orient="row")
                 rows = []
@@ -117,10 +132,12 @@ def write_eval_set(root: DataRoot, cfg: RefineryConfig) -> dict[str, dict[str, i
 
 def eval_set_digest(root: DataRoot, cfg: RefineryConfig) -> str:
     """What the evaluation set is chosen from: the seed, fraction and buckets, the eval-set files'
-    bytes, the language model, and the verdicts of extracted_text and the language stage."""
+    bytes, the language model, the languages kept (and the sources that skip language ID), and the
+    verdicts of extracted_text and the language stage."""
     assert cfg.ablations is not None
     files = [(domain, sha256_file(path)) for domain, path in eval_set_files(cfg)]
     payload = [cfg.seed, cfg.ablations.eval_fraction, eval_buckets(cfg), files, cfg.stages.language.model_path,
+               cfg.stages.language.languages, [(s.name, s.skip) for s in cfg.sources],
                verdicts_digest(root, cfg, (TEXT_STAGE, LANGUAGE_STAGE))]
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
@@ -139,5 +156,5 @@ def ensure_eval_set(root: DataRoot, cfg: RefineryConfig) -> dict[str, Any]:
 
 
 def eval_documents(root: DataRoot, rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
-    """The evaluation documents (doc_id, text, domain, language), a record batch at a time."""
+    """The evaluation documents (doc_id, text, domain, language, kept), a record batch at a time."""
     yield from parquet_batches(root.local_path(EVAL_DOCUMENTS_KEY), rows)

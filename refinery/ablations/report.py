@@ -1,39 +1,47 @@
 """The ablation report: every variant's bits per byte on the evaluation set, per domain and per
-language, with the spread over seeds and a verdict against `funnel` computed from the seeds.
+language, with the spread over seeds and a paired verdict against `funnel`.
 
 Inputs are the stored results of the proxy runs (one JSON file per variant and seed,
-`results_key`, written by training/proxy_run.py) and each variant's counts (documents, tokens,
-share of the raw text's bytes kept). Nothing here trains or imports Dagster: `refinery ablations`
+`results_key`, written by training/proxy_run.py: every evaluation document's nats and bytes) and
+each variant's counts (documents, tokens, share of the raw text's bytes kept, the mixture, each
+evaluation domain's 13-gram overlap). Nothing here trains or imports Dagster: `refinery ablations`
 and the `ablation_report` asset both print `format_report(build_report(...))`.
 
-Per variant and domain (and per language, and "all" for the whole evaluation set), each seed gives
-one bits-per-byte figure (its bits summed over the documents / their bytes summed). The table shows
-their mean and their spread: the sample standard deviation over seeds (ddof 1). The difference to
-`funnel` is mean(variant) - mean(funnel): negative is better (fewer bits per byte).
+Per variant and domain (and per language, and "all"), each seed gives one bits-per-byte figure
+(its bits summed over the documents / their bytes summed). The table shows their mean and their
+spread: the sample standard deviation over seeds (ddof 1). The difference to `funnel` is the mean
+over seeds of variant_s - funnel_s: negative is better (fewer bits per byte).
 
-The verdict is a two-sided Welch t-test of the variant's seeds against funnel's at ALPHA = 0.05:
-`better` or `worse` when p < ALPHA (by the sign of the difference), else `within noise`. It needs at
-least two seeds on both sides; with fewer the verdict is "n/a: one seed", never a call from one run.
-When neither side varies over its seeds (zero spread on both) the difference is decisive if it is
-not zero. Seeds of one variant share the data and differ in model init and data order, so the
-test asks whether the data's effect stands out of that noise; at three seeds only a large effect
-does (docs/ablations.md says what the table supports).
+Only the documents in a language the config keeps are judged (`kept`, refinery/ablations/eval_set.py):
+`all` and every domain row pool those; the rest are the domain row `not kept` and their language
+rows, shown with no verdict (NOT_KEPT): a variant that keeps a language the funnel drops on purpose
+would win there by construction.
+
+The verdict is refinery/ablations/stats.py's `compare`: a paired t test on the per-seed differences
+(seed s of the variant against seed s of funnel: the same initial weights and data-order seed) at
+ALPHA = 0.05, with a bootstrap interval over the evaluation documents; `better` or `worse` when p <
+ALPHA and the interval excludes zero, else `within noise`. `detectable` is the smallest difference
+the run could have called; the Welch test's p and detectable difference on the same runs stand
+beside it (`p_unpaired`, `detectable_unpaired`). No verdict with fewer than two seeds paired or a
+seed missing on one side.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
-from refinery.ablations.bpb import cells_from_json, totals_by
+import numpy as np
+import polars as pl
+
+from refinery.ablations.stats import ALPHA, ONE_SEED, Comparison, DocumentScores, compare
 
 BASELINE = "funnel"
-ALPHA = 0.05
 RESULTS_PREFIX = "ablations/results"
 REPORT_KEY = "ablations/report.json"
 REPORT_PLOT_KEY = "ablations/report.png"
-ONE_SEED = "n/a: one seed"
+DOCUMENT_SCHEMA = {"doc_id": pl.String, "domain": pl.String, "language": pl.String, "kept": pl.Boolean,
+                   "bytes": pl.Int64, "nats": pl.Float64}
 
 
 def results_key(variant: str, seed: int) -> str:
@@ -41,121 +49,98 @@ def results_key(variant: str, seed: int) -> str:
     return f"{RESULTS_PREFIX}/{variant}/seed-{seed}.json"
 
 
-# ---- the test ---------------------------------------------------------------------------------------
+# ---- the figures ------------------------------------------------------------------------------------
+
+NOT_KEPT = "n/a: language not kept"
+OTHER_LANGUAGES = "not kept"  # the domain row of the evaluation documents in languages the config drops
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularized incomplete beta (modified Lentz)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for aa in (m * (b - m) * x / ((a - 1.0 + 2 * m) * (a + 2 * m)),
-                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 1.0 + 2 * m))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
+def run_scores(result: dict[str, Any], axis: str) -> dict[str, DocumentScores]:
+    """One run's documents grouped by domain (`axis` "domain": the kept documents per domain, "all"
+    of them, and OTHER_LANGUAGES for the rest) or by language ("language": every document, and
+    "all" of the kept ones), each group in doc_id order."""
+    docs = pl.DataFrame(result["documents"], schema=DOCUMENT_SCHEMA).sort("doc_id")
+    kept = docs.filter(pl.col("kept"))
+    groups: dict[str, pl.DataFrame] = {"all": kept}
+    if axis == "domain":
+        groups.update({d: part for (d,), part in kept.group_by(["domain"], maintain_order=True)})
+        if kept.height < docs.height:
+            groups[OTHER_LANGUAGES] = docs.filter(~pl.col("kept"))
+    else:
+        groups.update({lang: part for (lang,), part in docs.group_by(["language"], maintain_order=True)})
+    return {g: DocumentScores(part["nats"].to_numpy(), part["bytes"].to_numpy().astype(np.float64))
+            for g, part in groups.items() if part["bytes"].sum()}
 
 
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with `df` degrees of freedom (any df > 0)."""
-    return betainc(df / 2.0, 0.5, df / (df + t * t))
-
-
-def welch(a: list[float], b: list[float]) -> tuple[float, float | None]:
-    """(mean(a) - mean(b), the two-sided Welch p-value); p None with fewer than two values on a side."""
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    if len(a) < 2 or len(b) < 2:
-        return diff, None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se2 = va + vb
-    if se2 == 0.0:
-        return diff, 1.0 if diff == 0.0 else 0.0
-    df = se2 * se2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
-    return diff, t_two_sided_p(diff / math.sqrt(se2), df)
-
-
-def verdict(variant: list[float], baseline: list[float], alpha: float = ALPHA) -> tuple[float, float | None, str]:
-    """(difference of the means, p, verdict) of a variant's per-seed bits per byte against the
-    baseline's: lower is better."""
-    diff, p = welch(variant, baseline)
-    if p is None:
-        return diff, None, ONE_SEED
-    if p >= alpha:
-        return diff, p, "within noise"
-    return diff, p, "better" if diff < 0 else "worse"
-
-
-# ---- the report -------------------------------------------------------------------------------------
-
-
-def seed_figures(results: list[dict[str, Any]], axis: str) -> dict[str, dict[str, dict[int, float]]]:
-    """variant -> group (a domain or language, and "all") -> seed -> bits per byte."""
-    out: dict[str, dict[str, dict[int, float]]] = {}
+def seed_scores(results: list[dict[str, Any]], axis: str) -> dict[str, dict[str, dict[int, DocumentScores]]]:
+    """variant -> group (a domain or language, and "all") -> seed -> its documents' scores."""
+    out: dict[str, dict[str, dict[int, DocumentScores]]] = {}
     for result in results:
-        cells = cells_from_json(result["cells"])
-        groups = {**totals_by(cells, axis), **totals_by(cells, "all")}
-        for group, tally in groups.items():
-            if tally.bpb is not None:
-                out.setdefault(result["variant"], {}).setdefault(group, {})[int(result["seed"])] = tally.bpb
+        for group, scores in run_scores(result, axis).items():
+            out.setdefault(result["variant"], {}).setdefault(group, {})[int(result["seed"])] = scores
     return out
 
 
-def _rows(figures: dict[str, dict[str, dict[int, float]]], order: list[str], axis: str) -> list[dict[str, Any]]:
-    baseline = figures.get(BASELINE, {})
+def _same_documents(runs: list[DocumentScores]) -> bool:
+    return all(np.array_equal(r.bytes, runs[0].bytes) for r in runs)
+
+
+def _comparison(seeds: dict[int, DocumentScores], base: dict[int, DocumentScores]) -> Comparison:
+    together = [*seeds.values(), *base.values()]
+    documents = (seeds, base) if _same_documents(together) else None
+    return compare({s: r.bpb for s, r in seeds.items()}, {s: r.bpb for s, r in base.items()}, documents)
+
+
+def _rows(scores: dict[str, dict[str, dict[int, DocumentScores]]], order: list[str], axis: str,
+          kept_languages: set[str], against: str = BASELINE) -> list[dict[str, Any]]:
+    baseline = scores.get(against, {})
     rows = []
     for variant in order:
-        groups = figures.get(variant, {})
-        for group in sorted(groups, key=lambda g: (g != "all", g)):
+        groups = scores.get(variant, {})
+        for group in sorted(groups, key=lambda g: (g != "all", g == OTHER_LANGUAGES, g)):
             seeds = groups[group]
-            values = [seeds[s] for s in sorted(seeds)]
+            values = [seeds[s].bpb for s in sorted(seeds)]
             row: dict[str, Any] = {
                 "variant": variant, axis: group, "seeds": len(values), "bpb": statistics.fmean(values),
                 "spread": statistics.stdev(values) if len(values) > 1 else None,
-                "bpb_by_seed": {str(s): seeds[s] for s in sorted(seeds)},
+                "bpb_by_seed": {str(s): seeds[s].bpb for s in sorted(seeds)},
+                "diff": None, "p": None, "interval": None, "detectable": None, "p_unpaired": None,
+                "detectable_unpaired": None,
             }
+            judged = group != OTHER_LANGUAGES and (axis != "language" or group in kept_languages)
             base = baseline.get(group)
-            if variant == BASELINE:
-                row.update(diff=None, p=None, verdict="baseline")
+            if variant == against:
+                row["verdict"] = "baseline"
+            elif not judged:
+                row["verdict"] = NOT_KEPT
             elif not base:
-                row.update(diff=None, p=None, verdict=f"n/a: no {BASELINE} run")
+                row["verdict"] = f"n/a: no {against} run"
             else:
-                diff, p, call = verdict(values, [base[s] for s in sorted(base)])
-                row.update(diff=diff, p=p, verdict=call)
+                c = _comparison(seeds, base)
+                row.update(diff=c.diff, p=c.p, interval=list(c.interval) if c.interval else None,
+                           detectable=c.detectable, p_unpaired=c.p_unpaired,
+                           detectable_unpaired=c.detectable_unpaired, verdict=c.verdict)
             rows.append(row)
     return rows
 
 
-def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The report of the stored results (one dict per run: variant, seed, cells) and the variants'
-    counts (name -> its build summary: documents, tokens, raw_byte_share, budget_tokens), variants in the
-    order given."""
+def build_report(results: list[dict[str, Any]], variants: dict[str, dict[str, Any]],
+                 baseline: str = BASELINE) -> dict[str, Any]:
+    """The report of the stored results (one dict per run: variant, seed, documents) and the
+    variants' counts (name -> its build summary: documents, tokens, raw_byte_share, budget_tokens,
+    mixture, eval_overlap), variants in the order given, verdicts against `baseline` (the schedule
+    variants' is `schedule.curriculum`, refinery/ablations/schedule_report.py)."""
     order = list(variants) + sorted({r["variant"] for r in results} - set(variants))
+    kept = {lang for r in results for lang, k in zip(r["documents"]["language"], r["documents"]["kept"]) if k}
     return {
-        "baseline": BASELINE, "alpha": ALPHA,
-        "test": "two-sided Welch t-test over seeds", "spread": "sample standard deviation over seeds",
+        "baseline": baseline, "alpha": ALPHA,
+        "test": "paired t test over seeds, bootstrap interval over evaluation documents",
+        "spread": "sample standard deviation over seeds",
         "variants": {name: {**variants.get(name, {}), "seeds": sorted(int(r["seed"]) for r in results
                                                                         if r["variant"] == name)} for name in order},
-        "domains": _rows(seed_figures(results, "domain"), order, "domain"),
-        "languages": _rows(seed_figures(results, "language"), order, "language"),
+        "kept_languages": sorted(kept),
+        "domains": _rows(seed_scores(results, "domain"), order, "domain", kept, baseline),
+        "languages": _rows(seed_scores(results, "language"), order, "language", kept, baseline),
     }
 
 
@@ -171,47 +156,68 @@ def _share(value: Any) -> str:
     return f"{value:.1%}" if isinstance(value, (int, float)) else "-"
 
 
+def _interval(row: dict[str, Any]) -> str:
+    return "-" if row["interval"] is None else f"[{row['interval'][0]:+.4f}, {row['interval'][1]:+.4f}]"
+
+
+def _mixture(counts: dict[str, Any]) -> str:
+    weights = counts.get("weights") or {}
+    return " ".join(f"{b} {w:.1%}" for b, w in weights.items()) or "-"
+
+
+def _overlap(counts: dict[str, Any]) -> str:
+    overlap = counts.get("eval_overlap")
+    return "-" if overlap is None else " ".join(f"{d} {n}" for d, n in overlap.items()) or "none"
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """The table `refinery ablations` prints: variant x domain, then variant x language."""
+    """The table `refinery ablations` prints: the variants' counts, variant x domain, then variant x
+    language."""
     variants = report["variants"]
-    head = (f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  "
-            f"{'verdict':<26} {'tokens':>12} {'documents':>10} {'raw kept':>8}")
     lines = [f"Bits per byte on the evaluation set (lower is better). Spread: {report['spread']}. Verdict against "
-             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}."]
+             f"{report['baseline']}: {report['test']} at alpha {report['alpha']}; `detectable` is the smallest "
+             f"difference the run could have called, `unpaired` the Welch test's p and detectable difference on "
+             f"the same runs.",
+             f"Judged on the evaluation documents in the languages the config keeps ({', '.join(report['kept_languages'])})"
+             f"; the rest are shown apart (`{OTHER_LANGUAGES}`, {NOT_KEPT})."]
     budgets = sorted({c["budget_tokens"] for c in variants.values() if c.get("budget_tokens") is not None})
     if budgets:
-        lines.append(f"Every proxy run trains {' / '.join(f'{b:,}' for b in budgets)} tokens; `tokens` and "
-                     f"`documents` are what each variant holds, `raw kept` its share of the raw text's bytes.")
-    lines += ["", head]
+        lines.append(f"Every proxy run trains {' / '.join(f'{b:,}' for b in budgets)} tokens, mixed as `mixture` "
+                     f"says; `tokens` and `documents` are what each variant's selection holds, `raw kept` its share "
+                     f"of the raw text's bytes, `overlap removed` its documents that shared a 13-gram with each "
+                     f"evaluation domain (none of them trains).")
+    lines += ["", f"{'variant':<20} {'tokens':>12} {'documents':>10} {'raw kept':>8}  {'mixture':<32} overlap removed"]
+    for name, counts in variants.items():
+        lines.append(f"{name:<20} {_num(counts.get('tokens'), ','):>12} {_num(counts.get('documents'), ','):>10} "
+                     f"{_share(counts.get('raw_byte_share')):>8}  {_mixture(counts):<32} {_overlap(counts)}")
+    lines += ["", f"{'variant':<20} {'domain':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs ' + report['baseline'].rsplit('.', 1)[-1]:>9} "
+                  f"{'95% interval':>19} {'detectable':>10}  {'verdict':<34} {'unpaired':>17}"]
     for row in report["domains"]:
-        counts = variants.get(row["variant"], {})
-        first = row["domain"] == "all"
-        lines.append(f"{row['variant'] if first else '':<20} {row['domain']:<14} {row['bpb']:>7.4f} "
-                     f"{_num(row['spread'], '.4f'):>7} {row['seeds']:>5} {_num(row['diff'], '+.4f'):>9}  "
-                     f"{_call(row):<26} "
-                     + (f"{_num(counts.get('tokens'), ','):>12} {_num(counts.get('documents'), ','):>10} "
-                        f"{_share(counts.get('raw_byte_share')):>8}" if first else ""))
-    lines += ["", f"{'variant':<20} {'language':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs funnel':>9}  verdict"]
+        unpaired = ("-" if row["p_unpaired"] is None else
+                    f"p={row['p_unpaired']:.3g} {_num(row['detectable_unpaired'], '.4f')}")
+        lines.append(f"{row['variant'] if row['domain'] == 'all' else '':<20} {row['domain']:<14} {row['bpb']:>7.4f} "
+                     f"{_num(row['spread'], '.4f'):>7} {row['seeds']:>5} {_num(row['diff'], '+.4f'):>9} "
+                     f"{_interval(row):>19} {_num(row['detectable'], '.4f'):>10}  {_call(row):<34} {unpaired:>17}")
+    lines += ["", f"{'variant':<20} {'language':<14} {'bpb':>7} {'spread':>7} {'seeds':>5} {'vs ' + report['baseline'].rsplit('.', 1)[-1]:>9} "
+                  f"{'95% interval':>19}  verdict"]
     for row in report["languages"]:
         if row["language"] == "all":
             continue
         lines.append(f"{row['variant']:<20} {row['language']:<14} {row['bpb']:>7.4f} {_num(row['spread'], '.4f'):>7} "
-                     f"{row['seeds']:>5} {_num(row['diff'], '+.4f'):>9}  {_call(row)}")
+                     f"{row['seeds']:>5} {_num(row['diff'], '+.4f'):>9} {_interval(row):>19}  {_call(row)}")
     return "\n".join(line.rstrip() for line in lines)
 
 
 def markdown_table(report: dict[str, Any], domains: set[str] | None = None) -> str:
     """The variant x domain table as markdown (the asset page), of `domains` only when given."""
-    variants = report["variants"]
-    lines = ["| variant | domain | bpb | spread | seeds | vs funnel | verdict | tokens | documents | raw kept |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines = ["| variant | domain | bpb | spread | seeds | vs funnel | 95% interval | detectable | verdict |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in report["domains"]:
         if domains is not None and row["domain"] not in domains:
             continue
-        counts = variants.get(row["variant"], {})
         lines.append(f"| {row['variant']} | {row['domain']} | {row['bpb']:.4f} | {_num(row['spread'], '.4f')} | "
-                     f"{row['seeds']} | {_num(row['diff'], '+.4f')} | {_call(row)} | {_num(counts.get('tokens'), ',')} | "
-                     f"{_num(counts.get('documents'), ',')} | {_share(counts.get('raw_byte_share'))} |")
+                     f"{row['seeds']} | {_num(row['diff'], '+.4f')} | {_interval(row)} | "
+                     f"{_num(row['detectable'], '.4f')} | {_call(row)} |")
     return "\n".join(lines)
 
 

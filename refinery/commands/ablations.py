@@ -35,7 +35,18 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     report = build_report(results, counts)
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    schedules = None
+    if cfg.ablations.schedules:  # the schedule variants' table, against schedule.curriculum
+        from refinery.ablations.schedule_report import format_schedule_report, schedule_report
+
+        schedules = schedule_report(root, cfg)
+    if args.json:
+        print(json.dumps({**report, **({"schedules": schedules} if schedules else {})}, indent=2, sort_keys=True))
+    else:
+        print(format_report(report))
+        if schedules:
+            print(f"\n== Schedule variants and anneal mixtures, on the funnel variant's data\n\n"
+                  f"{format_schedule_report(schedules)}")
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from refinery.config.ablation_schedules import AnnealSearchConfig, ScheduleVariantConfig
 from refinery.config.section import SAFE_PATH_PART, Section
 from refinery.config.training import ModelConfig
 
@@ -76,6 +77,12 @@ class AblationsConfig(Section):
     tokens: int | None = Field(default=None, gt=0, description="Tokens every variant trains on; none: the "
                                "smallest variant's, rounded down to whole optimizer steps. A variant that cannot "
                                "fill it is refused when the variants are built.")
+    mixture: Literal["funnel", "proportional"] = Field(default="funnel", description="The bucket weights every "
+                                                       "proxy run trains on: `funnel`, each bucket's share of the "
+                                                       "`funnel` variant's tokens, the same for every variant (a "
+                                                       "variant differs only in which documents of each bucket it "
+                                                       "holds); `proportional`, each variant's own shares (its "
+                                                       "mixture moves with its filters).")
     seq_len: int = Field(default=128, ge=8, description="Sequence length of the proxy runs (also the variants' "
                          "packing window).")
     model: ModelConfig = Field(default=ModelConfig(n_layer=2, n_head=4, n_embd=128),
@@ -83,14 +90,22 @@ class AblationsConfig(Section):
     micro_batch_size: int = Field(default=8, ge=1, description="Rows per optimizer step of a proxy run.")
     lr: float = Field(default=3e-3, gt=0.0, description="Peak learning rate of a proxy run.")
     warmup_steps: int = Field(default=10, ge=0, description="Linear LR warmup steps of a proxy run.")
-    eval_fraction: float = Field(default=0.05, gt=0.0, lt=1.0, description="Share of each curated bucket's "
+    eval_fraction: float = Field(default=0.05, gt=0.0, lt=1.0, description="Share of each evaluation bucket's "
                                  "documents held out of every variant for evaluation, chosen by a hash of the "
                                  "doc id and the seed before any variant is drawn.")
-    eval_buckets: list[str] | None = Field(default=None, description="The curated buckets the held-out documents "
-                                           "come from; none: stages.quality.positive_buckets that a source feeds.")
+    eval_buckets: list[str] | None = Field(default=None, description="The buckets the held-out documents come "
+                                           "from, each an evaluation domain of its name; none: every bucket a "
+                                           "source feeds.")
     eval_sets: list[str] = Field(default_factory=list, description="More evaluation text: JSONL files of "
                                  "{\"id\", \"text\"} lines, relative to the config file; each file is a domain "
                                  "named after its file name.")
+    schedules: dict[str, ScheduleVariantConfig] = Field(default_factory=dict, description="Schedule variants "
+                                                        "(refinery/config/ablation_schedules.py): name -> a built-in "
+                                                        "phase table (`curriculum`, `iid`, `no_anneal`, "
+                                                        "`no_length_warmup`, `uniform_order`) with optional phase "
+                                                        "patches, trained on the funnel variant's data.")
+    anneal_search: AnnealSearchConfig | None = Field(default=None, description="Anneal mixtures branched from "
+                                                     "each seed's `curriculum` schedule run before its last phase.")
 
     @field_validator("variants")
     @classmethod

@@ -10,6 +10,7 @@ import os
 
 from pydantic import Field, field_validator, model_validator
 
+from refinery.config.ablation_schedules import schedule_problems
 from refinery.config.ablations import AblationsConfig
 from refinery.config.contamination import ContaminationConfig
 from refinery.config.curriculum import CurriculumConfig
@@ -178,7 +179,7 @@ def ablation_problems(cfg: RefineryConfig) -> list[str]:
             problems.append(f"ablations.eval_sets[{i}]: its domain {name!r} (the file's name) is also a bucket or "
                             f"another eval set; rename the file")
         domains.append(name)
-    return problems
+    return problems + schedule_problems(cfg)
 
 
 def eval_set_domain(path: str) -> str:

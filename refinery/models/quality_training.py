@@ -2,9 +2,10 @@
 fit it (`refinery.models.quality_fit`), publish the model and its `latest.json` pointer, and read it back.
 
 The classifier learns curated buckets (positive) against raw web (negative) from the `deduped`
-documents of those buckets, with their language, less the ablations' held-out evaluation documents
-(refinery/holdout.py): a classifier that learned them would favour `quality_top` on the evaluation.
-Those are read through deduped's attribute table (refinery/stages/attributes.py) a record batch of at most `qfit.FEATURIZE_DOCS` rows at a time, never
+documents of those buckets, with their language, whether or not the config has an `ablations`
+section: the ablations' evaluation hold-out (refinery/holdout.py) leaves the main graph alone, so
+adding the section reruns nothing the graph trains on (docs/ablations.md says what that costs a
+`quality_top` verdict). Those are read through deduped's attribute table (refinery/stages/attributes.py) a record batch of at most `qfit.FEATURIZE_DOCS` rows at a time, never
 as whole tables, so the memory of training does not grow with the corpus.
 
 Labelled pages join them as the buckets `labelled/high` (positive), `labelled/low` and
@@ -27,7 +28,6 @@ import polars as pl
 from refinery.config import RefineryConfig
 from refinery.config.paths import CHECKOUT, SHIPPED_LABELLED_SETS
 from refinery.documents import input_shards
-from refinery.holdout import eval_buckets, held_out_mask
 from refinery.layout import QUALITY_MODEL_DIR
 from refinery.models import quality as q
 from refinery.models import quality_fit as qfit
@@ -87,8 +87,7 @@ LABELLED_SCHEMA = {"doc_id": pl.String, "bucket": pl.String, "language": pl.Stri
 def training_batches(cfg: RefineryConfig, root: DataRoot) -> qfit.DocumentBatches:
     """A function that reads doc_id, bucket, language and text of the upstream documents of the
     positive and negative buckets, file by file in input order, `qfit.FEATURIZE_DOCS` rows at a time,
-    then the labelled pages (`labelled_sets`); each call is a fresh pass. The ablations'
-    held-out evaluation documents are left out (refinery/holdout.py)."""
+    then the labelled pages (`labelled_sets`); each call is a fresh pass."""
     qc = cfg.stages.quality
     wanted = set(qc.positive_buckets) | set(qc.negative_buckets)
     partitions = [s.key for s in input_shards(cfg) if s.bucket in wanted]
@@ -98,7 +97,6 @@ def training_batches(cfg: RefineryConfig, root: DataRoot) -> qfit.DocumentBatche
         for partition in partitions:
             for batch in stage_batches(root, UPSTREAM, partition, qfit.FEATURIZE_DOCS):
                 language = pl.col("language") if "language" in batch.columns else pl.lit(None, dtype=pl.String)
-                batch = batch.filter(~held_out_mask(cfg, batch["doc_id"], batch["bucket"]))
                 if batch.height:
                     yield batch.select("doc_id", "bucket", language.cast(pl.String).alias("language"), "text")
         for path, label in labelled:
@@ -143,10 +141,8 @@ def train_and_publish(cfg: RefineryConfig, root: DataRoot) -> tuple[dict, qfit.T
 
 
 def quality_settings(cfg: RefineryConfig) -> dict:
-    """The settings a model is published with: `stages.quality`, the seed, and the ablations'
-    hold-out (its fraction and buckets) where the config has one."""
-    held_out = {"eval_fraction": cfg.ablations.eval_fraction, "eval_buckets": eval_buckets(cfg)} if cfg.ablations else None
-    return {**cfg.stages.quality.model_dump(mode="json"), "seed": cfg.seed, **({"held_out": held_out} if held_out else {})}
+    """The settings a model is published with: `stages.quality` and the seed."""
+    return {**cfg.stages.quality.model_dump(mode="json"), "seed": cfg.seed}
 
 
 def publish_model(root: DataRoot, model: q.QualityModel, report: qfit.TrainingReport, settings: dict[str, Any]) -> dict[str, Any]:

@@ -104,9 +104,7 @@ STAGES: tuple[FunnelStage, ...] = (
     ),
     _stage("quality_scored", "deduped", ("sources", "stages.quality", "stages.record_timeout_s"), ("quality",),
            skip="quality", adds=("quality_score",), build=_recipe("build_quality"),
-           # The ablations' hold-out (refinery/holdout.py) shapes its training documents.
-           steps=(StepAsset("quality_model", ("seed", "buckets", "sources", "stages.quality",
-                                              "ablations.eval_fraction", "ablations.eval_buckets")),)),
+           steps=(StepAsset("quality_model", ("seed", "buckets", "sources", "stages.quality")),)),
     _stage("pii_redacted", "quality_scored", ("sources", "stages.pii", "stages.safety", "stages.record_timeout_s"),
            ("safety", "pii"), stores_text=True, adds=("pii_counts",), build=_recipe("build_safety_then_redact")),
 )
