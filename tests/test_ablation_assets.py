@@ -4,7 +4,6 @@ with its table and plot, and `refinery ablations` printing the table from the st
 
 from __future__ import annotations
 
-
 import json
 import math
 
