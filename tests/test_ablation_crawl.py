@@ -118,7 +118,7 @@ def test_spam_in_ten_languages_and_on_blocklisted_domains(crawl):
 
 def test_the_ablations_config_reads_the_crawl_and_names_the_issues_variants(crawl):
     """configs/ablations.yaml's sources match every file the builder writes under its default folder,
-    each bucket once, and its variants are the five the bench runs."""
+    each bucket once, and its variants are the four the bench runs (a rule family alone among them)."""
     import fnmatch
 
     from refinery.config import load_config
@@ -135,6 +135,5 @@ def test_the_ablations_config_reads_the_crawl_and_names_the_issues_variants(craw
     selections = {name: (v.base, tuple(v.without or ()), v.quality_top) for name, v in cfg.ablations.variants.items()}
     assert selections == {"raw": ("raw", (), None), "funnel": ("funnel", (), None),
                           "without_heuristic": ("funnel", ("heuristic",), None),
-                          "without_near_dedup": ("funnel", ("near_dedup",), None),
-                          "quality_top_half": ("funnel", (), 0.5)}
+                          "without_c4": ("funnel", ("c4",), None)}
     assert cfg.ablations.seeds == 3 and cfg.ablations.eval_buckets in (None, ["docs"])
