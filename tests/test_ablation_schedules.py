@@ -19,7 +19,8 @@ from helpers.kill_hook import kill_at_step_env
 from helpers.schedule_runs import BUDGET, WINDOW, copy_folder, schedule_folder, train
 from orchestration.cli import main
 from refinery.ablations.schedule_runs import prepare_run, run_config
-from refinery.ablations.schedules import ANNEAL, SCHEDULE, curriculum_phases, schedule_of, variant_phases
+from refinery.ablations.schedules import (ANNEAL, SCHEDULE, anneal_phases, check_fill, curriculum_phases, funnel_demand,
+                                         schedule_of, variant_phases)
 from refinery.config import ConfigError, load_config
 from refinery.storage import LocalDataRoot, sha256_file
 from training.phase_runs import phase_run_dir, resume_argument
@@ -155,6 +156,27 @@ def with_schedules(tmp_path: Path, schedules: dict | None = None, anneal: dict |
     path = tmp_path / "refinery.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def test_the_funnel_variant_is_bounded_by_what_every_schedule_and_anneal_mixture_reads(tmp_path):
+    """funnel_demand is, per bucket, the most any declared table plans plus check_fill's slack, so a
+    funnel variant that stores it fills every one, a docs-only anneal included; a row less of a
+    bucket is refused."""
+    path = with_schedules(tmp_path, {"curriculum": {}, "iid": {}, "no_anneal": {}, "no_length_warmup": {}},
+                          {"mixtures": {"wiki_only": {"wiki": 1.0}, "web": {"web": 1.0}}})
+    cfg = load_config(path)
+    budget = 64 * cfg.ablations.micro_batch_size * cfg.ablations.seq_len
+    demand = funnel_demand(cfg, budget)
+    tables = {("schedule", n): variant_phases(cfg, n, budget) for n in cfg.ablations.schedules}
+    tables |= {("anneal", m): anneal_phases(cfg, m, budget) for m in ("wiki_only", "web")}
+    for (kind, name), phases in tables.items():
+        check_fill(cfg, kind, name, phases, demand)
+    wiki_only = tables[("anneal", "wiki_only")]
+    assert demand["wiki"] == max(
+        int(-(-schedule_of(cfg, t).bucket_tokens().get("wiki", 0) // 1)) + len(t) * max(p.seq_len for p in t)
+        for t in tables.values() if schedule_of(cfg, t).bucket_tokens().get("wiki", 0) > 0)
+    with pytest.raises(ConfigError, match="ablations.anneal_search.mixtures.wiki_only: plans"):
+        check_fill(cfg, "anneal", "wiki_only", wiki_only, {**demand, "wiki": demand["wiki"] - 1})
 
 
 def test_the_issue_schedules_pass_the_preflight(tmp_path):

@@ -457,3 +457,23 @@ def test_a_document_that_shares_a_13_gram_with_an_evaluation_domain_is_in_no_var
         assert leaked not in set(selected(c, name)["doc_id"]) and leaked not in set(variant_docs(c, name)["doc_id"])
         assert summary["eval_overlap"]["leak"] >= 1  # the report prints it per variant and domain
     assert set(summaries["funnel"]["eval_overlap"]) == {"bench", "extra", "leak", "web", "wiki"}
+
+
+def test_a_bucket_floor_makes_the_sample_hold_what_the_schedule_variants_read():
+    """The funnel variant also feeds the schedule variants: a floor (their largest demand of a
+    bucket) makes the sample hold at least that much of it, even of a bucket its own mixture leaves
+    out, and changes nothing of a bucket without one."""
+    from refinery.ablations.bounded import bounded_sample
+    facts = pl.DataFrame({"doc_id": [f"d{i:03d}" for i in range(300)],
+                          "bucket": ["web"] * 100 + ["docs"] * 100 + ["code"] * 100,
+                          "language": ["en", "de"] * 150, "tokens": [50] * 300})
+    weights = {"web": 0.9, "docs": 0.1}
+    plain, _ = bounded_sample(facts, 2000, weights, 32, seed=7)
+    floored, bounds = bounded_sample(facts, 2000, weights, 32, seed=7, floors={"docs": 3000, "code": 1000})
+
+    def held(ids, bucket):
+        return facts.filter(pl.col("doc_id").is_in(ids.implode()) & (pl.col("bucket") == bucket))["tokens"].sum()
+
+    assert held(plain, "docs") < 3000 <= held(floored, "docs") <= bounds["docs"] == 3000 + 50
+    assert held(plain, "code") == 0 and 1000 <= held(floored, "code") <= 1050
+    assert held(plain, "web") == held(floored, "web")

@@ -11,7 +11,9 @@ of the sampler's slack, and MARGIN (5%) to spare; the last document taken may ru
 bucket holds at most bound_b = target_b + its largest document's entry tokens. Every seed so reads
 nearly the same documents and differs in initial weights and order, which is what a paired verdict
 pairs on. A bucket whose selection is within its target is kept whole; a bucket without weight
-stores nothing.
+stores nothing. The `funnel` variant's data also feeds the schedule variants and anneal mixtures
+(refinery/ablations/schedules.py), whose tables may want more of a bucket than the funnel's own
+mixture (a docs-heavy anneal): its target is at least their largest demand (`floors`).
 
 The sample is deterministic and spread across languages: within a bucket, each language's documents
 are ordered by a hash of the run's seed and the doc id, and the bucket takes them in the order of
@@ -62,15 +64,18 @@ def sample_order(part: pl.DataFrame, seed: int) -> pl.DataFrame:
 
 
 def bounded_sample(facts: pl.DataFrame, budget: int, weights: dict[str, float], seq_len: int,
-                   seed: int) -> tuple[pl.Series, dict[str, int]]:
+                   seed: int, floors: dict[str, int] | None = None) -> tuple[pl.Series, dict[str, int]]:
     """The doc ids a variant stores, of `facts` (doc_id, bucket, language, tokens: one row per
-    selected document), and each bucket's bound (module docstring)."""
+    selected document), and each bucket's bound (module docstring); `floors`: entry tokens a bucket
+    holds at least, whatever its weight."""
+    floors = floors or {}
     chosen: list[str] = []
     bounds: dict[str, int] = {}
     for (bucket,), part in facts.sort("doc_id").group_by(["bucket"], maintain_order=True):
-        if weights.get(bucket, 0.0) <= 0.0:  # no share of the mixture: nothing of it is read
+        floor = floors.get(bucket, 0)
+        if weights.get(bucket, 0.0) <= 0.0 and not floor:  # no share of any mixture: nothing of it is read
             continue
-        target = bucket_target(budget, weights[bucket], seq_len)
+        target = max(bucket_target(budget, weights.get(bucket, 0.0), seq_len), floor)
         bounds[bucket] = target + int(part["tokens"].max())
         ordered = sample_order(part, seed)
         before = ordered["tokens"].cum_sum() - ordered["tokens"]  # what the bucket holds before each document

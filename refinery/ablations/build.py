@@ -45,6 +45,7 @@ from refinery import layout
 from refinery.ablations.bounded import bounded_sample, entry_tokens
 from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, ensure_eval_set
 from refinery.ablations.overlap import OverlapFilter, domain_indexes
+from refinery.ablations.schedules import funnel_demand
 from refinery.holdout import eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
                                           variant_batches, variant_selection)
@@ -315,9 +316,15 @@ def budget_tokens(root: DataRoot, cfg: RefineryConfig) -> tuple[int, dict[str, d
 # ---- the stored variant ---------------------------------------------------------------------------
 
 
+def _floors(cfg: RefineryConfig, name: str, budget: int) -> dict[str, int]:
+    """What the variant stores of each bucket at least: for `funnel`, what the schedule variants and
+    anneal mixtures read of it."""
+    return funnel_demand(cfg, budget) if name == FUNNEL_VARIANT else {}
+
+
 def _built_digest(root: DataRoot, cfg: RefineryConfig, name: str, budget: int, weights: dict[str, float]) -> str:
-    return hashlib.sha256(json.dumps([inputs_digest(root, cfg, name), budget, weights, cfg.seed],
-                                     sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([inputs_digest(root, cfg, name), budget, weights, cfg.seed,
+                                      _floors(cfg, name, budget)], sort_keys=True).encode()).hexdigest()
 
 
 def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget: int,
@@ -331,7 +338,8 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget:
         select_variant(root, cfg, name)
     selection = selection_counts(root, cfg, name)
     facts = pl.read_parquet(vroot.local_path(SELECTION_FACTS_KEY))
-    stored, bounds = bounded_sample(facts, budget, weights, cfg.ablations.seq_len, cfg.seed)
+    stored, bounds = bounded_sample(facts, budget, weights, cfg.ablations.seq_len, cfg.seed,
+                                    _floors(cfg, name, budget))
     wanted = stored.implode()
     for shard in input_shards(cfg):
         key = layout.documents_key(CLEAN_STAGE, shard.key)

@@ -226,6 +226,31 @@ def check_fill(cfg: RefineryConfig, kind: str, name: str, phases: list[ProxyPhas
                                 f"lower the bucket's weights or ablations.tokens")
 
 
+def funnel_demand(cfg: RefineryConfig, budget: int) -> dict[str, int]:
+    """Per bucket, the most tokens any declared schedule variant or anneal mixture plans of the
+    funnel variant's data at `budget`, with `check_fill`'s row of slack per phase: the funnel
+    variant stores at least this much of each bucket (refinery/ablations/bounded.py), so a table its
+    own mixture does not cover (a docs-heavy anneal) still fills. A table the schedule checks refuse
+    adds nothing: its run refuses it, naming the field."""
+    ab = cfg.ablations
+    assert ab is not None
+    tables = []
+    for make, names in ((variant_phases, ab.schedules),
+                        (anneal_phases, ab.anneal_search.mixtures if ab.anneal_search else {})):
+        for name in names:
+            try:
+                tables.append(make(cfg, name, budget))
+            except ScheduleError:
+                continue
+    demand: dict[str, int] = {}
+    for phases in tables:
+        slack = len(phases) * max(p.seq_len for p in phases)
+        for bucket, tokens in schedule_of(cfg, phases).bucket_tokens().items():
+            if tokens > 0:
+                demand[bucket] = max(demand.get(bucket, 0), math.ceil(tokens) + slack)
+    return demand
+
+
 # ---- on the data root ---------------------------------------------------------------------------
 
 
