@@ -263,7 +263,7 @@ def test_a_failed_step_is_one_line_naming_its_log_and_exits_4(world, a_edited, m
     code, out, err = demo(world["a"])
     assert code == 4, out + err
     [line] = [line for line in err.splitlines() if line.startswith("FAILED")]
-    found = re.fullmatch(r"FAILED raw_documents\[(web-b\d)\]: RuntimeError: disk on fire \(log: (\S+)\)", line)
+    found = re.fullmatch(r"FAILED raw_documents\[(web-b\d(?:\.\.web-b\d)?)\]: RuntimeError: disk on fire \(log: (\S+)\)", line)
     assert found, line
     log = Path(found.group(2))
     assert log.parent.name == FAILURES_DIR and "Stack Trace" in log.read_text() and "disk on fire" in log.read_text()

@@ -59,6 +59,12 @@ OFF_PATH = {
                                    "takes the path above",
     "refinery/ablations/bpb.py": "cuts the evaluation documents into windows of the proxy's seq_len (forward only)",
     "training/proxy_run.py": "reads the variant's phase seq_len for the evaluation windows and records it",
+    "refinery/ablations/bounded.py": "adds a row of the proxy's seq_len to each bucket's stored target (the sampler's slack)",
+    "refinery/ablations/schedules.py": "scales each curriculum phase's seq_len to the proxy window for the schedule "
+                                       "variants' tables, which then take the path above",
+    "refinery/ablations/schedule_runs.py": "passes the derived table's proxy seq_len to its run's config",
+    "refinery/ablations/schedule_report.py": "reports each schedule's share-weighted mean seq_len (its token-FLOPs)",
+    "refinery/config/ablation_schedules.py": "refuses a phase patch whose seq_len the proxy window cannot scale",
 }
 MAX_PATH_FILES = 6
 
@@ -191,8 +197,10 @@ def test_the_schedule_is_built_in_one_place():
     come from it, and the trainer's from the manifests alone, in `StepSchedule.build`."""
     builder = {("refinery/curriculum/schedule.py", "place_phases")}
     assert call_sites("Schedule") == builder and call_sites("PhaseSpan") == builder
+    # schedule_of: a schedule variant's derived table placed the same way, to plan its bucket tokens
     assert call_sites("place_phases") == {("refinery/curriculum/schedule.py", "build_schedule"),
-                                          ("refinery/curriculum/manifests.py", "schedule_from_manifests")}
+                                          ("refinery/curriculum/manifests.py", "schedule_from_manifests"),
+                                          ("refinery/ablations/schedules.py", "schedule_of")}
     assert call_sites("build_schedule", ("training",)) == set()
     assert call_sites("schedule_from_manifests") == {("training/schedule.py", "build")}
     assert call_sites("StepSchedule") == set()  # only StepSchedule.build makes one, as cls(...)
