@@ -263,6 +263,8 @@ def test_a_failed_step_is_one_line_naming_its_log_and_exits_4(world, a_edited, m
     code, out, err = demo(world["a"])
     assert code == 4, out + err
     [line] = [line for line in err.splitlines() if line.startswith("FAILED")]
+    # The edited file's batch, and with it every batch whose bottom-k sketches near_deduped dropped
+    # once read (orchestration/changed.py, dropped_stores_needed): its per-file chain runs again.
     found = re.fullmatch(r"FAILED raw_documents\[(web-b\d(?:\.\.web-b\d)?)\]: RuntimeError: disk on fire \(log: (\S+)\)", line)
     assert found, line
     log = Path(found.group(2))
