@@ -71,6 +71,8 @@ def test_no_pool_worker_outlives_its_run(tmp_path, then):
     assert workers and all(alive(pid) for pid in workers + [pids["fork_server"]])
     if then == "sigkill":
         process.send_signal(signal.SIGKILL)
+    else:
+        process.stdin.close()
     process.wait(timeout=60)
     for pid in workers + [pids["fork_server"]]:
         assert ended_within(pid, 30), f"process {pid} of the run outlived it ({then})"
@@ -134,11 +136,14 @@ def test_no_ray_worker_outlives_its_run(tmp_path, ray_cluster, then):
     # Three steps, one worker per node (one CPU each) serving all of them.
     assert len(workers) == 3 and all(alive(pid) for pid in workers)
     if then == "exit":  # the next step's driver, a process of its own as under Dagster's multiprocess executor
+        process.stdin.close()
         process.wait(timeout=60)
         process, pids = start_run_that_fans_out(config, then)
         assert pids["workers"] == workers, "the next driver reused the run's workers"
     if then == "sigkill":
         process.send_signal(signal.SIGKILL)
+    else:
+        process.stdin.close()
     process.wait(timeout=60)
     bound = ray_pool.LEASE_S + ray_pool.WATCH_S
     for pid in workers:  # the lease, no longer renewed, ends them

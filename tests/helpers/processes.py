@@ -101,18 +101,21 @@ RUN_THAT_FANS_OUT = textwrap.dedent("""
     pids.discard(os.getpid())
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     print(json.dumps({"workers": sorted(pids), "fork_server": server}), flush=True)
-    if sys.argv[2] != "exit":
+    if sys.argv[2] == "exit":
+        sys.stdin.readline()  # the test has seen its workers alive: it closes stdin, the run ends
+    else:
         time.sleep(600)
 """)
 
 
 def start_run_that_fans_out(config: str, then: str) -> tuple[subprocess.Popen, dict]:
     """`RUN_THAT_FANS_OUT` in a fresh process (this checkout and tests/ on its path); the process and
-    the ids it printed, once it printed them."""
+    the ids it printed, once it printed them. With `then` "exit" it ends once its stdin is closed,
+    so a test can see its workers alive first."""
     tests = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, "-c", RUN_THAT_FANS_OUT, config, then], stdout=subprocess.PIPE,
-                               text=True, env=env, cwd=tests.parent)
+    process = subprocess.Popen([sys.executable, "-c", RUN_THAT_FANS_OUT, config, then], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env=env, cwd=tests.parent)
     line = process.stdout.readline()
     if not line:
         process.wait(timeout=60)
