@@ -21,18 +21,9 @@ from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard, input_file_state, input_shards
 from assets.quality import STAGE_ASSETS
-from refinery.stage_recipes import recipe
-from refinery.stages import custom, extract, heuristic, ingest, language, readers, registry
+from refinery.stage_recipes import recipe, stage_code
+from refinery.stages import ingest, readers, registry
 from refinery.stage_file_tasks import ingest_file
-
-
-
-def heuristic_code_version(cfg: RefineryConfig) -> str:
-    """heuristic_filtered's code version: the built-in rules' module, then the module of each of the
-    config's custom filters, so that editing a filter's code marks the stage (and what follows) stale."""
-    filters = [custom.custom_filter_class(spec, cfg.base_dir) for spec in cfg.stages.custom_filters]
-    return code_version(heuristic, *filters)
-
 
 
 # raw_documents' metadata entry of each batch's input files (`input_file_state`): what `refinery
@@ -56,13 +47,11 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         description="One row per WARC record, JSONL line or table row of each file of the batch, with provenance; "
         "bad records become ingest/* rejects.",
     )
-    versions = {extract.STAGE: code_version(extract), language.STAGE: code_version(language),
-                heuristic.STAGE: heuristic_code_version(cfg)}
-    # Every other per-document stage of the registry, as its recipe builds it; a new stage's code
-    # is its recipe's module, its description the recipe's docstring.
+    # Every other per-document stage of the registry, as its recipe builds it: its code version is
+    # the code its recipe says it runs, its description the recipe's docstring.
     stages = [stage.name for stage in registry.STAGES if stage.build is not None and stage.name not in STAGE_ASSETS]
     return dg.Definitions(assets=[raw_documents] + [
         pure_stage_asset(name, parts, description=inspect.getdoc(recipe(name)) or name,
-                         version=versions.get(name) or code_version(recipe(name)))
+                         version=code_version(*stage_code(name, cfg)))
         for name in stages
     ])

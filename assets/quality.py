@@ -24,14 +24,12 @@ from assets.resource import RefineryResource
 from refinery.config import RefineryConfig
 from refinery.documents import InputShard
 from refinery.reports.funnel import files_stage_stats, funnel_chart_png
-from refinery.stages import pii as pii_stage
-from refinery.stages import pii_context
 from refinery.models import quality as q
 from refinery.models import quality_features, quality_fit
 from refinery.models import quality_training as qt
 from refinery.stages.attributes import read_stage_documents
 from refinery.models.quality_training import quality_settings, train_and_publish
-from refinery.stage_recipes import recipe
+from refinery.stage_recipes import recipe, stage_code
 from refinery.stages import registry
 from refinery.stages.base import skips
 from refinery.stage_file_tasks import PII_STAGE, UPSTREAM, redact_file, score_file
@@ -140,12 +138,12 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         description="Hashed word n-gram logistic regression: curated buckets positive, raw web negative.",
     )
     quality_scored = batch_stage_asset(
-        "quality_scored", score_file, parts, version=stage_code_version("quality_scored", model_version), kinds={"torch", "polars", "parquet"},
+        "quality_scored", score_file, parts, version=stage_code_version("quality_scored", code_version(*stage_code("quality_scored", cfg))), kinds={"torch", "polars", "parquet"},
         deps=[dg.AssetDep(UPSTREAM), dg.AssetDep("quality_model")], extra_metadata=score_metadata,
         description=inspect.getdoc(recipe(q.QualityScorer.name)),
     )
     pii_redacted = batch_stage_asset(
-        PII_STAGE, redact_file, parts, version=stage_code_version(PII_STAGE, code_version(pii_stage, pii_context, q)),
+        PII_STAGE, redact_file, parts, version=stage_code_version(PII_STAGE, code_version(*stage_code(PII_STAGE, cfg))),
         deps=[dg.AssetDep(registry.funnel_stage(PII_STAGE).upstream)], extra_metadata=funnel_chart_of_run,
         description=inspect.getdoc(recipe(PII_STAGE)),
     )

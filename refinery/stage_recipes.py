@@ -7,7 +7,10 @@ ablations' judges (refinery/ablations/selection.py `Judges`), which run the stag
 readmitted document's rejection on it. A variant's judges build with `leaves_out` set to what the
 variant lets back in; a recipe that changes what it builds for a left-out verdict (the quality
 threshold, the safety filter) reads it, the others ignore it (their removals are let back in by the
-judges). A new stage is its module, its config section and its registry line naming its recipe.
+judges). A recipe also says what code its stage runs (`runs`): the modules whose source is the
+stage's code version (assets/provenance.py `code_version`), so that editing them marks the stage's
+asset stale; a recipe that says nothing runs its own module's code. A new stage is its module, its
+config section and its registry line naming its recipe.
 
 Records name their recipes instead of holding them so that the registry stays data that imports
 nothing: a recipe imports the config and its stage, which import the registry.
@@ -22,8 +25,9 @@ from typing import Any, Callable
 from refinery.config import RefineryConfig
 from refinery.documents import CLEAN_STAGE
 from refinery.models import quality as q
+from refinery.models import quality_features, quality_fit
 from refinery.models import quality_training as qt
-from refinery.stages import custom, extract, heuristic, language
+from refinery.stages import custom, extract, heuristic, language, pii_context
 from refinery.stages import pii as pii_stage
 from refinery.stages import registry
 from refinery.stages.base import Stage, StageOutput
@@ -56,6 +60,17 @@ class StageBuild:
 
 
 Recipe = Callable[[StageBuild], Stage]
+# The config -> the modules (or classes) whose source is a stage's code.
+StageCode = Callable[[RefineryConfig], tuple[Any, ...]]
+
+
+def runs(code: StageCode) -> Callable[[Recipe], Recipe]:
+    """Mark a recipe with the code its stage runs (`stage_code`)."""
+    def mark(build: Recipe) -> Recipe:
+        build.runs = code  # type: ignore[attr-defined]
+        return build
+
+    return mark
 
 
 def recipe(name: str) -> Recipe:
@@ -65,6 +80,14 @@ def recipe(name: str) -> Recipe:
         raise registry.UnknownStage(f"stage {name!r} has no build recipe: it is no per-document stage")
     module, _, function = named.partition(":")
     return getattr(importlib.import_module(module), function)
+
+
+def stage_code(name: str, cfg: RefineryConfig) -> tuple[Any, ...]:
+    """What stage `name` runs under `cfg`, as its recipe says (`runs`): the modules (or classes) its
+    asset's code version hashes; the recipe itself (so its module) when it says nothing."""
+    build = recipe(name)
+    code = getattr(build, "runs", None)
+    return (build,) if code is None else code(cfg)
 
 
 def build_stage(name: str, cfg: RefineryConfig, source: str, root: DataRoot | None = None, *,
@@ -78,17 +101,26 @@ def build_stage(name: str, cfg: RefineryConfig, source: str, root: DataRoot | No
 # ---- the built-in stages' recipes (their docstrings are their assets' descriptions) ----------------
 
 
+@runs(lambda cfg: (extract,))
 def build_extractor(build: StageBuild) -> Stage:
     """HTML to text with resiliparse (main content); text passes through; other content types and
     empty extractions are rejected."""
     return extract.Extractor(build.cfg.stages.extract)
 
 
+@runs(lambda cfg: (language,))
 def build_language(build: StageBuild) -> Stage:
     """fastText lid.176 on the whole text; keeps the configured languages at or above min_score."""
     return language.LanguageFilter.from_config(build.cfg.stages.language, build.cfg.resolve)
 
 
+def heuristic_code(cfg: RefineryConfig) -> tuple[Any, ...]:
+    """The built-in rules' module, then the class of each of the config's custom filters, so that
+    editing a filter's code marks heuristic_filtered (and what follows) stale."""
+    return (heuristic, *(custom.custom_filter_class(spec, cfg.base_dir) for spec in cfg.stages.custom_filters))
+
+
+@runs(heuristic_code)
 def build_heuristic(build: StageBuild) -> Stage:
     """URL blocklist, Gopher quality and repetition, C4 line rules and FineWeb quality rules, each
     rule named and counted; then the config's custom filters."""
@@ -109,6 +141,8 @@ class Unscored(Stage):
         return {"enabled": False}
 
 
+# The classifier's code: its features and fit decide the scores as much as the scorer does.
+@runs(lambda cfg: (q, quality_features, quality_fit, qt))
 def build_quality(build: StageBuild) -> Stage:
     """quality_score on every document; drops those below stages.quality.threshold."""
     if not build.cfg.stages.quality.enabled:
@@ -119,6 +153,7 @@ def build_quality(build: StageBuild) -> Stage:
     return q.QualityScorer(model, build.cfg.stages.quality.threshold, enforce, pointer["model_hash"])
 
 
+@runs(lambda cfg: (pii_stage, pii_context, q))
 def build_safety_then_redact(build: StageBuild) -> Stage:
     """Safety filter (blocked words and domains), then PII replaced by typed placeholders; documents
     whose text changed are scored again with the published quality model."""

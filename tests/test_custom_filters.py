@@ -117,7 +117,11 @@ def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(t
     from assets import funnel
     from assets.provenance import code_version, stage_code_version
     from assets.partitions import Partitions
+    from refinery.stage_recipes import stage_code
     from refinery.stages import heuristic
+
+    def heuristic_version(cfg) -> str:
+        return code_version(*stage_code("heuristic_filtered", cfg))
 
     module = f"tagged_{uuid.uuid4().hex[:8]}"
 
@@ -134,12 +138,12 @@ def test_editing_a_custom_filters_code_changes_heuristic_filtered_code_version(t
 
     write_filter(3)
     cfg = load_config(write_config(tmp_path, [{"name": "tags", "path": f"{module}:Tagged"}]))
-    before = funnel.heuristic_code_version(cfg)
+    before = heuristic_version(cfg)
     write_filter(12)  # another length too, so no cached copy of the old source can pass for the new
     sys.modules.pop(module)  # as a reloaded code server would, import the edited file afresh
-    after = funnel.heuristic_code_version(cfg)
+    after = heuristic_version(cfg)
     (tmp_path / "plain").mkdir()
-    built_in = funnel.heuristic_code_version(load_config(write_config(tmp_path / "plain", [])))
+    built_in = heuristic_version(load_config(write_config(tmp_path / "plain", [])))
     assert built_in == code_version(heuristic)
     assert len({built_in, before, after}) == 3
     defs = funnel.build_definitions(cfg, Partitions.from_config(cfg))

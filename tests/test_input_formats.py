@@ -80,3 +80,25 @@ def test_ingest_preflight_and_init_take_a_format_from_the_registry(tmp_path, mon
     assert problems == [f"sources[0].text_field: {table} has no column 'text'; its columns are ['body']; "
                         f"set text_field to one of them"]
     assert source_file_problems({"format": "jsonl", "text_field": "text"}, 0, [str(table)], str(inputs)) == []
+
+
+def test_input_discovery_takes_a_formats_inputs_from_the_registry(tmp_path, monkeypatch):
+    """What a source's glob matches stand for is its format's record's to say (a DatasetDict's
+    directory stands for its splits): input discovery asks it, given the source's folder."""
+    asked = []
+
+    def first_only(matched, folder):
+        asked.append((list(matched), folder))
+        return matched[:1]
+
+    jsonl = dataclasses.replace(input_format("jsonl"), expand=first_only)
+    monkeypatch.setattr(formats, "FORMATS", tuple(jsonl if f.name == "jsonl" else f for f in formats.FORMATS))
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (inputs / name).write_text(json.dumps({"text": name}) + "\n")
+    cfg = load_config(write_config(tmp_path, {
+        "data_root": str(tmp_path / "out"), "buckets": ["web"],
+        "sources": [{"name": "web", "path": str(inputs / "*.jsonl"), "format": "jsonl", "bucket": "web"}]}))
+    assert [s.path for s in input_shards(cfg)] == [str(inputs / "a.jsonl")]
+    assert asked[0] == ([str(inputs / "a.jsonl"), str(inputs / "b.jsonl")], str(inputs))

@@ -17,8 +17,9 @@ from refinery.ablations.selection import Judges, Selection, variant_batches
 from refinery.documents import input_shards
 from refinery.global_steps.dedup_compute import STAGE as DEDUP_STAGE
 from refinery.layout import rejects_key
-from refinery.stage_recipes import build_stage, recipe
-from refinery.stages import registry
+from assets.provenance import code_version, stage_code_version
+from refinery.stage_recipes import build_stage, recipe, stage_code
+from refinery.stages import extract, heuristic, registry
 from refinery.stages.attributes import read_stage_documents
 from refinery.stages.base import Stage
 
@@ -79,6 +80,31 @@ def test_a_registered_stage_is_built_in_the_funnel_and_judges_readmitted_documen
     judged_out = set(without_stage) - set(with_stage)
     assert judged_out and judged_out <= readmitted and set(with_stage) <= set(without_stage)
     assert judged_out == {d for d in without_stage if d in readmitted and rs.listed(without_stage[d])}
+
+
+def test_a_stage_asset_is_versioned_by_the_code_its_recipe_runs(corpus, registered, monkeypatch):
+    """Each recipe-built stage's asset carries the code its recipe says it runs (`runs`) with its
+    registry record; a registered stage whose recipe says nothing runs its own module, and one that
+    names more code is versioned by it: no asset module names a stage's code."""
+    c = corpus
+    assets = {**module_assets(funnel, c.config_path), **module_assets(quality, c.config_path)}
+
+    def version(name: str) -> str:
+        return assets[name].code_versions_by_key[assets[name].key]
+
+    assert stage_code("extracted_text", c.cfg) == (extract,)
+    assert stage_code("heuristic_filtered", c.cfg) == (heuristic,)  # no custom filters in this config
+    assert stage_code(rs.NAME, c.cfg) == (rs.build_first_word_filter,)
+    built = [s.name for s in registry.STAGES if s.build is not None]
+    assert len(built) == 6 and {version(name) for name in built} == {
+        stage_code_version(name, code_version(*stage_code(name, c.cfg))) for name in built}
+    assert len({version(name) for name in built}) == len(built)
+    assert version(rs.NAME) == stage_code_version(rs.NAME, code_version(rs))
+
+    monkeypatch.setattr(rs.build_first_word_filter, "runs", lambda cfg: (rs, heuristic), raising=False)
+    moved = module_assets(funnel, c.config_path)[rs.NAME]
+    assert moved.code_versions_by_key[moved.key] == stage_code_version(rs.NAME, code_version(rs, heuristic))
+    assert moved.code_versions_by_key[moved.key] != version(rs.NAME)
 
 
 def test_every_registered_stage_can_be_built_and_judged(corpus):

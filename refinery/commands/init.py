@@ -30,6 +30,7 @@ from refinery.commands.init_sources import (MIN_LANGUAGE_DOCS, MIN_LANGUAGE_SHAR
                                             UNWANTED_LANGUAGE, Found, LanguageChoice, choose_languages,
                                             clean_bytes_estimate, detect_fields, most_first, sample_funnel, scan)
 from refinery.config import ConfigError, LanguageConfig, load_config
+from refinery.stages.readers import input_format
 from refinery.storage import create_temporary
 from refinery.throughput import DEMO_BYTES_PER_TOKEN
 
@@ -157,7 +158,7 @@ def render(root: str, config_dir: str, config_display: str, data_root: str, sour
         "sources:",
     ]
     for s in sources:
-        files = f"{len(s.paths)} {'dataset' if s.fmt == 'hf_dataset' else 'file'}{'s' if len(s.paths) != 1 else ''}"
+        files = f"{len(s.paths)} {'dataset' if input_format(s.fmt).is_folder else 'file'}{'s' if len(s.paths) != 1 else ''}"
         lines.append(f"  # {s.name}: {files} in {s.describe_folder()}, {_human(s.input_bytes)} of {s.fmt}" + (
             f"; fields {s.columns}" if s.columns else ""))
         if s.problem is not None:

@@ -6,7 +6,6 @@ languages that sample holds. refinery/commands/init.py writes the config from it
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from collections import Counter
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refinery.config import LanguageConfig
-from refinery.documents import HF_DATASET_DICT, hf_dataset_dirs
 from refinery.documents.inputs import outside_folder
 from refinery.preflight import not_a_file
 from refinery.stages.readers import format_of_path, input_format
@@ -263,20 +261,19 @@ def _url_column(columns: list[str], records: list[dict], text: str) -> str | Non
 def detect_fields(src: Found) -> None:
     """The text, URL and id fields of a JSONL or table source, from a sample of its first input and
     (tables) every input's columns; a source with no text field gets `problem` instead."""
-    sample = input_format(src.fmt).sample
-    if sample is None:  # WARC: its records carry no fields
+    fmt = input_format(src.fmt)
+    if fmt.sample is None:  # WARC: its records carry no fields
         return
-    paths = src.paths if src.fmt != "jsonl" else src.paths[:1]
+    # A table's columns are in its schema, so every input's are read; a record format's, in its first records.
+    paths = src.paths if fmt.schemas is not None else src.paths[:1]
     schemas, records = [], []
     for path in paths:
-        if input_format(src.fmt).is_folder and os.path.isfile(os.path.join(path, HF_DATASET_DICT)):
-            with open(os.path.join(path, HF_DATASET_DICT)) as f:
-                path = os.path.join(path, json.load(f)["splits"][0])
+        path = (fmt.inputs([path], src.root) or [path])[0]  # a DatasetDict's first split
         if outside_folder(path, src.root) is not None:
             src.problem = os.path.relpath(path, src.root) + OUTSIDE_NOTE
             return
         try:
-            columns, records_read = sample(path, SAMPLE_RECORDS)
+            columns, records_read = fmt.sample(path, SAMPLE_RECORDS)
         except Exception as err:  # noqa: BLE001 - an unreadable input is reported, not fatal to init
             src.problem = f"{os.path.basename(path)} could not be read: {type(err).__name__}: {err}"
             return
@@ -327,7 +324,7 @@ def sample_funnel(src: Found, source_cfg: Any) -> None:
     extract_cfg = ExtractConfig()
     lid = language.LanguageFilter.from_config(LanguageConfig(languages="all"))
     rules = heuristic.HeuristicFilter(HeuristicConfig())
-    inputs = hf_dataset_dirs(src.paths, src.root) if input_format(src.fmt).is_folder else src.paths  # a DatasetDict's splits
+    inputs = input_format(src.fmt).inputs(src.paths, src.root)  # a DatasetDict's splits
     sampled = _evenly(inputs, SAMPLE_FILES)
     others = [] if "language" in src.skip else [p for p in inputs if p not in sampled]
     for i, path in enumerate(_evenly(others, LANGUAGE_FILES)):

@@ -2,14 +2,13 @@
 the batches of them that partition the per-document stages)."""
 
 from refinery.documents import tables
-from refinery.documents.inputs import (HF_DATASET_DICT, InputBatch, InputShard, batch_key, batch_shards,
-                                       hf_dataset_dirs, input_batches, input_file_state, input_files, input_key,
-                                       input_shards)
+from refinery.documents.inputs import (InputBatch, InputShard, batch_key, batch_shards, input_batches,
+                                       input_file_state, input_files, input_key, input_shards)
 from refinery.documents.tables import CLEAN_STAGE, EXCERPT_CHARS, PROVENANCE_COLUMNS, empty_rejects, make_doc_id
 
 __all__ = [
-    "CLEAN_STAGE", "EXCERPT_CHARS", "HF_DATASET_DICT", "PROVENANCE_COLUMNS", "PROVENANCE_SCHEMA", "REJECTS_SCHEMA",
-    "InputBatch", "InputShard", "batch_key", "batch_shards", "empty_rejects", "hf_dataset_dirs",
+    "CLEAN_STAGE", "EXCERPT_CHARS", "PROVENANCE_COLUMNS", "PROVENANCE_SCHEMA", "REJECTS_SCHEMA",
+    "InputBatch", "InputShard", "batch_key", "batch_shards", "empty_rejects",
     "input_batches", "input_file_state", "input_files", "input_key", "input_shards", "make_doc_id",
 ]
 

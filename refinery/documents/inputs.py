@@ -1,35 +1,17 @@
-"""Input discovery: the files each source's glob matches (a DatasetDict's splits for `hf_dataset`),
-each file as an input shard, and the batches of them that partition the per-document stages."""
+"""Input discovery: the inputs each source's glob matches, as its format's record says
+(refinery/stages/readers/formats.py: a DatasetDict's splits for `hf_dataset`), each input as an
+input shard, and the batches of them that partition the per-document stages."""
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
 
 from refinery.config import PartitionsConfig, RefineryConfig
-
-# A DatasetDict saved with `save_to_disk`: its directory holds this index of its splits.
-HF_DATASET_DICT = "dataset_dict.json"
-
-
-def hf_dataset_dirs(paths: list[str], folder: str | None = None) -> list[str]:
-    """The `save_to_disk` Dataset directories among `paths`: a DatasetDict's directory stands for its
-    splits, in the order its dataset_dict.json lists them. Anything else stays, to be refused by
-    name when it is read; so does a path that leaves `folder` (the source's): nothing in it is opened."""
-    out: list[str] = []
-    for path in paths:
-        index = os.path.join(path, HF_DATASET_DICT)
-        if (folder is None or outside_folder(path, folder) is None) and os.path.isfile(index):
-            with open(index) as f:
-                out += [os.path.join(path, split) for split in json.load(f).get("splits", [])]
-        else:
-            out.append(path)
-    return out
-
+from refinery.stages.readers.formats import input_format
 
 def pattern_parts(pattern: str) -> tuple[int, str]:
     """How many leading components of `pattern` hold no glob character (the source's folder), and
@@ -63,12 +45,11 @@ def outside_folder(path: str, folder: str) -> str | None:
 
 
 def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
-    """Every source's inputs (files; directories for `hf_dataset`), sorted so partition keys are stable."""
+    """Every source's inputs (files; directories for a folder format), sorted so partition keys are stable."""
     out: dict[str, list[str]] = {}
     for src in cfg.sources:
         pattern = cfg.resolve(src.path)
-        matched = sorted(glob.glob(pattern))
-        out[src.name] = hf_dataset_dirs(matched, source_folder(pattern)) if src.format == "hf_dataset" else matched
+        out[src.name] = input_format(src.format).inputs(sorted(glob.glob(pattern)), source_folder(pattern))
     return out
 
 

@@ -1,9 +1,11 @@
-"""The input formats, each registered once: the file names `refinery init` takes for it, how
-preflight finds the columns a source reads before any run (a table's schema), how `refinery init`
-samples its fields, and the reader ingest runs on each input (this package's modules, named here
-and imported when first called). Ingest (refinery/stages/ingest.py),
-preflight (refinery/preflight.py) and init (refinery/commands/init_sources.py) look a source's
-format up here and nowhere else, so a format added here is read, checked and detected by all three.
+"""The input formats, each registered once: the file names `refinery init` takes for it, which
+inputs a source's glob matches stand for (a DatasetDict's directory for its splits), how preflight
+finds the columns a source reads before any run (a table's schema), how `refinery init` samples its
+fields, and the reader ingest runs on each input (this package's modules, named here and imported
+when first called). Input discovery (refinery/documents/inputs.py), ingest
+(refinery/stages/ingest.py), preflight (refinery/preflight.py) and init
+(refinery/commands/init_sources.py) look a source's format up here and nowhere else, so a format
+added here is found, read, checked and detected by all of them.
 """
 
 from __future__ import annotations
@@ -13,18 +15,22 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from refinery.documents.inputs import HF_DATASET_DICT
-
 if TYPE_CHECKING:
     from refinery.config import ExtractConfig, SourceConfig
-    from refinery.stages.readers.records import ReadResult
 
-# Every record of one input into the result: (path, source, extract, result, record_timeout_s).
-Reader = Callable[[str, "SourceConfig", "ExtractConfig", "ReadResult", "float | None"], None]
+# Every record of one input into the result: (path, source, extract, result, record_timeout_s). The
+# result is a records.py `ReadResult`, not named here: input discovery (refinery/documents/inputs.py)
+# imports this registry, and records.py imports the document tables, even for a type.
+Reader = Callable[[str, "SourceConfig", "ExtractConfig", Any, "float | None"], None]
 # (file, column names) of each table an input holds.
 Schemas = Callable[[str], list[tuple[str, list[str]]]]
 # An input's field names and its first records, at most the count given.
 Sampler = Callable[[str, int], tuple[list[str], list[dict]]]
+# The inputs a source's glob matches stand for, given the source's folder (None for a URL).
+Expander = Callable[[list[str], "str | None"], list[str]]
+
+# A DatasetDict saved with `save_to_disk`: its directory holds this index of its splits.
+HF_DATASET_DICT = "dataset_dict.json"
 
 
 class _Named:
@@ -57,10 +63,17 @@ class InputFormat:
     # each record carries its own fields (nothing to check before reading).
     schemas: Schemas | None = None
     sample: Sampler | None = None  # for `refinery init` to find the text, URL and id fields; None: no fields
+    # The inputs among a source's glob matches (a match may stand for several); None: each match is one.
+    expand: Expander | None = None
 
     @property
     def is_folder(self) -> bool:
         return bool(self.folder_marks)
+
+    def inputs(self, matched: list[str], folder: str | None) -> list[str]:
+        """The inputs that a source's glob matches `matched` stand for, in order; `folder` is the
+        source's (a match that leaves it is kept as it is, to be refused by name, and not opened)."""
+        return matched if self.expand is None else self.expand(matched, folder)
 
 
 FORMATS: tuple[InputFormat, ...] = (
@@ -74,7 +87,8 @@ FORMATS: tuple[InputFormat, ...] = (
     InputFormat("hf_dataset", _Named("refinery.stages.readers.tables:read_dataset"),
                 folder_marks=("state.json", HF_DATASET_DICT),
                 schemas=_Named("refinery.stages.readers.tables:dataset_schemas"),
-                sample=_Named("refinery.stages.readers.tables:sample_dataset")),
+                sample=_Named("refinery.stages.readers.tables:sample_dataset"),
+                expand=_Named("refinery.stages.readers.tables:dataset_splits")),
 )
 
 

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 from refinery.config import ExtractConfig, SourceConfig
 from refinery.documents import EXCERPT_CHARS
 from refinery.documents.inputs import outside_folder
+from refinery.stages.readers.formats import HF_DATASET_DICT
 from refinery.stages.isolation import ERROR_DETAIL_CHARS, guarded, record_alarm
 from refinery.stages.readers.records import RawRecord, ReadResult, take_fields
 from refinery.stages.stats import Drop
@@ -96,6 +97,21 @@ def _parquet_batches(path: str, source: SourceConfig, rows: int) -> Iterator[Any
                 break
             left -= batch.num_rows
             yield batch
+
+
+def dataset_splits(paths: list[str], folder: str | None = None) -> list[str]:
+    """The `save_to_disk` Dataset directories among `paths`: a DatasetDict's directory stands for its
+    splits, in the order its dataset_dict.json lists them. Anything else stays, to be refused by
+    name when it is read; so does a path that leaves `folder` (the source's): nothing in it is opened."""
+    out: list[str] = []
+    for path in paths:
+        index = os.path.join(path, HF_DATASET_DICT)
+        if (folder is None or outside_folder(path, folder) is None) and os.path.isfile(index):
+            with open(index) as f:
+                out += [os.path.join(path, split) for split in json.load(f).get("splits", [])]
+        else:
+            out.append(path)
+    return out
 
 
 def _hf_dataset_batches(path: str, source: SourceConfig, rows: int) -> Iterator[Any]:
