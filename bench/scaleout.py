@@ -20,7 +20,8 @@ every process below it (its isolated extraction process, the local pool's fork s
 live ones read from /proc and reaped ones' from the kernel's children counts; and for Ray the
 growth over the run of every process of each node's session (`ray start --block` and its raylet,
 GCS, agents, the pool's workers and their extraction processes), read from /proc by the child while
-the pool's workers still live. Both are read when the funnel ends, before the empty tasks below.
+the pool's workers still live. Both are read when the funnel ends, before the empty tasks below,
+with the driver's own CPU by thread (Ray's core worker threads apart from the interpreter's).
 Figures: raw documents per CPU-second, wall time, the nodes' CPU by kind of process, and the bytes
 under documents/, rejects/ and dedup/ compared with the local engine's with one worker at the same
 size (the engines must write the same bytes).
@@ -120,6 +121,7 @@ def child(config: str) -> None:
                           log=lambda _: None, run_config=QUIET_RUN_CONFIG)
     wall = time.perf_counter() - start
     driver = tree_cpu_s(os.getpid())
+    threads = thread_cpu_s(os.getpid())
     by_process = {name: round(cpu - nodes_before.get(name, 0.0), 2)
                   for name, cpu in session_cpu_by_process(node_sessions).items()}
     start = time.perf_counter()
@@ -128,7 +130,8 @@ def child(config: str) -> None:
     ray_pool.close()  # as `refinery demo` does at its end
     print(MARK + json.dumps({"wall_s": round(wall, 2), "noop_task_ms": round(per_task * 1000, 3),
                              "driver_cpu_s": round(driver, 2), "ray_nodes_cpu_s": round(sum(by_process.values()), 2),
-                             "ray_nodes_cpu_by_process": by_process, "worker_start_cpu_s": worker_start}), flush=True)
+                             "ray_nodes_cpu_by_process": by_process, "worker_start_cpu_s": worker_start,
+                             "driver_cpu_by_thread": threads}), flush=True)
 
 
 def process_cpu_s(pid: int) -> tuple[float, int]:
@@ -139,6 +142,21 @@ def process_cpu_s(pid: int) -> tuple[float, int]:
         return 0.0, 0
     fields = stat[stat.rindex(")") + 2:].split()
     return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS, int(fields[1])
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """User + system CPU of each live thread of `pid`, summed by thread name (Ray's core worker
+    names its threads; Python's are all the interpreter's name)."""
+    totals: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        totals[name] = round(totals.get(name, 0.0) + sum(int(f) for f in fields[11:13]) / CLOCK_TICKS, 2)
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def tree_cpu_s(root: int) -> float:
