@@ -18,7 +18,6 @@ in refinery/ray_pool.py, and only when the engine is Ray: the default install ha
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import uuid
 from collections import Counter
@@ -33,23 +32,6 @@ from refinery.config.execution import resolve_address, unreachable
 _nodes_of_step: ContextVar[list[str] | None] = ContextVar("nodes_of_step", default=None)
 
 _connected_to: str | None = None
-
-# Ray's periodic observability work that refinery reads nothing of, off: each process's task events
-# sent to the GCS every second (the state API's task list, the dashboard's timeline), its metrics
-# recorded and exported, its event loops' per-handler stats. Each costs CPU by the wall clock in
-# every Ray process (the driver's core worker, the pool's workers, the raylet and GCS of a node
-# started with them: `quiet_ray_env`), whatever the tasks do (bench/RESULTS.md, issue 50).
-QUIET_RAY_SETTINGS = {
-    "RAY_task_events_report_interval_ms": "0",  # 0: no task events recorded or reported
-    "RAY_enable_metrics_collection": "0",
-    "RAY_event_stats": "0",
-}
-
-
-def quiet_ray_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with QUIET_RAY_SETTINGS where it sets none of them (an operator's own value stands):
-    the environment to start a Ray node with (`ray start`), and what this process's driver takes."""
-    return {**QUIET_RAY_SETTINGS, **env}
 
 
 @contextmanager
@@ -88,8 +70,6 @@ def connect(address: str) -> None:
     why = unreachable(resolved)
     if why is not None:
         raise ConnectionError(f"execution.address: no Ray cluster answers at {resolved}: {why}")
-    # Read by the driver's core worker when ray.init starts it.
-    os.environ.update(quiet_ray_env(dict(os.environ)))
     # log_to_driver off: a task's log lines would interleave with the step's on the run's stdout.
     ray.init(address=resolved, namespace=ray_pool.NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     _connected_to = address

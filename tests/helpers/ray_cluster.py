@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from refinery.ray_engine import quiet_ray_env
-
 REPO = Path(__file__).resolve().parents[2]
 # A node joins in 5-30 s here; a machine loaded by other tests (twice this, at a load of 8) needs more.
 START_TIMEOUT_S = 240
@@ -96,9 +94,7 @@ def ray_binary() -> str:
 
 
 def node_env() -> dict[str, str]:
-    """A node's environment: this checkout first, and Ray's observability work that refinery reads
-    nothing of off (refinery/ray_engine.py QUIET_RAY_SETTINGS), as docs/scale-out.md tells an operator."""
-    env = {**quiet_ray_env(dict(os.environ)), "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO),
                                                                       os.environ.get("PYTHONPATH")])),
            "RAY_USAGE_STATS_ENABLED": "0",
            # Ray 2.60 turns token authentication on for a head started while ~/.ray/auth_token exists
