@@ -2,6 +2,7 @@
 documents in the same files, through the whole `refinery demo` (trainer included).
 
     python bench/data_root.py [--docs 5000,20000] [--seed 11] [--workdir DIR] [--out FILE]
+    python bench/data_root.py --ablations [--workdir DIR]   # the variants against the main data root
 
 For each size, every well-formed file of data/sample (the damaged `-9x-` ones are copied as they
 are) gets generated documents appended in its own format (`synthetic.crawl.write_corpus`: real
@@ -12,6 +13,11 @@ the sample. configs/demo.yaml is rebased onto the copy (its data root in the siz
 by `refinery demo` in a process of its own. Then the store table `refinery funnel` prints
 (refinery/reports/stores.py): bytes per store over the input's compressed bytes, with and without
 the trainer's checkpoints, whose size is the model's and not the corpus's.
+
+`--ablations`: the bundled ablation crawl (data/ablations/build_crawl.py) through configs/ablations.yaml's
+graph as bench/ablations.py writes it, every asset but the trainers (`training_run`, `ablation_runs`
+and what follows them), then bench/ablations.py's `sizes_table`: each variant's bytes against the
+main data root's. The variants are built whole and their proxy runs, which only read them, left out.
 """
 
 import os
@@ -104,13 +110,49 @@ def measure(work: Path, docs: int, seed: int) -> dict:
     return {"docs": docs, "raw_docs": raw_docs, "wall_s": round(wall, 1), "load_avg": os.getloadavg(), **budget}
 
 
+def ablation_sizes(workdir: Path) -> str:
+    """The ablation graph up to the variants (module docstring) in `workdir`; the sizes table."""
+    import warnings
+
+    import dagster as dg
+
+    from assets.training import POOL
+    from bench.ablations import build_crawl, sizes_table
+    from bench.ablations import write_config as write_ablation_config
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import QUIET_RUN_CONFIG, execution_plan, materialize_step
+    from orchestration.instance import prepare_instance_dir
+    from refinery.config import load_config
+
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    for sub in ("root", "dagster", "crawl"):
+        shutil.rmtree(workdir / sub, ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(workdir / "dagster")
+    build_crawl(workdir / "crawl")
+    config = write_ablation_config(REPO / "configs" / "ablations.yaml", workdir, None, None)
+    defs = build_definitions(str(config))
+    trainers = dg.AssetSelection.assets("training_run", "ablation_runs").downstream()
+    selection = (dg.AssetSelection.all() - trainers).resolve(defs.resolve_asset_graph())
+    with dg.DagsterInstance.from_config(str(prepare_instance_dir(load_config(config)))) as instance:
+        instance.event_log_storage.set_concurrency_slots(POOL, 1)
+        for step in execution_plan(defs, sorted(selection, key=lambda k: k.to_user_string())):
+            materialize_step(defs, instance, step, QUIET_RUN_CONFIG)
+    return sizes_table(workdir / "root")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", default="5000,20000", help="documents per size, comma-separated")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--workdir", default="/tmp/refinery-bench-data-root")
     ap.add_argument("--out", help="write every figure as JSON here")
+    ap.add_argument("--ablations", action="store_true", help="the ablation variants' bytes instead (module docstring)")
     args = ap.parse_args()
+    if args.ablations:
+        print(ablation_sizes(Path(args.workdir) / "ablations"))
+        return
     results = []
     for docs in (int(d) for d in args.docs.split(",")):
         results.append(measure(Path(args.workdir) / f"docs-{docs}", docs, args.seed))
