@@ -15,9 +15,9 @@ by `refinery demo` in a process of its own. Then the store table `refinery funne
 the trainer's checkpoints, whose size is the model's and not the corpus's.
 
 `--ablations`: the bundled ablation crawl (data/ablations/build_crawl.py) through configs/ablations.yaml's
-graph as bench/ablations.py writes it, every asset but the trainers (`training_run`, `ablation_runs`
-and what follows them), then bench/ablations.py's `sizes_table`: each variant's bytes against the
-main data root's. The variants are built whole and their proxy runs, which only read them, left out.
+graph as bench/ablations.py writes it, every asset but what reads the variants (their proxy runs,
+schedule runs and report) and the main trainer (`training_run` and what follows it), then
+bench/ablations.py's `sizes_table`: each variant's bytes against the main data root's.
 """
 
 import os
@@ -133,8 +133,10 @@ def ablation_sizes(workdir: Path) -> str:
     build_crawl(workdir / "crawl")
     config = write_ablation_config(REPO / "configs" / "ablations.yaml", workdir, None, None)
     defs = build_definitions(str(config))
-    trainers = dg.AssetSelection.assets("training_run", "ablation_runs").downstream()
-    selection = (dg.AssetSelection.all() - trainers).resolve(defs.resolve_asset_graph())
+    variants = dg.AssetSelection.assets("ablation_variants")
+    readers = variants.downstream() - variants
+    selection = (dg.AssetSelection.all() - readers - dg.AssetSelection.assets("training_run").downstream()
+                 ).resolve(defs.resolve_asset_graph())
     with dg.DagsterInstance.from_config(str(prepare_instance_dir(load_config(config)))) as instance:
         instance.event_log_storage.set_concurrency_slots(POOL, 1)
         for step in execution_plan(defs, sorted(selection, key=lambda k: k.to_user_string())):
