@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     import numpy as np
     import polars as pl
 
-LINEAGE_VERSION = 4
+LINEAGE_VERSION = 5
 SHARD_STAGES = ("final", "tokenized")
 # The entry columns a final shard's lineage file holds before its document's columns.
 ENTRY_COLUMNS = ["window", "n_windows"]
