@@ -15,8 +15,7 @@ another document); fewer than two tokens give no score. Higher is harder. CCNet 
 2020) ranks web text the same way, by the perplexity of a KenLM 5-gram trained on Wikipedia.
 
 Storage: per order, the sorted 64-bit hashes of its n-grams with their counts, and per context
-length, the sorted hashes of the contexts with their total count and number of distinct followers
-(in the file, keys as their gaps and every array byte-planed: `_stored`);
+length, the sorted hashes of the contexts with their total count and number of distinct followers;
 scoring is `np.searchsorted` lookups over a whole batch of documents at once. A hash chains the
 tokens through SplitMix64, so any order fits in 64 bits; two distinct n-grams share a hash with
 probability about 2**-64 per pair. Training reads at most `max_tokens` tokens, which bounds the
@@ -40,11 +39,7 @@ import numpy as np
 
 from refinery.hashing import splitmix64
 
-# Format 2 stores every array byte-planed (each byte of every value, then the next byte, ...) and each
-# key array as its first key and the differences after it, so that deflate finds the zero high bytes
-# of sorted hashes' gaps and of small counts: 0.77x the format-1 file on the demo grown to 5k
-# documents (5.04 MB), the same arrays read back.
-MODEL_FORMAT = 2
+MODEL_FORMAT = 1
 # Hash seeds: the empty context, and the salt that spreads a token id over 64 bits.
 EMPTY_CONTEXT = np.uint64(0x243F6A8885A308D3)
 TOKEN_SALT = np.uint64(0x13198A2E03707344)
@@ -135,11 +130,11 @@ class ReferenceModel:
                 "tokens": self.tokens, "tokenizer_sha256": self.tokenizer_sha256}
         arrays = {"meta": np.array(json.dumps(meta, sort_keys=True))}
         for k in range(self.order):
-            arrays[f"ngram_keys_{k + 1}"] = _stored(self.ngram_keys[k], keys=True)
-            arrays[f"ngram_counts_{k + 1}"] = _stored(self.ngram_counts[k])
-            arrays[f"context_keys_{k}"] = _stored(self.context_keys[k], keys=True)
-            arrays[f"context_totals_{k}"] = _stored(self.context_totals[k])
-            arrays[f"context_followers_{k}"] = _stored(self.context_followers[k])
+            arrays[f"ngram_keys_{k + 1}"] = self.ngram_keys[k]
+            arrays[f"ngram_counts_{k + 1}"] = self.ngram_counts[k]
+            arrays[f"context_keys_{k}"] = self.context_keys[k]
+            arrays[f"context_totals_{k}"] = self.context_totals[k]
+            arrays[f"context_followers_{k}"] = self.context_followers[k]
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
             for name in sorted(arrays):
@@ -158,8 +153,7 @@ class ReferenceModel:
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 meta, members = model_layout(archive, len(data), name)
-                arrays = {member[:-len(".npy")]: _restored(_read_member(archive, member), keys="_keys_" in member)
-                          for member in members}
+                arrays = {member[:-len(".npy")]: _read_member(archive, member) for member in members}
             order = meta["order"]
             model = cls(
                 order=order, vocab_size=meta["vocab_size"], discount=meta["discount"], tokens=meta["tokens"],
@@ -177,29 +171,13 @@ class ReferenceModel:
             raise _not_a_model(name, f"{type(err).__name__}: {err}") from None
 
 
-def _stored(values: np.ndarray, keys: bool = False) -> np.ndarray:
-    """`values` as format 2 stores them (MODEL_FORMAT): for keys, the first and then each one's
-    difference from the one before (mod 2**64); byte-planed; the same dtype and length."""
-    if keys and len(values):
-        values = np.concatenate([values[:1], np.diff(values)])
-    planes = values.view(np.uint8).reshape(-1, values.dtype.itemsize).T
-    return np.ascontiguousarray(planes).reshape(-1).view(values.dtype)
-
-
-def _restored(stored: np.ndarray, keys: bool = False) -> np.ndarray:
-    """The array `_stored` wrote `stored` from."""
-    width = stored.dtype.itemsize
-    values = np.ascontiguousarray(stored.view(np.uint8).reshape(width, -1).T).reshape(-1).view(stored.dtype)
-    return np.cumsum(values, dtype=values.dtype) if keys and len(values) else values
-
-
 def _not_a_model(name: str, why: str) -> DifficultyModelError:
     return DifficultyModelError(f"{name}: not a reference model file ({why}); materialize difficulty_model again, "
                                 f"or name a model Refinery wrote")
 
 
-# The members' declared sizes, decompressed, at most this many times the file's (hash keys' gaps
-# compress about 1.3x, counts about 7x; a model Refinery writes stays under 4x), and at most MODEL_BYTES_PER_TOKEN
+# The members' declared sizes, decompressed, at most this many times the file's (hash keys barely
+# compress; counts do, about 4x; a model Refinery writes stays under 4x), and at most MODEL_BYTES_PER_TOKEN
 # per training token and order (the bound training keeps), plus headers.
 MAX_EXPANSION = 16
 MODEL_BYTES_PER_TOKEN = 28

@@ -108,9 +108,7 @@ def write_difficulty_model_bomb(path: Path, total_bytes: int) -> None:
 
     import numpy as np
 
-    from refinery.models.difficulty import MODEL_FORMAT
-
-    meta = {"format": MODEL_FORMAT, "order": 1, "vocab_size": 256, "discount": 0.75, "tokens": 1000, "tokenizer_sha256": ""}
+    meta = {"format": 1, "order": 1, "vocab_size": 256, "discount": 0.75, "tokens": 1000, "tokenizer_sha256": ""}
     arrays = {"meta": np.array(json.dumps(meta)), "ngram_keys_1": np.arange(1, 11, dtype=np.uint64),
               "ngram_counts_1": np.zeros(total_bytes // 4, dtype=np.uint32),
               "context_keys_0": np.array([7], dtype=np.uint64), "context_totals_0": np.array([10], dtype=np.uint32),
