@@ -21,7 +21,7 @@ from refinery.commands import input_problem
 from refinery.config import ConfigError, load_config
 from refinery.curriculum import read_manifest, refuse_mismatch
 from refinery.documents import CLEAN_STAGE, input_shards
-from refinery.layout import documents_key, rejects_key
+from refinery.layout import documents_key, final_index_key, rejects_key
 from refinery.global_steps.exact_dedup import text_hashes
 from refinery.stages.attributes import stage_batches
 from refinery.stages.heuristic import HeuristicFilter
@@ -66,8 +66,12 @@ def table(root, stage: str, shards) -> pl.DataFrame:
 
 
 def variant_docs(c, name: str) -> pl.DataFrame:
-    """The documents the variant stores (its bounded sample)."""
-    return table(build.variant_root(c.root, name), CLEAN_STAGE, input_shards(c.cfg))
+    """The documents the variant stores (its bounded sample): those its final shards' entries name
+    (its documents' table is gone once tokenized), one row each."""
+    vroot = build.variant_root(c.root, name)
+    entries = [vroot.local_path(f"{ref['prefix']}.entries.parquet") for bucket in c.cfg.buckets
+               if vroot.exists(final_index_key(bucket)) for ref in vroot.read_json(final_index_key(bucket))["shards"]]
+    return pl.concat([pl.read_parquet(path, columns=["doc_id"]) for path in entries]).unique("doc_id", maintain_order=True)
 
 
 def staged_docs(c, name: str) -> pl.DataFrame:
@@ -334,8 +338,9 @@ def test_a_variant_built_under_ablations_tokens_holds_at_most_its_bound(tmp_path
             for lang in set(whole["language"]):
                 share = whole.filter(pl.col("language") == lang).height / whole.height
                 assert abs(sample.filter(pl.col("language") == lang).height - share * sample.height) <= 1
-        # what the runs do not read is gone: the staged selection and the per-file token series
+        # what the runs do not read is gone: the staged selection, the stored documents and the per-file token series
         assert not build.variant_root(c.root, name).exists(build.STAGING)
+        assert not build.variant_root(c.root, name).exists(build.STORED_DOCUMENTS)
         assert not build.variant_root(c.root, name).exists(build.TOKENIZED_SERIES)
     # the same inputs, the same sample
     again = build.build_variant_shards(c.root, c.cfg, "raw", summaries["raw"]["budget_tokens"], summaries["raw"]["weights"])

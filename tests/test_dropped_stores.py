@@ -27,26 +27,32 @@ from refinery.stages import ingest
 from refinery.run_context import WorkerRun
 from refinery.stage_file_tasks import ingest_file, stage_file_task
 from refinery.storage import LocalDataRoot
+from training.trainer import RunOptions, Trainer
 
 from helpers.materialize import in_memory_instance
-from helpers.tiny_graph import tiny_graph_config, write_pages, write_records
+from helpers.tiny_graph import SEQ_LEN, tiny_graph_config, write_pages, write_records
 
 pytestmark = pytest.mark.slow
+
+WARMUP_STEPS = 4  # tiny_graph_config's default steps of its first phase
 
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    """The tiny graph materialized up to its lineage index, and its Dagster instance, open."""
+    """The tiny graph materialized up to its lineage index and phase manifests, a training run of its warmup phase on
+    it, and its Dagster instance, open."""
     tmp = tmp_path_factory.mktemp("dropped")
     pages = write_pages(tmp / "in", files=3)
     config = tiny_graph_config(tmp, tmp / "in", tmp / "out")
     defs = build_definitions(str(config))
     with in_memory_instance(tmp / "dagster") as instance:
-        materialize_graph(defs, instance, until_selection(defs, "lineage_index"), log=lambda line: None,
-                          run_config=QUIET_RUN_CONFIG)
+        selection = sorted(set(until_selection(defs, "lineage_index")) | set(until_selection(defs, "phase_manifests")),
+                           key=lambda k: k.to_user_string())
+        materialize_graph(defs, instance, selection, log=lambda line: None, run_config=QUIET_RUN_CONFIG)
         cfg = load_config(config)
+        assert Trainer(cfg, RunOptions(run_dir=str(tmp / "run"), stop_after_phase="warmup")).train()["state"] == "completed"
         yield {"config": str(config), "cfg": cfg, "root": LocalDataRoot(cfg.resolve(cfg.data_root)),
-               "defs": defs, "instance": instance, "pages": pages, "inputs": tmp / "in"}
+               "defs": defs, "instance": instance, "pages": pages, "inputs": tmp / "in", "run": tmp / "run"}
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
@@ -57,7 +63,8 @@ def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 def answers(g, capsys) -> list[tuple[int, str, str]]:
     """Every query's exit code and output: `why` on every page (text and JSON), `lineage` on the
-    first token of every final shard and on one in the middle (table and JSON), `funnel --explain`
+    first token of every final shard and on one in the middle, and on the first and last token of
+    both rows of the training run's first and last warmup step (table and JSON), `funnel --explain`
     on every page."""
     config = g["config"]
     out = []
@@ -72,6 +79,12 @@ def answers(g, capsys) -> list[tuple[int, str, str]]:
             out.append(run_cli(capsys, ["lineage", "--config", config, "--shard", ref["prefix"], "--offset", str(offset)]))
             out.append(run_cli(capsys, ["lineage", "--config", config, "--shard", ref["prefix"], "--offset", str(offset),
                                         "--json"]))
+    for step in (1, WARMUP_STEPS):
+        for row, pos in ((0, 0), (1, SEQ_LEN - 1)):
+            query = ["lineage", "--config", config, "--run", str(g["run"]), "--step", str(step), "--row", str(row),
+                     "--pos", str(pos)]
+            out.append(run_cli(capsys, query))
+            out.append(run_cli(capsys, [*query, "--json"]))
     return out
 
 

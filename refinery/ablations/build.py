@@ -7,7 +7,9 @@ the project's Trainer runs on unchanged (`variant_config`).
                                                   (doc id, bucket, language, tokens, bytes; no text)
     documents/pii_redacted/<input file>.parquet   the documents it stores: a bounded sample of the selection
                                                   (refinery/ablations/bounded.py), with the clean documents'
-                                                  columns, one table per input file
+                                                  columns, one table per input file; read once, by the
+                                                  tokenizer, and deleted with the token series (the runs
+                                                  read the final shards, whose entries name the documents)
     tokenizer/tokenizer.json, info.json           the run's tokenizer, copied
     shards/final/<bucket>/                        tokenized, packed and shuffled by the functions the main
                                                   graph's tokenized_shards and shuffled_shards call
@@ -69,6 +71,7 @@ SELECTION_SCHEMA = {"doc_id": pl.String, "bucket": pl.String, "language": pl.Str
 RAW_BYTES_KEY = "ablations/raw_bytes.json"
 STAGING = "staging"  # in the variant's root: its whole selection, until its sample is stored
 TOKENIZED_SERIES = f"shards/{tk.TOKENIZED}"  # in the variant's root: deleted once its buckets are shuffled
+STORED_DOCUMENTS = layout.documents_prefix(CLEAN_STAGE)  # in the variant's root: deleted once tokenized
 
 
 class AblationError(ConfigError):
@@ -358,7 +361,9 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget:
         result = sh.shuffle_bucket(vroot, vcfg.seed, bucket, parts, fields, vcfg.shards.shard_tokens,
                                    vcfg.shards.shuffle_buffer_mb)
         tokens[bucket] = result.index["tokens"]
-    # The per-file token series were read once, by the shuffle; the proxy runs read the final shards.
+    # The stored documents were read once, by the tokenizer, and the per-file token series once, by
+    # the shuffle; the proxy runs read the final shards.
+    vroot.delete(STORED_DOCUMENTS)
     vroot.delete(TOKENIZED_SERIES)
     kept = facts.filter(pl.col("doc_id").is_in(wanted))
     summary = {
