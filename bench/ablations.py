@@ -151,7 +151,7 @@ def materialize_partitions(config: Path, key: str, partitions: list[str]) -> Non
 
 def run_graph(config: Path, parallel: int = 1) -> list[dict]:
     """Every asset of the config's graph, one plan step each, timed; returns a row per asset. The
-    partitions of an asset that trains (the training pool's) run `parallel` at a time."""
+    partitions of an ablation asset that trains (the training pool's) run `parallel` at a time."""
     import warnings
 
     import dagster as dg
@@ -174,7 +174,8 @@ def run_graph(config: Path, parallel: int = 1) -> list[dict]:
                 partitions_def = graph.get(key).partitions_def
                 one = PlanStep([key], partitions_def, step.per_run if partitions_def else None)
                 wall, cpu = time.perf_counter(), cpu_seconds()
-                if parallel > 1 and partitions_def is not None and POOL in (graph.get(key).pools or ()):
+                # the proxy runs only: training_run's phases resume one another, so they run in order
+                if parallel > 1 and key.to_user_string().startswith("ablation") and POOL in (graph.get(key).pools or ()):
                     keys = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
                     partitions, runs = materialize_split(config, key.to_user_string(), keys, parallel)
                 else:
