@@ -24,8 +24,9 @@ demo: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/refinery demo --config $(CONFIG)
 
-# The proxy-model ablations (docs/ablations.md) on a crawl of real text built from data/labelled and
-# data/multilingual: the graph, five variants x three seeds, then the table of bits per byte.
+# The proxy-model ablations (docs/ablations.md) on a crawl of real text built from data/labelled,
+# data/multilingual and the installed standard library, mpmath and sympy (code and math buckets):
+# the graph, the data variants, schedule variants and anneal mixtures x three seeds, then the tables.
 ablations: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/python data/ablations/build_crawl.py --out out/ablations-crawl

@@ -3,17 +3,21 @@ configs/ablations.yaml, the ablations included, from an empty data root, then th
 `refinery ablations` and what every asset cost.
 
     python bench/ablations.py [--config configs/ablations.yaml] [--workdir /tmp/refinery-bench-ablations]
-                              [--seeds N] [--variants raw,funnel,...] [--tokens N] [--json PATH]
+                              [--seeds N] [--variants raw,funnel,...] [--tokens N] [--parallel N] [--json PATH]
 
 1. The crawl: data/ablations/build_crawl.py into `<workdir>/crawl` (documentation, real low-value
-   pages and spam in a `web` bucket with planted exact and near copies; the curated `docs` bucket).
+   pages and spam in a `web` bucket with planted exact and near copies; the curated `docs` bucket;
+   the installed standard library's source as `code`, mpmath's and sympy's docstrings as `math`).
 2. The config with its data root at `<workdir>/root`, its sources at that crawl and its other
    relative paths made absolute (`--seeds`, `--variants` and `--tokens` narrow its `ablations`
    section, for a shorter run), written to `<workdir>/ablations.yaml`; the data root and the Dagster instance
    (`<workdir>/dagster`) start empty.
 3. Every asset, in `refinery demo`'s order, one plan step per asset (so each asset's figures are its
    own), in this process: wall seconds and CPU seconds (this process and the child processes it
-   waited for: the trainer launches) per asset, with its partitions and Dagster runs.
+   waited for: the trainer launches) per asset, with its partitions and Dagster runs. `--parallel N`
+   trains N proxy runs at once (the training assets' partitions dealt to N child processes; each
+   run is one process at one torch thread). The whole run's wall and CPU seconds and the 1-minute
+   load average over it (sampled every 30 s) are printed and go in `--json`'s `total`.
 4. Printed: `refinery ablations` on that config (its tables: each variant's counts, mixture and
    evaluation overlap; bits per byte per variant and domain, mean and spread over seeds, the paired
    verdict against `funnel` with its bootstrap interval, the smallest detectable difference and the
@@ -35,6 +39,7 @@ import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -87,8 +92,66 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_graph(config: Path) -> list[dict]:
-    """Every asset of the config's graph, one plan step each, timed; returns a row per asset."""
+class LoadSampler:
+    """The 1-minute load average, read every `every_s` seconds in a thread while the bench runs:
+    the machine is shared, so wall seconds mean little without it."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.readings: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(every_s,), daemon=True)
+
+    def _sample(self, every_s: float) -> None:
+        while True:
+            self.readings.append(os.getloadavg()[0])
+            if self._stop.wait(every_s):
+                return
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        r = self.readings
+        return {"min": min(r), "median": statistics.median(r), "max": max(r), "samples": len(r)}
+
+
+def materialize_split(config: Path, key: str, keys: list[str], parallel: int) -> tuple[int, int]:
+    """One asset's partitions dealt into `parallel` groups, each materialized by a child process
+    (`--materialize`) on the same instance: each run trains in its own process at one torch thread
+    (training.cpu_threads), so two at once use both cores. Processes, not threads: Dagster sets up
+    its logging per run, and two runs' setup in one process deadlock on the logging locks."""
+    groups = [keys[i::parallel] for i in range(parallel) if keys[i::parallel]]
+    children = [subprocess.Popen([sys.executable, __file__, "--config", str(config), "--materialize", key,
+                                  "--partitions", json.dumps(group)], cwd=REPO) for group in groups]
+    if any(child.wait() for child in children):
+        raise SystemExit(f"{key}: a child materializing its partitions failed (its output is above)")
+    return len(keys), len(keys)
+
+
+def materialize_partitions(config: Path, key: str, partitions: list[str]) -> None:
+    """--materialize: the partitions of one asset of the config's graph, one run each."""
+    import dagster as dg
+
+    from orchestration.definitions import build_definitions
+    from orchestration.demo import QUIET_RUN_CONFIG, PlanStep, materialize_step
+    from orchestration.instance import prepare_instance_dir
+    from refinery.config import load_config
+
+    defs = build_definitions(str(config))
+    asset_key = dg.AssetKey.from_user_string(key)
+    one = PlanStep([asset_key], defs.resolve_asset_graph().get(asset_key).partitions_def, 1)
+    with dg.DagsterInstance.from_config(str(prepare_instance_dir(load_config(config)))) as instance:
+        materialize_step(defs, instance, one, QUIET_RUN_CONFIG, only=set(partitions))
+
+
+def run_graph(config: Path, parallel: int = 1) -> list[dict]:
+    """Every asset of the config's graph, one plan step each, timed; returns a row per asset. The
+    partitions of an ablation asset that trains (the training pool's) run `parallel` at a time."""
     import warnings
 
     import dagster as dg
@@ -105,13 +168,18 @@ def run_graph(config: Path) -> list[dict]:
     graph = defs.resolve_asset_graph()
     rows = []
     with dg.DagsterInstance.from_config(str(prepare_instance_dir(load_config(config)))) as instance:
-        instance.event_log_storage.set_concurrency_slots(POOL, 1)
+        instance.event_log_storage.set_concurrency_slots(POOL, parallel)
         for step in execution_plan(defs):
             for key in step.keys:
                 partitions_def = graph.get(key).partitions_def
                 one = PlanStep([key], partitions_def, step.per_run if partitions_def else None)
                 wall, cpu = time.perf_counter(), cpu_seconds()
-                partitions, runs = materialize_step(defs, instance, one, QUIET_RUN_CONFIG)
+                # the proxy runs only: training_run's phases resume one another, so they run in order
+                if parallel > 1 and key.to_user_string().startswith("ablation") and POOL in (graph.get(key).pools or ()):
+                    keys = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
+                    partitions, runs = materialize_split(config, key.to_user_string(), keys, parallel)
+                else:
+                    partitions, runs = materialize_step(defs, instance, one, QUIET_RUN_CONFIG)
                 row = {"asset": key.to_user_string(), "partitions": partitions, "runs": runs,
                        "wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(cpu_seconds() - cpu, 1)}
                 print(f"  {row['asset']}: {partitions} partition(s) in {runs} run(s), {row['wall_s']}s wall, "
@@ -193,10 +261,18 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, help="proxy runs per variant (default: the config's ablations.seeds)")
     ap.add_argument("--variants", help="comma-separated variants to run (default: every one of the config's)")
     ap.add_argument("--tokens", type=int, help="ablations.tokens: every proxy run's budget (default: the config's)")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="proxy runs trained at once (each its own process at one torch thread; default 1)")
     ap.add_argument("--json", type=Path, help="write the timings and the table's JSON here")
+    ap.add_argument("--materialize", metavar="ASSET", help=argparse.SUPPRESS)  # a --parallel child: ASSET's --partitions
+    ap.add_argument("--partitions", type=json.loads, help=argparse.SUPPRESS)
     ap.add_argument("--tables-only", action="store_true",
                     help="print the tables of a finished run in --workdir (the report, resolution, sizes); build nothing")
     args = ap.parse_args()
+    if args.materialize:
+        os.environ.setdefault("DAGSTER_HOME", str(args.config.parent / "dagster"))
+        materialize_partitions(args.config, args.materialize, args.partitions)
+        return 0
     config = args.workdir / "ablations.yaml"
     refinery = [sys.executable, "-m", "orchestration.cli", "ablations", "--config", str(config)]
     if args.tables_only:
@@ -214,15 +290,23 @@ def main() -> int:
     truth = build_crawl(args.workdir / "crawl")
     crawl_s = time.perf_counter() - start
     summary = truth["summary"]
+    buckets = {k: v for k, v in summary.items() if "/" not in k}
     langs = sorted({lang for row in summary.values() for lang in row["languages"]})
-    print(f"crawl: {summary['web']['documents'] + summary['docs']['documents']} documents, "
-          f"{(summary['web']['bytes'] + summary['docs']['bytes']) / 1e6:.2f} MB of text, {len(langs)} languages "
+    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.2f}" for k, v in buckets.items())
+    print(f"crawl: {sum(v['documents'] for v in buckets.values())} documents, "
+          f"{sum(v['bytes'] for v in buckets.values()) / 1e6:.2f} MB of text ({sizes}), {len(langs)} languages "
           f"({' '.join(langs)}), built in {crawl_s:.1f}s")
     assert write_config(args.config, args.workdir, args.seeds,
                         args.variants.split(",") if args.variants else None, args.tokens) == config
     print(f"config: {config}")
-    rows = run_graph(config)
-    print(f"graph and ablations: {time.perf_counter() - start:.0f}s wall\n")
+    with LoadSampler() as load:
+        rows = run_graph(config, args.parallel)
+    total = {"wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(cpu_seconds(), 1),
+             "parallel": args.parallel, "load_1min": load.summary()}
+    print(f"graph and ablations: {total['wall_s']:.0f}s wall, {total['cpu_s']:.0f} CPU-s (this process and the "
+          f"trainers), {args.parallel} proxy run(s) at once; 1-minute load average {total['load_1min']['min']:.1f}-"
+          f"{total['load_1min']['max']:.1f} (median {total['load_1min']['median']:.1f}, "
+          f"{total['load_1min']['samples']} readings)\n")
 
     table = subprocess.run(refinery, capture_output=True, text=True, cwd=REPO)
     print(table.stdout + table.stderr)
@@ -234,7 +318,7 @@ def main() -> int:
     print("\n== What each asset cost (wall; CPU of this process and the trainers it waited for)")
     print(timings_table(rows, crawl_s))
     if args.json:
-        args.json.write_text(json.dumps({"assets": rows, "crawl_s": round(crawl_s, 1), "crawl": summary,
+        args.json.write_text(json.dumps({"assets": rows, "total": total, "crawl_s": round(crawl_s, 1), "crawl": summary,
                                          "ablations": json.loads(report.stdout)}, indent=1) + "\n")
     return table.returncode
 
