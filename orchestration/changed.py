@@ -72,14 +72,21 @@ class PlannedAsset:
         return f"  {self.key.to_user_string()}: {why}" + (f": {', '.join(shown)}" if shown else "")
 
 
+# The group of the proxy-model ablations (assets/ablations.py, assets/ablation_schedules.py): they
+# read the main graph and nothing of it reads them, so they run after all of it.
+ABLATIONS_GROUP = "ablations"
+
+
 def materializable_in_order(graph, selection: list[dg.AssetKey] | None = None) -> Iterator[tuple[dg.AssetKey, Any]]:
     """The graph's materializable assets (of `selection`), with their nodes, in dependency order, by
-    name within a level: the order a plan is made and run in."""
-    for level in graph.toposorted_asset_keys_by_level:
-        for key in sorted(level, key=lambda k: k.to_user_string()):
-            node = graph.get(key)
-            if node.is_materializable and (selection is None or key in selection):
-                yield key, node
+    name within a level: the order a plan is made and run in. The ablation assets come last, so a
+    variant the data cannot fill (refused, exit 2) or a slow proxy run never keeps the main graph's
+    training from running first."""
+    nodes = [(key, graph.get(key)) for level in graph.toposorted_asset_keys_by_level
+             for key in sorted(level, key=lambda k: k.to_user_string())]
+    wanted = [(key, node) for key, node in nodes if node.is_materializable and (selection is None or key in selection)]
+    yield from (item for item in wanted if item[1].group_name != ABLATIONS_GROUP)
+    yield from (item for item in wanted if item[1].group_name == ABLATIONS_GROUP)
 
 
 def _partition_count(keys: list[str | None]) -> str:

@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from refinery.ablations import build
+from refinery.ablations.bounded import entry_tokens
 from refinery.ablations.eval_set import EVAL_DOCUMENTS_KEY, ensure_eval_set, eval_documents
 from refinery.holdout import held_out_mask
 from refinery.commands import input_problem
@@ -29,6 +30,7 @@ from refinery.stages.pii import PiiRedactor, SafetyThenRedact
 from refinery.models.quality import QualityScorer
 from refinery.models.quality_training import load_published_model, training_batches
 from refinery.storage import open_data_root
+from refinery.tokenizer_file import read_tokenizer
 
 from helpers.configs import write_config
 from helpers.verdict_corpus import BLOCKED, EVAL_LINES, config_data, received_text, write_verdict_corpus
@@ -115,18 +117,28 @@ def rejects(c) -> pl.DataFrame:
     return pl.concat(frames)
 
 
-def top_fraction(docs: list[str], c, scores: dict[str, float | None], fraction: float) -> set[str]:
-    """The documents a per-bucket, per-language top-`fraction` cut keeps, computed by hand."""
+def top_fraction(texts: dict[str, str], c, scores: dict[str, float | None], fraction: float) -> set[str]:
+    """The documents a per-bucket, per-language top-`fraction` cut by tokens keeps, ranked by hand:
+    best score first until they hold ceil(fraction x the group's tokens), every tie at the cutoff kept."""
+    tokens = dict(zip(texts, entry_tokens([len(e.ids) for e in read_tokenizer(c.root, c.cfg.tokenizer.eod_token)
+                                           .encode_batch(list(texts.values()), add_special_tokens=False)],
+                                          c.cfg.ablations.seq_len, min(c.cfg.shards.overlap, c.cfg.ablations.seq_len // 2))))
     groups: dict[tuple[str, str], list[str]] = {}
-    for d in docs:
+    for d in texts:
         groups.setdefault((c.bucket[d], c.language[d]), []).append(d)
     kept = set()
     for members in groups.values():
-        ranked = sorted((scores[d] for d in members if scores.get(d) is not None), reverse=True)
+        ranked = sorted((d for d in members if scores.get(d) is not None), key=lambda d: -scores[d])
         if not ranked:
             continue
-        cutoff = ranked[min(max(1, math.ceil(fraction * len(members))), len(ranked)) - 1]
-        kept |= {d for d in members if scores.get(d) is not None and scores[d] >= cutoff}
+        want = min(max(1, math.ceil(fraction * sum(tokens[d] for d in members))), sum(tokens[d] for d in ranked))
+        held, at = 0, ranked[-1]
+        for d in ranked:
+            held += tokens[d]
+            if held >= want:
+                at = d
+                break
+        kept |= {d for d in ranked if scores[d] >= scores[at]}
     return kept
 
 
@@ -194,7 +206,7 @@ def expected(c, name: str) -> dict[str, str]:
     texts = {d: t for d, t in texts.items() if d not in held and not shares_a_13_gram_with_the_eval_set(c, t)}
     spec = VARIANTS[name]
     if "quality_top" in spec:
-        kept = top_fraction(sorted(texts), c, scores, spec["quality_top"])
+        kept = top_fraction(dict(sorted(texts.items())), c, scores, spec["quality_top"])
         return {d: t for d, t in texts.items() if d in kept}
     return texts
 

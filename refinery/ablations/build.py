@@ -161,8 +161,12 @@ def _stage_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name:
             for batch in variant_batches(root, cfg, sel, shard.key, counts):
                 out.write(drop_overlap(batch))
     if sel.quality_top is not None:
-        cutoffs = quality_cutoffs((b for s in shards for b in parquet_batches(
-            vroot.local_path(_uncut(s)), READ_ROWS, ["bucket", "language", "quality_score"])), sel.quality_top)
+        # ranked by tokens, as a phase's `top N%` is: the better-scored documents are longer
+        tokenizer = tk.read_tokenizer(vroot, cfg.tokenizer.eod_token)
+        cutoffs = quality_cutoffs((b.with_columns(tokens=pl.Series(_entry_tokens(tokenizer, cfg, b["text"]),
+                                                                   dtype=pl.Int64))
+                                   for s in shards for b in parquet_batches(
+            vroot.local_path(_uncut(s)), READ_ROWS, ["bucket", "language", "quality_score", "text"])), sel.quality_top)
         for shard in shards:
             with vroot.writer(_staged(shard)) as path, ParquetBatchWriter(path, clean_schema(root, shard.key)) as out:
                 for batch in parquet_batches(vroot.local_path(_uncut(shard)), READ_ROWS):
@@ -174,20 +178,27 @@ def _stage_documents(root: DataRoot, vroot: DataRoot, cfg: RefineryConfig, name:
 def _selection_facts(vroot: DataRoot, cfg: RefineryConfig) -> pl.DataFrame:
     """doc_id, shard, bucket, language, tokens (of its entries at the packing window), bytes of every
     staged document: what the counts and the bounded sample are computed from (no text)."""
-    assert cfg.ablations is not None
     tokenizer = tk.read_tokenizer(vroot, cfg.tokenizer.eod_token)
-    window = cfg.ablations.seq_len
-    overlap = min(cfg.shards.overlap, window // 2)
     frames = []
     for shard in input_shards(cfg):
         for batch in parquet_batches(vroot.local_path(_staged(shard)), READ_ROWS,
                                      ["doc_id", "bucket", "language", "text"]):
             batch = batch.filter(pl.col("text").fill_null("") != "")  # an empty text is never tokenized
-            lengths = [len(ids) for ids in tk.encode_texts(tokenizer, batch["text"].to_list(), np.int32)]
             frames.append(batch.select("doc_id", "bucket", language=pl.col("language").cast(pl.String),
                                        shard=pl.lit(shard.key), bytes=pl.col("text").str.len_bytes().cast(pl.Int64),
-                                       tokens=pl.Series(entry_tokens(lengths, window, overlap), dtype=pl.Int64)))
+                                       tokens=pl.Series(_entry_tokens(tokenizer, cfg, batch["text"]), dtype=pl.Int64)))
     return pl.concat(frames) if frames else pl.DataFrame(schema=SELECTION_SCHEMA)
+
+
+def _entry_tokens(tokenizer, cfg: RefineryConfig, texts: pl.Series) -> list[int]:
+    """Tokens of the entries each text becomes at the packing window (`ablations.seq_len`); an empty
+    text none (it is never tokenized)."""
+    assert cfg.ablations is not None
+    window = cfg.ablations.seq_len
+    texts = texts.fill_null("").to_list()
+    lengths = [len(ids) for ids in tk.encode_texts(tokenizer, texts, np.int32)]
+    return [tokens if text else 0 for text, tokens in
+            zip(texts, entry_tokens(lengths, window, min(cfg.shards.overlap, window // 2)))]
 
 
 def select_variant(root: DataRoot, cfg: RefineryConfig, name: str) -> dict[str, Any]:

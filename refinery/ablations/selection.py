@@ -6,10 +6,12 @@ back from the tables the graph wrote (no stage is rerun to decide what it decide
 - `funnel`: the documents pii_redacted keeps, with its text (every edit and the PII redaction).
 - `without: [names]`: the funnel plus the documents whose rejection is one the names cover
   (refinery/stages/registry.py `left_out`: a stage, a verdict, or one rule family of it).
-- `quality_top: F`: of those, the documents at or above the quality_score of the document ranked
-  ceil(F x documents) within their bucket and language (the phase quality cut's rule and code:
-  `refinery.curriculum.quality_cut.stratified_cutoffs`); a document without a score (the quality
-  stage off, or a `raw` document the funnel removed before scoring it) is not kept.
+- `quality_top: F`: of those, the best-scored documents that first hold ceil(F x tokens) of their
+  bucket's and language's tokens (at the packing window, `ablations.seq_len`), every document
+  scoring at least the one that reaches the count: the unit and the rule of a phase's `top N%`
+  (`refinery.curriculum.quality_cut.stratified_cutoffs`); a document without a score (the quality
+  stage off, or a `raw` document the funnel removed before scoring it) is not kept, its tokens
+  counted.
 
 What "ignored" means for a document a stage removed, which no later stage ever saw:
 
@@ -248,15 +250,19 @@ def language_of(languages: pl.Series) -> pl.Series:
 
 def quality_cutoffs(scored: Iterator[pl.DataFrame], top_fraction: float) -> dict[str, dict[str, float]]:
     """bucket -> language -> the lowest quality_score a `top_fraction` cut keeps, from frames of
-    bucket, language and quality_score (null: unscored, counted but never kept), as a phase's
-    per-language quality cut computes it. Memory: one float per document of the variant."""
+    bucket, language, quality_score (null: unscored, counted but never kept) and tokens: the
+    best-scored documents that first hold `top_fraction` of each language's tokens, as a phase's
+    per-language quality cut keeps them. Memory: two numbers per document of the variant."""
     scores: dict[str, dict[str, list[np.ndarray]]] = {}
+    tokens: dict[str, dict[str, list[np.ndarray]]] = {}
     for frame in scored:
         frame = frame.with_columns(language=language_of(frame["language"]))
         for (bucket, lang), part in frame.group_by(["bucket", "language"], maintain_order=True):
-            values = part["quality_score"].cast(pl.Float64).fill_null(np.nan).to_numpy()
-            scores.setdefault(bucket, {}).setdefault(lang, []).append(values)
-    return {bucket: stratified_cutoffs({lang: np.concatenate(v) for lang, v in by_lang.items()}, top_fraction)
+            scores.setdefault(bucket, {}).setdefault(lang, []).append(
+                part["quality_score"].cast(pl.Float64).fill_null(np.nan).to_numpy())
+            tokens.setdefault(bucket, {}).setdefault(lang, []).append(part["tokens"].cast(pl.Int64).to_numpy())
+    return {bucket: stratified_cutoffs({lang: np.concatenate(v) for lang, v in by_lang.items()}, top_fraction,
+                                       {lang: np.concatenate(v) for lang, v in tokens[bucket].items()})
             for bucket, by_lang in sorted(scores.items())}
 
 

@@ -24,8 +24,8 @@ class VariantConfig(Section):
     """One variant: a selection over the funnel's stored verdicts (refinery/ablations/selection.py).
     `base` is where it starts: `funnel`, the documents the graph keeps, or `raw`, every document of
     extracted_text with every later verdict ignored. `without` (on the funnel only) lets back in what
-    the named stages or rule families removed; `quality_top` then keeps the best fraction of the
-    documents by quality_score within each language, as a phase's quality cut does."""
+    the named stages or rule families removed; `quality_top` then keeps the best-scored documents
+    holding that fraction of each bucket's and language's tokens, as a phase's quality cut does."""
 
     base: Literal["raw", "funnel"] = Field(default="funnel", description="`funnel` (the documents the graph "
                                            "keeps) or `raw` (extracted_text's documents and text, no later verdict).")
@@ -34,9 +34,10 @@ class VariantConfig(Section):
                                       "(`gopher_rep`, `c4`, a custom filter's name; refinery/stages/registry.py) "
                                       "whose rejections are ignored: the funnel plus the documents they removed. "
                                       "Not with `base: raw`; an empty list is refused (leave it out for the funnel).")
-    quality_top: float | None = Field(default=None, gt=0.0, le=1.0, description="Keep the top fraction (0, 1] of "
-                                      "the variant's documents by quality_score within each language; a document "
-                                      "without a score is not kept.")
+    quality_top: float | None = Field(default=None, gt=0.0, le=1.0, description="Keep the best-scored documents "
+                                      "(by quality_score) holding this fraction (0, 1] of the variant's tokens of "
+                                      "each bucket and language, kept whole, as a phase's quality_top_fraction; a "
+                                      "document without a score is not kept.")
 
     @field_validator("without")
     @classmethod
