@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass
 
 from refinery.config import PartitionsConfig, RefineryConfig
-from refinery.stages.readers.formats import input_format
 
 def pattern_parts(pattern: str) -> tuple[int, str]:
     """How many leading components of `pattern` hold no glob character (the source's folder), and
@@ -46,6 +45,9 @@ def outside_folder(path: str, folder: str) -> str | None:
 
 def input_files(cfg: RefineryConfig) -> dict[str, list[str]]:
     """Every source's inputs (files; directories for a folder format), sorted so partition keys are stable."""
+    # imported here: loading a config imports no reader package (tests/test_preflight.py)
+    from refinery.stages.readers.formats import input_format
+
     out: dict[str, list[str]] = {}
     for src in cfg.sources:
         pattern = cfg.resolve(src.path)
