@@ -159,7 +159,9 @@ def build_definitions(cfg: RefineryConfig, parts: Partitions) -> dg.Definitions:
         global_step_asset(
             "ablation_variants", build_variants(variants_version), version=variants_version, group=group,
             kinds={"polars", "parquet"}, automation_condition=None, partitions_def=parts.ablation_variants,
-            deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping()), dg.AssetDep("tokenizer")],
+            # the funnel variant's documents are scored by the main graph's difficulty model (build.scores_difficulty)
+            deps=[dg.AssetDep(CLEAN_STAGE, partition_mapping=dg.AllPartitionMapping()), dg.AssetDep("tokenizer"),
+                  *([dg.AssetDep("difficulty_model")] if cfg.stages.difficulty.enabled else [])],
             description="Per variant: its documents selected over the stored verdicts, tokenized, packed and shuffled "
                         "into a data root of its own, one phase of the ablation's token budget.",
         ),

@@ -37,6 +37,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
@@ -120,16 +121,39 @@ class LoadSampler:
         return {"min": min(r), "median": statistics.median(r), "max": max(r), "samples": len(r)}
 
 
+# How long one proxy run may take in a --parallel child before the child is taken as hung: ten times
+# the slowest measured (bench/RESULTS.md, 2026-12-07: about 200 s a run, two at once on 2 cores at load 13-17).
+RUN_LIMIT_S = 2000
+# How long a SIGKILLed child may take to be reaped.
+KILLED_WAIT_S = 30
+
+
 def materialize_split(config: Path, key: str, keys: list[str], parallel: int) -> tuple[int, int]:
     """One asset's partitions dealt into `parallel` groups, each materialized by a child process
     (`--materialize`) on the same instance: each run trains in its own process at one torch thread
     (training.cpu_threads), so two at once use both cores. Processes, not threads: Dagster sets up
     its logging per run, and two runs' setup in one process deadlock on the logging locks."""
     groups = [keys[i::parallel] for i in range(parallel) if keys[i::parallel]]
+    start = time.monotonic()
+    # Each child in a session of its own, so that a hung one is ended with the trainers it launched.
     children = [subprocess.Popen([sys.executable, __file__, "--config", str(config), "--materialize", key,
-                                  "--partitions", json.dumps(group)], cwd=REPO) for group in groups]
-    if any(child.wait() for child in children):
-        raise SystemExit(f"{key}: a child materializing its partitions failed (its output is above)")
+                                  "--partitions", json.dumps(group)], cwd=REPO, start_new_session=True)
+                for group in groups]
+    try:
+        for child, group in zip(children, groups):
+            limit = RUN_LIMIT_S * len(group)
+            try:
+                code = child.wait(timeout=max(0.0, start + limit - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"{key}: the child materializing {group} ran past {limit:,} s ({RUN_LIMIT_S:,} s a "
+                                 f"proxy run), so it is taken as hung and ended with its trainers") from None
+            if code:
+                raise SystemExit(f"{key}: the child materializing {group} failed (exit {code}; its output is above)")
+    finally:  # a failed or hung child ends the step: the others are ended too, not left training
+        for child in children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(timeout=KILLED_WAIT_S)
     return len(keys), len(keys)
 
 

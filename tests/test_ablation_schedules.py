@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from helpers.configs import demo_config
 from helpers.kill_hook import kill_at_step_env
-from helpers.schedule_runs import BUDGET, WINDOW, copy_folder, schedule_folder, train
+from helpers.schedule_runs import BUDGET, WINDOW, copy_folder, schedule_folder, train, with_schedules
 from orchestration.cli import main
 from refinery.ablations.schedule_runs import prepare_run, run_config
 from refinery.ablations.schedules import (ANNEAL, SCHEDULE, anneal_phases, check_fill, curriculum_phases, funnel_demand,
@@ -147,15 +145,6 @@ def test_a_table_the_funnel_variant_cannot_fill_is_refused_naming_the_variant_an
     with pytest.raises(ConfigError, match=r"ablations.schedules.curriculum: plans 1,0\d\d tokens of bucket 'docs'"):
         prepare_run(LocalDataRoot(tmp_path / "main"), cfg, SCHEDULE, "curriculum")
     assert not froot.exists("manifests/s_curriculum__warmup.json")
-
-
-def with_schedules(tmp_path: Path, schedules: dict | None = None, anneal: dict | None = None) -> Path:
-    data = demo_config(tmp_path / "out")
-    data["ablations"] = {"variants": {"funnel": {}}, "schedules": schedules or {"curriculum": {}},
-                         **({"anneal_search": anneal} if anneal else {})}
-    path = tmp_path / "refinery.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def test_the_funnel_variant_is_bounded_by_what_every_schedule_and_anneal_mixture_reads(tmp_path):

@@ -23,7 +23,10 @@ the project's Trainer runs on unchanged (`variant_config`).
 The selection is the documents refinery/ablations/selection.py gives, less those sharing an n-gram
 with an evaluation domain (refinery/ablations/overlap.py), its quality cut applied; it is staged
 under `staging/` until the sample is stored. The packing window is `ablations.seq_len` (the overlap
-at most half of it) and the difficulty score is off. The phase's bucket weights are the mixture
+at most half of it). The `funnel` variant's documents, which the schedule variants order by
+difficulty, are scored as they are tokenized by the main graph's published reference model when
+`stages.difficulty` is enabled (`scores_difficulty`), so each carries the score the main graph gives
+it; every other variant's difficulty is null. The phase's bucket weights are the mixture
 (`mixture_weights`: by default each bucket's share of the `funnel` variant's tokens, the same for
 every variant); every variant trains on the same budget (`budget_tokens`: `ablations.tokens`, or the
 smallest variant's usable tokens at its mixture), drawn by the sampler with the run's seed. A
@@ -52,6 +55,7 @@ from refinery.holdout import eval_buckets, held_out_mask
 from refinery.ablations.selection import (READ_ROWS, PartitionCounts, clean_schema, quality_cut, quality_cutoffs,
                                           variant_batches, variant_selection)
 from refinery.ablations.verdicts import verdicts_digest
+from refinery.models import difficulty_published as dpub
 from refinery.config import ConfigError, RefineryConfig
 from refinery.config.ablations import FUNNEL_VARIANT
 from refinery.documents import CLEAN_STAGE, InputShard, input_shards
@@ -101,10 +105,21 @@ def step_tokens(cfg: RefineryConfig) -> int:
     return cfg.ablations.micro_batch_size * cfg.ablations.seq_len
 
 
+def scores_difficulty(cfg: RefineryConfig, name: str) -> bool:
+    """Whether variant `name`'s documents carry difficulty scores: the `funnel` variant's (what the
+    schedule variants train on, and order by) when the main graph scores its own. Scored with the
+    main graph's reference model rather than one trained in the variant's root: the same model, the
+    same tokenizer and the same text give each document the main graph's score, so a phase's bands
+    order what the main run's would, and nothing is trained again (a model of the variant's bounded
+    sample, held-out documents left out, would rank by another yardstick)."""
+    return name == FUNNEL_VARIANT and cfg.stages.difficulty.enabled
+
+
 def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int | None = None,
              run_dir: str | None = None) -> RefineryConfig:
-    """The run's config pointed at the variant's root: packing window seq_len, no difficulty score,
-    the proxy model and its run settings, no validation loss or anneal playbook."""
+    """The run's config pointed at the variant's root: packing window seq_len, the difficulty score
+    on only where `scores_difficulty`, the proxy model and its run settings, no validation loss or
+    anneal playbook."""
     ab = cfg.ablations
     assert ab is not None
     # Only the fields the config sets: a default taken as set would be checked as the user's (the
@@ -112,7 +127,7 @@ def _derived(cfg: RefineryConfig, name: str, curriculum: dict | None, seed: int 
     data = cfg.model_dump(mode="json", exclude_unset=True)
     data.update(data_root=_variant_data_root(cfg, name), ablations=None, curriculum=curriculum,
                 seed=cfg.seed if seed is None else seed)
-    data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = False
+    data.setdefault("stages", {}).setdefault("difficulty", {})["enabled"] = scores_difficulty(cfg, name)
     data.setdefault("shards", {}).update(max_seq_len=ab.seq_len, overlap=min(cfg.shards.overlap, ab.seq_len // 2))
     data.setdefault("contamination", {})["anneal_phase"] = None
     data.setdefault("training", {}).update(
@@ -336,9 +351,17 @@ def _floors(cfg: RefineryConfig, name: str, budget: int) -> dict[str, int]:
     return funnel_demand(cfg, budget) if name == FUNNEL_VARIANT else {}
 
 
+def _reference_sha256(root: DataRoot, cfg: RefineryConfig, name: str) -> str | None:
+    """The sha256 of the reference model that scores the variant (None: not scored, or not published yet)."""
+    if not scores_difficulty(cfg, name) or not root.exists(layout.DIFFICULTY_MODEL_KEY):
+        return None
+    return root.sha256(layout.DIFFICULTY_MODEL_KEY)
+
+
 def _built_digest(root: DataRoot, cfg: RefineryConfig, name: str, budget: int, weights: dict[str, float]) -> str:
     return hashlib.sha256(json.dumps([inputs_digest(root, cfg, name), budget, weights, cfg.seed,
-                                      _floors(cfg, name, budget)], sort_keys=True).encode()).hexdigest()
+                                      _floors(cfg, name, budget), _reference_sha256(root, cfg, name)],
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget: int,
@@ -363,8 +386,9 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget:
     vroot.delete(STAGING)
     vcfg = _derived(cfg, name, None)
     tokenizer = tk.read_tokenizer(vroot, vcfg.tokenizer.eod_token)
+    reference = dpub.load_published_model(root) if scores_difficulty(cfg, name) else None
     for shard in input_shards(vcfg):
-        tk.tokenize_file(vroot, vcfg, shard, tokenizer)
+        tk.tokenize_file(vroot, vcfg, shard, tokenizer, reference=reference)
     fields = tk.series_fields(vcfg, tokenizer)
     tokens = {}
     for bucket in vcfg.buckets:
@@ -385,6 +409,7 @@ def build_variant_shards(root: DataRoot, cfg: RefineryConfig, name: str, budget:
         "weights": weights,
         "budget_tokens": budget,
         "bound_tokens": bounds,
+        **({"difficulty_model_sha256": reference[1]} if reference is not None else {}),
         "stored": {"documents": kept.height, "tokens": sum(tokens.values()), "bucket_tokens": tokens,
                    "bytes": int(kept["bytes"].sum())},
     }

@@ -6,10 +6,11 @@ Scaling. Each phase keeps its share of the curriculum's tokens (its end rounded 
 steps of `ablations.micro_batch_size x ablations.seq_len`, so every phase serves whole steps at any
 of the seq_lens below), its weights after the curriculum's temperature (the derived curricula run at
 temperature 1, so the mixture is the curriculum's own), its lr_scale, interpolation, quality cut and
-RoPE setting. Its seq_len keeps its ratio to the curriculum's longest: L * ablations.seq_len / Lmax,
-so the last phase of seed 000's table trains at the proxy's window. Difficulty order is not carried:
-a variant's root holds no difficulty score (refinery/ablations/build.py turns the stage off), so a
-curriculum with an `order` is refused, naming the phase.
+RoPE setting and difficulty `order`. Its seq_len keeps its ratio to the curriculum's longest:
+L * ablations.seq_len / Lmax, so the last phase of seed 000's table trains at the proxy's window. The
+order's bands are cut, as the main graph's, over the entries each phase serves of the funnel
+variant's data, whose documents carry the main graph's difficulty scores (refinery/ablations/
+build.py scores them with its published reference model when `stages.difficulty` is enabled).
 
 The built-ins (`base`):
 
@@ -19,12 +20,14 @@ The built-ins (`base`):
   last phase starts: the trainer decays the LR linearly through the last phase, so the split keeps
   the same LR schedule, and a bucket's stream goes on across the split (one selection, one cursor).
   Its total tokens are the curriculum's, every bucket's planned tokens are the curriculum's.
-- `no_anneal`: the last phase trains on the mixture (and quality cut) of `main` (the phase before
-  it when none is called so); its share, seq_len and lr_scale, hence the LR schedule, unchanged.
+  No phase is ordered: iid is a shuffle.
+- `no_anneal`: the last phase trains on the mixture, quality cut and order of `main` (the phase
+  before it when none is called so); its share, seq_len and lr_scale, hence the LR schedule, unchanged.
 - `no_length_warmup`: every phase at the last phase's seq_len.
-- `uniform_order`: difficulty order off (see above: refused until a variant's root carries scores).
+- `uniform_order`: the curriculum with every phase's `order` dropped and nothing else changed: the
+  same phases, mixtures and entries per bucket, served in a uniform shuffle per pass.
 
-A variant's `phases` patches then set a phase's weights, seq_len, lr_scale or interpolation.
+A variant's `phases` patches then set a phase's weights, seq_len, lr_scale, interpolation or order.
 
 Phase names. Every variant's phases live beside the `funnel` variant's own in its root, so each is
 prefixed: `s_<schedule>__<phase>` for a schedule, `a_<mixture>__<phase>` for an anneal branch's last
@@ -75,12 +78,14 @@ class ProxyPhase:
     quality_top_fraction: float | None
     quality_cut: str
     rope_scaling: Any
+    order: dict[str, Any] | None = None  # the phase's OrderConfig as JSON; None: a uniform shuffle
 
     def to_config(self, prefix: str) -> dict[str, Any]:
         out = {"name": f"{prefix}__{self.name}", "tokens": self.tokens, "seq_len": self.seq_len,
                "lr_scale": self.lr_scale, "weights": self.weights, "interpolation": self.interpolation,
                "quality_top_fraction": self.quality_top_fraction, "quality_cut": self.quality_cut}
-        return out if self.rope_scaling is None else {**out, "rope_scaling": self.rope_scaling}
+        optional = {"rope_scaling": self.rope_scaling, "order": self.order}
+        return {**out, **{k: v for k, v in optional.items() if v is not None}}
 
 
 def run_prefix(kind: str, name: str) -> str:
@@ -127,7 +132,8 @@ def curriculum_phases(cfg: RefineryConfig, budget: int) -> list[ProxyPhase]:
         phases.append(ProxyPhase(
             p.name, end - start, proxy_seq_len(cfg, p.seq_len), p.lr_scale, _mixture(cfg, p.weights), p.interpolation,
             p.quality_top_fraction, p.quality_cut,
-            p.rope_scaling.model_dump(mode="json") if hasattr(p.rope_scaling, "model_dump") else p.rope_scaling))
+            p.rope_scaling.model_dump(mode="json") if hasattr(p.rope_scaling, "model_dump") else p.rope_scaling,
+            None if p.order is None else p.order.model_dump(mode="json")))
         start = end
     return phases
 
@@ -164,10 +170,12 @@ def base_phases(cfg: RefineryConfig, base: str, budget: int) -> list[ProxyPhase]
     if base == "no_anneal":
         main = _main_phase(phases)
         return [*phases[:-1], replace(phases[-1], weights=main.weights, quality_top_fraction=main.quality_top_fraction,
-                                      quality_cut=main.quality_cut)]
+                                      quality_cut=main.quality_cut, order=main.order)]
     if base == "no_length_warmup":
         return [replace(p, seq_len=phases[-1].seq_len) for p in phases]
-    return phases  # curriculum, uniform_order (no order is carried: module docstring)
+    if base == "uniform_order":
+        return [replace(p, order=None) for p in phases]
+    return phases  # curriculum
 
 
 def patched(cfg: RefineryConfig, phases: list[ProxyPhase], patches: dict[str, PhasePatch]) -> list[ProxyPhase]:
@@ -178,7 +186,9 @@ def patched(cfg: RefineryConfig, phases: list[ProxyPhase], patches: dict[str, Ph
             p = replace(p, **{k: v for k, v in {
                 "weights": _mixture(cfg, patch.weights) if patch.weights is not None else None,
                 "seq_len": proxy_seq_len(cfg, patch.seq_len) if patch.seq_len is not None else None,
-                "lr_scale": patch.lr_scale, "interpolation": patch.interpolation}.items() if v is not None})
+                "lr_scale": patch.lr_scale, "interpolation": patch.interpolation,
+                "order": patch.order.model_dump(mode="json") if patch.order is not None else None}.items()
+                if v is not None})
         out.append(p)
     return out
 
@@ -279,5 +289,6 @@ def read_definition(funnel_root: DataRoot, kind: str, name: str) -> dict[str, An
 def phases_of(curriculum: dict[str, Any]) -> list[ProxyPhase]:
     """The phase table of a written curriculum section (`curriculum_config`)."""
     return [ProxyPhase(p["name"], p["tokens"], p["seq_len"], p["lr_scale"], p["weights"], p["interpolation"],
-                       p.get("quality_top_fraction"), p.get("quality_cut", "per_language"), p.get("rope_scaling"))
+                       p.get("quality_top_fraction"), p.get("quality_cut", "per_language"), p.get("rope_scaling"),
+                       p.get("order"))
             for p in curriculum["phases"]]

@@ -2,8 +2,10 @@
 variants"): the curriculum itself compared, on the `funnel` variant's data, at equal tokens.
 
 The sections check types and names; `schedule_problems` (the preflight's, refinery/config/run.py)
-checks the phases and buckets a variant names and its weights against the curriculum, and the
-seq_lens the proxy must scale; whether the funnel variant's tokens can fill a variant's mixture
+checks the phases and buckets a variant names and its weights against the curriculum, the
+seq_lens the proxy must scale, and that a table ordered by difficulty has scores to order by (the
+`funnel` variant's documents are scored with the main graph's reference model only when
+`stages.difficulty` is enabled); whether the funnel variant's tokens can fill a variant's mixture
 needs the data and is refused when its manifests are written (refinery/ablations/schedules.py).
 """
 
@@ -14,6 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field
 
+from refinery.config.curriculum import OrderConfig
 from refinery.config.section import Section
 
 # The built-in variants; a user variant names one of them as its `base` and patches its phases.
@@ -23,6 +26,9 @@ SCHEDULE_BASES = get_args(ScheduleBase)
 # name's pattern; the double underscore that joins them to a phase name is refused inside one.
 SCHEDULE_NAME = r"^[a-z0-9](?:[a-z0-9]|_(?!_))*$"
 CURRICULUM = "curriculum"
+# The built-ins that keep the curriculum's `order` (no_anneal's last phase takes main's); `iid` is a
+# shuffle and `uniform_order` the curriculum without it.
+ORDER_KEEPING_BASES = ("curriculum", "no_anneal", "no_length_warmup")
 IID_PHASES = ("iid", "iid_decay")  # one mixture; the split only places the LR decay (refinery/ablations/schedules.py)
 # As the curriculum's own (refinery/curriculum/schedule.py, which the config may not import): weights
 # are typed by people, a sum within this of 1 is 1.
@@ -39,6 +45,8 @@ class PhasePatch(Section):
     lr_scale: float | None = Field(default=None, gt=0.0, description="The phase's LR multiplier.")
     interpolation: float | None = Field(default=None, ge=0.0, lt=0.5, description="The share of the schedule "
                                         "blended from the previous mixture at the phase's start.")
+    order: OrderConfig | None = Field(default=None, description="The phase's difficulty order within each bucket "
+                                      "(as a curriculum phase's `order`); `uniform_order` is the base without any.")
 
 
 class ScheduleVariantConfig(Section):
@@ -117,12 +125,15 @@ def schedule_problems(cfg: Any) -> list[str]:
             problems.append(f"{field}.base: {name!r} is no built-in schedule ({', '.join(SCHEDULE_BASES)}); give "
                             f"`base:` one of them")
             continue
-        if ordered and base not in ("uniform_order", "iid"):
-            problems.append(f"{field}: curriculum phases {ordered} order by difficulty, and an ablation variant's root "
-                            f"holds no difficulty score; compare with `uniform_order` on the main run instead")
         if base == "uniform_order" and not ordered and not spec.phases:
             problems.append(f"{field}: no curriculum phase has an `order`, so it trains what `curriculum` trains; "
                             f"remove it")
+        orders = ordered if base in ORDER_KEEPING_BASES else []
+        orders = orders + [p for p, patch in spec.phases.items() if patch.order is not None and p not in orders]
+        if orders and not cfg.stages.difficulty.enabled:
+            problems.append(f"{field}: phases {orders} order by difficulty, and the `funnel` variant's documents are "
+                            f"scored by the main graph's difficulty model only when it has one; set "
+                            f"stages.difficulty.enabled: true")
         known = list(IID_PHASES) if base == "iid" else names
         if base == "iid" and len(cur.phases) == 1:
             known = known[:1]
